@@ -1,0 +1,161 @@
+"""The reference research agent: a scripted baseline that improves the system through the gateway only.
+
+Loop: read the run card and budget → evaluate the initial system on validation → build a training set
+from the suite's training pool (questions seen in validation removed) → LoRA SFT job, following its
+events → evaluate each checkpoint on validation → keep the best → submit it → wait for the grade.
+It stops early when the budget left cannot cover another step.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass, field
+from typing import Any
+
+from rich.console import Console
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+
+from crucible.sdk import CrucibleAPIError, CrucibleClient
+
+
+@dataclass
+class AgentConfig:
+    """What the baseline does: training-set size, recipe, which checkpoints to evaluate."""
+
+    train_examples: int = 1500
+    recipe: dict[str, Any] = field(default_factory=lambda: {"method": "sft", "max_steps": 80, "checkpoint_every": 40})
+    evaluate_last_checkpoints: int = 2
+    validation_limit: int | None = None
+    poll_s: float = 1.0
+
+
+@dataclass
+class AgentResult:
+    initial_validation: float
+    best_model: str
+    best_validation: float
+    submission: dict[str, Any]
+    timings_s: dict[str, float]
+
+
+def _pct(x: float | None) -> str:
+    return "…" if x is None else f"{100 * x:.1f}%"
+
+
+def _usd(micros: int) -> str:
+    return f"${micros / 1_000_000:.4f}"
+
+
+class BaselineAgent:
+    """Runs :class:`AgentConfig`'s loop for the run behind ``client``, printing one line per research step."""
+
+    def __init__(self, client: CrucibleClient, config: AgentConfig | None = None, console: Console | None = None) -> None:
+        self.client = client
+        self.config = config or AgentConfig()
+        self.console = console or Console()
+        self.timings: dict[str, float] = {"evaluation": 0.0, "training": 0.0, "grading": 0.0}
+
+    def step(self, message: str) -> None:
+        self.console.print(f"[bold cyan]agent[/] {message}")
+
+    def evaluate(self, model: str, harness: dict[str, Any] | None, label: str) -> float:
+        """Validation score of ``model`` (a progress bar while it runs)."""
+        start = time.monotonic()
+        ev = self.client.create_evaluation(model, harness, limit=self.config.validation_limit)
+        with Progress(TextColumn(f"  evaluating {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True) as bar:
+            task = bar.add_task("eval", total=ev["items_total"])
+            ev = self.client.wait_evaluation(ev["id"], self.config.poll_s, on_poll=lambda e: bar.update(task, completed=e["items_done"]))
+        self.timings["evaluation"] += time.monotonic() - start
+        if ev["status"] != "succeeded":
+            raise RuntimeError(f"evaluation {ev['id']} {ev['status']}: {ev.get('error')}")
+        trajectories = self.client.trajectories(ev["id"])
+        wrong = [t for t in trajectories if t["score"] < 1.0][:1]
+        example = f" (e.g. {wrong[0]['question'][-40:]!r} → {wrong[0]['completion'][:20]!r}, expected {wrong[0]['expected']})" if wrong else ""
+        self.step(f"validation {label}: {_pct(ev['score']['value'])} on n={ev['score']['n']}{example}")
+        return float(ev["score"]["value"])
+
+    def build_training_set(self, harness: dict[str, Any], validation_questions: set[str]) -> bytes:
+        """Chat rows (system prompt, question, answer) from the training pool; validation questions removed."""
+        rows, offset = [], 0
+        while len(rows) < self.config.train_examples:
+            batch = self.client.train_sample(offset=offset, limit=1000)
+            if not batch:
+                break
+            offset += len(batch)
+            for item in batch:
+                if item["question"] in validation_questions:
+                    continue
+                messages = ([{"role": "system", "content": harness["system_prompt"]}] if harness.get("system_prompt") else [])
+                messages += [{"role": "user", "content": item["question"]}, {"role": "assistant", "content": item["answer"]}]
+                rows.append({"messages": messages})
+        rows = rows[: self.config.train_examples]
+        return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+    def train(self, model: str, dataset_id: str) -> dict[str, Any]:
+        """Run one training job to its end, streaming its events into a progress bar."""
+        start = time.monotonic()
+        job = self.client.create_training_job(model, [dataset_id], self.config.recipe)
+        self.step(f"training job {job['id']} queued: {job['estimated_tokens']} tokens at most, recipe {self.config.recipe}")
+        seq = 0
+        with Progress(TextColumn("  training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
+                      console=self.console, transient=True) as bar:
+            task = bar.add_task("train", total=job["recipe"]["max_steps"], info="")
+            while True:
+                for ev in self.client.training_events(job["id"], after=seq):
+                    seq = ev["seq"]
+                    d = ev["data"]
+                    if ev["type"] == "step":
+                        bar.update(task, completed=d["step"], info=f"loss {d['loss']:.3f}  {d['tokens_per_s']:.0f} tok/s")
+                    elif ev["type"] in ("checkpoint", "started", "succeeded", "failed", "cancelled"):
+                        bar.console.print(f"  [dim]{ev['message']}[/]")
+                job = self.client.training_job(job["id"])
+                if job["status"] in ("succeeded", "failed", "cancelled"):
+                    break
+                time.sleep(self.config.poll_s)
+        self.timings["training"] += time.monotonic() - start
+        self.step(f"training job {job['id']} {job['status']}: {job['steps_done']} steps, {job['trained_tokens']} tokens")
+        return job
+
+    def run(self) -> AgentResult:
+        c = self.client
+        card = c.run()
+        harness = card["benchmark"]["initial_system"]["harness"]
+        base = card["benchmark"]["initial_system"]["model"]
+        self.step(f"run {card['run_id']} on {card['benchmark']['name']} ({card['track']} track); budget left "
+                  f"{_usd(card['budget']['remaining_usd_micros'])}, {card['seconds_left'] / 3600:.2f} h left")
+        best_model, best = base, self.evaluate(base, None, f"initial system ({base})")
+        initial = best
+        validation_questions = {it["question"] for it in c.validation_items()}
+        data = self.build_training_set(harness, validation_questions)
+        ds = c.upload_dataset(data, "baseline-train.jsonl")
+        self.step(f"uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
+        try:
+            job = self.train(base, ds["id"])
+        except CrucibleAPIError as exc:
+            if exc.status != 402:
+                raise
+            self.step(f"budget cannot cover training ({exc.problem.get('remaining_usd_micros')} µUSD left); submitting the initial system")
+            job = None
+        if job is not None:
+            for ckpt in c.checkpoints(job["id"])[-self.config.evaluate_last_checkpoints:]:
+                try:
+                    score = self.evaluate(ckpt["id"], None, f"checkpoint {ckpt['id']} (step {ckpt['step']})")
+                except CrucibleAPIError as exc:
+                    if exc.status != 402:
+                        raise
+                    self.step("budget exhausted; stopping the search")
+                    break
+                if score > best:
+                    best_model, best = ckpt["id"], score
+        self.step(f"best on validation: {best_model} at {_pct(best)} (initial {_pct(initial)}); submitting it")
+        start = time.monotonic()
+        sub = c.submit(best_model, note="baseline agent: best validation checkpoint")
+        with Progress(TextColumn("  grading on the hidden test split"), BarColumn(pulse_style="cyan"), TimeElapsedColumn(), console=self.console, transient=True) as bar:
+            bar.add_task("grade", total=None)
+            sub = c.wait_submission(sub["id"], self.config.poll_s)
+        self.timings["grading"] += time.monotonic() - start
+        budget = c.budget()
+        self.step(f"submission {sub['id']} {sub['status']}: hidden test {_pct(sub['score']['value'] if sub.get('score') else None)}; "
+                  f"spent {_usd(budget['spent_usd_micros'])} of {_usd(budget['budget_usd_micros'])}")
+        return AgentResult(initial_validation=initial, best_model=best_model, best_validation=best, submission=sub, timings_s=dict(self.timings))

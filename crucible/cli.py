@@ -1,0 +1,241 @@
+"""The ``crucible`` command line (typer + rich): the embedded stack, the demo, operator admin, leaderboard."""
+
+from __future__ import annotations
+
+import os
+import signal
+import threading
+import time
+from pathlib import Path
+from typing import Annotated, Any
+
+import psutil
+import typer
+import yaml
+from rich.console import Console
+from rich.table import Table
+
+from crucible.sdk import AdminClient, CrucibleAPIError, CrucibleClient
+
+app = typer.Typer(help="Crucible: research agents improve an agent system under a budget; graded on a hidden split.", no_args_is_help=True)
+admin_app = typer.Typer(help="Operator commands (admin key from the data directory or CRUCIBLE_ADMIN_KEY).", no_args_is_help=True)
+dev_app = typer.Typer(help="Developer commands.", no_args_is_help=True)
+app.add_typer(admin_app, name="admin")
+app.add_typer(dev_app, name="dev")
+console = Console()
+
+ROOT = Path(__file__).resolve().parent.parent
+DEMO_BENCHMARK = ROOT / "benchmarks" / "chain-sum-demo.yaml"
+DataDir = Annotated[Path, typer.Option(envvar="CRUCIBLE_DATA_DIR", help="Data directory of the embedded stack.")]
+PortBase = Annotated[int, typer.Option(help="Gateway port; the ledger, trainer, inference and grader take the next four.")]
+GatewayUrl = Annotated[str, typer.Option(envvar="CRUCIBLE_GATEWAY_URL", help="Gateway base URL.")]
+
+
+def _prepare(data_dir: Path) -> float:
+    from services.common.basemodels import BASE_MODELS, prepare_base_model
+
+    start = time.monotonic()
+    for name in BASE_MODELS:
+        with console.status(f"preparing base model {name} (dequantized once, then cached)"):
+            path = prepare_base_model(name, data_dir / "models")
+        console.print(f"[green]✓[/] base model {name} at {path}")
+    return time.monotonic() - start
+
+
+def _start(data_dir: Path, port_base: int):  # noqa: ANN202
+    from crucible.stack import Stack
+
+    stack = Stack(data_dir, port_base)
+    with console.status("starting services and workers"):
+        stack.start(on_ready=lambda name: console.print(f"[green]✓[/] {name} ready"))
+    return stack
+
+
+def _admin_key(data_dir: Path) -> str:
+    from crucible.stack import admin_key
+
+    return os.environ.get("CRUCIBLE_ADMIN_KEY") or admin_key(data_dir)
+
+
+def _wait_forever(stack) -> None:  # noqa: ANN001
+    stop = threading.Event()
+    signal.signal(signal.SIGTERM, lambda *_: stop.set())
+    try:
+        while not stop.wait(1.0):
+            dead = stack.dead()
+            if dead:
+                console.print(f"[red]process(es) exited: {', '.join(dead)}[/]")
+                for name in dead:
+                    console.print(stack.log_tail(name))
+                break
+    except KeyboardInterrupt:
+        pass
+
+
+@app.command("prepare-model")
+def prepare_model(data_dir: DataDir = Path(".crucible")) -> None:
+    """Dequantize the base model(s) shipped as GGUF in PyPI packages into HF folders (once; cached)."""
+    _prepare(data_dir)
+
+
+@app.command()
+def up(data_dir: DataDir = Path(".crucible"), port_base: PortBase = 8000) -> None:
+    """Start every service and worker as local processes; Ctrl-C stops them all."""
+    _prepare(data_dir)
+    stack = _start(data_dir, port_base)
+    console.print(f"gateway at {stack.gateway_url} (docs at {stack.gateway_url}/docs); admin key in {data_dir / 'secrets' / 'gateway.env'}. Ctrl-C stops.")
+    try:
+        _wait_forever(stack)
+    finally:
+        with console.status("stopping"):
+            stack.stop()
+        console.print("stopped")
+
+
+class _PeakMemory:
+    """Samples the summed RSS (bytes) of this process and its descendants once a second."""
+
+    def __init__(self) -> None:
+        self.peak = 0
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, daemon=True)
+
+    def _run(self) -> None:
+        me = psutil.Process()
+        while not self._stop.wait(1.0):
+            total = 0
+            for p in [me, *me.children(recursive=True)]:
+                try:
+                    total += p.memory_info().rss
+                except psutil.Error:
+                    pass
+            self.peak = max(self.peak, total)
+
+    def __enter__(self) -> _PeakMemory:
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_: Any) -> None:
+        self._stop.set()
+
+
+@app.command()
+def demo(
+    data_dir: DataDir = Path(".crucible"),
+    port_base: PortBase = 8000,
+    benchmark: Annotated[Path, typer.Option(help="Benchmark file.")] = DEMO_BENCHMARK,
+    steps: Annotated[int, typer.Option(help="LoRA SFT steps of the baseline's training job.")] = 80,
+    exit_after: Annotated[bool, typer.Option("--exit", help="Stop the stack when done instead of serving the leaderboard.")] = False,
+) -> None:
+    """The main job: start the stack, run the baseline research agent on the demo benchmark, grade, rank."""
+    from crucible.agent import AgentConfig, BaselineAgent
+
+    t0 = time.monotonic()
+    with _PeakMemory() as mem:
+        _prepare(data_dir)
+        stack = _start(data_dir, port_base)
+        try:
+            setup_s = time.monotonic() - t0
+            admin = AdminClient(stack.gateway_url, _admin_key(data_dir))
+            doc = yaml.safe_load(benchmark.read_text())
+            bm = admin.load_benchmark(doc)
+            run = admin.create_run(bm["name"], "baseline")
+            console.print(f"[green]✓[/] benchmark {bm['name']} ({bm['id']}); run {run['id']} for agent 'baseline' (key {run['key_prefix']}…, shown once)")
+            agent = BaselineAgent(CrucibleClient(stack.gateway_url, run["api_key"]), AgentConfig(recipe={"method": "sft", "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console)
+            result = agent.run()
+            _print_leaderboard(admin.leaderboard())
+            total = time.monotonic() - t0
+            t = result.timings_s
+            console.print(f"wall time {total:.0f} s: setup {setup_s:.0f} s, training {t['training']:.0f} s, validation evaluations {t['evaluation']:.0f} s, "
+                          f"grading/waiting {total - setup_s - t['training'] - t['evaluation']:.0f} s; peak memory (all processes) {mem.peak / 2**30:.2f} GiB")
+            if not exit_after:
+                console.print(f"leaderboard at {stack.gateway_url}/leaderboard — Ctrl-C stops every process")
+                _wait_forever(stack)
+        finally:
+            with console.status("stopping"):
+                stack.stop()
+    console.print("stopped")
+
+
+def _print_leaderboard(rows: list[dict[str, Any]]) -> None:
+    table = Table(title="Crucible leaderboard (hidden test split)")
+    for col in ("#", "benchmark", "agent", "status", "initial", "final", "reference", "gap closed", "n", "val. evals", "spent USD", "hours"):
+        table.add_column(col, justify="right" if col not in ("benchmark", "agent", "status") else "left")
+
+    def pct(x: float | None) -> str:
+        return "…" if x is None else f"{100 * x:.1f}%"
+
+    for r in rows:
+        table.add_row(str(r["rank"] or "–"), r["benchmark"], r["agent_name"], r["status"], pct(r["initial_score"]), pct(r["final_score"]),
+                      pct(r["reference_score"]), pct(r["gap_closed"]), str(r["n"] or "–"), str(r["validation_evaluations"]),
+                      f"{r['spent_usd']:.4f}", f"{r['elapsed_hours']:.2f}")
+    console.print(table)
+
+
+@app.command()
+def leaderboard(gateway: GatewayUrl = "http://127.0.0.1:8000") -> None:
+    """Print the leaderboard table."""
+    import httpx
+
+    _print_leaderboard(httpx.get(f"{gateway}/v1/leaderboard", timeout=60).json()["data"])
+
+
+@app.command()
+def agent(api_key: Annotated[str, typer.Option(envvar="CRUCIBLE_API_KEY", help="The run's API key.")], gateway: GatewayUrl = "http://127.0.0.1:8000",
+          steps: int = 80) -> None:
+    """Run the reference (baseline) research agent against a running gateway."""
+    from crucible.agent import AgentConfig, BaselineAgent
+
+    BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig(recipe={"method": "sft", "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console).run()
+
+
+def _admin(gateway: str, data_dir: Path) -> AdminClient:
+    return AdminClient(gateway, _admin_key(data_dir))
+
+
+@admin_app.command("load-benchmark")
+def admin_load_benchmark(path: Path, gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """Load a benchmark YAML file."""
+    try:
+        bm = _admin(gateway, data_dir).load_benchmark(yaml.safe_load(path.read_text()))
+    except CrucibleAPIError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from exc
+    console.print(f"benchmark {bm['name']} loaded as {bm['id']}")
+
+
+@admin_app.command("create-run")
+def admin_create_run(benchmark: str, agent_name: Annotated[str, typer.Option("--agent")], budget_usd: float | None = None, hours: float | None = None,
+                     gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """Create a run; prints its API key once."""
+    overrides = {k: v for k, v in {"budget_usd": budget_usd, "wall_clock_hours": hours}.items() if v is not None}
+    try:
+        run = _admin(gateway, data_dir).create_run(benchmark, agent_name, **overrides)
+    except CrucibleAPIError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from exc
+    console.print(f"run {run['id']} deadline {run['deadline_at']}\nAPI key (shown once): [bold]{run['api_key']}[/]")
+
+
+@admin_app.command("runs")
+def admin_runs(gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """List runs."""
+    table = Table("run", "benchmark", "agent", "track", "budget USD", "deadline", "revoked")
+    for r in _admin(gateway, data_dir).runs():
+        table.add_row(r["id"], r["benchmark_id"], r["agent_name"], r["track"], f"{r['budget_usd_micros'] / 1e6:.2f}", r["deadline_at"], str(r["revoked"]))
+    console.print(table)
+
+
+@admin_app.command("revoke")
+def admin_revoke(run_id: str, gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """Revoke a run's API key (effective on its next request)."""
+    _admin(gateway, data_dir).revoke(run_id)
+    console.print(f"revoked the key of {run_id}")
+
+
+@dev_app.command("revision")
+def dev_revision(service: str, message: str) -> None:
+    """Autogenerate an Alembic revision for SERVICE (gateway|ledger|trainer|inference|grader|teststore)."""
+    from crucible.devtools import autogenerate
+
+    autogenerate(service, message, ROOT)

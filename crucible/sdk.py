@@ -1,0 +1,161 @@
+"""Python SDK for the Crucible gateway (what research agents use; it talks to the gateway only).
+
+Every method maps to one ``/v1`` route and returns the decoded JSON. An error answer raises
+:class:`CrucibleAPIError` carrying the problem+json body (``status``, ``code``, ``detail``, ``field`` …).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import httpx
+
+
+class CrucibleAPIError(Exception):
+    """A problem+json answer from the gateway."""
+
+    def __init__(self, problem: dict[str, Any]) -> None:
+        self.problem = problem
+        self.status = int(problem.get("status", 0))
+        self.code = str(problem.get("code", ""))
+        super().__init__(f"{self.status} {self.code}: {problem.get('detail', '')}")
+
+
+class _GatewayClient:
+    """Bearer-authenticated JSON calls to the gateway; error answers raise ``CrucibleAPIError``."""
+
+    def __init__(self, base_url: str, key: str, *, timeout_s: float = 300.0) -> None:
+        self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers={"Authorization": f"Bearer {key}"})
+
+    def _call(self, method: str, path: str, **kw: Any) -> Any:
+        resp = self.http.request(method, path, **kw)
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = {"status": resp.status_code, "detail": resp.text[:500]}
+            raise CrucibleAPIError(body)
+        return resp.json()
+
+    def close(self) -> None:
+        self.http.close()
+
+
+class CrucibleClient(_GatewayClient):
+    """A run's client: ``CrucibleClient("http://127.0.0.1:8000", "crk_…")``."""
+
+
+    # run
+    def run(self) -> dict[str, Any]:
+        """The run card (``GET /v1/run``)."""
+        return self._call("GET", "/v1/run")
+
+    def budget(self) -> dict[str, Any]:
+        """Remaining, held and spent micro-USD (``GET /v1/budget``)."""
+        return self._call("GET", "/v1/budget")
+
+    # suite data
+    def train_sample(self, offset: int = 0, limit: int = 100) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/suite/train-sample", params={"offset": offset, "limit": limit})["data"]
+
+    def validation_items(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/suite/validation")["data"]
+
+    # datasets
+    def upload_dataset(self, data: bytes | Path, name: str = "dataset.jsonl") -> dict[str, Any]:
+        """Upload JSONL bytes (or a file path) as a dataset."""
+        content = data.read_bytes() if isinstance(data, Path) else data
+        return self._call("POST", "/v1/datasets", files={"file": (name, content, "application/jsonl")}, data={"name": name})
+
+    def datasets(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/datasets")["data"]
+
+    # training
+    def create_training_job(self, model: str, datasets: list[str], recipe: dict[str, Any] | None = None) -> dict[str, Any]:
+        return self._call("POST", "/v1/training/jobs", json={"model": model, "datasets": datasets, "recipe": recipe or {}})
+
+    def training_job(self, job_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/training/jobs/{job_id}")
+
+    def training_events(self, job_id: str, after: int = 0) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/training/jobs/{job_id}/events", params={"after": after})["data"]
+
+    def checkpoints(self, job_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/training/jobs/{job_id}/checkpoints")["data"]
+
+    def cancel_training_job(self, job_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/v1/training/jobs/{job_id}/cancel")
+
+    # inference
+    def chat(self, model: str, messages: list[dict[str, str]], **params: Any) -> dict[str, Any]:
+        """OpenAI-compatible chat completion (``POST /v1/chat/completions``)."""
+        return self._call("POST", "/v1/chat/completions", json={"model": model, "messages": messages, **params})
+
+    # evaluations
+    def create_evaluation(self, model: str, harness: dict[str, Any] | None = None, limit: int | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model, "split": "validation"}
+        if harness is not None:
+            body["harness"] = harness
+        if limit is not None:
+            body["limit"] = limit
+        return self._call("POST", "/v1/evaluations", json=body)
+
+    def evaluation(self, eval_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/evaluations/{eval_id}")
+
+    def trajectories(self, eval_id: str) -> list[dict[str, Any]]:
+        return self._call("GET", f"/v1/evaluations/{eval_id}/trajectories")["data"]
+
+    def wait_evaluation(self, eval_id: str, poll_s: float = 1.0, on_poll: Any = None) -> dict[str, Any]:
+        """Poll until the evaluation ends; ``on_poll(evaluation)`` is called after each poll."""
+        while True:
+            ev = self.evaluation(eval_id)
+            if on_poll:
+                on_poll(ev)
+            if ev["status"] in ("succeeded", "failed", "cancelled"):
+                return ev
+            time.sleep(poll_s)
+
+    # submissions
+    def submit(self, model: str, harness: dict[str, Any] | None = None, note: str | None = None) -> dict[str, Any]:
+        body: dict[str, Any] = {"model": model}
+        if harness is not None:
+            body["harness"] = harness
+        if note:
+            body["note"] = note
+        return self._call("POST", "/v1/submissions", json=body)
+
+    def submission(self, sub_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/submissions/{sub_id}")
+
+    def wait_submission(self, sub_id: str, poll_s: float = 2.0, on_poll: Any = None) -> dict[str, Any]:
+        while True:
+            sub = self.submission(sub_id)
+            if on_poll:
+                on_poll(sub)
+            if sub["status"] in ("graded", "failed"):
+                return sub
+            time.sleep(poll_s)
+
+
+
+class AdminClient(_GatewayClient):
+    """The operator's client for ``/admin`` routes: ``AdminClient(url, admin_key)``."""
+
+
+    def load_benchmark(self, doc: dict[str, Any]) -> dict[str, Any]:
+        return self._call("POST", "/admin/benchmarks", json=doc)
+
+    def create_run(self, benchmark: str, agent_name: str, **overrides: Any) -> dict[str, Any]:
+        return self._call("POST", "/admin/runs", json={"benchmark": benchmark, "agent_name": agent_name, **overrides})
+
+    def runs(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/admin/runs")["data"]
+
+    def revoke(self, run_id: str) -> dict[str, Any]:
+        return self._call("POST", f"/admin/runs/{run_id}/revoke")
+
+    def leaderboard(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/leaderboard")["data"]

@@ -1,0 +1,187 @@
+"""The embedded stack: every service and worker as a separate local process on 127.0.0.1.
+
+Secrets are generated once into ``<data_dir>/secrets/``: ``platform.env`` (service token, admin key) for
+every process, ``grader.env`` (test seed, test-store URL) for the grader and its eval worker only.
+Each process's output goes to ``<data_dir>/logs/<name>.log``. :meth:`Stack.stop` ends every process
+group it started (SIGTERM, then SIGKILL after a grace period).
+"""
+
+from __future__ import annotations
+
+import os
+import secrets
+import signal
+import subprocess
+import sys
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import httpx
+
+from services.common.auth import new_secret
+
+
+@dataclass(frozen=True)
+class ProcessSpec:
+    name: str
+    argv: list[str]
+    port: int | None = None
+    grader_secrets: bool = False
+    gateway_secrets: bool = False
+
+
+def _read_env(path: Path) -> dict[str, str]:
+    return dict(line.split("=", 1) for line in path.read_text().splitlines() if "=" in line)
+
+
+def _write_private(path: Path, values: dict[str, str]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write("".join(f"{k}={v}\n" for k, v in values.items()))
+
+
+def ensure_secrets(data_dir: Path) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
+    """``(platform, gateway-only, grader-only)`` environment values, created on first use and kept."""
+    sdir = data_dir / "secrets"
+    platform_file, gateway_file, grader_file = sdir / "platform.env", sdir / "gateway.env", sdir / "grader.env"
+    if not platform_file.exists():
+        _write_private(platform_file, {"CRUCIBLE_SERVICE_TOKEN": new_secret("svc", 32)})
+    if not gateway_file.exists():
+        _write_private(gateway_file, {"CRUCIBLE_ADMIN_KEY": new_secret("cak", 32)})
+    if not grader_file.exists():
+        _write_private(grader_file, {
+            "CRUCIBLE_GRADER_TEST_SEED": str(secrets.randbelow(2**31)),
+            "CRUCIBLE_GRADER_TEST_STORE_URL": f"sqlite:///{(data_dir / 'grader-teststore.sqlite').resolve()}",
+        })
+    return _read_env(platform_file), _read_env(gateway_file), _read_env(grader_file)
+
+
+def admin_key(data_dir: Path) -> str:
+    """The operator's admin key of the stack in ``data_dir``."""
+    return _read_env(data_dir / "secrets" / "gateway.env")["CRUCIBLE_ADMIN_KEY"]
+
+
+def process_specs(port_base: int) -> list[ProcessSpec]:
+    """The five services (gateway on ``port_base``, then ledger, trainer, inference, grader) and two workers."""
+    py = sys.executable
+
+    def uvicorn(app: str, port: int) -> list[str]:
+        return [py, "-m", "uvicorn", app, "--host", "127.0.0.1", "--port", str(port), "--log-level", "warning"]
+
+    def worker(app: str, queue: str, pool: str, concurrency: int) -> list[str]:
+        return [py, "-m", "celery", "-A", app, "worker", "-Q", queue, "-P", pool, "-c", str(concurrency), "-n", f"{queue}@%h",
+                "--without-gossip", "--without-mingle", "--without-heartbeat", "--loglevel", "INFO"]
+
+    return [
+        ProcessSpec("ledger", uvicorn("services.ledger.app:app", port_base + 1), port_base + 1),
+        ProcessSpec("trainer", uvicorn("trainer_service.app:app", port_base + 2), port_base + 2),
+        ProcessSpec("inference", uvicorn("inference_service.app:app", port_base + 3), port_base + 3),
+        ProcessSpec("grader", uvicorn("grader.app:app", port_base + 4), port_base + 4, grader_secrets=True),
+        ProcessSpec("gateway", uvicorn("gateway.app:app", port_base), port_base, gateway_secrets=True),
+        ProcessSpec("train-worker", worker("trainer_service.tasks", "train", "solo", 1)),
+        ProcessSpec("eval-worker", worker("grader.tasks", "eval", "threads", 4), grader_secrets=True),
+    ]
+
+
+@dataclass
+class Stack:
+    """Start, watch and stop the embedded stack rooted at ``data_dir``."""
+
+    data_dir: Path
+    port_base: int = 8000
+    procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+
+    @property
+    def gateway_url(self) -> str:
+        return f"http://127.0.0.1:{self.port_base}"
+
+    def environment(self, spec: ProcessSpec) -> dict[str, str]:
+        platform, gateway_only, grader_only = ensure_secrets(self.data_dir)
+        env = {k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}
+        env.update(platform)
+        env.update({
+            "CRUCIBLE_DATA_DIR": str(self.data_dir.resolve()),
+            "CRUCIBLE_GATEWAY_URL": f"http://127.0.0.1:{self.port_base}",
+            "CRUCIBLE_LEDGER_URL": f"http://127.0.0.1:{self.port_base + 1}",
+            "CRUCIBLE_TRAINER_URL": f"http://127.0.0.1:{self.port_base + 2}",
+            "CRUCIBLE_INFERENCE_URL": f"http://127.0.0.1:{self.port_base + 3}",
+            "CRUCIBLE_GRADER_URL": f"http://127.0.0.1:{self.port_base + 4}",
+            "HF_HUB_OFFLINE": "1",
+            "TRANSFORMERS_OFFLINE": "1",
+            "TOKENIZERS_PARALLELISM": "false",
+        })
+        if spec.gateway_secrets:
+            env.update(gateway_only)
+        if spec.grader_secrets:
+            env.update(grader_only)
+        return env
+
+    def start(self, on_ready=None, timeout_s: float = 300.0) -> None:  # noqa: ANN001
+        """Start every process and wait until each service answers ``/healthz`` and each worker is alive.
+
+        ``on_ready(name)`` is called as each becomes ready. Raises ``RuntimeError`` (with the log's tail)
+        if a process exits or a service is not healthy within ``timeout_s`` seconds; everything started is
+        stopped first.
+        """
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        specs = process_specs(self.port_base)
+        try:
+            for spec in specs:
+                log = open(logs / f"{spec.name}.log", "ab")  # noqa: SIM115 - owned by the child process
+                self.procs[spec.name] = subprocess.Popen(spec.argv, env=self.environment(spec), stdout=log, stderr=subprocess.STDOUT,
+                                                         stdin=subprocess.DEVNULL, start_new_session=True)
+            pending = {s.name: s for s in specs}
+            deadline = time.monotonic() + timeout_s
+            while pending:
+                for name, spec in list(pending.items()):
+                    proc = self.procs[name]
+                    if proc.poll() is not None:
+                        raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+                    if spec.port is None or self._healthy(spec.port):
+                        del pending[name]
+                        if on_ready:
+                            on_ready(name)
+                if time.monotonic() > deadline:
+                    raise RuntimeError(f"not ready after {timeout_s:.0f} s: {', '.join(pending)}")
+                time.sleep(0.3)
+        except BaseException:
+            self.stop()
+            raise
+
+    @staticmethod
+    def _healthy(port: int) -> bool:
+        try:
+            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+        except httpx.HTTPError:
+            return False
+
+    def log_tail(self, name: str, lines: int = 30) -> str:
+        path = self.data_dir / "logs" / f"{name}.log"
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:]) if path.exists() else ""
+
+    def dead(self) -> list[str]:
+        """Names of processes that have exited."""
+        return [n for n, p in self.procs.items() if p.poll() is not None]
+
+    def stop(self, grace_s: float = 10.0) -> None:
+        """Stop every process group started (SIGTERM, SIGKILL after ``grace_s`` seconds)."""
+        for proc in self.procs.values():
+            if proc.poll() is None:
+                try:
+                    os.killpg(proc.pid, signal.SIGTERM)
+                except ProcessLookupError:
+                    pass
+        deadline = time.monotonic() + grace_s
+        for proc in self.procs.values():
+            try:
+                proc.wait(timeout=max(0.1, deadline - time.monotonic()))
+            except subprocess.TimeoutExpired:
+                try:
+                    os.killpg(proc.pid, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+                proc.wait()
+        self.procs.clear()

@@ -1,0 +1,287 @@
+"""Gateway routes: the agent API (``/v1``, run key), operator admin (``/admin``, admin key), public leaderboard.
+
+Routes parse, authorize, call ``service`` or forward to the owning service, and return its schema.
+Errors are raised, never formatted here; every route documents the problems it can answer with.
+"""
+
+from __future__ import annotations
+
+import hmac
+import time
+from typing import Any
+
+from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
+from fastapi.concurrency import run_in_threadpool
+from fastapi.responses import HTMLResponse
+
+from gateway import service
+from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RunCard, RunCreate, RunCreated, RunOut
+from gateway.service import Caller
+from services.common.contracts import (
+    ChatCompletion, ChatCompletionRequest, CheckpointOut, DatasetOut, EvaluationCreate, EvaluationOut, JobEventOut, Page, Recipe,
+    SubmissionCreate, SubmissionOut, SuiteItemOut, TrainingJobCreate, TrainingJobOut, TrajectoryOut,
+)
+from services.common.errors import (
+    Conflict, NotFound, OutsideEditableSpace, PayloadTooLarge, PaymentRequired, RunExpired, SubmissionLimitReached, Unauthorized,
+    Unprocessable, problem_responses,
+)
+
+# --------------------------------------------------------------------------- dependencies
+
+
+def agent(request: Request, authorization: str | None = Header(None, description="`Bearer <run API key>`")) -> Caller:
+    """The calling run (401 if the key is missing, unknown or revoked); marks the call for the episode log."""
+    caller = service.authenticate(authorization)
+    request.state.run_id = caller.run.id
+    return caller
+
+
+def mutating_agent(caller: Caller = Depends(agent)) -> Caller:
+    """The calling run, for calls that change state: refused with 403 ``run_expired`` past the deadline."""
+    service.check_deadline(caller)
+    return caller
+
+
+def admin(authorization: str | None = Header(None, description="`Bearer <admin key>`")) -> None:
+    """Operator authorization with the admin key (never a run key)."""
+    scheme, _, key = (authorization or "").partition(" ")
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), service.runtime().settings.admin_key.encode()):
+        raise Unauthorized("admin routes need the operator's admin key")
+
+
+def episode_middleware(app: Any) -> None:
+    """Record every agent call (run, method, path, status, latency in ms) in the episode log."""
+
+    @app.middleware("http")
+    async def _episode(request: Request, call_next):  # noqa: ANN001, ANN202
+        start = time.perf_counter()
+        response = await call_next(request)
+        run_id = getattr(request.state, "run_id", None)
+        if run_id:
+            await run_in_threadpool(service.log_call, run_id, request.method, request.url.path, response.status_code, int((time.perf_counter() - start) * 1000))
+        return response
+
+
+AGENT_ERRORS = problem_responses(Unauthorized)
+MUTATING_ERRORS = problem_responses(Unauthorized, RunExpired, PaymentRequired)
+agent_router = APIRouter(prefix="/v1", responses=AGENT_ERRORS)
+admin_router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(admin)], responses=problem_responses(Unauthorized))
+public_router = APIRouter(tags=["leaderboard"])
+
+# --------------------------------------------------------------------------- run
+
+
+@agent_router.get("/run", tags=["run"], summary="The run card")
+def get_run(caller: Caller = Depends(agent)) -> RunCard:
+    """Benchmark card, track and editable space, recipe policy, evaluation settings, deadline, budget, limits."""
+    return service.run_card(caller)
+
+
+@agent_router.get("/budget", tags=["run"], summary="Budget remaining and spent by kind")
+def get_budget(caller: Caller = Depends(agent)) -> BudgetOut:
+    """Micro-USD: ``budget = remaining + held + spent``; ``spent_by_kind`` per usage kind. Works after exhaustion."""
+    return service.budget(caller)
+
+
+# --------------------------------------------------------------------------- datasets and suite data
+
+
+@agent_router.post("/datasets", status_code=201, tags=["datasets"], summary="Upload a JSONL dataset",
+                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PayloadTooLarge))
+async def upload_dataset(file: UploadFile = File(..., description="JSONL: chat `messages`, or `prompt`/`completion`, or `prompt`/`chosen`/`rejected`"),
+                         name: str | None = Form(None, max_length=200), caller: Caller = Depends(mutating_agent)) -> DatasetOut:
+    """Validated on upload (422 names the ``line`` and ``field``), content-addressed and immutable."""
+    service.check_editable(caller, "data", "uploading a dataset")
+    limit = service.runtime().settings.max_upload_bytes
+    data = await file.read(limit + 1)
+    if len(data) > limit:
+        raise PayloadTooLarge(f"the file is larger than {limit} bytes", field="file")
+    out = await run_in_threadpool(service.runtime().trainer.post, "/internal/datasets", ctx=caller.ctx, content=data,
+                                  params={"name": name or file.filename or "dataset.jsonl"}, headers={"Content-Type": "application/jsonl"})
+    return DatasetOut(**out)
+
+
+@agent_router.get("/datasets", tags=["datasets"], summary="List the run's datasets")
+def list_datasets(caller: Caller = Depends(agent)) -> Page[DatasetOut]:
+    return Page[DatasetOut](**service.runtime().trainer.get("/internal/datasets", ctx=caller.ctx))
+
+
+@agent_router.get("/datasets/{dataset_id}", tags=["datasets"], summary="Get a dataset", responses=problem_responses(NotFound))
+def get_dataset(dataset_id: str, caller: Caller = Depends(agent)) -> DatasetOut:
+    return DatasetOut(**service.runtime().trainer.get(f"/internal/datasets/{dataset_id}", ctx=caller.ctx))
+
+
+@agent_router.get("/suite/train-sample", tags=["suite"], summary="Items of the suite's training pool")
+def train_sample(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=10_000), caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
+    """Question/answer pairs from the training generator (disjoint from validation and test by construction)."""
+    return Page[SuiteItemOut](**service.runtime().grader.get("/internal/suite/train-sample", ctx=caller.ctx, params={"offset": offset, "limit": limit}))
+
+
+@agent_router.get("/suite/validation", tags=["suite"], summary="The visible validation items")
+def validation_items(caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
+    return Page[SuiteItemOut](**service.runtime().grader.get("/internal/suite/validation", ctx=caller.ctx))
+
+
+# --------------------------------------------------------------------------- training
+
+
+@agent_router.post("/training/jobs", status_code=201, tags=["training"], summary="Start a training job",
+                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, NotFound, PaymentRequired))
+def create_training_job(req: TrainingJobCreate, caller: Caller = Depends(mutating_agent)) -> TrainingJobOut:
+    """Holds the job's estimated cost (402 if the budget cannot cover it), then queues it.
+
+    Recipe fields are checked against the benchmark's allow/lock policy (403 naming ``recipe.<field>``).
+    """
+    if "data" not in caller.ctx.editable and "trainer" not in caller.ctx.editable:
+        service.check_editable(caller, "trainer", "starting a training job")
+    recipe = Recipe(**service.apply_recipe_policy(caller, req.recipe.model_dump(exclude_unset=True)))
+    body = req.model_copy(update={"recipe": recipe}).model_dump(mode="json")
+    return TrainingJobOut(**service.runtime().trainer.post("/internal/jobs", ctx=caller.ctx, json=body))
+
+
+@agent_router.get("/training/jobs", tags=["training"], summary="List training jobs")
+def list_training_jobs(caller: Caller = Depends(agent)) -> Page[TrainingJobOut]:
+    return Page[TrainingJobOut](**service.runtime().trainer.get("/internal/jobs", ctx=caller.ctx))
+
+
+@agent_router.get("/training/jobs/{job_id}", tags=["training"], summary="Get a training job", responses=problem_responses(NotFound))
+def get_training_job(job_id: str, caller: Caller = Depends(agent)) -> TrainingJobOut:
+    return TrainingJobOut(**service.runtime().trainer.get(f"/internal/jobs/{job_id}", ctx=caller.ctx))
+
+
+@agent_router.get("/training/jobs/{job_id}/events", tags=["training"], summary="A job's events (loss, step, tokens/s)", responses=problem_responses(NotFound))
+def training_job_events(job_id: str, after: int = Query(0, ge=0, description="Only events with seq > after"), limit: int = Query(500, ge=1, le=5000),
+                        caller: Caller = Depends(agent)) -> Page[JobEventOut]:
+    return Page[JobEventOut](**service.runtime().trainer.get(f"/internal/jobs/{job_id}/events", ctx=caller.ctx, params={"after": after, "limit": limit}))
+
+
+@agent_router.get("/training/jobs/{job_id}/checkpoints", tags=["training"], summary="A job's checkpoints", responses=problem_responses(NotFound))
+def training_job_checkpoints(job_id: str, caller: Caller = Depends(agent)) -> Page[CheckpointOut]:
+    return Page[CheckpointOut](**service.runtime().trainer.get(f"/internal/jobs/{job_id}/checkpoints", ctx=caller.ctx))
+
+
+@agent_router.post("/training/jobs/{job_id}/cancel", tags=["training"], summary="Cancel a training job",
+                   responses=problem_responses(Unauthorized, RunExpired, NotFound, Conflict))
+def cancel_training_job(job_id: str, caller: Caller = Depends(mutating_agent)) -> TrainingJobOut:
+    """A running job stops after its current step; the tokens it processed are charged, the rest released."""
+    return TrainingJobOut(**service.runtime().trainer.post(f"/internal/jobs/{job_id}/cancel", ctx=caller.ctx))
+
+
+# --------------------------------------------------------------------------- inference
+
+
+@agent_router.get("/models", tags=["inference"], summary="List base models")
+def list_models(caller: Caller = Depends(agent)) -> dict:
+    """OpenAI-style model list of servable base models; checkpoints (``ckpt_…``) are served too."""
+    return service.runtime().inference.get("/internal/models", ctx=caller.ctx)
+
+
+@agent_router.post("/chat/completions", tags=["inference"], summary="Create a chat completion (OpenAI-compatible)",
+                   responses=problem_responses(Unauthorized, RunExpired, Unprocessable, PaymentRequired))
+def chat_completions(req: ChatCompletionRequest, caller: Caller = Depends(mutating_agent)) -> ChatCompletion:
+    """``model`` is a base model name or one of the run's ``ckpt_…``. Prompt and completion tokens are charged."""
+    return ChatCompletion(**service.runtime().inference.post("/internal/chat/completions", ctx=caller.ctx, json=req.model_dump(mode="json", exclude_none=True)))
+
+
+# --------------------------------------------------------------------------- evaluations and submissions
+
+
+@agent_router.post("/evaluations", status_code=201, tags=["evaluations"], summary="Evaluate a system on the validation split",
+                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PaymentRequired))
+def create_evaluation(req: EvaluationCreate, caller: Caller = Depends(mutating_agent)) -> EvaluationOut:
+    """Queued; poll ``GET /v1/evaluations/{id}``, then read per-item trajectories. Charged as inference tokens."""
+    if req.harness is not None:
+        service.check_editable(caller, "harness", "evaluating with a custom harness")
+    return EvaluationOut(**service.runtime().grader.post("/internal/evaluations", ctx=caller.ctx, json=req.model_dump(mode="json")))
+
+
+@agent_router.get("/evaluations", tags=["evaluations"], summary="List validation evaluations")
+def list_evaluations(caller: Caller = Depends(agent)) -> Page[EvaluationOut]:
+    return Page[EvaluationOut](**service.runtime().grader.get("/internal/evaluations", ctx=caller.ctx))
+
+
+@agent_router.get("/evaluations/{eval_id}", tags=["evaluations"], summary="Get a validation evaluation", responses=problem_responses(NotFound))
+def get_evaluation(eval_id: str, caller: Caller = Depends(agent)) -> EvaluationOut:
+    return EvaluationOut(**service.runtime().grader.get(f"/internal/evaluations/{eval_id}", ctx=caller.ctx))
+
+
+@agent_router.get("/evaluations/{eval_id}/trajectories", tags=["evaluations"], summary="Per-item validation trajectories", responses=problem_responses(NotFound))
+def get_trajectories(eval_id: str, caller: Caller = Depends(agent)) -> Page[TrajectoryOut]:
+    """Prompt, completion, extracted answer and score of every validation item."""
+    return Page[TrajectoryOut](**service.runtime().grader.get(f"/internal/evaluations/{eval_id}/trajectories", ctx=caller.ctx))
+
+
+@agent_router.post("/submissions", status_code=201, tags=["submissions"], summary="Submit the final system for hidden-test grading",
+                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, SubmissionLimitReached))
+def create_submission(req: SubmissionCreate, caller: Caller = Depends(mutating_agent)) -> SubmissionOut:
+    """Graded once on the hidden test split, not charged to the run; only the aggregate score is ever returned."""
+    if req.harness is not None:
+        service.check_editable(caller, "harness", "submitting a custom harness")
+    return SubmissionOut(**service.runtime().grader.post("/internal/submissions", ctx=caller.ctx, json=req.model_dump(mode="json"),
+                                                         params={"max_submissions": caller.benchmark.limits.final_submissions}))
+
+
+@agent_router.get("/submissions", tags=["submissions"], summary="List the run's submissions")
+def list_submissions(caller: Caller = Depends(agent)) -> Page[SubmissionOut]:
+    return Page[SubmissionOut](**service.runtime().grader.get("/internal/submissions", ctx=caller.ctx))
+
+
+@agent_router.get("/submissions/{sub_id}", tags=["submissions"], summary="Get a submission", responses=problem_responses(NotFound))
+def get_submission(sub_id: str, caller: Caller = Depends(agent)) -> SubmissionOut:
+    return SubmissionOut(**service.runtime().grader.get(f"/internal/submissions/{sub_id}", ctx=caller.ctx))
+
+
+# --------------------------------------------------------------------------- leaderboard (public)
+
+
+@public_router.get("/v1/leaderboard", summary="The leaderboard (JSON)")
+def leaderboard_json() -> Page[LeaderboardRow]:
+    """Every final submission: initial and final hidden-test scores, gap closed, validation evaluations, spend, hours."""
+    return Page[LeaderboardRow](data=service.leaderboard())
+
+
+@public_router.get("/leaderboard", summary="The leaderboard (HTML)", response_class=HTMLResponse)
+def leaderboard_html(request: Request) -> HTMLResponse:
+    from gateway.app import templates
+
+    return templates.TemplateResponse(request, "leaderboard.html", {"rows": service.leaderboard()})
+
+
+# --------------------------------------------------------------------------- operators
+
+
+@admin_router.post("/benchmarks", status_code=201, summary="Load a benchmark", responses=problem_responses(Unprocessable, Conflict))
+def load_benchmark(doc: dict[str, Any]) -> BenchmarkOut:
+    """The benchmark file's content as JSON (the CLI reads the YAML). 422 names the offending key."""
+    return service.load_benchmark(doc)
+
+
+@admin_router.get("/benchmarks", summary="List benchmarks")
+def list_benchmarks() -> Page[BenchmarkOut]:
+    return Page[BenchmarkOut](data=service.list_benchmarks())
+
+
+@admin_router.post("/runs", status_code=201, summary="Create a run and its API key", responses=problem_responses(NotFound))
+def create_run(req: RunCreate) -> RunCreated:
+    """The ``api_key`` is in this answer only; it is stored as a hash."""
+    return service.create_run(req)
+
+
+@admin_router.get("/runs", summary="List runs")
+def list_runs() -> Page[RunOut]:
+    return Page[RunOut](data=service.list_runs())
+
+
+@admin_router.post("/runs/{run_id}/revoke", summary="Revoke a run's key", responses=problem_responses(NotFound))
+def revoke(run_id: str) -> RunOut:
+    return service.revoke_run_key(run_id)
+
+
+@admin_router.get("/runs/{run_id}/episode", summary="A run's episode log (every agent call)")
+def episode(run_id: str, after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+    return {"object": "list", "data": service.episode_log(run_id, after, limit)}
+
+
+@admin_router.get("/accounts", summary="Every ledger account")
+def accounts() -> Any:
+    return service.runtime().ledger.get("/internal/accounts")

@@ -1,0 +1,57 @@
+"""ORM tables of the gateway: benchmarks, runs (with hashed keys) and the episode log."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Integer, String, Text
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.common.db import UTCDateTime, utcnow
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Benchmark(Base):
+    """A benchmark loaded from a YAML file (the validated document is kept whole)."""
+
+    __tablename__ = "benchmarks"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    name: Mapped[str] = mapped_column(String(200), unique=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Run(Base):
+    """One research agent's attempt at one benchmark. The API key is stored only as its SHA-256."""
+
+    __tablename__ = "runs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    benchmark_id: Mapped[str] = mapped_column(ForeignKey("benchmarks.id"), index=True)
+    agent_name: Mapped[str] = mapped_column(String(200))
+    track: Mapped[str] = mapped_column(String(20))
+    key_hash: Mapped[str] = mapped_column(String(64), unique=True)
+    key_prefix: Mapped[str] = mapped_column(String(16))
+    budget_usd_micros: Mapped[int] = mapped_column(BigInteger)
+    deadline_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    revoked_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class EpisodeEvent(Base):
+    """One agent call: the episode log records every request a run's key made."""
+
+    __tablename__ = "episode_log"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    method: Mapped[str] = mapped_column(String(10))
+    path: Mapped[str] = mapped_column(Text)
+    status: Mapped[int] = mapped_column(Integer)
+    latency_ms: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

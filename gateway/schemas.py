@@ -1,0 +1,177 @@
+"""Gateway wire models: the benchmark file, runs, the run card, budget and the leaderboard."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field, model_validator
+
+from services.common.contracts import TRAINING_FIELDS, EvaluationSettings, SuiteSpec, SystemSpec
+
+Editable = Literal["data", "trainer", "harness"]
+TRACKS: dict[str, list[str]] = {
+    "data": ["data"],
+    "trainer": ["trainer"],
+    "harness": ["harness"],
+    "joint": ["data", "trainer", "harness"],
+}
+
+
+class ReferenceSpec(BaseModel):
+    """The reference the gap is measured against: a system the grader scores, or a declared score."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    system: SystemSpec | None = None
+    score: float | None = Field(None, ge=0.0, le=1.0)
+    description: str = ""
+
+    @model_validator(mode="after")
+    def _one(self) -> ReferenceSpec:
+        if (self.system is None) == (self.score is None):
+            raise ValueError("give exactly one of reference.system or reference.score")
+        return self
+
+
+class RecipePolicy(BaseModel):
+    """Which recipe fields the agent may set (``allow``) and which are fixed (``lock``: field → value)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    allow: list[str] | Literal["all"] = "all"
+    lock: dict[str, Any] = Field(default_factory=dict)
+
+    @model_validator(mode="after")
+    def _known(self) -> RecipePolicy:
+        for name in list(self.lock) + ([] if self.allow == "all" else list(self.allow)):
+            if name not in TRAINING_FIELDS:
+                raise ValueError(f"unknown recipe field {name!r}")
+        return self
+
+
+class BudgetSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    usd: float = Field(gt=0, le=1_000_000, description="Budget in USD (stored as integer micro-USD).")
+    wall_clock_hours: float = Field(gt=0, le=24 * 365)
+
+    @property
+    def usd_micros(self) -> int:
+        return round(self.usd * 1_000_000)
+
+
+class LimitsSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    final_submissions: int = Field(1, ge=1, le=100)
+
+
+class BenchmarkFile(BaseModel):
+    """A benchmark definition (YAML). The test split's seed is not here: it lives in the grader's configuration."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    suite: SuiteSpec
+    initial_system: SystemSpec
+    reference: ReferenceSpec
+    track: Literal["data", "trainer", "harness", "joint"] = "joint"
+    editable: list[Editable] | None = Field(None, description="Defaults to the track's preset.")
+    recipe: RecipePolicy = Field(default_factory=RecipePolicy)
+    budget: BudgetSpec
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+
+    @model_validator(mode="after")
+    def _checks(self) -> BenchmarkFile:
+        if self.suite.splits.test.seed is not None:
+            raise ValueError("suite.splits.test.seed must not be in the benchmark file: the test seed lives only in the grader's configuration")
+        if self.editable is None:
+            self.editable = list(TRACKS[self.track])  # type: ignore[assignment]
+        return self
+
+
+class BenchmarkOut(BaseModel):
+    id: str
+    object: Literal["benchmark"] = "benchmark"
+    name: str
+    spec: BenchmarkFile
+    created_at: dt.datetime
+
+
+class RunCreate(BaseModel):
+    """Create a run of a benchmark for one research agent."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"benchmark": "chain-sum-demo", "agent_name": "baseline"}})
+
+    benchmark: str = Field(description="Benchmark id (`bm_…`) or name.")
+    agent_name: str = Field(min_length=1, max_length=200)
+    budget_usd: float | None = Field(None, gt=0, description="Override the benchmark's budget (USD).")
+    wall_clock_hours: float | None = Field(None, gt=0, description="Override the benchmark's wall-clock limit (hours).")
+
+
+class RunOut(BaseModel):
+    id: str
+    object: Literal["run"] = "run"
+    benchmark_id: str
+    agent_name: str
+    track: str
+    key_prefix: str
+    budget_usd_micros: int
+    deadline_at: dt.datetime
+    revoked: bool
+    created_at: dt.datetime
+
+
+class RunCreated(RunOut):
+    """The new run, with its API key: shown once, stored only as a hash."""
+
+    api_key: str
+
+
+class BudgetOut(BaseModel):
+    """The run's money in micro-USD: budget = remaining + held + spent."""
+
+    budget_usd_micros: int
+    remaining_usd_micros: int
+    held_usd_micros: int
+    spent_usd_micros: int
+    spent_by_kind: dict[str, int]
+    usage_by_kind: dict[str, int]
+
+
+class RunCard(BaseModel):
+    """What the agent may know about its run: the benchmark card, deadline, track, limits and what remains."""
+
+    run_id: str
+    agent_name: str
+    benchmark: dict[str, Any]
+    track: str
+    editable: list[str]
+    recipe: RecipePolicy
+    evaluation: EvaluationSettings
+    deadline_at: dt.datetime
+    seconds_left: int
+    budget: BudgetOut
+    limits: dict[str, Any]
+
+
+class LeaderboardRow(BaseModel):
+    """One graded (or pending) final submission. Scores are in [0, 1]."""
+
+    rank: int | None
+    run_id: str
+    benchmark: str
+    agent_name: str
+    submission_id: str
+    status: str
+    initial_score: float | None
+    final_score: float | None
+    reference_score: float | None
+    gap_closed: float | None = Field(description="(final − initial) / (reference − initial)")
+    n: int | None
+    validation_evaluations: int
+    spent_usd: float
+    elapsed_hours: float

@@ -1,0 +1,1 @@
+"""The grader: suites, the hidden test-set store, evaluations, submissions and scores."""

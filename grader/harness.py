@@ -1,0 +1,69 @@
+"""Running a declarative harness: render the prompt (sandboxed Jinja2) and extract the answer."""
+
+from __future__ import annotations
+
+import re
+from functools import lru_cache
+
+from jinja2 import StrictUndefined, TemplateError
+from jinja2.sandbox import SandboxedEnvironment
+
+from services.common.contracts import EvaluationSettings, Harness
+from services.common.errors import Unprocessable
+
+_ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+_NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+
+
+@lru_cache(maxsize=64)
+def _template(source: str):  # noqa: ANN202
+    return _ENV.from_string(source)
+
+
+def check_harness(harness: Harness) -> None:
+    """Raise ``Unprocessable`` naming the field if the template or regex cannot be used."""
+    try:
+        render_messages(harness, "2 + 2 =")
+    except (TemplateError, TypeError) as exc:
+        raise Unprocessable(f"harness.user_template does not render: {exc}", field="harness.user_template") from exc
+    if harness.answer_extraction == "regex":
+        if not harness.answer_regex:
+            raise Unprocessable("answer_extraction 'regex' needs answer_regex", field="harness.answer_regex")
+        try:
+            re.compile(harness.answer_regex)
+        except re.error as exc:
+            raise Unprocessable(f"harness.answer_regex is invalid: {exc}", field="harness.answer_regex") from exc
+
+
+def apply_settings(harness: Harness, settings: EvaluationSettings) -> Harness:
+    """The harness as evaluated: ``max_tokens`` capped and ``temperature`` fixed by the benchmark's settings."""
+    update: dict = {"max_tokens": min(harness.max_tokens, settings.max_tokens)}
+    if settings.temperature is not None:
+        update["temperature"] = settings.temperature
+    return harness.model_copy(update=update)
+
+
+def render_messages(harness: Harness, question: str) -> list[dict[str, str]]:
+    """The chat messages for one task: optional system prompt, then the rendered user message."""
+    messages = []
+    if harness.system_prompt:
+        messages.append({"role": "system", "content": harness.system_prompt})
+    messages.append({"role": "user", "content": _template(harness.user_template).render(question=question)})
+    return messages
+
+
+def extract_answer(harness: Harness, completion: str) -> str | None:
+    """The answer in ``completion`` per ``harness.answer_extraction``; ``None`` if none is found."""
+    text = completion.strip()
+    mode = harness.answer_extraction
+    if mode == "strip":
+        answer = text
+    elif mode == "first_line":
+        answer = text.splitlines()[0].strip() if text else ""
+    elif mode == "last_number":
+        numbers = _NUMBER.findall(text)
+        answer = numbers[-1] if numbers else ""
+    else:
+        match = re.search(harness.answer_regex or "", text)
+        answer = (match.group(1) if match and match.groups() else match.group(0) if match else "").strip()
+    return answer or None

@@ -1,0 +1,99 @@
+"""ORM tables of the grader (its main database; the hidden test split is in ``teststore``)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.common.db import UTCDateTime, utcnow
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Benchmark(Base):
+    """A benchmark as the grader knows it: its grading spec (no test seed) and its baseline scores."""
+
+    __tablename__ = "benchmarks"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    initial_evaluation_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    reference_evaluation_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class ValidationItem(Base):
+    __tablename__ = "validation_items"
+    __table_args__ = (UniqueConstraint("benchmark_id", "item_id"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    benchmark_id: Mapped[str] = mapped_column(ForeignKey("benchmarks.id"), index=True)
+    item_id: Mapped[str] = mapped_column(String(40))
+    position: Mapped[int] = mapped_column(Integer)
+    question: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    entry: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class Evaluation(Base):
+    """A system × split evaluation. ``purpose``: validation (a run's), submission, initial or reference (baselines)."""
+
+    __tablename__ = "evaluations"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str | None] = mapped_column(String(40), index=True, nullable=True)
+    benchmark_id: Mapped[str] = mapped_column(ForeignKey("benchmarks.id"), index=True)
+    purpose: Mapped[str] = mapped_column(String(20))
+    split: Mapped[str] = mapped_column(String(20))
+    model: Mapped[str] = mapped_column(String(100))
+    harness: Mapped[dict[str, Any]] = mapped_column(JSON)
+    status: Mapped[str] = mapped_column(String(20), index=True)
+    items_total: Mapped[int] = mapped_column(Integer)
+    items_done: Mapped[int] = mapped_column(Integer, default=0)
+    score: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    hold_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class Trajectory(Base):
+    """One sample of one validation item: prompt, completion, extracted answer, score."""
+
+    __tablename__ = "trajectories"
+    __table_args__ = (UniqueConstraint("evaluation_id", "item_id", "sample"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    evaluation_id: Mapped[str] = mapped_column(ForeignKey("evaluations.id"), index=True)
+    item_id: Mapped[str] = mapped_column(String(40))
+    sample: Mapped[int] = mapped_column(Integer)
+    question: Mapped[str] = mapped_column(Text)
+    messages: Mapped[list[dict[str, str]]] = mapped_column(JSON)
+    completion: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str | None] = mapped_column(Text, nullable=True)
+    expected: Mapped[str] = mapped_column(Text)
+    score: Mapped[float] = mapped_column(Float)
+    prompt_tokens: Mapped[int] = mapped_column(Integer)
+    completion_tokens: Mapped[int] = mapped_column(Integer)
+
+
+class Submission(Base):
+    """A run's final submission, graded by a test-split evaluation."""
+
+    __tablename__ = "submissions"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    benchmark_id: Mapped[str] = mapped_column(ForeignKey("benchmarks.id"), index=True)
+    model: Mapped[str] = mapped_column(String(100))
+    harness: Mapped[dict[str, Any]] = mapped_column(JSON)
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)
+    evaluation_id: Mapped[str] = mapped_column(String(40))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

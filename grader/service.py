@@ -1,0 +1,425 @@
+"""Grader logic: benchmark splits, validation evaluations, final submissions on the hidden test split.
+
+Splits are disjoint by construction: the train pool is generated from the train seed; validation items
+exclude every train-pool question; test items (seed from the grader's configuration only) exclude both.
+Validation evaluations are charged to the run (a hold for the worst case, each completion charged
+against it, the rest released); official test grading is not charged.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import math
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from functools import cache, lru_cache
+from typing import Any
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from grader.harness import apply_settings, check_harness, extract_answer, render_messages
+from grader.models import Benchmark, Evaluation, Submission, Trajectory, ValidationItem
+from grader.settings import GraderSettings
+from grader.suites import Item, get_suite
+from grader.teststore import TestStore
+from services.common.auth import RunContext
+from services.common.contracts import (
+    EvaluationCreate, EvaluationOut, GradingSpec, Harness, Score, SubmissionCreate, SubmissionOut, SuiteItemOut, TrajectoryOut,
+)
+from services.common.db import Database, utcnow
+from services.common.errors import NotFound, SubmissionLimitReached, Unprocessable, UpstreamProblem
+from services.common.http import ServiceClient
+from services.common.ids import new_id
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+PROMPT_OVERHEAD_TOKENS = 64  # chat-template tokens added around the rendered messages (upper bound)
+
+
+@dataclass
+class Runtime:
+    settings: GraderSettings
+    db: Database
+    store: TestStore
+    inference: ServiceClient
+    ledger: ServiceClient
+
+
+@cache
+def runtime() -> Runtime:
+    s = GraderSettings()
+    return Runtime(
+        settings=s,
+        db=Database(s.database_url_for("grader")),
+        store=TestStore(s.test_store_url()),
+        inference=ServiceClient(s.inference_url, s.service_token, name="inference", timeout_s=300),
+        ledger=ServiceClient(s.ledger_url, s.service_token, name="ledger", timeout_s=s.http_timeout_s),
+    )
+
+
+# --------------------------------------------------------------------------- benchmarks and splits
+
+
+def _test_seed(spec: GradingSpec) -> int:
+    """The hidden test seed: the grader's secret seed mixed with the suite spec (never stored elsewhere)."""
+    material = f"{runtime().settings.grader_test_seed}:{spec.suite.model_dump_json()}".encode()
+    return int.from_bytes(hashlib.sha256(material).digest()[:4], "big")
+
+
+@lru_cache(maxsize=16)
+def _train_pool(suite_json: str) -> list[Item]:
+    from services.common.contracts import SuiteSpec
+
+    suite_spec = SuiteSpec.model_validate_json(suite_json)
+    train = suite_spec.splits.train
+    return get_suite(suite_spec.name).generate(suite_spec.params, train.seed or 0, train.size, split="train")
+
+
+def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
+    """Create the benchmark's splits and queue the baseline evaluations; idempotent on ``benchmark_id``.
+
+    Raises ``Unprocessable`` naming the field for an unknown suite, bad suite params, a bad harness, or a
+    split larger than the task space allows.
+    """
+    rt = runtime()
+    with rt.db.session() as s:
+        if s.get(Benchmark, spec.benchmark_id) is not None:
+            return benchmark_status(spec.benchmark_id)
+    suite = get_suite(spec.suite.name)
+    suite.check_params(spec.suite.params)
+    for system in (spec.initial_system, spec.reference_system):
+        if system and system.harness:
+            check_harness(system.harness)
+    pool = _train_pool(spec.suite.model_dump_json())
+    pool_questions = frozenset(it.question for it in pool)
+    val = spec.suite.splits.validation
+    validation = suite.generate(spec.suite.params, val.seed or 1, val.size, split="validation", exclude=pool_questions)
+    test = suite.generate(spec.suite.params, _test_seed(spec), spec.suite.splits.test.size, split="test",
+                          exclude=pool_questions | {it.question for it in validation})
+    rt.store.put_items(spec.benchmark_id, test)
+    with rt.db.session() as s:
+        s.add(Benchmark(id=spec.benchmark_id, spec=spec.model_dump(mode="json"), created_at=utcnow()))
+        s.flush()
+        s.add_all(ValidationItem(benchmark_id=spec.benchmark_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry)
+                  for i, it in enumerate(validation))
+        bm = s.get(Benchmark, spec.benchmark_id)
+        bm.initial_evaluation_id = _new_evaluation(s, spec, None, "initial", "test", spec.initial_system.model, _harness(spec, spec.initial_system.harness), len(test))
+        if spec.reference_system is not None:
+            bm.reference_evaluation_id = _new_evaluation(s, spec, None, "reference", "test", spec.reference_system.model, _harness(spec, spec.reference_system.harness), len(test))
+        queued = [e for e in (bm.initial_evaluation_id, bm.reference_evaluation_id) if e]
+    from grader.tasks import enqueue_evaluation
+
+    for eval_id in queued:
+        enqueue_evaluation(eval_id)
+    return benchmark_status(spec.benchmark_id)
+
+
+def _spec(s: Session, benchmark_id: str) -> GradingSpec:
+    bm = s.get(Benchmark, benchmark_id)
+    if bm is None:
+        raise NotFound(f"benchmark {benchmark_id} is not registered with the grader")
+    return GradingSpec.model_validate(bm.spec)
+
+
+def _harness(spec: GradingSpec, harness: Harness | None) -> Harness:
+    return apply_settings(harness or get_suite(spec.suite.name).default_harness, spec.evaluation)
+
+
+def benchmark_status(benchmark_id: str) -> dict[str, Any]:
+    """``{benchmark_id, validation_items, test_items, initial: Score|None, reference: Score|None, ...}``."""
+    rt = runtime()
+    with rt.db.session() as s:
+        spec = _spec(s, benchmark_id)
+        bm = s.get(Benchmark, benchmark_id)
+        n_val = s.scalar(select(func.count()).select_from(ValidationItem).where(ValidationItem.benchmark_id == benchmark_id))
+        initial = s.get(Evaluation, bm.initial_evaluation_id) if bm.initial_evaluation_id else None
+        reference = s.get(Evaluation, bm.reference_evaluation_id) if bm.reference_evaluation_id else None
+        ref_score = reference.score if reference else ({"value": spec.reference_score, "n": 0, "metric": spec.evaluation.metric, "k": spec.evaluation.samples} if spec.reference_score is not None else None)
+        return {
+            "benchmark_id": benchmark_id, "validation_items": n_val, "test_items": spec.suite.splits.test.size,
+            "initial": initial.score if initial else None, "initial_status": initial.status if initial else None,
+            "reference": ref_score, "reference_status": reference.status if reference else ("declared" if ref_score else None),
+            "initial_system": {"model": spec.initial_system.model, "harness": _harness(spec, spec.initial_system.harness).model_dump()},
+        }
+
+
+def train_sample(ctx: RunContext, offset: int, limit: int) -> list[SuiteItemOut]:
+    """Items ``[offset, offset+limit)`` of the benchmark's training pool (question + answer)."""
+    with runtime().db.session() as s:
+        spec = _spec(s, ctx.benchmark_id)
+    pool = _train_pool(spec.suite.model_dump_json())
+    return [SuiteItemOut(id=it.id, question=it.question, answer=it.answer) for it in pool[offset:offset + limit]]
+
+
+def validation_items(ctx: RunContext) -> list[SuiteItemOut]:
+    """Every visible validation item of the run's benchmark."""
+    with runtime().db.session() as s:
+        rows = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == ctx.benchmark_id).order_by(ValidationItem.position))
+        return [SuiteItemOut(id=r.item_id, question=r.question, answer=r.answer) for r in rows]
+
+
+# --------------------------------------------------------------------------- evaluations
+
+
+def _new_evaluation(s: Session, spec: GradingSpec, run_id: str | None, purpose: str, split: str, model: str, harness: Harness, total: int, hold_id: str | None = None) -> str:
+    eval_id = new_id("eval")
+    s.add(Evaluation(id=eval_id, run_id=run_id, benchmark_id=spec.benchmark_id, purpose=purpose, split=split, model=model,
+                     harness=harness.model_dump(), status="queued", items_total=total, hold_id=hold_id, created_at=utcnow()))
+    return eval_id
+
+
+def _eval_out(ev: Evaluation) -> EvaluationOut:
+    return EvaluationOut(id=ev.id, status=ev.status, split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
+                         items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
+                         error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)
+
+
+def _check_model(ctx: RunContext, model: str) -> None:
+    try:
+        runtime().inference.get(f"/internal/models/{model}", ctx=ctx)
+    except UpstreamProblem as exc:
+        if exc.status == 404:
+            raise Unprocessable(f"unknown model {model!r}: not a served base model nor one of this run's checkpoints", field="model") from exc
+        raise
+
+
+def _prompt_upper_bound(harness: Harness, question: str) -> int:
+    """Upper bound of a call's prompt tokens: bytes of the messages (a BPE token is ≥ 1 byte) + template overhead."""
+    return sum(len(m["content"].encode()) for m in render_messages(harness, question)) + PROMPT_OVERHEAD_TOKENS
+
+
+def create_evaluation(ctx: RunContext, req: EvaluationCreate) -> EvaluationOut:
+    """Queue a validation evaluation after holding its worst-case inference cost on the run's budget.
+
+    Raises ``Unprocessable`` (model, harness), passes the ledger's 402 through; on 402 nothing is written.
+    """
+    rt = runtime()
+    with rt.db.session() as s:
+        spec = _spec(s, ctx.benchmark_id)
+        items = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == ctx.benchmark_id).order_by(ValidationItem.position)).all()
+    if req.harness is not None:
+        check_harness(req.harness)
+    _check_model(ctx, req.model)
+    harness = _harness(spec, req.harness)
+    items = items[: req.limit] if req.limit else items
+    k = spec.evaluation.samples
+    prefill = sum(_prompt_upper_bound(harness, it.question) for it in items) * k
+    decode = harness.max_tokens * len(items) * k
+    eval_id = new_id("eval")
+    base = spec.initial_system.model
+    hold = rt.ledger.post("/internal/holds", json={
+        "account_id": ctx.run_id, "purpose": f"validation evaluation {eval_id}", "idempotency_key": f"hold:{eval_id}",
+        "usage": [{"kind": "prefill_tokens", "quantity": prefill, "model": base}, {"kind": "decode_tokens", "quantity": decode, "model": base}],
+    })
+    try:
+        with rt.db.session() as s:
+            s.add(Evaluation(id=eval_id, run_id=ctx.run_id, benchmark_id=ctx.benchmark_id, purpose="validation", split="validation",
+                             model=req.model, harness=harness.model_dump(), status="queued", items_total=len(items),
+                             hold_id=hold["hold_id"], created_at=utcnow()))
+            s.flush()
+            out = _eval_out(s.get(Evaluation, eval_id))
+    except Exception:
+        rt.ledger.post(f"/internal/holds/{hold['hold_id']}/release", json={"idempotency_key": f"release:{eval_id}"})
+        raise
+    from grader.tasks import enqueue_evaluation
+
+    enqueue_evaluation(eval_id)
+    return out
+
+
+def _owned_eval(s: Session, ctx: RunContext, eval_id: str) -> Evaluation:
+    ev = s.get(Evaluation, eval_id)
+    if ev is None or ev.run_id != ctx.run_id or ev.purpose != "validation":
+        raise NotFound(f"evaluation {eval_id} not found")
+    return ev
+
+
+def get_evaluation(ctx: RunContext, eval_id: str) -> EvaluationOut:
+    with runtime().db.session() as s:
+        return _eval_out(_owned_eval(s, ctx, eval_id))
+
+
+def list_evaluations(ctx: RunContext) -> list[EvaluationOut]:
+    with runtime().db.session() as s:
+        rows = s.scalars(select(Evaluation).where(Evaluation.run_id == ctx.run_id, Evaluation.purpose == "validation").order_by(Evaluation.id))
+        return [_eval_out(e) for e in rows]
+
+
+def trajectories(ctx: RunContext, eval_id: str) -> list[TrajectoryOut]:
+    """Per-item trajectories of one of the run's validation evaluations."""
+    with runtime().db.session() as s:
+        _owned_eval(s, ctx, eval_id)
+        rows = s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id).order_by(Trajectory.item_id, Trajectory.sample))
+        return [TrajectoryOut(item_id=t.item_id, sample=t.sample, question=t.question, messages=t.messages, completion=t.completion,  # type: ignore[arg-type]
+                              answer=t.answer, expected=t.expected, score=t.score, prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens) for t in rows]
+
+
+def pass_at_k(n: int, c: int, k: int) -> float:
+    """Unbiased pass@k from ``n`` samples with ``c`` correct (Chen et al. 2021, "Evaluating Large Language
+    Models Trained on Code", eq. 1): ``1 − C(n−c, k) / C(n, k)``."""
+    if n - c < k:
+        return 1.0
+    return 1.0 - math.comb(n - c, k) / math.comb(n, k)
+
+
+def aggregate(scores: dict[str, list[float]], metric: str, k: int) -> Score:
+    """Mean over items of avg@k (mean of the k sample scores) or pass@k (a sample passes at score 1)."""
+    per_item = []
+    for samples in scores.values():
+        if metric == "pass@k":
+            per_item.append(pass_at_k(len(samples), sum(1 for x in samples if x >= 1.0), k))
+        else:
+            per_item.append(sum(samples) / len(samples))
+    value = sum(per_item) / len(per_item) if per_item else 0.0
+    return Score(value=value, n=len(per_item), metric=metric.replace("k", str(k)), k=k)
+
+
+def run_evaluation(eval_id: str) -> None:
+    """Run an evaluation to the end in this worker; items already scored (an earlier attempt) are skipped.
+
+    Each item's result is written as soon as it is scored. Validation results (trajectories) go to the
+    grader database; test results go to the test store only. The evaluation hold is closed at the end
+    (each completion was charged against it; the rest is released).
+    """
+    rt = runtime()
+    with rt.db.session() as s:
+        ev = s.get(Evaluation, eval_id)
+        if ev is None or ev.status in TERMINAL:
+            return
+        ev.status = "running"
+        ev.attempts += 1
+        ev.started_at = ev.started_at or utcnow()
+        spec = _spec(s, ev.benchmark_id)
+        split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total
+    try:
+        if split == "test":
+            items = rt.store.items(spec.benchmark_id)[:total]
+            done = rt.store.done(eval_id)
+        else:
+            with rt.db.session() as s:
+                rows = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == spec.benchmark_id).order_by(ValidationItem.position)).all()
+                items = [Item(id=r.item_id, question=r.question, answer=r.answer, entry=r.entry) for r in rows][:total]
+                done = {(t.item_id, t.sample): t.score for t in s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id))}
+        suite = get_suite(spec.suite.name)
+        k = spec.evaluation.samples
+        ctx = RunContext(run_id=run_id, benchmark_id=spec.benchmark_id) if run_id else None
+        headers = {"X-Crucible-Hold": hold_id} if (split == "validation" and hold_id) else {"X-Crucible-Unmetered": "grading"}
+        todo = [(it, j) for it in items for j in range(k) if (it.id, j) not in done]
+
+        def one(task: tuple[Item, int]) -> tuple[str, int, float]:
+            item, sample = task
+            messages = render_messages(harness, item.question)
+            body = {"model": model, "messages": messages, "max_tokens": harness.max_tokens, "temperature": harness.temperature,
+                    "top_p": harness.top_p, "stop": harness.stop, "seed": sample}
+            out = rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=headers)
+            completion = out["choices"][0]["message"]["content"]
+            answer = extract_answer(harness, completion)
+            score = suite.score(answer, item)
+            if split == "test":
+                rt.store.record(eval_id, item.id, sample, completion, answer, score)
+            else:
+                with rt.db.session() as s:
+                    s.add(Trajectory(evaluation_id=eval_id, item_id=item.id, sample=sample, question=item.question, messages=messages,
+                                     completion=completion, answer=answer, expected=item.answer, score=score,
+                                     prompt_tokens=out["usage"]["prompt_tokens"], completion_tokens=out["usage"]["completion_tokens"]))
+                    if sample == k - 1:
+                        s.get(Evaluation, eval_id).items_done += 1  # type: ignore[union-attr]
+            if split == "test" and sample == k - 1:
+                with rt.db.session() as s:
+                    s.get(Evaluation, eval_id).items_done += 1  # type: ignore[union-attr]
+            return item.id, sample, score
+
+        results = dict(done)
+        with ThreadPoolExecutor(rt.settings.eval_concurrency) as pool:
+            for item_id, sample, score in pool.map(one, todo):
+                results[(item_id, sample)] = score
+        by_item: dict[str, list[float]] = {}
+        for (item_id, _sample), score in sorted(results.items()):
+            by_item.setdefault(item_id, []).append(score)
+        score = aggregate(by_item, spec.evaluation.metric, k)
+        with rt.db.session() as s:
+            ev = s.get(Evaluation, eval_id)
+            ev.status, ev.score, ev.items_done, ev.finished_at = "succeeded", score.model_dump(), len(by_item), utcnow()
+    except Exception as exc:
+        with rt.db.session() as s:
+            ev = s.get(Evaluation, eval_id)
+            ev.status, ev.error, ev.finished_at = "failed", f"{exc.__class__.__name__}: {exc}", utcnow()
+        raise
+    finally:
+        if hold_id:
+            _close_hold(hold_id, eval_id)
+
+
+def _close_hold(hold_id: str, eval_id: str) -> None:
+    try:
+        runtime().ledger.post(f"/internal/holds/{hold_id}/settle", json={"usage": [], "idempotency_key": f"settle:{eval_id}"})
+    except UpstreamProblem as exc:
+        if exc.status != 409:
+            raise
+
+
+# --------------------------------------------------------------------------- submissions
+
+
+def _submission_out(s: Session, sub: Submission) -> SubmissionOut:
+    ev = s.get(Evaluation, sub.evaluation_id)
+    status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")  # type: ignore[union-attr]
+    return SubmissionOut(id=sub.id, status=status, model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
+                         score=Score(**ev.score) if ev.score else None, error=ev.error, created_at=sub.created_at,  # type: ignore[union-attr]
+                         graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
+
+
+def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: int) -> SubmissionOut:
+    """Record the run's final system and queue its grading on the hidden test split (not charged).
+
+    Raises ``Forbidden`` (code ``submission_limit``) past ``max_submissions`` and ``Unprocessable`` for an
+    unknown model or a bad harness.
+    """
+    rt = runtime()
+    if req.harness is not None:
+        check_harness(req.harness)
+    _check_model(ctx, req.model)
+    with rt.db.session() as s:
+        spec = _spec(s, ctx.benchmark_id)
+        used = s.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == ctx.run_id))
+        if used >= max_submissions:
+            raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s)", limit=max_submissions)
+        harness = _harness(spec, req.harness)
+        eval_id = _new_evaluation(s, spec, ctx.run_id, "submission", "test", req.model, harness, spec.suite.splits.test.size)
+        sub = Submission(id=new_id("sub"), run_id=ctx.run_id, benchmark_id=ctx.benchmark_id, model=req.model, harness=harness.model_dump(),
+                         note=req.note, evaluation_id=eval_id, created_at=utcnow())
+        s.add(sub)
+        s.flush()
+        out = _submission_out(s, sub)
+    from grader.tasks import enqueue_evaluation
+
+    enqueue_evaluation(eval_id)
+    return out
+
+
+def get_submission(ctx: RunContext, sub_id: str) -> SubmissionOut:
+    with runtime().db.session() as s:
+        sub = s.get(Submission, sub_id)
+        if sub is None or sub.run_id != ctx.run_id:
+            raise NotFound(f"submission {sub_id} not found")
+        return _submission_out(s, sub)
+
+
+def list_submissions(ctx: RunContext) -> list[SubmissionOut]:
+    with runtime().db.session() as s:
+        return [_submission_out(s, sub) for sub in s.scalars(select(Submission).where(Submission.run_id == ctx.run_id).order_by(Submission.id))]
+
+
+def leaderboard_entries() -> list[dict[str, Any]]:
+    """Every submission with its aggregate test score, for the gateway's leaderboard (no per-item data).
+
+    Each entry: ``{submission_id, run_id, benchmark_id, status, score, graded_at, validation_evaluations}``.
+    """
+    with runtime().db.session() as s:
+        out = []
+        for sub in s.scalars(select(Submission).order_by(Submission.id)):
+            o = _submission_out(s, sub)
+            used = s.scalar(select(func.count()).select_from(Evaluation).where(Evaluation.run_id == sub.run_id, Evaluation.purpose == "validation"))
+            out.append({"submission_id": sub.id, "run_id": sub.run_id, "benchmark_id": sub.benchmark_id, "status": o.status,
+                        "score": o.score.model_dump() if o.score else None, "graded_at": o.graded_at, "validation_evaluations": used})
+        return out

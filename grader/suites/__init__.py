@@ -1,0 +1,50 @@
+"""Evaluation suites. A suite is one module: its dataset generator, its default harness and its scorer.
+
+The grader's orchestration only sees the :class:`Suite` protocol; adding a suite is adding one module
+here and listing it in :data:`SUITES`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Any, Protocol
+
+from services.common.contracts import Harness
+from services.common.errors import Unprocessable
+
+
+@dataclass(frozen=True)
+class Item:
+    """One task: an id unique within its split, the question, the reference answer and the raw entry
+    (whatever the suite's scorer needs, JSON-serializable)."""
+
+    id: str
+    question: str
+    answer: str
+    entry: dict[str, Any] = field(default_factory=dict)
+
+
+class Suite(Protocol):
+    """What the grader needs from a suite."""
+
+    name: str
+    default_harness: Harness
+
+    def check_params(self, params: dict[str, Any]) -> None:
+        """Raise ``Unprocessable`` (field ``suite.params…``) if ``params`` are not valid for this suite."""
+
+    def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
+        """``size`` items generated deterministically from ``seed``, none whose question is in ``exclude``."""
+
+    def score(self, answer: str | None, item: Item) -> float:
+        """Score in [0, 1] of an extracted answer (``None``: nothing extracted) with the suite's official scorer."""
+
+
+def get_suite(name: str) -> Suite:
+    """The suite named ``name``; raises ``Unprocessable`` (field ``suite.name``) if there is none."""
+    from grader.suites.reasoning_gym import ReasoningGymSuite
+
+    suites: dict[str, Suite] = {"reasoning_gym": ReasoningGymSuite()}
+    if name not in suites:
+        raise Unprocessable(f"unknown suite {name!r}; available: {', '.join(sorted(suites))}", field="suite.name")
+    return suites[name]

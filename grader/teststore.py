@@ -1,0 +1,82 @@
+"""The hidden test-set store: test items and per-item test outcomes, in their own database.
+
+Only the grader imports this module, and only the grader's configuration holds its URL. Nothing read
+from here leaves the grader except aggregate scores.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import JSON, Float, Integer, String, Text, UniqueConstraint, select
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from grader.suites import Item
+from services.common.db import Database, migrate
+
+
+class TestBase(DeclarativeBase):
+    pass
+
+
+class TestItem(TestBase):
+    __tablename__ = "test_items"
+    __table_args__ = (UniqueConstraint("benchmark_id", "item_id"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    benchmark_id: Mapped[str] = mapped_column(String(40), index=True)
+    item_id: Mapped[str] = mapped_column(String(40))
+    position: Mapped[int] = mapped_column(Integer)
+    question: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str] = mapped_column(Text)
+    entry: Mapped[dict[str, Any]] = mapped_column(JSON)
+
+
+class TestOutcome(TestBase):
+    """One sample of one test item in one evaluation: kept for audits, never returned."""
+
+    __tablename__ = "test_outcomes"
+    __table_args__ = (UniqueConstraint("evaluation_id", "item_id", "sample"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    evaluation_id: Mapped[str] = mapped_column(String(40), index=True)
+    item_id: Mapped[str] = mapped_column(String(40))
+    sample: Mapped[int] = mapped_column(Integer)
+    completion: Mapped[str] = mapped_column(Text)
+    answer: Mapped[str | None] = mapped_column(Text, nullable=True)
+    score: Mapped[float] = mapped_column(Float)
+
+
+class TestStore:
+    """Read and write the hidden split of each benchmark."""
+
+    def __init__(self, url: str) -> None:
+        self.db = Database(url)
+        migrate(url, Path(__file__).parent / "teststore_migrations")
+
+    def put_items(self, benchmark_id: str, items: list[Item]) -> None:
+        """Store the benchmark's test items (once; a second call is a no-op)."""
+        with self.db.session() as s:
+            if s.scalar(select(TestItem.pk).where(TestItem.benchmark_id == benchmark_id).limit(1)) is not None:
+                return
+            s.add_all(TestItem(benchmark_id=benchmark_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry) for i, it in enumerate(items))
+
+    def items(self, benchmark_id: str) -> list[Item]:
+        with self.db.session() as s:
+            rows = s.scalars(select(TestItem).where(TestItem.benchmark_id == benchmark_id).order_by(TestItem.position))
+            return [Item(id=r.item_id, question=r.question, answer=r.answer, entry=r.entry) for r in rows]
+
+    def questions(self, benchmark_id: str) -> set[str]:
+        with self.db.session() as s:
+            return set(s.scalars(select(TestItem.question).where(TestItem.benchmark_id == benchmark_id)))
+
+    def done(self, evaluation_id: str) -> dict[tuple[str, int], float]:
+        """Scores already recorded for the evaluation, by (item id, sample)."""
+        with self.db.session() as s:
+            rows = s.execute(select(TestOutcome.item_id, TestOutcome.sample, TestOutcome.score).where(TestOutcome.evaluation_id == evaluation_id))
+            return {(i, k): sc for i, k, sc in rows}
+
+    def record(self, evaluation_id: str, item_id: str, sample: int, completion: str, answer: str | None, score: float) -> None:
+        with self.db.session() as s:
+            s.add(TestOutcome(evaluation_id=evaluation_id, item_id=item_id, sample=sample, completion=completion, answer=answer, score=score))

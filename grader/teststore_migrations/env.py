@@ -1,0 +1,4 @@
+from grader.teststore import TestBase
+from services.common.migrations_env import run_migrations
+
+run_migrations(TestBase.metadata)

@@ -1,0 +1,1 @@
+"""The inference service: model registry (bases + checkpoints), engines, OpenAI-compatible chat completions."""

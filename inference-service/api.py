@@ -1,0 +1,36 @@
+"""Internal routes of the inference service (OpenAI-compatible), reached through the gateway or by the grader."""
+
+from __future__ import annotations
+
+from fastapi import APIRouter, Depends, Header
+
+from services.common.auth import InternalAuth, RunContext
+from services.common.contracts import ChatCompletion, ChatCompletionRequest
+from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
+from inference_service import service
+
+auth = InternalAuth(service.runtime().settings.service_token)
+router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
+
+
+@router.get("/models", summary="List servable base models")
+def list_models(_ctx: RunContext | None = Depends(auth.caller)) -> dict:
+    """OpenAI-style ``{"object": "list", "data": [{"id", "object": "model", "owned_by"}]}``."""
+    return {"object": "list", "data": service.list_models()}
+
+
+@router.get("/models/{model}", summary="Resolve a model name", responses=problem_responses(NotFound))
+def get_model(model: str, ctx: RunContext | None = Depends(auth.caller)) -> dict:
+    """``{"id", "object": "model", "base_model", "adapter"}`` for a served base model or one of the run's checkpoints."""
+    return service.describe_model(ctx, model)
+
+
+@router.post("/chat/completions", summary="Create a chat completion", responses=problem_responses(Unprocessable, PaymentRequired))
+async def chat_completions(
+    req: ChatCompletionRequest,
+    ctx: RunContext | None = Depends(auth.caller),
+    x_crucible_hold: str | None = Header(None, description="Charge the tokens against this existing ledger hold."),
+    x_crucible_unmetered: str | None = Header(None, description="`grading`: official test grading, not charged to the run."),
+) -> ChatCompletion:
+    """OpenAI-compatible chat completion; prompt and completion tokens are charged to the run."""
+    return await service.chat_completion(ctx, req, hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading")

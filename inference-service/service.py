@@ -1,0 +1,168 @@
+"""Inference logic: resolve a model name to base + adapter, meter the call on the ledger, generate.
+
+Metering (DESIGN §4): a call with no prior hold places a hold for its worst case (prompt tokens +
+max completion tokens, priced by the ledger), generates, then settles the actual tokens. A call made
+inside a longer piece of work (an evaluation) names that work's hold and is charged against it afterwards.
+Official test grading is unmetered. If the budget cannot cover the worst case, nothing is generated (402).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import time
+import uuid
+from dataclasses import dataclass, field
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from services.common import artifacts
+from services.common.auth import RunContext
+from services.common.basemodels import BASE_MODELS, base_model_dir
+from services.common.contracts import ChatChoice, ChatCompletion, ChatCompletionRequest, ChatMessage, Usage
+from services.common.db import Database, utcnow
+from services.common.errors import NotFound, Unprocessable, UpstreamProblem
+from services.common.http import ServiceClient
+from services.common.ids import has_prefix
+from services.common.settings import ServiceSettings
+from inference_service.models import CompletionLog
+
+DEFAULT_MAX_TOKENS = 256
+
+
+@dataclass
+class Runtime:
+    """Settings, database, clients and the loaded engines of this process."""
+
+    settings: ServiceSettings
+    db: Database
+    ledger: ServiceClient
+    trainer: ServiceClient
+    batchers: dict[str, Any] = field(default_factory=dict)  # base model name -> MicroBatcher
+
+
+@cache
+def runtime() -> Runtime:
+    s = ServiceSettings()
+    return Runtime(
+        settings=s,
+        db=Database(s.database_url_for("inference")),
+        ledger=ServiceClient(s.ledger_url, s.service_token, name="ledger", timeout_s=s.http_timeout_s),
+        trainer=ServiceClient(s.trainer_url, s.service_token, name="trainer", timeout_s=s.http_timeout_s),
+    )
+
+
+def load_engines() -> None:
+    """Load one transformers engine (with its micro-batcher) per prepared base model."""
+    from inference_service.engine import MicroBatcher, TransformersEngine
+
+    rt = runtime()
+    for name in BASE_MODELS:
+        try:
+            path = base_model_dir(name, rt.settings.models_dir)
+        except FileNotFoundError:
+            continue
+        rt.batchers[name] = MicroBatcher(TransformersEngine(path))
+
+
+def list_models() -> list[dict[str, Any]]:
+    """Servable base models, OpenAI ``model`` objects."""
+    return [{"id": name, "object": "model", "owned_by": "crucible"} for name in runtime().batchers]
+
+
+@dataclass(frozen=True)
+class ResolvedModel:
+    base: str
+    adapter_name: str | None
+    adapter_dir: Path | None
+
+
+def resolve_model(ctx: RunContext | None, model: str) -> ResolvedModel:
+    """A base name or one of the run's ``ckpt_…``; anything else → ``Unprocessable`` naming ``model``."""
+    rt = runtime()
+    if has_prefix(model, "ckpt"):
+        try:
+            rec = rt.trainer.get(f"/internal/checkpoints/{model}", ctx=ctx)
+        except UpstreamProblem as exc:
+            if exc.status == 404:
+                raise Unprocessable(f"unknown model {model!r}", field="model") from exc
+            raise
+        if rec["base_model"] not in rt.batchers:
+            raise Unprocessable(f"base model {rec['base_model']!r} of {model} is not loaded", field="model")
+        return ResolvedModel(rec["base_model"], model, artifacts.local_path(rec["uri"]))
+    if model not in rt.batchers:
+        raise Unprocessable(f"unknown model {model!r}; served: {', '.join(sorted(rt.batchers))} or a checkpoint id", field="model")
+    return ResolvedModel(model, None, None)
+
+
+def describe_model(ctx: RunContext | None, model: str) -> dict[str, Any]:
+    """The model object for ``model``; ``NotFound`` if it is neither a served base nor the run's checkpoint."""
+    try:
+        resolved = resolve_model(ctx, model)
+    except Unprocessable as exc:
+        raise NotFound(exc.detail) from exc
+    return {"id": model, "object": "model", "owned_by": "crucible", "base_model": resolved.base, "adapter": resolved.adapter_name}
+
+
+def _usage(base: str, prompt_tokens: int, completion_tokens: int) -> list[dict[str, Any]]:
+    return [
+        {"kind": "prefill_tokens", "quantity": prompt_tokens, "model": base},
+        {"kind": "decode_tokens", "quantity": completion_tokens, "model": base},
+    ]
+
+
+async def chat_completion(ctx: RunContext | None, req: ChatCompletionRequest, *, hold_id: str | None, metered: bool) -> ChatCompletion:
+    """Serve one OpenAI chat completion for ``ctx``'s run.
+
+    ``hold_id``: charge the actual tokens against this existing hold (evaluations). ``metered=False``:
+    no charge (official test grading). Otherwise hold the worst case, generate, settle. Raises
+    ``Unprocessable`` (model), and passes the ledger's 402 through before any generation happens.
+    """
+    from inference_service.engine import GenerationRequest
+
+    rt = runtime()
+    resolved = resolve_model(ctx, req.model)
+    batcher = rt.batchers[resolved.base]
+    messages = [m.model_dump() for m in req.messages]
+    limit = req.completion_limit(DEFAULT_MAX_TOKENS)
+    call_id = f"chatcmpl-{uuid.uuid4().hex}"
+    own_hold: str | None = None
+    if metered and hold_id is None:
+        if ctx is None:
+            raise Unprocessable("a metered completion needs a run context", field="model")
+        prompt_tokens = batcher.engine.count_prompt_tokens(messages)
+        hold = await asyncio.to_thread(rt.ledger.post, "/internal/holds", json={
+            "account_id": ctx.run_id, "purpose": f"inference {call_id}",
+            "usage": _usage(resolved.base, prompt_tokens, limit), "idempotency_key": f"hold:{call_id}",
+        })
+        own_hold = hold["hold_id"]
+    start = time.perf_counter()
+    try:
+        result = await batcher.submit(
+            GenerationRequest(messages=messages, max_tokens=limit, temperature=req.temperature, top_p=req.top_p, stop=req.stop_list(), seed=req.seed),
+            resolved.adapter_name, resolved.adapter_dir,
+        )
+    except BaseException:
+        if own_hold:
+            await asyncio.to_thread(rt.ledger.post, f"/internal/holds/{own_hold}/release", json={"idempotency_key": f"release:{call_id}"})
+        raise
+    usage = _usage(resolved.base, result.prompt_tokens, result.completion_tokens)
+    if own_hold:
+        await asyncio.to_thread(rt.ledger.post, f"/internal/holds/{own_hold}/settle", json={"usage": usage, "idempotency_key": f"settle:{call_id}"})
+    elif metered and hold_id:
+        await asyncio.to_thread(rt.ledger.post, f"/internal/holds/{hold_id}/charges", json={"usage": usage, "idempotency_key": f"charge:{call_id}"})
+    latency_ms = int((time.perf_counter() - start) * 1000)
+    await asyncio.to_thread(_log, call_id, ctx, req.model, result.prompt_tokens, result.completion_tokens, metered, hold_id or own_hold, latency_ms)
+    return ChatCompletion(
+        id=call_id, created=int(time.time()), model=req.model,
+        choices=[ChatChoice(index=0, message=ChatMessage(role="assistant", content=result.text), finish_reason=result.finish_reason)],
+        usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, total_tokens=result.prompt_tokens + result.completion_tokens),
+    )
+
+
+def _log(call_id: str, ctx: RunContext | None, model: str, prompt_tokens: int, completion_tokens: int, metered: bool, hold_id: str | None, latency_ms: int) -> None:
+    with runtime().db.session() as s:
+        s.add(CompletionLog(id=call_id, run_id=ctx.run_id if ctx else None, model=model, prompt_tokens=prompt_tokens,
+                            completion_tokens=completion_tokens, metered=metered, hold_id=hold_id, latency_ms=latency_ms, created_at=utcnow()))
+
+

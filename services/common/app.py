@@ -1,0 +1,96 @@
+"""The FastAPI application factory every service uses: problem+json errors, health, metrics, logging."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from contextlib import AbstractAsyncContextManager
+from typing import Any
+
+from fastapi import FastAPI, Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException as StarletteHTTPException
+
+from services.common.errors import PROBLEM_JSON, CrucibleError, PayloadTooLarge
+from services.common.logging import configure_logging
+from services.common.metrics import instrument
+
+
+def problem_response(err: CrucibleError) -> JSONResponse:
+    """Render ``err`` as an RFC 9457 response (with ``Retry-After`` when it carries ``retry_after_s``)."""
+    body = err.to_problem()
+    headers = {}
+    if "retry_after_s" in body:
+        headers["Retry-After"] = str(int(body["retry_after_s"]))
+    return JSONResponse(body, status_code=err.status, media_type=PROBLEM_JSON, headers=headers)
+
+
+def _validation_problem(exc: RequestValidationError) -> dict[str, Any]:
+    errors = exc.errors()
+    first = errors[0] if errors else {}
+    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
+    field = ".".join(loc) or None
+    detail = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request"))
+    return {
+        "type": "urn:crucible:problem:invalid_input",
+        "title": "Invalid input",
+        "status": 422,
+        "detail": detail,
+        "code": "invalid_input",
+        "field": field,
+        "errors": [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg")} for e in errors],
+    }
+
+
+def create_service_app(
+    name: str,
+    *,
+    title: str,
+    description: str,
+    version: str = "0.1.0",
+    lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+    max_body_bytes: int = 64 * 1024 * 1024,
+    log_level: str = "INFO",
+    health: Callable[[], dict[str, Any]] | None = None,
+) -> FastAPI:
+    """Build a service app with the shared error handlers, ``GET /healthz``, ``GET /metrics`` and a body limit.
+
+    ``max_body_bytes`` (bytes) is enforced from ``Content-Length``; larger bodies get 413 problem+json.
+    """
+    log = configure_logging(name, log_level)
+    app = FastAPI(title=title, description=description, version=version, lifespan=lifespan)
+
+    @app.exception_handler(CrucibleError)
+    async def _crucible_error(_request: Request, exc: CrucibleError) -> JSONResponse:
+        return problem_response(exc)
+
+    @app.exception_handler(Exception)
+    async def _unexpected(request: Request, exc: Exception) -> JSONResponse:
+        log.exception("unhandled error", path=request.url.path)
+        return problem_response(CrucibleError(f"unexpected {exc.__class__.__name__}; the error is logged"))
+
+    @app.exception_handler(RequestValidationError)
+    async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
+        return JSONResponse(_validation_problem(exc), status_code=422, media_type=PROBLEM_JSON)
+
+    @app.exception_handler(StarletteHTTPException)
+    async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
+        code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
+        body = {"type": f"urn:crucible:problem:{code}", "title": str(exc.detail), "status": exc.status_code, "detail": str(exc.detail), "code": code}
+        return JSONResponse(body, status_code=exc.status_code, media_type=PROBLEM_JSON)
+
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next):  # noqa: ANN001, ANN202
+        length = request.headers.get("content-length")
+        if length is not None and length.isdigit() and int(length) > max_body_bytes:
+            return problem_response(PayloadTooLarge(f"request body is {length} bytes; the limit is {max_body_bytes}"))
+        return await call_next(request)
+
+    instrument(app, name)
+
+    @app.get("/healthz", summary="Liveness and readiness", tags=["health"])
+    def healthz() -> dict[str, Any]:
+        """``{"status": "ok", "service": name, ...}`` once the service can answer requests."""
+        return {"status": "ok", "service": name, **(health() if health else {})}
+
+    return app

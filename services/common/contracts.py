@@ -1,0 +1,343 @@
+"""Wire models shared by the gateway (public API) and the service that owns each noun.
+
+The gateway documents and returns exactly what the owning service returns, so both import these
+models from here; models only one service uses live in that service's ``schemas.py``.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any, Generic, Literal, TypeVar
+
+from pydantic import BaseModel, ConfigDict, Field
+
+TRAINING_FIELDS = (
+    "method", "adapter", "lora_r", "lora_alpha", "lora_dropout", "target_modules", "learning_rate",
+    "batch_size", "max_steps", "warmup_steps", "lr_scheduler", "max_seq_len", "seed", "checkpoint_every",
+)
+
+
+class Recipe(BaseModel):
+    """How to train: method, adapter and hyper-parameters (names as in transformers/PEFT)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 80}})
+
+    method: Literal["sft", "dpo", "grpo"] = "sft"
+    adapter: Literal["lora", "full"] = "lora"
+    lora_r: int = Field(16, ge=1, le=256)
+    lora_alpha: int = Field(32, ge=1, le=1024)
+    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
+    target_modules: str | list[str] = "all-linear"
+    learning_rate: float = Field(1e-3, gt=0, le=1.0)
+    batch_size: int = Field(16, ge=1, le=256)
+    max_steps: int = Field(80, ge=1, le=100_000)
+    warmup_steps: int = Field(8, ge=0)
+    lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
+    max_seq_len: int = Field(256, ge=16, le=4096)
+    seed: int = 0
+    checkpoint_every: int = Field(20, ge=1, description="Write a checkpoint every this many steps (and at the end).")
+
+
+class DatasetOut(BaseModel):
+    """An uploaded dataset: immutable, content-addressed by ``sha256``."""
+
+    id: str = Field(examples=["ds_01jd3k4m5n6p7q8r9s0t1v2w3x"])
+    object: Literal["dataset"] = "dataset"
+    name: str
+    format: Literal["messages", "prompt_completion", "preference"]
+    rows: int
+    bytes: int
+    sha256: str
+    created_at: dt.datetime
+
+
+class TrainingJobCreate(BaseModel):
+    """Start a training job on uploaded datasets, from a base model or a parent checkpoint."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "smollm2-135m-instruct", "datasets": ["ds_01jd3k4m5n6p7q8r9s0t1v2w3x"], "recipe": {"method": "sft", "max_steps": 80}}})
+
+    model: str = Field(description="Base model name, or a `ckpt_…` to continue training from (LoRA parent).")
+    datasets: list[str] = Field(min_length=1, max_length=16)
+    recipe: Recipe = Field(default_factory=Recipe)
+
+
+class TrainingJobOut(BaseModel):
+    """A training job. ``status``: validating → queued → running → succeeded | failed | cancelled."""
+
+    id: str
+    object: Literal["training.job"] = "training.job"
+    status: Literal["validating", "queued", "running", "paused", "succeeded", "failed", "cancelled"]
+    model: str
+    base_model: str
+    datasets: list[str]
+    recipe: Recipe
+    steps_done: int
+    estimated_tokens: int
+    trained_tokens: int
+    latest_checkpoint: str | None = None
+    error: str | None = None
+    created_at: dt.datetime
+    started_at: dt.datetime | None = None
+    finished_at: dt.datetime | None = None
+
+
+class JobEventOut(BaseModel):
+    """A job event; training steps carry ``data`` = {step, loss, learning_rate, tokens, tokens_per_s}."""
+
+    seq: int
+    level: Literal["info", "warn", "error"]
+    type: str
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    created_at: dt.datetime
+
+
+class CheckpointOut(BaseModel):
+    """A LoRA adapter written at ``step``; pass its ``id`` as ``model`` to inference or evaluation."""
+
+    id: str
+    object: Literal["checkpoint"] = "checkpoint"
+    job_id: str
+    step: int
+    base_model: str
+    kind: Literal["lora", "full"]
+    metrics: dict[str, Any] = Field(default_factory=dict)
+    created_at: dt.datetime
+
+
+T = TypeVar("T")
+
+
+class Page(BaseModel, Generic[T]):
+    """A list answer: ``{"object": "list", "data": [...]}`` as in the OpenAI API."""
+
+    object: Literal["list"] = "list"
+    data: list[T]
+
+
+# ----------------------------------------------------------------- OpenAI-compatible chat completions
+
+
+class ChatMessage(BaseModel):
+    """One chat message, as in the OpenAI API."""
+
+    role: Literal["system", "user", "assistant", "tool"]
+    content: str
+
+
+class ChatCompletionRequest(BaseModel):
+    """OpenAI ``POST /v1/chat/completions`` request; ``model`` is a base model name or a ``ckpt_…``."""
+
+    model_config = ConfigDict(extra="ignore", json_schema_extra={"example": {
+        "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 16, "temperature": 0}})
+
+    model: str
+    messages: list[ChatMessage] = Field(min_length=1)
+    max_tokens: int | None = Field(None, ge=1, le=4096)
+    max_completion_tokens: int | None = Field(None, ge=1, le=4096)
+    temperature: float = Field(1.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
+    stop: str | list[str] | None = None
+    seed: int | None = None
+    stream: Literal[False] = Field(False, description="Streaming is not served; omit or send false.")
+
+    def completion_limit(self, default: int = 256) -> int:
+        """Max completion tokens requested (``max_completion_tokens`` wins over ``max_tokens``)."""
+        return self.max_completion_tokens or self.max_tokens or default
+
+    def stop_list(self) -> list[str] | None:
+        return [self.stop] if isinstance(self.stop, str) else self.stop
+
+
+class ChatChoice(BaseModel):
+    index: int
+    message: ChatMessage
+    finish_reason: Literal["stop", "length"]
+
+
+class Usage(BaseModel):
+    """Token counts of one call (units: tokens)."""
+
+    prompt_tokens: int
+    completion_tokens: int
+    total_tokens: int
+
+
+class ChatCompletion(BaseModel):
+    """OpenAI ``chat.completion`` object."""
+
+    id: str
+    object: Literal["chat.completion"] = "chat.completion"
+    created: int
+    model: str
+    choices: list[ChatChoice]
+    usage: Usage
+
+
+# ----------------------------------------------------------------- harnesses, benchmarks, evaluations
+
+
+class Harness(BaseModel):
+    """A declarative harness: how the system turns a task into a prompt and a completion into an answer.
+
+    ``user_template`` is a Jinja2 template (sandboxed) with ``question`` in scope. ``answer_extraction``:
+    ``strip`` (whole completion), ``first_line``, ``last_number`` (the last integer/decimal in the text) or
+    ``regex`` (first group of ``answer_regex``, else the whole match).
+    """
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {
+        "system_prompt": "Answer with the final number only.", "user_template": "{{ question }}", "answer_extraction": "first_line"}})
+
+    system_prompt: str | None = Field(None, max_length=8000)
+    user_template: str = Field("{{ question }}", max_length=8000)
+    max_tokens: int = Field(32, ge=1, le=4096, description="Completion tokens per call.")
+    temperature: float = Field(0.0, ge=0.0, le=2.0)
+    top_p: float = Field(1.0, gt=0.0, le=1.0)
+    stop: list[str] | None = Field(None, max_length=4)
+    answer_extraction: Literal["strip", "first_line", "last_number", "regex"] = "first_line"
+    answer_regex: str | None = Field(None, max_length=500)
+    max_turns: int = Field(1, ge=1, le=1, description="Single-turn harnesses only in this version.")
+
+
+class SystemSpec(BaseModel):
+    """A system = model (base name or ``ckpt_…``) + harness (``None``: the suite's default harness)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    model: str
+    harness: Harness | None = None
+
+
+class SplitSpec(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    seed: int | None = Field(None, description="Generator seed; the test split's seed lives only in the grader's configuration.")
+    size: int = Field(ge=1, le=100_000)
+
+
+class SuiteSplits(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+    train: SplitSpec
+    validation: SplitSpec
+    test: SplitSpec
+
+
+class SuiteSpec(BaseModel):
+    """Which suite, with which parameters (passed to its generator), and its split sizes and seeds."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    params: dict[str, Any] = Field(default_factory=dict)
+    splits: SuiteSplits
+
+
+class EvaluationSettings(BaseModel):
+    """How systems are evaluated: caps on the harness, samples per item, and the metric."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    max_turns: int = Field(1, ge=1)
+    max_tokens: int = Field(64, ge=1, le=4096, description="Cap on the harness's max_tokens.")
+    temperature: float | None = Field(0.0, ge=0.0, le=2.0, description="Fixed temperature; null lets the harness choose.")
+    samples: int = Field(1, ge=1, le=64, description="k: samples per item.")
+    metric: Literal["avg@k", "pass@k"] = "avg@k"
+
+
+class GradingSpec(BaseModel):
+    """What the grader needs to know about a benchmark (sent by the gateway when it is registered)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    benchmark_id: str
+    suite: SuiteSpec
+    initial_system: SystemSpec
+    reference_system: SystemSpec | None = None
+    reference_score: float | None = Field(None, ge=0.0, le=1.0)
+    evaluation: EvaluationSettings
+
+
+class EvaluationCreate(BaseModel):
+    """Evaluate a system on the validation split."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "split": "validation"}})
+
+    model: str = Field(description="Base model name or `ckpt_…`.")
+    harness: Harness | None = Field(None, description="Omit for the suite's default harness.")
+    split: Literal["validation"] = "validation"
+    limit: int | None = Field(None, ge=1, description="Evaluate only the first `limit` validation items.")
+
+
+class Score(BaseModel):
+    """An aggregate score in [0, 1] over ``n`` items with its metric."""
+
+    value: float
+    n: int
+    metric: str
+    k: int
+
+
+class EvaluationOut(BaseModel):
+    """An evaluation of a system on a split. Per-item trajectories exist for validation only."""
+
+    id: str
+    object: Literal["evaluation"] = "evaluation"
+    status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    split: Literal["validation", "test"]
+    model: str
+    harness: Harness
+    items_total: int
+    items_done: int
+    score: Score | None = None
+    error: str | None = None
+    created_at: dt.datetime
+    finished_at: dt.datetime | None = None
+
+
+class TrajectoryOut(BaseModel):
+    """One validation item's trajectory: the prompt sent, the completion, the extracted answer, its score."""
+
+    item_id: str
+    sample: int
+    question: str
+    messages: list[ChatMessage]
+    completion: str
+    answer: str | None
+    expected: str
+    score: float
+    prompt_tokens: int
+    completion_tokens: int
+
+
+class SubmissionCreate(BaseModel):
+    """Submit the final system; it is graded once on the hidden test split."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"}})
+
+    model: str
+    harness: Harness | None = None
+    note: str | None = Field(None, max_length=2000)
+
+
+class SubmissionOut(BaseModel):
+    """A final submission. ``score`` is the aggregate on the hidden test split (no per-item results, ever)."""
+
+    id: str
+    object: Literal["submission"] = "submission"
+    status: Literal["queued", "running", "graded", "failed"]
+    model: str
+    harness: Harness
+    score: Score | None = None
+    error: str | None = None
+    created_at: dt.datetime
+    graded_at: dt.datetime | None = None
+
+
+class SuiteItemOut(BaseModel):
+    """A visible suite item (train sample or validation): its question and reference answer."""
+
+    id: str
+    question: str
+    answer: str

@@ -1,0 +1,86 @@
+"""Database engines and sessions (SQLAlchemy 2), the same code on SQLite (embedded) and PostgreSQL.
+
+Each service owns one database. On SQLite every write transaction starts with ``BEGIN IMMEDIATE`` so
+concurrent writers serialize instead of failing mid-transaction, and WAL mode lets readers proceed.
+Schemas are created by each service's Alembic migrations (:func:`migrate`).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import datetime as dt
+from collections.abc import Iterator
+from pathlib import Path
+
+from alembic import command
+from alembic.config import Config
+from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.types import TypeDecorator
+
+
+def utcnow() -> dt.datetime:
+    """Current time, timezone-aware UTC."""
+    return dt.datetime.now(dt.UTC)
+
+
+class UTCDateTime(TypeDecorator):
+    """A timestamp stored as UTC and always returned timezone-aware (SQLite drops the zone)."""
+
+    impl = DateTime(timezone=True)
+    cache_ok = True
+
+    def process_bind_param(self, value, dialect):  # noqa: ANN001, ANN201 - SQLAlchemy hook
+        if value is not None and value.tzinfo is None:
+            raise ValueError("naive datetime")
+        return value.astimezone(dt.UTC) if value is not None else None
+
+    def process_result_value(self, value, dialect):  # noqa: ANN001, ANN201 - SQLAlchemy hook
+        if value is not None and value.tzinfo is None:
+            return value.replace(tzinfo=dt.UTC)
+        return value
+
+
+def make_engine(url: str) -> Engine:
+    """Create an engine; on SQLite enables WAL, a 30 s busy timeout and ``BEGIN IMMEDIATE`` transactions."""
+    if url.startswith("sqlite"):
+        engine = create_engine(url, connect_args={"check_same_thread": False, "timeout": 30})
+
+        @event.listens_for(engine, "connect")
+        def _on_connect(dbapi_conn, _record):  # noqa: ANN001
+            dbapi_conn.isolation_level = None  # let SQLAlchemy's begin event emit BEGIN itself
+            cur = dbapi_conn.cursor()
+            cur.execute("PRAGMA journal_mode=WAL")
+            cur.execute("PRAGMA foreign_keys=ON")
+            cur.execute("PRAGMA busy_timeout=30000")
+            cur.close()
+
+        @event.listens_for(engine, "begin")
+        def _on_begin(conn):  # noqa: ANN001
+            conn.exec_driver_sql("BEGIN IMMEDIATE")
+
+        return engine
+    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+class Database:
+    """An engine plus a session factory for one service."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self.engine = make_engine(url)
+        self.sessions = sessionmaker(self.engine, expire_on_commit=False)
+
+    @contextlib.contextmanager
+    def session(self) -> Iterator[Session]:
+        """A session in one transaction: committed on success, rolled back on any exception."""
+        with self.sessions() as session, session.begin():
+            yield session
+
+
+def migrate(url: str, migrations_dir: Path) -> None:
+    """Upgrade the database at ``url`` to the newest revision of the Alembic scripts in ``migrations_dir``."""
+    cfg = Config()
+    cfg.set_main_option("script_location", str(migrations_dir))
+    cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
+    command.upgrade(cfg, "head")

@@ -1,0 +1,124 @@
+"""One exception hierarchy for every service, rendered as RFC 9457 problem+json by one handler.
+
+Routes raise these; they never format error bodies themselves. Each problem body has ``type``
+(``urn:crucible:problem:<code>``), ``title``, ``status``, ``detail``, ``code`` and, where relevant, our own
+fields: ``field`` (dotted path of the offending input), ``line`` (1-based JSONL line),
+``remaining_usd_micros`` (budget left), ``retry_after_s``.
+"""
+
+from __future__ import annotations
+
+from typing import Any, ClassVar
+
+PROBLEM_JSON = "application/problem+json"
+
+
+class CrucibleError(Exception):
+    """Base of every error a Crucible service reports over HTTP."""
+
+    status: ClassVar[int] = 500
+    code: ClassVar[str] = "internal_error"
+    title: ClassVar[str] = "Internal error"
+
+    def __init__(self, detail: str, **extra: Any) -> None:
+        super().__init__(detail)
+        self.detail = detail
+        self.extra = {k: v for k, v in extra.items() if v is not None}
+
+    def to_problem(self) -> dict[str, Any]:
+        """The problem+json body: ``{type, title, status, detail, code, **extra}``."""
+        return {
+            "type": f"urn:crucible:problem:{self.code}",
+            "title": self.title,
+            "status": self.status,
+            "detail": self.detail,
+            "code": self.code,
+            **self.extra,
+        }
+
+
+class BadRequest(CrucibleError):
+    status, code, title = 400, "bad_request", "Bad request"
+
+
+class Unauthorized(CrucibleError):
+    status, code, title = 401, "unauthorized", "Missing, invalid or revoked credentials"
+
+
+class PaymentRequired(CrucibleError):
+    """The run's budget cannot cover the request; carries ``remaining_usd_micros``."""
+
+    status, code, title = 402, "budget_exhausted", "Budget cannot cover this request"
+
+
+class Forbidden(CrucibleError):
+    status, code, title = 403, "forbidden", "Not allowed"
+
+
+class RunExpired(Forbidden):
+    """The run's wall-clock deadline has passed; mutating calls are refused."""
+
+    code, title = "run_expired", "The run's deadline has passed"
+
+
+class OutsideEditableSpace(Forbidden):
+    """The run's track does not allow this operation or this recipe value."""
+
+    code, title = "not_editable", "Outside the run's editable space"
+
+
+class SubmissionLimitReached(Forbidden):
+    """The run has used all of its final submissions."""
+
+    code, title = "submission_limit", "No final submissions left"
+
+
+class NotFound(CrucibleError):
+    status, code, title = 404, "not_found", "Not found"
+
+
+class Conflict(CrucibleError):
+    status, code, title = 409, "conflict", "Conflict with the current state"
+
+
+class PayloadTooLarge(CrucibleError):
+    status, code, title = 413, "payload_too_large", "Request body too large"
+
+
+class Unprocessable(CrucibleError):
+    """Input that parses but is invalid; names the ``field`` (and ``line`` for JSONL)."""
+
+    status, code, title = 422, "invalid_input", "Invalid input"
+
+
+class TooManyRequests(CrucibleError):
+    status, code, title = 429, "rate_limited", "Too many requests"
+
+
+class UpstreamUnavailable(CrucibleError):
+    """A service this one depends on did not answer; the call may be retried."""
+
+    status, code, title = 503, "upstream_unavailable", "A dependency is unavailable; retry later"
+
+
+class UpstreamProblem(CrucibleError):
+    """A problem+json answer from another service, passed through unchanged."""
+
+    def __init__(self, problem: dict[str, Any]) -> None:
+        super().__init__(str(problem.get("detail", "")))
+        self.problem = problem
+        self.status = int(problem.get("status", 502))  # type: ignore[misc]
+        self.code = str(problem.get("code", "upstream_error"))  # type: ignore[misc]
+
+    def to_problem(self) -> dict[str, Any]:
+        return dict(self.problem)
+
+
+def problem_responses(*errors: type[CrucibleError]) -> dict[int | str, dict[str, Any]]:
+    """OpenAPI ``responses=`` entries documenting each error class a route may raise."""
+    out: dict[int | str, dict[str, Any]] = {}
+    for err in errors:
+        example = err("…").to_problem()
+        entry = out.setdefault(err.status, {"description": err.title, "content": {PROBLEM_JSON: {"examples": {}}}})
+        entry["content"][PROBLEM_JSON]["examples"][err.code] = {"summary": err.title, "value": example}
+    return out

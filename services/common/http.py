@@ -1,0 +1,74 @@
+"""HTTP client for service-to-service calls (httpx) that turns error answers into exceptions.
+
+A problem+json answer becomes :class:`UpstreamProblem` carrying the body unchanged, so the gateway can
+pass a ledger 402 or a trainer 422 through to the agent as it was; a refused connection or a timeout
+becomes :class:`UpstreamUnavailable` (503, retryable). Idempotent retries are the caller's choice.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import httpx
+
+from services.common.auth import RunContext, run_headers
+from services.common.errors import UpstreamProblem, UpstreamUnavailable
+
+
+class ServiceClient:
+    """Calls one internal service with the service token and, optionally, a signed run context."""
+
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0, name: str = "") -> None:
+        self.name = name or base_url
+        self.token = token
+        self.client = httpx.Client(base_url=base_url, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
+
+    def request(
+        self,
+        method: str,
+        path: str,
+        *,
+        ctx: RunContext | None = None,
+        json: Any = None,
+        params: dict[str, Any] | None = None,
+        content: bytes | None = None,
+        headers: dict[str, str] | None = None,
+        timeout_s: float | None = None,
+    ) -> Any:
+        """Send a request and return the decoded JSON body (``None`` for 204).
+
+        Raises ``UpstreamProblem`` for any 4xx/5xx answer and ``UpstreamUnavailable`` when the service
+        cannot be reached.
+        """
+        hdrs = dict(headers or {})
+        if ctx is not None:
+            hdrs.update(run_headers(ctx, self.token))
+        kwargs: dict[str, Any] = {"json": json, "params": params, "headers": hdrs, "content": content}
+        if timeout_s is not None:
+            kwargs["timeout"] = timeout_s
+        try:
+            resp = self.client.request(method, path, **kwargs)
+        except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
+            raise UpstreamUnavailable(f"{self.name} unavailable: {exc.__class__.__name__}") from exc
+        if resp.status_code >= 400:
+            try:
+                body = resp.json()
+            except ValueError:
+                body = {"detail": resp.text[:500]}
+            if not isinstance(body, dict):
+                body = {"detail": str(body)}
+            body.setdefault("status", resp.status_code)
+            body.setdefault("title", "Upstream error")
+            raise UpstreamProblem(body)
+        if resp.status_code == 204 or not resp.content:
+            return None
+        return resp.json()
+
+    def get(self, path: str, **kw: Any) -> Any:
+        return self.request("GET", path, **kw)
+
+    def post(self, path: str, **kw: Any) -> Any:
+        return self.request("POST", path, **kw)
+
+    def close(self) -> None:
+        self.client.close()

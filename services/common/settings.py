@@ -1,0 +1,52 @@
+"""Settings shared by every service, read from ``CRUCIBLE_*`` environment variables (pydantic-settings).
+
+Each service subclasses :class:`ServiceSettings`; anything only one service may know (the grader's
+test-store URL and test seed) lives in that service's own settings class and environment prefix alone.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+from pydantic import Field
+from pydantic_settings import BaseSettings, SettingsConfigDict
+
+
+class ServiceSettings(BaseSettings):
+    """Settings every service reads. URLs are base URLs without a trailing slash."""
+
+    model_config = SettingsConfigDict(env_prefix="CRUCIBLE_", extra="ignore")
+
+    data_dir: Path = Field(Path(".crucible"), description="Root of SQLite files, artifacts and prepared models.")
+    service_token: str = Field("dev-service-token", description="Shared secret for service-to-service calls and run-context signatures.")
+    gateway_url: str = "http://127.0.0.1:8000"
+    ledger_url: str = "http://127.0.0.1:8001"
+    trainer_url: str = "http://127.0.0.1:8002"
+    inference_url: str = "http://127.0.0.1:8003"
+    grader_url: str = "http://127.0.0.1:8004"
+    broker_url: str | None = Field(None, description="Celery broker; default is the embedded SQLite broker in data_dir.")
+    database_url: str | None = Field(None, description="This service's database; default is a SQLite file in data_dir.")
+    http_timeout_s: float = 30.0
+    log_level: str = "INFO"
+
+    @property
+    def models_dir(self) -> Path:
+        return self.data_dir / "models"
+
+    @property
+    def artifacts_dir(self) -> Path:
+        return self.data_dir / "artifacts"
+
+    def database_url_for(self, service: str) -> str:
+        """This service's SQLAlchemy URL (``database_url`` or ``sqlite:///<data_dir>/<service>.sqlite``)."""
+        if self.database_url:
+            return self.database_url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqlite:///{(self.data_dir / f'{service}.sqlite').resolve()}"
+
+    def broker(self) -> str:
+        """The Celery broker URL (embedded default: kombu's SQLAlchemy transport on a SQLite file)."""
+        if self.broker_url:
+            return self.broker_url
+        self.data_dir.mkdir(parents=True, exist_ok=True)
+        return f"sqla+sqlite:///{(self.data_dir / 'broker.sqlite').resolve()}"

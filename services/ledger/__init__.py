@@ -1,0 +1,1 @@
+"""The budget ledger: accounts, holds, append-only entries, the price table and usage events."""

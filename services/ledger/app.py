@@ -1,0 +1,58 @@
+"""The ledger service app: ``uvicorn services.ledger.app:app`` (port 8001 in the embedded mode).
+
+On start-up it migrates its database to the newest revision and loads the price table.
+"""
+
+from __future__ import annotations
+
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
+from pathlib import Path
+from typing import Any
+
+from fastapi import FastAPI
+
+from services.common.app import create_service_app
+from services.common.db import Database, migrate
+from services.ledger.api import router
+from services.ledger.pricing import load_prices
+from services.ledger.service import Ledger
+from services.ledger.settings import LedgerSettings
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def create_app(settings: LedgerSettings | None = None) -> FastAPI:
+    """Build the ledger app; its database and price table are opened when the app starts."""
+    settings = settings or LedgerSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        prices = load_prices(settings.ledger_prices)
+        url = settings.database_url_for("ledger")
+        migrate(url, MIGRATIONS_DIR)
+        db = Database(url)
+        app.state.ledger = Ledger(db, prices)
+        try:
+            yield
+        finally:
+            db.engine.dispose()
+
+    def health() -> dict[str, Any]:
+        ledger = getattr(app.state, "ledger", None)
+        return {"price_version": ledger.prices.version if ledger else None}
+
+    app = create_service_app(
+        "ledger",
+        title="Crucible budget ledger",
+        description="Accounts, holds, append-only entries, the price table and usage events (internal).",
+        lifespan=lifespan,
+        log_level=settings.log_level,
+        health=health,
+    )
+    app.state.settings = settings
+    app.include_router(router)
+    return app
+
+
+app = create_app()

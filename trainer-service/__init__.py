@@ -1,0 +1,1 @@
+"""The trainer service: datasets, training jobs, job events and checkpoints (LoRA adapters)."""

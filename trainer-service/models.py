@@ -1,0 +1,89 @@
+"""ORM tables of the trainer service: datasets, training jobs, job events, checkpoints."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Any
+
+from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Text, UniqueConstraint
+from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
+
+from services.common.db import UTCDateTime, utcnow
+
+
+class Base(DeclarativeBase):
+    pass
+
+
+class Dataset(Base):
+    """An uploaded, validated JSONL file; immutable and content-addressed (``sha256``) within a run."""
+
+    __tablename__ = "datasets"
+    __table_args__ = (UniqueConstraint("run_id", "sha256"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    format: Mapped[str] = mapped_column(String(20))  # messages | prompt_completion | preference
+    sha256: Mapped[str] = mapped_column(String(64))
+    rows: Mapped[int] = mapped_column(Integer)
+    bytes: Mapped[int] = mapped_column(BigInteger)
+    uri: Mapped[str] = mapped_column(Text)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class TrainingJob(Base):
+    """A training job; this row, not the queue message, is the job's state."""
+
+    __tablename__ = "training_jobs"
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    status: Mapped[str] = mapped_column(String(20), index=True)
+    method: Mapped[str] = mapped_column(String(10))
+    recipe: Mapped[dict[str, Any]] = mapped_column(JSON)
+    dataset_ids: Mapped[list[str]] = mapped_column(JSON)
+    base_model: Mapped[str] = mapped_column(String(100))
+    parent_checkpoint_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    hold_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    estimated_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    steps_done: Mapped[int] = mapped_column(Integer, default=0)
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    cancel_requested: Mapped[bool] = mapped_column(default=False)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+
+
+class JobEvent(Base):
+    """One event of a job (``info|warn|error``), with metrics for training steps; ``seq`` orders them."""
+
+    __tablename__ = "job_events"
+    __table_args__ = (Index("ix_job_events_job_seq", "job_id", "seq"),)
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("training_jobs.id"))
+    level: Mapped[str] = mapped_column(String(10))
+    type: Mapped[str] = mapped_column(String(30))
+    message: Mapped[str] = mapped_column(Text)
+    data: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class Checkpoint(Base):
+    """A LoRA adapter written by a job at ``step``; servable by the inference service."""
+
+    __tablename__ = "checkpoints"
+    __table_args__ = (UniqueConstraint("job_id", "step"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    job_id: Mapped[str] = mapped_column(ForeignKey("training_jobs.id"), index=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    step: Mapped[int] = mapped_column(Integer)
+    base_model: Mapped[str] = mapped_column(String(100))
+    kind: Mapped[str] = mapped_column(String(10), default="lora")
+    uri: Mapped[str] = mapped_column(Text)
+    metrics: Mapped[dict[str, Any]] = mapped_column(JSON, default=dict)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,0 +1,421 @@
+"""Trainer logic: dataset validation and storage, job creation under a budget hold, the training run.
+
+No HTTP here. Errors are ``services.common.errors`` exceptions; ``api.py`` maps nothing itself.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import shutil
+import tempfile
+from dataclasses import dataclass
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from services.common import artifacts
+from services.common.auth import RunContext
+from services.common.basemodels import BASE_MODELS, base_model_dir
+from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Recipe, TrainingJobCreate, TrainingJobOut
+from services.common.db import Database, utcnow
+from services.common.errors import Conflict, NotFound, Unprocessable, UpstreamProblem
+from services.common.http import ServiceClient
+from services.common.ids import has_prefix, new_id
+from services.common.settings import ServiceSettings
+from trainer_service.models import Checkpoint, Dataset, JobEvent, TrainingJob
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+ROLES = frozenset({"system", "user", "assistant"})
+MAX_DATASET_ROWS = 200_000
+
+
+@dataclass
+class Runtime:
+    """The trainer's settings, database and ledger client (one per process)."""
+
+    settings: ServiceSettings
+    db: Database
+    ledger: ServiceClient
+
+
+@cache
+def runtime() -> Runtime:
+    settings = ServiceSettings()
+    return Runtime(
+        settings=settings,
+        db=Database(settings.database_url_for("trainer")),
+        ledger=ServiceClient(settings.ledger_url, settings.service_token, name="ledger", timeout_s=settings.http_timeout_s),
+    )
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def _check_message(msg: Any, line: int, field: str) -> None:
+    if not isinstance(msg, dict):
+        raise Unprocessable(f"line {line}: {field} must be an object", field=field, line=line)
+    if msg.get("role") not in ROLES:
+        raise Unprocessable(f"line {line}: {field}.role must be one of system, user, assistant", field=f"{field}.role", line=line)
+    if not isinstance(msg.get("content"), str):
+        raise Unprocessable(f"line {line}: {field}.content must be a string", field=f"{field}.content", line=line)
+
+
+def _row_format(row: Any, line: int) -> str:
+    """Validate one JSONL row and return its format; raises ``Unprocessable`` naming line and field."""
+    if not isinstance(row, dict):
+        raise Unprocessable(f"line {line}: each line must be a JSON object", field="(row)", line=line)
+    if "messages" in row:
+        messages = row["messages"]
+        if not isinstance(messages, list) or not messages:
+            raise Unprocessable(f"line {line}: messages must be a non-empty list", field="messages", line=line)
+        for i, msg in enumerate(messages):
+            _check_message(msg, line, f"messages[{i}]")
+        if messages[-1]["role"] != "assistant":
+            raise Unprocessable(f"line {line}: the last message must be the assistant's (the training target)", field=f"messages[{len(messages) - 1}].role", line=line)
+        return "messages"
+    if "chosen" in row or "rejected" in row:
+        for key in ("prompt", "chosen", "rejected"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                raise Unprocessable(f"line {line}: {key} must be a non-empty string", field=key, line=line)
+        return "preference"
+    if "prompt" in row or "completion" in row:
+        for key in ("prompt", "completion"):
+            if not isinstance(row.get(key), str) or not row[key]:
+                raise Unprocessable(f"line {line}: {key} must be a non-empty string", field=key, line=line)
+        return "prompt_completion"
+    raise Unprocessable(f"line {line}: a row needs `messages`, or `prompt`+`completion`, or `prompt`+`chosen`+`rejected`", field="messages", line=line)
+
+
+def validate_jsonl(data: bytes) -> tuple[str, int]:
+    """Validate a JSONL upload; return ``(format, rows)``.
+
+    Every non-empty line must be one JSON object of the same format: chat ``messages`` (last message from
+    the assistant), ``prompt``/``completion``, or ``prompt``/``chosen``/``rejected``. Raises
+    ``Unprocessable`` with ``line`` (1-based) and ``field`` for the first bad line.
+    """
+    try:
+        text = data.decode("utf-8")
+    except UnicodeDecodeError as exc:
+        raise Unprocessable("the file is not UTF-8", field="file") from exc
+    fmt: str | None = None
+    rows = 0
+    for lineno, raw in enumerate(text.splitlines(), start=1):
+        if not raw.strip():
+            continue
+        try:
+            row = json.loads(raw)
+        except json.JSONDecodeError as exc:
+            raise Unprocessable(f"line {lineno}: not valid JSON ({exc.msg})", field="(row)", line=lineno) from exc
+        row_fmt = _row_format(row, lineno)
+        if fmt is None:
+            fmt = row_fmt
+        elif row_fmt != fmt:
+            raise Unprocessable(f"line {lineno}: row is {row_fmt} but earlier rows are {fmt}", field="(row)", line=lineno)
+        rows += 1
+        if rows > MAX_DATASET_ROWS:
+            raise Unprocessable(f"more than {MAX_DATASET_ROWS} rows", field="file", line=lineno)
+    if fmt is None:
+        raise Unprocessable("the file has no rows", field="file")
+    return fmt, rows
+
+
+def _dataset_out(ds: Dataset) -> DatasetOut:
+    return DatasetOut(id=ds.id, name=ds.name, format=ds.format, rows=ds.rows, bytes=ds.bytes, sha256=ds.sha256, created_at=ds.created_at)  # type: ignore[arg-type]
+
+
+def create_dataset(ctx: RunContext, name: str, data: bytes) -> DatasetOut:
+    """Validate and store a JSONL upload for the run; the same content uploaded twice returns the first dataset."""
+    rt = runtime()
+    fmt, rows = validate_jsonl(data)
+    digest = hashlib.sha256(data).hexdigest()
+    uri = artifacts.put_bytes(rt.settings.artifacts_dir, f"datasets/{digest}.jsonl", data)
+    with rt.db.session() as s:
+        existing = s.scalar(select(Dataset).where(Dataset.run_id == ctx.run_id, Dataset.sha256 == digest))
+        if existing is not None:
+            return _dataset_out(existing)
+        ds = Dataset(id=new_id("ds"), run_id=ctx.run_id, name=name, format=fmt, sha256=digest, rows=rows, bytes=len(data), uri=uri, created_at=utcnow())
+        s.add(ds)
+        s.flush()
+        return _dataset_out(ds)
+
+
+def list_datasets(ctx: RunContext) -> list[DatasetOut]:
+    with runtime().db.session() as s:
+        return [_dataset_out(d) for d in s.scalars(select(Dataset).where(Dataset.run_id == ctx.run_id).order_by(Dataset.id))]
+
+
+def get_dataset(ctx: RunContext, dataset_id: str) -> DatasetOut:
+    """The run's dataset; another run's or an unknown id → ``NotFound``."""
+    with runtime().db.session() as s:
+        return _dataset_out(_owned_dataset(s, ctx, dataset_id))
+
+
+def _owned_dataset(s: Session, ctx: RunContext, dataset_id: str) -> Dataset:
+    ds = s.get(Dataset, dataset_id)
+    if ds is None or ds.run_id != ctx.run_id:
+        raise NotFound(f"dataset {dataset_id} not found", field="datasets")
+    return ds
+
+
+def read_rows(uri: str) -> list[dict[str, Any]]:
+    """The rows of a stored dataset."""
+    return [json.loads(line) for line in artifacts.local_path(uri).read_text().splitlines() if line.strip()]
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def _job_out(s: Session, job: TrainingJob) -> TrainingJobOut:
+    latest = s.scalar(select(Checkpoint.id).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc()).limit(1))
+    return TrainingJobOut(
+        id=job.id, status=job.status, model=job.parent_checkpoint_id or job.base_model, base_model=job.base_model,  # type: ignore[arg-type]
+        datasets=job.dataset_ids, recipe=Recipe(**job.recipe), steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
+        trained_tokens=job.trained_tokens, latest_checkpoint=latest, error=job.error, created_at=job.created_at,
+        started_at=job.started_at, finished_at=job.finished_at,
+    )
+
+
+def _resolve_model(s: Session, ctx: RunContext, model: str) -> tuple[str, Checkpoint | None]:
+    """``(base_model, parent_checkpoint)`` for a base name or one of the run's checkpoints; else 422."""
+    if has_prefix(model, "ckpt"):
+        ckpt = s.get(Checkpoint, model)
+        if ckpt is None or ckpt.run_id != ctx.run_id:
+            raise Unprocessable(f"unknown checkpoint {model!r}", field="model")
+        return ckpt.base_model, ckpt
+    if model not in BASE_MODELS:
+        raise Unprocessable(f"unknown base model {model!r}; available: {', '.join(sorted(BASE_MODELS))}", field="model")
+    return model, None
+
+
+def estimate_tokens(base_model: str, rows: list[dict[str, Any]], recipe: Recipe) -> int:
+    """Upper bound of the training tokens the job will process (billed unit: tokens)."""
+    from trainer_service.training import count_training_tokens
+
+    return count_training_tokens(_tokenizer(base_model), rows, sft_config(recipe))
+
+
+@cache
+def _tokenizer(base_model: str):  # noqa: ANN202
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(base_model_dir(base_model, runtime().settings.models_dir))
+
+
+def sft_config(recipe: Recipe):  # noqa: ANN201 - avoids importing torch in the API process at import time
+    """The ``SFTConfig`` of a recipe (same field names)."""
+    from trainer_service.training import SFTConfig
+
+    fields = recipe.model_dump(exclude={"method", "adapter"})
+    return SFTConfig(**fields)
+
+
+def create_job(ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:
+    """Validate a job, place its budget hold, record it as ``queued`` and return it.
+
+    Raises ``Unprocessable`` (unsupported method, unknown model/checkpoint, dataset format), ``NotFound``
+    (a dataset that is not the run's) and passes the ledger's 402 through. The job row is written only
+    after the hold succeeded, and the hold is released if writing fails: nothing is half-written.
+    """
+    rt = runtime()
+    recipe = req.recipe
+    if recipe.method != "sft":
+        raise Unprocessable(f"recipe.method {recipe.method!r} is not available in this deployment (supported: sft)", field="recipe.method")
+    if recipe.adapter != "lora":
+        raise Unprocessable("recipe.adapter 'full' is not available on CPU deployments (supported: lora)", field="recipe.adapter")
+    with rt.db.session() as s:
+        base_model, parent = _resolve_model(s, ctx, req.model)
+        datasets = [_owned_dataset(s, ctx, d) for d in req.datasets]
+    for ds in datasets:
+        if ds.format not in ("messages", "prompt_completion"):
+            raise Unprocessable(f"dataset {ds.id} is {ds.format}; sft needs messages or prompt_completion rows", field="datasets")
+    rows = [row for ds in datasets for row in read_rows(ds.uri)]
+    tokens = estimate_tokens(base_model, rows, recipe)
+    job_id = new_id("job")
+    hold = rt.ledger.post("/internal/holds", json={
+        "account_id": ctx.run_id, "purpose": f"training job {job_id}",
+        "usage": [{"kind": "training_tokens", "quantity": tokens, "model": base_model}],
+        "idempotency_key": f"hold:{job_id}",
+    })
+    try:
+        with rt.db.session() as s:
+            job = TrainingJob(
+                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, recipe=recipe.model_dump(),
+                dataset_ids=[d.id for d in datasets], base_model=base_model, parent_checkpoint_id=parent.id if parent else None,
+                hold_id=hold["hold_id"], estimated_tokens=tokens, created_at=utcnow(),
+            )
+            s.add(job)
+            s.flush()
+            _event(s, job.id, "info", "validated", f"validated {len(rows)} examples from {len(datasets)} dataset(s); "
+                   f"estimated ≤{tokens} training tokens, hold {hold['amount_usd_micros']} µUSD", {"rows": len(rows), "estimated_tokens": tokens, "hold_usd_micros": hold["amount_usd_micros"]})
+            out = _job_out(s, job)
+    except Exception:
+        rt.ledger.post(f"/internal/holds/{hold['hold_id']}/release", json={"idempotency_key": f"release:{job_id}"})
+        raise
+    from trainer_service.tasks import enqueue_training
+
+    enqueue_training(job_id)
+    return out
+
+
+def _event(s: Session, job_id: str, level: str, type_: str, message: str, data: dict[str, Any] | None = None) -> None:
+    s.add(JobEvent(job_id=job_id, level=level, type=type_, message=message, data=data or {}, created_at=utcnow()))
+
+
+def _owned_job(s: Session, ctx: RunContext, job_id: str) -> TrainingJob:
+    job = s.get(TrainingJob, job_id)
+    if job is None or job.run_id != ctx.run_id:
+        raise NotFound(f"training job {job_id} not found")
+    return job
+
+
+def list_jobs(ctx: RunContext) -> list[TrainingJobOut]:
+    with runtime().db.session() as s:
+        return [_job_out(s, j) for j in s.scalars(select(TrainingJob).where(TrainingJob.run_id == ctx.run_id).order_by(TrainingJob.id))]
+
+
+def get_job(ctx: RunContext, job_id: str) -> TrainingJobOut:
+    with runtime().db.session() as s:
+        return _job_out(s, _owned_job(s, ctx, job_id))
+
+
+def list_events(ctx: RunContext, job_id: str, after: int = 0, limit: int = 500) -> list[JobEventOut]:
+    """Events of the run's job with ``seq > after``, oldest first (poll with the last ``seq`` seen)."""
+    with runtime().db.session() as s:
+        _owned_job(s, ctx, job_id)
+        rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after).order_by(JobEvent.seq).limit(limit))
+        return [JobEventOut(seq=e.seq, level=e.level, type=e.type, message=e.message, data=e.data, created_at=e.created_at) for e in rows]  # type: ignore[arg-type]
+
+
+def _checkpoint_out(c: Checkpoint) -> CheckpointOut:
+    return CheckpointOut(id=c.id, job_id=c.job_id, step=c.step, base_model=c.base_model, kind=c.kind, metrics=c.metrics, created_at=c.created_at)  # type: ignore[arg-type]
+
+
+def list_checkpoints(ctx: RunContext, job_id: str) -> list[CheckpointOut]:
+    with runtime().db.session() as s:
+        _owned_job(s, ctx, job_id)
+        return [_checkpoint_out(c) for c in s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step))]
+
+
+def cancel_job(ctx: RunContext, job_id: str) -> TrainingJobOut:
+    """Ask a job to stop. A queued job is cancelled at once (hold released); a running one stops after its step."""
+    rt = runtime()
+    with rt.db.session() as s:
+        job = _owned_job(s, ctx, job_id)
+        if job.status in TERMINAL:
+            raise Conflict(f"training job {job_id} is already {job.status}")
+        job.cancel_requested = True
+        _event(s, job.id, "info", "cancel_requested", "cancellation requested")
+        out = _job_out(s, job)
+    return out
+
+
+def checkpoint_record(checkpoint_id: str, run_id: str | None) -> dict[str, Any]:
+    """``{id, run_id, base_model, uri, kind, step}`` for the inference service; 404 if unknown or not ``run_id``'s."""
+    with runtime().db.session() as s:
+        c = s.get(Checkpoint, checkpoint_id)
+        if c is None or (run_id is not None and c.run_id != run_id):
+            raise NotFound(f"checkpoint {checkpoint_id} not found")
+        return {"id": c.id, "run_id": c.run_id, "base_model": c.base_model, "uri": c.uri, "kind": c.kind, "step": c.step}
+
+
+# --------------------------------------------------------------------------- the worker's side
+
+
+def run_job(job_id: str) -> None:
+    """Run a queued job to the end in this worker process: train, write checkpoints, settle the hold.
+
+    The row's status is the truth: a job that is already terminal is left alone. Events record every
+    step's loss, learning rate, tokens and tokens/s. The hold is settled with the tokens actually processed,
+    whatever the outcome (charge equals work done).
+    """
+    from trainer_service.training import train_sft
+
+    rt = runtime()
+    with rt.db.session() as s:
+        job = s.get(TrainingJob, job_id)
+        if job is None or job.status in TERMINAL:
+            return
+        if job.cancel_requested:
+            _finish(s, job, "cancelled", None)
+            job_snapshot = None
+        else:
+            job.status = "running"
+            job.started_at = job.started_at or utcnow()
+            job.attempts += 1
+            _event(s, job.id, "info", "started", f"training started (attempt {job.attempts})")
+            job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id)
+    if job_snapshot is None:
+        _settle(job_id)
+        return
+    recipe_d, dataset_ids, base_model, parent_id = job_snapshot
+    with rt.db.session() as s:
+        rows = [row for d in dataset_ids for row in read_rows(s.get(Dataset, d).uri)]  # type: ignore[union-attr]
+        parent_dir = artifacts.local_path(s.get(Checkpoint, parent_id).uri) if parent_id else None  # type: ignore[union-attr]
+    recipe = Recipe(**recipe_d)
+    workdir = Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=rt.settings.data_dir))
+
+    def on_step(m) -> None:  # noqa: ANN001
+        with rt.db.session() as s:
+            job = s.get(TrainingJob, job_id)
+            job.steps_done = m.step
+            job.trained_tokens += m.tokens
+            _event(s, job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
+                   {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
+                    "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s})
+
+    def on_checkpoint(step: int, path: Path) -> None:
+        ckpt_id = new_id("ckpt")
+        uri = artifacts.put_dir(rt.settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
+        with rt.db.session() as s:
+            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=s.get(TrainingJob, job_id).run_id, step=step,  # type: ignore[union-attr]
+                             base_model=base_model, kind="lora", uri=uri, metrics={}, created_at=utcnow()))
+            _event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
+
+    def should_stop() -> bool:
+        with rt.db.session() as s:
+            return bool(s.get(TrainingJob, job_id).cancel_requested)  # type: ignore[union-attr]
+
+    try:
+        result = train_sft(
+            base_model_dir(base_model, rt.settings.models_dir), rows, sft_config(recipe), workdir,
+            init_adapter=parent_dir, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
+        )
+    except Exception as exc:  # the job fails; the worker lives on
+        with rt.db.session() as s:
+            _finish(s, s.get(TrainingJob, job_id), "failed", f"{exc.__class__.__name__}: {exc}")
+        _settle(job_id)
+        raise
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    with rt.db.session() as s:
+        _finish(s, s.get(TrainingJob, job_id), "cancelled" if result.stopped else "succeeded", None)
+    _settle(job_id)
+
+
+def _finish(s: Session, job: TrainingJob, status: str, error: str | None) -> None:
+    job.status = status
+    job.error = error
+    job.finished_at = utcnow()
+    _event(s, job.id, "error" if error else "info", status, error or f"job {status} after {job.steps_done} steps, {job.trained_tokens} tokens")
+
+
+def _settle(job_id: str) -> None:
+    """Settle the job's hold with the tokens it processed (idempotent: one settle per job)."""
+    rt = runtime()
+    with rt.db.session() as s:
+        job = s.get(TrainingJob, job_id)
+        hold_id, tokens, base_model = job.hold_id, job.trained_tokens, job.base_model  # type: ignore[union-attr]
+    if hold_id is None:
+        return
+    try:
+        rt.ledger.post(f"/internal/holds/{hold_id}/settle", json={
+            "usage": [{"kind": "training_tokens", "quantity": tokens, "model": base_model}] if tokens else [],
+            "idempotency_key": f"settle:{job_id}",
+        })
+    except UpstreamProblem as exc:
+        if exc.status != 409:  # 409: already closed by an earlier settle
+            raise
