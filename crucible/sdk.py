@@ -69,12 +69,18 @@ class CrucibleClient(_GatewayClient):
         content = data.read_bytes() if isinstance(data, Path) else data
         return self._call("POST", "/v1/datasets", files={"file": (name, content, "application/jsonl")}, data={"name": name})
 
+    def dataset(self, dataset_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/datasets/{dataset_id}")
+
     def datasets(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/datasets")["data"]
 
     # training
     def create_training_job(self, model: str, datasets: list[str], recipe: dict[str, Any] | None = None) -> dict[str, Any]:
         return self._call("POST", "/v1/training/jobs", json={"model": model, "datasets": datasets, "recipe": recipe or {}})
+
+    def training_jobs(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/training/jobs")["data"]
 
     def training_job(self, job_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/training/jobs/{job_id}")
@@ -101,6 +107,9 @@ class CrucibleClient(_GatewayClient):
         if limit is not None:
             body["limit"] = limit
         return self._call("POST", "/v1/evaluations", json=body)
+
+    def evaluations(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/evaluations")["data"]
 
     def evaluation(self, eval_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/evaluations/{eval_id}")

@@ -5,7 +5,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 from services.common.contracts import TRAINING_FIELDS, EvaluationSettings, SuiteSpec, SystemSpec
 
@@ -84,10 +84,15 @@ class BenchmarkFile(BaseModel):
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
     limits: LimitsSpec = Field(default_factory=LimitsSpec)
 
+    @field_validator("suite")
+    @classmethod
+    def _no_test_seed(cls, suite: SuiteSpec) -> SuiteSpec:
+        if suite.splits.test.seed is not None:
+            raise ValueError("splits.test.seed must not be in the benchmark file: the test seed lives only in the grader's configuration")
+        return suite
+
     @model_validator(mode="after")
     def _checks(self) -> BenchmarkFile:
-        if self.suite.splits.test.seed is not None:
-            raise ValueError("suite.splits.test.seed must not be in the benchmark file: the test seed lives only in the grader's configuration")
         if self.editable is None:
             self.editable = list(TRACKS[self.track])  # type: ignore[assignment]
         return self

@@ -1,0 +1,83 @@
+"""Shared fixtures: the embedded stack booted once per test session as real processes, with the real model."""
+
+from __future__ import annotations
+
+import os
+import shutil
+from collections.abc import Iterator
+from pathlib import Path
+
+import pytest
+import yaml
+
+ROOT = Path(__file__).resolve().parent.parent
+MODEL_CACHE = ROOT / ".crucible" / "models"
+PORT_BASE = int(os.environ.get("CRUCIBLE_TEST_PORT_BASE", "18100"))
+
+TEST_BENCHMARK = {
+    "name": "chain-sum-test",
+    "description": "small chain-sum benchmark for the test suite",
+    "suite": {
+        "name": "reasoning_gym",
+        "params": {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
+        "splits": {"train": {"seed": 11, "size": 600}, "validation": {"seed": 22, "size": 16}, "test": {"size": 24}},
+    },
+    "initial_system": {"model": "smollm2-135m-instruct"},
+    "reference": {"score": 1.0},
+    "track": "joint",
+    "recipe": {"lock": {"method": "sft", "adapter": "lora"}},
+    "budget": {"usd": 1.0, "wall_clock_hours": 2},
+    "evaluation": {"max_tokens": 16, "temperature": 0.0, "samples": 1, "metric": "avg@k"},
+    "limits": {"final_submissions": 1},
+}
+
+
+def prepared_models() -> Path:
+    """The base model prepared once into the repository's cache (shared with ``make demo``)."""
+    from services.common.basemodels import BASE_MODELS, prepare_base_model
+
+    for name in BASE_MODELS:
+        prepare_base_model(name, MODEL_CACHE)
+    return MODEL_CACHE
+
+
+@pytest.fixture(scope="session")
+def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Every service and worker as separate processes on 127.0.0.1 (ports from ``PORT_BASE``)."""
+    from crucible.stack import Stack
+
+    data_dir = tmp_path_factory.mktemp("crucible")
+    (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
+    s = Stack(data_dir, PORT_BASE)
+    s.start(timeout_s=300)
+    yield s
+    s.stop()
+    logs = data_dir / "logs"
+    keep = os.environ.get("CRUCIBLE_KEEP_LOGS")
+    if keep and logs.exists():
+        shutil.copytree(logs, keep, dirs_exist_ok=True)
+
+
+@pytest.fixture(scope="session")
+def admin(stack):  # noqa: ANN001, ANN201
+    from crucible.sdk import AdminClient
+    from crucible.stack import admin_key
+
+    return AdminClient(stack.gateway_url, admin_key(stack.data_dir))
+
+
+@pytest.fixture(scope="session")
+def benchmark(admin) -> dict:  # noqa: ANN001
+    return admin.load_benchmark(yaml.safe_load(yaml.safe_dump(TEST_BENCHMARK)))
+
+
+@pytest.fixture()
+def new_run(stack, admin, benchmark):  # noqa: ANN001, ANN201
+    """Factory: ``new_run(**overrides) -> (run, CrucibleClient)`` for a fresh run of the test benchmark."""
+    from crucible.sdk import CrucibleClient
+
+    def make(agent_name: str = "test-agent", **overrides: object) -> tuple[dict, CrucibleClient]:
+        run = admin.create_run(benchmark["name"], agent_name, **overrides)
+        return run, CrucibleClient(stack.gateway_url, run["api_key"])
+
+    return make

@@ -1,0 +1,179 @@
+"""End to end: every service and worker as real processes, the real model, real HTTP through the gateway."""
+
+from __future__ import annotations
+
+import json
+import re
+import time
+
+import httpx
+import pytest
+
+from crucible.agent import AgentConfig, BaselineAgent
+from crucible.sdk import CrucibleAPIError
+
+pytestmark = pytest.mark.e2e
+
+
+def _ledger(stack):  # noqa: ANN001, ANN202
+    from crucible.stack import ensure_secrets
+
+    token = ensure_secrets(stack.data_dir)[0]["CRUCIBLE_SERVICE_TOKEN"]
+    return httpx.Client(base_url=f"http://127.0.0.1:{stack.port_base + 1}", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def _test_questions(stack, benchmark_id: str) -> list[str]:  # noqa: ANN001
+    """Read the hidden split straight from the test store (the test plays the auditor here)."""
+    from crucible.stack import ensure_secrets
+    from grader.teststore import TestStore
+
+    store = TestStore(ensure_secrets(stack.data_dir)[2]["CRUCIBLE_GRADER_TEST_STORE_URL"])
+    return [it.question for it in store.items(benchmark_id)]
+
+
+def test_research_loop_improves_and_reaches_the_leaderboard(stack, new_run, benchmark):  # noqa: ANN001
+    run, client = new_run("e2e-baseline")
+    agent = BaselineAgent(client, AgentConfig(train_examples=200, recipe={"max_steps": 4, "batch_size": 8, "checkpoint_every": 2},
+                                              evaluate_last_checkpoints=1, poll_s=0.5))
+    result = agent.run()
+    sub = result.submission
+    assert sub["status"] == "graded"
+    assert 0.0 <= sub["score"]["value"] <= 1.0 and sub["score"]["n"] == 24
+
+    # the training job left events with metrics and two checkpoints
+    job = client.training_jobs()[0]
+    assert job["status"] == "succeeded" and job["steps_done"] == 4 and job["trained_tokens"] > 0
+    steps = [e for e in client.training_events(job["id"]) if e["type"] == "step"]
+    assert [e["data"]["step"] for e in steps] == [1, 2, 3, 4]
+    assert all(e["data"]["loss"] > 0 and e["data"]["tokens_per_s"] > 0 for e in steps)
+    assert [c["step"] for c in client.checkpoints(job["id"])] == [2, 4]
+
+    # the leaderboard shows the run with initial, final and gap closed
+    rows = [r for r in httpx.get(f"{stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"]]
+    assert len(rows) == 1
+    row = rows[0]
+    assert row["final_score"] == sub["score"]["value"]
+    assert row["initial_score"] is not None and row["reference_score"] == 1.0
+    assert row["gap_closed"] == pytest.approx((row["final_score"] - row["initial_score"]) / (1.0 - row["initial_score"]))
+    assert row["validation_evaluations"] == 2 and row["spent_usd"] > 0
+    html = httpx.get(f"{stack.gateway_url}/leaderboard").text
+    assert "e2e-baseline" in html
+
+    # the ledger: spent equals the sum of charges, never above budget, no hold left open
+    with _ledger(stack) as ledger:
+        bal = ledger.get(f"/internal/accounts/{run['id']}").json()
+        entries = ledger.get(f"/internal/accounts/{run['id']}/entries").json()
+        entries = entries["data"] if isinstance(entries, dict) else entries
+        open_holds = ledger.get(f"/internal/accounts/{run['id']}/holds", params={"status": "open"}).json()
+        open_holds = open_holds["data"] if isinstance(open_holds, dict) else open_holds
+    charges = sum(e["amount_usd_micros"] for e in entries if e["type"] == "charge")
+    assert bal["spent_usd_micros"] == charges > 0
+    assert bal["spent_usd_micros"] <= bal["budget_usd_micros"]
+    assert bal["held_usd_micros"] == 0 and open_holds == []
+    assert bal["spent_by_kind"]["training_tokens"] > 0 and bal["spent_by_kind"]["prefill_tokens"] > 0
+    budget = client.budget()
+    assert budget["spent_usd_micros"] == bal["spent_usd_micros"]
+
+    # a second final submission is refused
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.submit(result.best_model)
+    assert exc.value.status == 403 and exc.value.code == "submission_limit"
+
+
+def test_no_gateway_route_returns_test_split_content(stack, new_run, benchmark):  # noqa: ANN001
+    run, client = new_run("crawler")
+    ev = client.wait_evaluation(client.create_evaluation("smollm2-135m-instruct", limit=4)["id"], 0.5)
+    sub = client.submit("smollm2-135m-instruct")
+    client.wait_submission(sub["id"], 1.0)
+    questions = _test_questions(stack, benchmark["id"])
+    assert len(questions) == 24
+    ids = {"eval_id": ev["id"], "sub_id": sub["id"], "run_id": run["id"]}
+    spec = httpx.get(f"{stack.gateway_url}/openapi.json").json()
+    bodies = []
+    for path, ops in spec["paths"].items():
+        if "get" not in ops or path.startswith("/admin"):
+            continue
+        if re.search(r"\{(?!eval_id|sub_id|run_id)\w+\}", path):
+            continue
+        url = path.format(**ids)
+        bodies.append(client.http.get(url).text)
+    bodies.append(json.dumps(client.trajectories(ev["id"])))
+    text = "\n".join(bodies)
+    assert "train-sample" not in text  # sanity: we crawled data, not docs
+    leaked = [q for q in questions if q in text]
+    assert leaked == []
+    assert '"test-0' not in text  # no test item id either
+
+
+def test_bad_inputs_get_problem_json(stack, new_run):  # noqa: ANN001
+    run, client = new_run("bad-input")
+    other_run, other = new_run("other")
+    # 401: missing, invalid, revoked
+    r = httpx.get(f"{stack.gateway_url}/v1/run")
+    assert r.status_code == 401 and r.headers["content-type"].startswith("application/problem+json")
+    assert httpx.get(f"{stack.gateway_url}/v1/run", headers={"Authorization": "Bearer crk_nope"}).status_code == 401
+    # malformed JSONL: 422 with line and field; nothing stored
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.upload_dataset(b'{"messages": [{"role": "user", "content": "a"}, {"role": "assistant", "content": "b"}]}\n{"prompt": 3}\n')
+    assert exc.value.status == 422 and exc.value.problem["line"] == 2 and exc.value.problem["field"] == "prompt"
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.upload_dataset(b"not json\n")
+    assert exc.value.status == 422 and exc.value.problem["line"] == 1
+    assert client.datasets() == []
+    # another run's dataset is 404, never its data
+    ds = other.upload_dataset(b'{"prompt": "1 + 1 =", "completion": "2"}\n')
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.dataset(ds["id"])
+    assert exc.value.status == 404 and "1 + 1" not in json.dumps(exc.value.problem)
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.create_training_job("smollm2-135m-instruct", [ds["id"]])
+    assert exc.value.status == 404
+    # unknown base model or checkpoint: 422 naming `model`
+    mine = client.upload_dataset(b'{"prompt": "1 + 2 =", "completion": "3"}\n')
+    for model in ("gpt-17", "ckpt_01m8mpcgayz5m33vy6a2nnpezb"):
+        with pytest.raises(CrucibleAPIError) as exc:
+            client.create_training_job(model, [mine["id"]])
+        assert exc.value.status == 422 and exc.value.problem["field"] == "model"
+        with pytest.raises(CrucibleAPIError) as exc:
+            client.create_evaluation(model)
+        assert exc.value.status == 422 and exc.value.problem["field"] == "model"
+    # a locked recipe field sent with another value: 403 naming it
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.create_training_job("smollm2-135m-instruct", [mine["id"]], {"method": "dpo"})
+    assert exc.value.status == 403 and exc.value.problem["field"] == "recipe.method"
+    assert client.training_jobs() == []
+    # chat completions work and are charged
+    before = client.budget()["spent_usd_micros"]
+    out = client.chat("smollm2-135m-instruct", [{"role": "user", "content": "What is 2 + 2?"}], max_tokens=8, temperature=0)
+    assert out["object"] == "chat.completion" and out["usage"]["completion_tokens"] >= 1
+    assert client.budget()["spent_usd_micros"] > before
+    # revocation takes effect on the next request
+    from crucible.sdk import AdminClient
+    from crucible.stack import admin_key
+
+    AdminClient(stack.gateway_url, admin_key(stack.data_dir)).revoke(other_run["id"])
+    with pytest.raises(CrucibleAPIError) as exc:
+        other.run()
+    assert exc.value.status == 401
+
+
+def test_over_budget_is_402_and_reads_keep_working(stack, new_run):  # noqa: ANN001
+    run, client = new_run("poor", budget_usd=0.000002)
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.create_evaluation("smollm2-135m-instruct")
+    assert exc.value.status == 402 and exc.value.problem["remaining_usd_micros"] == 2
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.chat("smollm2-135m-instruct", [{"role": "user", "content": "hi"}], max_tokens=64)
+    assert exc.value.status == 402
+    assert client.evaluations() == []
+    assert client.budget()["spent_usd_micros"] == 0
+    assert client.run()["run_id"] == run["id"]
+
+
+def test_past_deadline_is_403_run_expired(stack, new_run):  # noqa: ANN001
+    run, client = new_run("late", wall_clock_hours=0.0005)  # 1.8 s
+    time.sleep(2.0)
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.upload_dataset(b'{"prompt": "1 + 1 =", "completion": "2"}\n')
+    assert exc.value.status == 403 and exc.value.code == "run_expired"
+    assert client.run()["seconds_left"] == 0  # reads still work

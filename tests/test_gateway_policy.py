@@ -1,0 +1,86 @@
+"""Benchmark files and the run's editable space, checked without processes."""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+from pathlib import Path
+
+import pytest
+import yaml
+
+from gateway.schemas import BenchmarkFile
+from gateway.service import Caller, apply_recipe_policy, check_editable, parse_benchmark
+from services.common.auth import RunContext
+from services.common.errors import OutsideEditableSpace, Unprocessable
+from tests.conftest import TEST_BENCHMARK
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _caller(doc: dict) -> Caller:
+    from gateway.models import Run
+
+    spec = BenchmarkFile.model_validate(doc)
+    run = Run(id="run_x", benchmark_id="bm_x", agent_name="a", track=spec.track, key_hash="h", key_prefix="crk_", budget_usd_micros=1,
+              deadline_at=dt.datetime.now(dt.UTC))
+    return Caller(run=run, benchmark=spec, ctx=RunContext(run_id="run_x", benchmark_id="bm_x", track=spec.track, editable=list(spec.editable or [])))
+
+
+def test_every_shipped_benchmark_file_is_valid() -> None:
+    files = sorted((ROOT / "benchmarks").glob("*.yaml"))
+    assert files
+    for path in files:
+        parse_benchmark(yaml.safe_load(path.read_text()))
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    (lambda d: d["suite"]["splits"]["test"].update(seed=5), "suite.splits.test.seed"),
+    (lambda d: d.pop("budget"), "budget"),
+    (lambda d: d["budget"].update(usd=-1), "budget.usd"),
+    (lambda d: d.update(track="everything"), "track"),
+    (lambda d: d["recipe"].update(lock={"lernrate": 1}), "recipe"),
+    (lambda d: d.update(reference={}), "reference"),
+    (lambda d: d.update(surprise=1), "surprise"),
+])
+def test_bad_benchmark_file_names_the_key(mutate, field: str) -> None:  # noqa: ANN001
+    doc = copy.deepcopy(TEST_BENCHMARK)
+    mutate(doc)
+    with pytest.raises(Unprocessable) as exc:
+        parse_benchmark(doc)
+    assert exc.value.extra["field"].startswith(field.split(".")[0])
+    if "." in field:
+        assert exc.value.extra["field"] == field or "test seed" in exc.value.detail
+
+
+def test_tracks_preset_the_editable_space() -> None:
+    for track, editable in {"data": ["data"], "harness": ["harness"], "joint": ["data", "trainer", "harness"]}.items():
+        assert BenchmarkFile.model_validate({**TEST_BENCHMARK, "track": track}).editable == editable
+
+
+def test_locked_recipe_field_is_refused_not_overwritten() -> None:
+    caller = _caller(TEST_BENCHMARK)
+    assert apply_recipe_policy(caller, {"max_steps": 10}) == {"max_steps": 10, "method": "sft", "adapter": "lora"}
+    assert apply_recipe_policy(caller, {"method": "sft"})["method"] == "sft"
+    with pytest.raises(OutsideEditableSpace) as exc:
+        apply_recipe_policy(caller, {"method": "dpo"})
+    assert exc.value.extra["field"] == "recipe.method" and exc.value.status == 403
+
+
+def test_data_track_cannot_change_the_trainer_or_harness() -> None:
+    caller = _caller({**TEST_BENCHMARK, "track": "data"})
+    with pytest.raises(OutsideEditableSpace) as exc:
+        apply_recipe_policy(caller, {"learning_rate": 0.5})
+    assert exc.value.extra["field"] == "recipe.learning_rate"
+    assert apply_recipe_policy(caller, {"max_steps": 80}) == {"max_steps": 80, "method": "sft", "adapter": "lora"}  # the default value
+    with pytest.raises(OutsideEditableSpace):
+        check_editable(caller, "harness", "evaluating with a custom harness")
+    check_editable(caller, "data", "uploading a dataset")
+
+
+def test_allow_list_limits_the_fields() -> None:
+    caller = _caller({**TEST_BENCHMARK, "recipe": {"allow": ["max_steps"], "lock": {}}})
+    apply_recipe_policy(caller, {"max_steps": 3})
+    with pytest.raises(OutsideEditableSpace) as exc:
+        apply_recipe_policy(caller, {"lora_r": 4})
+    assert exc.value.extra["field"] == "recipe.lora_r"
