@@ -209,8 +209,8 @@ def sft_config(recipe: Recipe):  # noqa: ANN201 - avoids importing torch in the 
     """The ``SFTConfig`` of a recipe (same field names)."""
     from trainer_service.training import SFTConfig
 
-    fields = recipe.model_dump(exclude={"method", "adapter"})
-    return SFTConfig(**fields)
+    fields = recipe.model_dump(exclude={"method", "adapter", "lr_scheduler"})
+    return SFTConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
 
 
 def create_job(ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:

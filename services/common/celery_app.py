@@ -13,7 +13,11 @@ from services.common.settings import ServiceSettings
 
 def make_celery(name: str, settings: ServiceSettings, queue: str) -> Celery:
     """A Celery app named ``name`` on the configured broker whose tasks default to ``queue``."""
-    app = Celery(name, broker=settings.broker())
+    broker = settings.broker()
+    app = Celery(name, broker=broker)
+    if broker.startswith("sqla+sqlite"):
+        # kombu passes these to SQLAlchemy's create_engine: wait for SQLite's write lock instead of failing
+        app.conf.broker_transport_options = {"connect_args": {"timeout": 30}}
     app.conf.update(
         task_default_queue=queue,
         task_acks_late=True,
