@@ -18,12 +18,33 @@ from gateway import service
 from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RunCard, RunCreate, RunCreated, RunOut
 from gateway.service import Caller
 from services.common.contracts import (
-    ChatCompletion, ChatCompletionRequest, CheckpointOut, DatasetOut, EvaluationCreate, EvaluationOut, JobEventOut, Page, Recipe,
-    SubmissionCreate, SubmissionOut, SuiteItemOut, TrainingJobCreate, TrainingJobOut, TrajectoryOut,
+    ChatCompletion,
+    ChatCompletionRequest,
+    CheckpointOut,
+    DatasetOut,
+    EvaluationCreate,
+    EvaluationOut,
+    JobEventOut,
+    Page,
+    Recipe,
+    SubmissionCreate,
+    SubmissionOut,
+    SuiteItemOut,
+    TrainingJobCreate,
+    TrainingJobOut,
+    TrajectoryOut,
 )
 from services.common.errors import (
-    Conflict, NotFound, OutsideEditableSpace, PayloadTooLarge, PaymentRequired, RunExpired, SubmissionLimitReached, Unauthorized,
-    Unprocessable, problem_responses,
+    Conflict,
+    NotFound,
+    OutsideEditableSpace,
+    PayloadTooLarge,
+    PaymentRequired,
+    RunExpired,
+    SubmissionLimitReached,
+    Unauthorized,
+    Unprocessable,
+    problem_responses,
 )
 
 # --------------------------------------------------------------------------- dependencies

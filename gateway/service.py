@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import datetime as dt
 from dataclasses import dataclass
-from functools import cache
 from typing import Any
 
 from pydantic import ValidationError
@@ -24,6 +23,7 @@ from services.common.db import Database, utcnow
 from services.common.errors import Conflict, NotFound, OutsideEditableSpace, RunExpired, Unauthorized, Unprocessable
 from services.common.http import ServiceClient
 from services.common.ids import has_prefix, new_id
+from services.common.lazy import once
 
 
 @dataclass
@@ -36,7 +36,7 @@ class Runtime:
     grader: ServiceClient
 
 
-@cache
+@once
 def runtime() -> Runtime:
     s = GatewaySettings()
     def client(url: str, name: str, timeout_s: float | None = None) -> ServiceClient:

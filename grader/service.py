@@ -12,7 +12,7 @@ import hashlib
 import math
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
-from functools import cache, lru_cache
+from functools import lru_cache
 from typing import Any
 
 from sqlalchemy import func, select
@@ -25,12 +25,21 @@ from grader.suites import Item, get_suite
 from grader.teststore import TestStore
 from services.common.auth import RunContext
 from services.common.contracts import (
-    EvaluationCreate, EvaluationOut, GradingSpec, Harness, Score, SubmissionCreate, SubmissionOut, SuiteItemOut, TrajectoryOut,
+    EvaluationCreate,
+    EvaluationOut,
+    GradingSpec,
+    Harness,
+    Score,
+    SubmissionCreate,
+    SubmissionOut,
+    SuiteItemOut,
+    TrajectoryOut,
 )
 from services.common.db import Database, utcnow
 from services.common.errors import NotFound, SubmissionLimitReached, Unprocessable, UpstreamProblem
 from services.common.http import ServiceClient
 from services.common.ids import new_id
+from services.common.lazy import once
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 PROMPT_OVERHEAD_TOKENS = 64  # chat-template tokens added around the rendered messages (upper bound)
@@ -45,7 +54,7 @@ class Runtime:
     ledger: ServiceClient
 
 
-@cache
+@once
 def runtime() -> Runtime:
     s = GraderSettings()
     return Runtime(

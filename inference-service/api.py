@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Depends, Header
+from inference_service import service
 
 from services.common.auth import InternalAuth, RunContext
 from services.common.contracts import ChatCompletion, ChatCompletionRequest
 from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
-from inference_service import service
 
 auth = InternalAuth(service.runtime().settings.service_token)
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))

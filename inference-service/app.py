@@ -7,8 +7,8 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
-
 from inference_service import api, service
+
 from services.common.app import create_service_app
 from services.common.db import migrate
 

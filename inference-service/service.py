@@ -12,9 +12,10 @@ import asyncio
 import time
 import uuid
 from dataclasses import dataclass, field
-from functools import cache
 from pathlib import Path
 from typing import Any
+
+from inference_service.models import CompletionLog
 
 from services.common import artifacts
 from services.common.auth import RunContext
@@ -24,8 +25,8 @@ from services.common.db import Database, utcnow
 from services.common.errors import NotFound, Unprocessable, UpstreamProblem
 from services.common.http import ServiceClient
 from services.common.ids import has_prefix
+from services.common.lazy import once
 from services.common.settings import ServiceSettings
-from inference_service.models import CompletionLog
 
 DEFAULT_MAX_TOKENS = 256
 
@@ -41,7 +42,7 @@ class Runtime:
     batchers: dict[str, Any] = field(default_factory=dict)  # base model name -> MicroBatcher
 
 
-@cache
+@once
 def runtime() -> Runtime:
     s = ServiceSettings()
     return Runtime(

@@ -3,9 +3,9 @@
 from __future__ import annotations
 
 import pytest
+from trainer_service.service import validate_jsonl
 
 from services.common.errors import Unprocessable
-from trainer_service.service import validate_jsonl
 
 
 def test_accepts_the_three_formats() -> None:

@@ -3,11 +3,11 @@
 from __future__ import annotations
 
 from fastapi import APIRouter, Body, Depends, Query
+from trainer_service import service
 
 from services.common.auth import InternalAuth, RunContext
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Page, TrainingJobCreate, TrainingJobOut
 from services.common.errors import Conflict, NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
-from trainer_service import service
 
 auth = InternalAuth(service.runtime().settings.service_token)
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))

@@ -7,10 +7,10 @@ from contextlib import asynccontextmanager
 from pathlib import Path
 
 from fastapi import FastAPI
+from trainer_service import api, service
 
 from services.common.app import create_service_app
 from services.common.db import migrate
-from trainer_service import api, service
 
 
 @asynccontextmanager

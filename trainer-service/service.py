@@ -16,6 +16,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
+from trainer_service.models import Checkpoint, Dataset, JobEvent, TrainingJob
 
 from services.common import artifacts
 from services.common.auth import RunContext
@@ -25,8 +26,8 @@ from services.common.db import Database, utcnow
 from services.common.errors import Conflict, NotFound, Unprocessable, UpstreamProblem
 from services.common.http import ServiceClient
 from services.common.ids import has_prefix, new_id
+from services.common.lazy import once
 from services.common.settings import ServiceSettings
-from trainer_service.models import Checkpoint, Dataset, JobEvent, TrainingJob
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 ROLES = frozenset({"system", "user", "assistant"})
@@ -42,7 +43,7 @@ class Runtime:
     ledger: ServiceClient
 
 
-@cache
+@once
 def runtime() -> Runtime:
     settings = ServiceSettings()
     return Runtime(

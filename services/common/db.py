@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import threading
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -78,8 +79,19 @@ class Database:
             yield session
 
 
+_MIGRATE_LOCK = threading.Lock()
+
+
 def migrate(url: str, migrations_dir: Path) -> None:
-    """Upgrade the database at ``url`` to the newest revision of the Alembic scripts in ``migrations_dir``."""
+    """Upgrade the database at ``url`` to the newest revision of the Alembic scripts in ``migrations_dir``.
+
+    Serialized within the process: Alembic's command context is process-global.
+    """
+    with _MIGRATE_LOCK:
+        _upgrade(url, migrations_dir)
+
+
+def _upgrade(url: str, migrations_dir: Path) -> None:
     cfg = Config()
     cfg.set_main_option("script_location", str(migrations_dir))
     cfg.set_main_option("sqlalchemy.url", url.replace("%", "%%"))
