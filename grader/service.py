@@ -15,7 +15,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import func, select, update
 from sqlalchemy.orm import Session
 
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
@@ -286,17 +286,18 @@ def aggregate(scores: dict[str, list[float]], metric: str, k: int) -> Score:
 def run_evaluation(eval_id: str) -> None:
     """Run an evaluation to the end in this worker; items already scored (an earlier attempt) are skipped.
 
-    Each item's result is written as soon as it is scored. Validation results (trajectories) go to the
+    The worker claims the evaluation with one conditional update (``queued`` → ``running``), so a duplicate
+    message finds nothing to do. Each item's result is written as soon as it is scored. Validation results (trajectories) go to the
     grader database; test results go to the test store only. The evaluation hold is closed at the end
     (each completion was charged against it; the rest is released).
     """
     rt = runtime()
     with rt.db.session() as s:
-        ev = s.get(Evaluation, eval_id)
-        if ev is None or ev.status in TERMINAL:
+        claimed = s.execute(update(Evaluation).where(Evaluation.id == eval_id, Evaluation.status == "queued")
+                            .values(status="running", attempts=Evaluation.attempts + 1)).rowcount
+        if not claimed:
             return
-        ev.status = "running"
-        ev.attempts += 1
+        ev = s.get(Evaluation, eval_id)
         ev.started_at = ev.started_at or utcnow()
         spec = _spec(s, ev.benchmark_id)
         split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total
@@ -314,6 +315,8 @@ def run_evaluation(eval_id: str) -> None:
         ctx = RunContext(run_id=run_id, benchmark_id=spec.benchmark_id) if run_id else None
         headers = {"X-Crucible-Hold": hold_id} if (split == "validation" and hold_id) else {"X-Crucible-Unmetered": "grading"}
         todo = [(it, j) for it in items for j in range(k) if (it.id, j) not in done]
+        with rt.db.session() as s:
+            s.get(Evaluation, eval_id).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))  # type: ignore[union-attr]
 
         def one(task: tuple[Item, int]) -> tuple[str, int, float]:
             item, sample = task
@@ -357,6 +360,22 @@ def run_evaluation(eval_id: str) -> None:
     finally:
         if hold_id:
             _close_hold(hold_id, eval_id)
+
+
+def recover() -> list[str]:
+    """Re-queue every unfinished evaluation; called when an eval worker starts (embedded mode: one eval worker).
+
+    ``running`` ones lost their worker and go back to ``queued``; they resume item by item.
+    Returns the ids re-queued.
+    """
+    from grader.tasks import enqueue_evaluation
+
+    with runtime().db.session() as s:
+        s.execute(update(Evaluation).where(Evaluation.status == "running").values(status="queued"))
+        ids = list(s.scalars(select(Evaluation.id).where(Evaluation.status == "queued")))
+    for eval_id in ids:
+        enqueue_evaluation(eval_id)
+    return ids
 
 
 def _close_hold(hold_id: str, eval_id: str) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from celery.signals import worker_ready
+
 from services.common.celery_app import make_celery
 from services.common.settings import ServiceSettings
 
@@ -19,3 +21,11 @@ def run_evaluation(eval_id: str) -> None:
 def enqueue_evaluation(eval_id: str) -> None:
     """Queue evaluation ``eval_id`` on the ``eval`` queue."""
     run_evaluation.apply_async(args=[eval_id], queue="eval")
+
+
+@worker_ready.connect
+def _recover(**_kwargs: object) -> None:
+    """On worker start, re-queue evaluations a dead worker left behind (see ``service.recover``)."""
+    from grader.service import recover
+
+    recover()

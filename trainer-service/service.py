@@ -14,7 +14,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select
+from sqlalchemy import select, update
 from sqlalchemy.orm import Session
 from trainer_service.models import Checkpoint, Dataset, JobEvent, TrainingJob
 
@@ -329,25 +329,35 @@ def checkpoint_record(checkpoint_id: str, run_id: str | None) -> dict[str, Any]:
 def run_job(job_id: str) -> None:
     """Run a queued job to the end in this worker process: train, write checkpoints, settle the hold.
 
-    The row's status is the truth: a job that is already terminal is left alone. Events record every
-    step's loss, learning rate, tokens and tokens/s. The hold is settled with the tokens actually processed,
-    whatever the outcome (charge equals work done).
+    The row's status is the truth: the worker claims the job by moving it from ``queued`` to ``running`` in
+    one conditional update, so a duplicate message finds nothing to do. A job that already has checkpoints
+    (an earlier attempt died) resumes from the newest one, with its token count reset to that checkpoint's,
+    so no step is charged twice. Events record every step's loss, learning rate, tokens and tokens/s. The
+    hold is settled with the tokens actually processed, whatever the outcome (charge equals work done).
     """
     from trainer_service.training import train_sft
 
     rt = runtime()
     with rt.db.session() as s:
-        job = s.get(TrainingJob, job_id)
-        if job is None or job.status in TERMINAL:
+        claimed = s.execute(update(TrainingJob).where(TrainingJob.id == job_id, TrainingJob.status == "queued")
+                            .values(status="running", attempts=TrainingJob.attempts + 1)).rowcount
+        if not claimed:
             return
+        job = s.get(TrainingJob, job_id)
         if job.cancel_requested:
             _finish(s, job, "cancelled", None)
             job_snapshot = None
         else:
-            job.status = "running"
             job.started_at = job.started_at or utcnow()
-            job.attempts += 1
-            _event(s, job.id, "info", "started", f"training started (attempt {job.attempts})")
+            latest = s.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc()).limit(1))
+            resume = artifacts.local_path(latest.uri) if latest is not None else None
+            if latest is not None:
+                job.steps_done = latest.step
+                job.trained_tokens = int(latest.metrics.get("trained_tokens", job.trained_tokens))
+                _event(s, job.id, "warn", "resumed", f"attempt {job.attempts}: resuming from checkpoint {latest.id} at step {latest.step}",
+                       {"step": latest.step, "checkpoint": latest.id})
+            else:
+                _event(s, job.id, "info", "started", f"training started (attempt {job.attempts})")
             job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id)
     if job_snapshot is None:
         _settle(job_id)
@@ -372,8 +382,9 @@ def run_job(job_id: str) -> None:
         ckpt_id = new_id("ckpt")
         uri = artifacts.put_dir(rt.settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
         with rt.db.session() as s:
-            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=s.get(TrainingJob, job_id).run_id, step=step,  # type: ignore[union-attr]
-                             base_model=base_model, kind="lora", uri=uri, metrics={}, created_at=utcnow()))
+            job = s.get(TrainingJob, job_id)
+            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind="lora", uri=uri,  # type: ignore[union-attr]
+                             metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))  # type: ignore[union-attr]
             _event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
 
     def should_stop() -> bool:
@@ -383,7 +394,7 @@ def run_job(job_id: str) -> None:
     try:
         result = train_sft(
             base_model_dir(base_model, rt.settings.models_dir), rows, sft_config(recipe), workdir,
-            init_adapter=parent_dir, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
+            init_adapter=parent_dir, resume=resume, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
         )
     except Exception as exc:  # the job fails; the worker lives on
         with rt.db.session() as s:
@@ -395,6 +406,25 @@ def run_job(job_id: str) -> None:
     with rt.db.session() as s:
         _finish(s, s.get(TrainingJob, job_id), "cancelled" if result.stopped else "succeeded", None)
     _settle(job_id)
+
+
+def recover() -> list[str]:
+    """Re-queue every unfinished job; called when a train worker starts (embedded mode: one train worker).
+
+    A ``running`` job at that moment lost its worker: it goes back to ``queued`` (it will resume from its
+    newest checkpoint). Every ``queued`` job is sent again; duplicates are harmless (see :func:`run_job`).
+    Returns the ids re-queued.
+    """
+    from trainer_service.tasks import enqueue_training
+
+    with runtime().db.session() as s:
+        for job in s.scalars(select(TrainingJob).where(TrainingJob.status == "running")):
+            job.status = "queued"
+            _event(s, job.id, "warn", "worker_lost", "the worker running this job stopped; the job is queued again")
+        ids = list(s.scalars(select(TrainingJob.id).where(TrainingJob.status == "queued")))
+    for job_id in ids:
+        enqueue_training(job_id)
+    return ids
 
 
 def _finish(s: Session, job: TrainingJob, status: str, error: str | None) -> None:

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from celery.signals import worker_ready
+
 from services.common.celery_app import make_celery
 from services.common.settings import ServiceSettings
 
@@ -19,3 +21,11 @@ def run_training_job(job_id: str) -> None:
 def enqueue_training(job_id: str) -> None:
     """Queue job ``job_id`` on the ``train`` queue."""
     run_training_job.apply_async(args=[job_id], queue="train")
+
+
+@worker_ready.connect
+def _recover(**_kwargs: object) -> None:
+    """On worker start, re-queue jobs a dead worker left behind (see ``service.recover``)."""
+    from trainer_service.service import recover
+
+    recover()
