@@ -23,8 +23,8 @@ from crucible.sdk import CrucibleAPIError, CrucibleClient
 class AgentConfig:
     """What the baseline does: training-set size, recipe, which checkpoints to evaluate."""
 
-    train_examples: int = 1500
-    recipe: dict[str, Any] = field(default_factory=lambda: {"method": "sft", "max_steps": 80, "checkpoint_every": 40})
+    train_examples: int = 800
+    recipe: dict[str, Any] = field(default_factory=lambda: {"method": "sft", "batch_size": 8, "max_steps": 100, "warmup_steps": 10, "checkpoint_every": 50})
     evaluate_last_checkpoints: int = 2
     validation_limit: int | None = None
     poll_s: float = 1.0

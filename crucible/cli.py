@@ -124,7 +124,7 @@ def demo(
     data_dir: DataDir = Path(".crucible"),
     port_base: PortBase = 8000,
     benchmark: Annotated[Path, typer.Option(help="Benchmark file.")] = DEMO_BENCHMARK,
-    steps: Annotated[int, typer.Option(help="LoRA SFT steps of the baseline's training job.")] = 80,
+    steps: Annotated[int, typer.Option(help="LoRA SFT steps of the baseline's training job.")] = 100,
     exit_after: Annotated[bool, typer.Option("--exit", help="Stop the stack when done instead of serving the leaderboard.")] = False,
 ) -> None:
     """The main job: start the stack, run the baseline research agent on the demo benchmark, grade, rank."""
@@ -141,7 +141,7 @@ def demo(
             bm = admin.load_benchmark(doc)
             run = admin.create_run(bm["name"], "baseline")
             console.print(f"[green]✓[/] benchmark {bm['name']} ({bm['id']}); run {run['id']} for agent 'baseline' (key {run['key_prefix']}…, shown once)")
-            agent = BaselineAgent(CrucibleClient(stack.gateway_url, run["api_key"]), AgentConfig(recipe={"method": "sft", "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console)
+            agent = BaselineAgent(CrucibleClient(stack.gateway_url, run["api_key"]), AgentConfig(recipe={**AgentConfig().recipe, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console)
             result = agent.run()
             _print_leaderboard(admin.leaderboard())
             total = time.monotonic() - t0
@@ -182,11 +182,11 @@ def leaderboard(gateway: GatewayUrl = "http://127.0.0.1:8000") -> None:
 
 @app.command()
 def agent(api_key: Annotated[str, typer.Option(envvar="CRUCIBLE_API_KEY", help="The run's API key.")], gateway: GatewayUrl = "http://127.0.0.1:8000",
-          steps: int = 80) -> None:
+          steps: int = 100) -> None:
     """Run the reference (baseline) research agent against a running gateway."""
     from crucible.agent import AgentConfig, BaselineAgent
 
-    BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig(recipe={"method": "sft", "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console).run()
+    BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig(recipe={**AgentConfig().recipe, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console).run()
 
 
 def _admin(gateway: str, data_dir: Path) -> AdminClient:

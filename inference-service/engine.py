@@ -153,7 +153,7 @@ class TransformersEngine:
                 for start in range(0, len(indices), self.max_batch_size):
                     chunk = indices[start : start + self.max_batch_size]
                     batch = self._generate_batch([requests[i] for i in chunk], use_adapter=adapter_dir is not None)
-                    for index, result in zip(chunk, batch):
+                    for index, result in zip(chunk, batch, strict=True):
                         results[index] = result
         return results  # type: ignore[return-value]
 
@@ -198,7 +198,7 @@ class TransformersEngine:
                         input_ids=input_ids, attention_mask=attention_mask, generation_config=config
                     )
         generated = output[:, width:].tolist()
-        return [self._finish(r, len(p), tokens) for r, p, tokens in zip(requests, prompts, generated)]
+        return [self._finish(r, len(p), tokens) for r, p, tokens in zip(requests, prompts, generated, strict=True)]
 
     def _finish(self, request: GenerationRequest, prompt_tokens: int, tokens: list[int]) -> GenerationResult:
         """Cut one row's generated ``tokens`` at end-of-turn, ``max_tokens`` and stop strings."""
@@ -249,6 +249,7 @@ class MicroBatcher:
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
+        self._in_flight: list[_Pending] = []
 
     async def submit(
         self, request: GenerationRequest, adapter_name: str | None = None, adapter_dir: Path | None = None
@@ -286,7 +287,7 @@ class MicroBatcher:
     async def _run(self) -> None:
         loop = asyncio.get_running_loop()
         while True:
-            batch = await self._collect()
+            batch = self._in_flight = await self._collect()
             by_adapter: dict[tuple[str | None, Path | None], list[_Pending]] = defaultdict(list)
             for pending in batch:
                 by_adapter[(pending.adapter_name, pending.adapter_dir)].append(pending)
@@ -308,12 +309,12 @@ class MicroBatcher:
                         if not pending.future.done():
                             pending.future.set_exception(error)
                     continue
-                for pending, result in zip(live, results):
+                for pending, result in zip(live, results, strict=True):
                     if not pending.future.done():
                         pending.future.set_result(result)
 
     async def aclose(self) -> None:
-        """Stop batching: cancel requests still waiting and release the worker thread."""
+        """Stop batching: cancel the requests not answered yet and release the worker thread."""
         if self._worker is not None:
             self._worker.cancel()
             try:
@@ -321,6 +322,8 @@ class MicroBatcher:
             except asyncio.CancelledError:
                 pass
             self._worker = None
+        for pending in self._in_flight:
+            pending.future.cancel()
         if self._queue is not None:
             while not self._queue.empty():
                 self._queue.get_nowait().future.cancel()

@@ -107,7 +107,8 @@ class StepMetrics:
 @dataclass
 class TrainResult:
     """Outcome of :func:`train_sft`. ``tokens_total`` includes steps done before a resume; ``stopped`` is true
-    when ``should_stop`` ended training early; ``last_checkpoint`` is the newest ``step-<N>`` folder."""
+    when ``should_stop`` ended training early; ``last_checkpoint`` is the newest ``step-<N>`` folder and
+    ``checkpoints`` every folder this call wrote, oldest first."""
 
     steps_done: int
     tokens_total: int
@@ -253,12 +254,7 @@ def _supervised_loss(
     return F.cross_entropy(logits, targets[supervised])
 
 
-def _save_checkpoint(
-    peft_model: Any,
-    out_dir: Path,
-    step: int,
-    state: dict[str, Any],
-) -> Path:
+def _save_checkpoint(peft_model: Any, out_dir: Path, step: int, state: dict[str, Any]) -> Path:
     """Write ``out_dir/step-<step>/`` (PEFT adapter + ``training_state.pt``) atomically; return the folder."""
     final = out_dir / f"step-{step}"
     tmp = out_dir / f".step-{step}.tmp"
@@ -356,7 +352,11 @@ def train_sft(
     use_bf16 = config.bf16_autocast and cpu_has_native_bf16()
     logger.info(
         "training %d examples from step %d to %d (bf16 autocast %s, %d threads)",
-        len(examples), step, config.max_steps, use_bf16, torch.get_num_threads(),
+        len(examples),
+        step,
+        config.max_steps,
+        use_bf16,
+        torch.get_num_threads(),
     )
 
     checkpoints: list[Path] = []

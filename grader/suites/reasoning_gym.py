@@ -29,7 +29,7 @@ class ReasoningGymSuite:
 
     name = "reasoning_gym"
     default_harness = Harness(
-        system_prompt="You are a calculator. Reply with the final answer only: one number, nothing else.",
+        system_prompt="Answer with the final number only.",
         user_template="{{ question }}",
         max_tokens=16,
         temperature=0.0,

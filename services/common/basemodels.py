@@ -95,8 +95,8 @@ def prepare_base_model(name: str, models_dir: Path) -> Path:
     """Dequantize base model ``name`` into ``<models_dir>/<name>/`` once and return that folder.
 
     Idempotent and safe across processes: an exclusive file lock ``<models_dir>/.<name>.lock`` serialises
-    preparers, the folder is written under a temporary name in ``models_dir`` and renamed into place, so a
-    reader never sees a partial folder. A prepared folder is returned at once (no model load). The folder
+    preparers, the folder is written under a temporary name in ``models_dir`` (leftovers of a crashed
+    preparer are removed) and renamed into place, so a reader never sees a partial folder. A prepared folder is returned at once (no model load). The folder
     holds float32 weights (``model.safetensors``, about 0.5 GB for the 135M model), ``config.json``,
     ``generation_config.json`` and the tokenizer files including the chat template.
 
@@ -113,6 +113,8 @@ def prepare_base_model(name: str, models_dir: Path) -> Path:
         if (target / "config.json").is_file():
             return target
         source = gguf_path(name)
+        for stale in models_dir.glob(f".{name}.tmp-*"):
+            shutil.rmtree(stale, ignore_errors=True)
         started = time.monotonic()
         tmp = Path(tempfile.mkdtemp(prefix=f".{name}.tmp-", dir=models_dir))
         try:

@@ -20,7 +20,7 @@ TRAINING_FIELDS = (
 class Recipe(BaseModel):
     """How to train: method, adapter and hyper-parameters (names as in transformers/PEFT)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 80}})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 100}})
 
     method: Literal["sft", "dpo", "grpo"] = "sft"
     adapter: Literal["lora", "full"] = "lora"
@@ -29,13 +29,13 @@ class Recipe(BaseModel):
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
     target_modules: str | list[str] = "all-linear"
     learning_rate: float = Field(1e-3, gt=0, le=1.0)
-    batch_size: int = Field(16, ge=1, le=256)
-    max_steps: int = Field(80, ge=1, le=100_000)
-    warmup_steps: int = Field(8, ge=0)
+    batch_size: int = Field(8, ge=1, le=256)
+    max_steps: int = Field(100, ge=1, le=100_000)
+    warmup_steps: int = Field(10, ge=0)
     lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
     max_seq_len: int = Field(256, ge=16, le=4096)
     seed: int = 0
-    checkpoint_every: int = Field(20, ge=1, description="Write a checkpoint every this many steps (and at the end).")
+    checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many steps (and at the end).")
 
 
 class DatasetOut(BaseModel):
@@ -54,7 +54,7 @@ class DatasetOut(BaseModel):
 class TrainingJobCreate(BaseModel):
     """Start a training job on uploaded datasets, from a base model or a parent checkpoint."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "smollm2-135m-instruct", "datasets": ["ds_01jd3k4m5n6p7q8r9s0t1v2w3x"], "recipe": {"method": "sft", "max_steps": 80}}})
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "smollm2-135m-instruct", "datasets": ["ds_01jd3k4m5n6p7q8r9s0t1v2w3x"], "recipe": {"method": "sft", "max_steps": 100}}})
 
     model: str = Field(description="Base model name, or a `ckpt_…` to continue training from (LoRA parent).")
     datasets: list[str] = Field(min_length=1, max_length=16)
