@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import os
 import signal
+import sys
 import threading
 import time
 from pathlib import Path
@@ -22,7 +23,7 @@ admin_app = typer.Typer(help="Operator commands (admin key from the data directo
 dev_app = typer.Typer(help="Developer commands.", no_args_is_help=True)
 app.add_typer(admin_app, name="admin")
 app.add_typer(dev_app, name="dev")
-console = Console()
+console = Console(width=None if sys.stdout.isatty() else 140)
 
 ROOT = Path(__file__).resolve().parent.parent
 DEMO_BENCHMARK = ROOT / "benchmarks" / "chain-sum-demo.yaml"
@@ -135,10 +136,15 @@ def demo(
         _prepare(data_dir)
         stack = _start(data_dir, port_base)
         try:
-            setup_s = time.monotonic() - t0
             admin = AdminClient(stack.gateway_url, _admin_key(data_dir))
             doc = yaml.safe_load(benchmark.read_text())
             bm = admin.load_benchmark(doc)
+            with console.status("grading the initial system on the hidden test split (once per benchmark)"):
+                baselines = admin.wait_baselines(bm["id"])
+            initial = baselines["initial"]["value"] if baselines.get("initial") else None
+            console.print(f"[green]✓[/] initial system's hidden-test score: {'failed' if initial is None else f'{100 * initial:.1f}%'} "
+                          f"(n={baselines['test_items']})")
+            setup_s = time.monotonic() - t0
             run = admin.create_run(bm["name"], "baseline")
             console.print(f"[green]✓[/] benchmark {bm['name']} ({bm['id']}); run {run['id']} for agent 'baseline' (key {run['key_prefix']}…, shown once)")
             agent = BaselineAgent(CrucibleClient(stack.gateway_url, run["api_key"]), AgentConfig(recipe={**AgentConfig().recipe, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console)
@@ -146,7 +152,7 @@ def demo(
             _print_leaderboard(admin.leaderboard())
             total = time.monotonic() - t0
             t = result.timings_s
-            console.print(f"wall time {total:.0f} s: setup {setup_s:.0f} s, training {t['training']:.0f} s, validation evaluations {t['evaluation']:.0f} s, "
+            console.print(f"wall time {total:.0f} s: setup (model, stack, initial test grading) {setup_s:.0f} s, training {t['training']:.0f} s, validation evaluations {t['evaluation']:.0f} s, "
                           f"grading/waiting {total - setup_s - t['training'] - t['evaluation']:.0f} s; peak memory (all processes) {mem.peak / 2**30:.2f} GiB")
             if not exit_after:
                 console.print(f"leaderboard at {stack.gateway_url}/leaderboard — Ctrl-C stops every process")

@@ -157,6 +157,18 @@ class AdminClient(_GatewayClient):
     def load_benchmark(self, doc: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/admin/benchmarks", json=doc)
 
+    def baselines(self, benchmark: str) -> dict[str, Any]:
+        """The benchmark's baseline test scores (``initial``, ``reference``) and their status."""
+        return self._call("GET", f"/admin/benchmarks/{benchmark}/baselines")
+
+    def wait_baselines(self, benchmark: str, poll_s: float = 1.0) -> dict[str, Any]:
+        """Poll until the initial (and reference) system's test evaluations have ended."""
+        while True:
+            status = self.baselines(benchmark)
+            if status["initial_status"] in ("succeeded", "failed") and status["reference_status"] in (None, "declared", "succeeded", "failed"):
+                return status
+            time.sleep(poll_s)
+
     def create_run(self, benchmark: str, agent_name: str, **overrides: Any) -> dict[str, Any]:
         return self._call("POST", "/admin/runs", json={"benchmark": benchmark, "agent_name": agent_name, **overrides})
 

@@ -282,6 +282,12 @@ def list_benchmarks() -> Page[BenchmarkOut]:
     return Page[BenchmarkOut](data=service.list_benchmarks())
 
 
+@admin_router.get("/benchmarks/{benchmark_id}/baselines", summary="A benchmark's baseline test scores", responses=problem_responses(NotFound))
+def benchmark_baselines(benchmark_id: str) -> dict[str, Any]:
+    """The grader's view: split sizes, the initial (and reference) system's hidden-test score and status."""
+    return service.benchmark_baselines(benchmark_id)
+
+
 @admin_router.post("/runs", status_code=201, summary="Create a run and its API key", responses=problem_responses(NotFound))
 def create_run(req: RunCreate) -> RunCreated:
     """The ``api_key`` is in this answer only; it is stored as a hash."""

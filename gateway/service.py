@@ -98,6 +98,13 @@ def load_benchmark(doc: Any) -> BenchmarkOut:
         return _benchmark_out(b)
 
 
+def benchmark_baselines(ref: str) -> dict[str, Any]:
+    """The grader's status of a benchmark (by id or name): split sizes and baseline test scores."""
+    with runtime().db.session() as s:
+        bm_id = _find_benchmark(s, ref).id
+    return runtime().grader.get(f"/internal/benchmarks/{bm_id}")
+
+
 def list_benchmarks() -> list[BenchmarkOut]:
     with runtime().db.session() as s:
         return [_benchmark_out(b) for b in s.scalars(select(Benchmark).order_by(Benchmark.id))]

@@ -1,7 +1,9 @@
 """Grader logic: benchmark splits, validation evaluations, final submissions on the hidden test split.
 
-Splits are disjoint by construction: the train pool is generated from the train seed; validation items
-exclude every train-pool question; test items (seed from the grader's configuration only) exclude both.
+Splits are disjoint by construction: validation items come from the validation seed; test items (seed
+from the grader's configuration only) exclude validation questions; the training pool (train seed)
+excludes both, so held-out splits keep the task's natural distribution and the training data is what
+gets decontaminated.
 Validation evaluations are charged to the run (a hold for the worst case, each completion charged
 against it, the rest released); official test grading is not charged.
 """
@@ -76,12 +78,18 @@ def _test_seed(spec: GradingSpec) -> int:
 
 
 @lru_cache(maxsize=16)
-def _train_pool(suite_json: str) -> list[Item]:
-    from services.common.contracts import SuiteSpec
+def _train_pool(benchmark_id: str) -> list[Item]:
+    """The benchmark's training pool: generated from the train seed, minus every validation and test question.
 
-    suite_spec = SuiteSpec.model_validate_json(suite_json)
-    train = suite_spec.splits.train
-    return get_suite(suite_spec.name).generate(suite_spec.params, train.seed or 0, train.size, split="train")
+    Held-out splits keep their natural distribution; it is the training data that is decontaminated.
+    """
+    rt = runtime()
+    with rt.db.session() as s:
+        spec = _spec(s, benchmark_id)
+        held_out = set(s.scalars(select(ValidationItem.question).where(ValidationItem.benchmark_id == benchmark_id)))
+    held_out |= rt.store.questions(benchmark_id)
+    train = spec.suite.splits.train
+    return get_suite(spec.suite.name).generate(spec.suite.params, train.seed or 0, train.size, split="train", exclude=frozenset(held_out))
 
 
 def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
@@ -99,12 +107,10 @@ def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
     for system in (spec.initial_system, spec.reference_system):
         if system and system.harness:
             check_harness(system.harness)
-    pool = _train_pool(spec.suite.model_dump_json())
-    pool_questions = frozenset(it.question for it in pool)
     val = spec.suite.splits.validation
-    validation = suite.generate(spec.suite.params, val.seed or 1, val.size, split="validation", exclude=pool_questions)
+    validation = suite.generate(spec.suite.params, val.seed or 1, val.size, split="validation")
     test = suite.generate(spec.suite.params, _test_seed(spec), spec.suite.splits.test.size, split="test",
-                          exclude=pool_questions | {it.question for it in validation})
+                          exclude=frozenset(it.question for it in validation))
     rt.store.put_items(spec.benchmark_id, test)
     with rt.db.session() as s:
         s.add(Benchmark(id=spec.benchmark_id, spec=spec.model_dump(mode="json"), created_at=utcnow()))
@@ -154,9 +160,7 @@ def benchmark_status(benchmark_id: str) -> dict[str, Any]:
 
 def train_sample(ctx: RunContext, offset: int, limit: int) -> list[SuiteItemOut]:
     """Items ``[offset, offset+limit)`` of the benchmark's training pool (question + answer)."""
-    with runtime().db.session() as s:
-        spec = _spec(s, ctx.benchmark_id)
-    pool = _train_pool(spec.suite.model_dump_json())
+    pool = _train_pool(ctx.benchmark_id)
     return [SuiteItemOut(id=it.id, question=it.question, answer=it.answer) for it in pool[offset:offset + limit]]
 
 
