@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import hmac
 import time
-from typing import Any
+from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, Header, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
@@ -83,6 +83,13 @@ def episode_middleware(app: Any) -> None:
         return response
 
 
+ID_PATTERN = r"^[a-z]{2,4}_[0-9a-z]{26}$"
+DatasetId = Annotated[str, Path(pattern=ID_PATTERN, description="`ds_…`")]
+JobId = Annotated[str, Path(pattern=ID_PATTERN, description="`job_…`")]
+EvalId = Annotated[str, Path(pattern=ID_PATTERN, description="`eval_…`")]
+SubId = Annotated[str, Path(pattern=ID_PATTERN, description="`sub_…`")]
+RunId = Annotated[str, Path(pattern=ID_PATTERN, description="`run_…`")]
+
 AGENT_ERRORS = problem_responses(Unauthorized)
 MUTATING_ERRORS = problem_responses(Unauthorized, RunExpired, PaymentRequired)
 agent_router = APIRouter(prefix="/v1", responses=AGENT_ERRORS)
@@ -128,7 +135,7 @@ def list_datasets(caller: Caller = Depends(agent)) -> Page[DatasetOut]:
 
 
 @agent_router.get("/datasets/{dataset_id}", tags=["datasets"], summary="Get a dataset", responses=problem_responses(NotFound))
-def get_dataset(dataset_id: str, caller: Caller = Depends(agent)) -> DatasetOut:
+def get_dataset(dataset_id: DatasetId, caller: Caller = Depends(agent)) -> DatasetOut:
     return DatasetOut(**service.runtime().trainer.get(f"/internal/datasets/{dataset_id}", ctx=caller.ctx))
 
 
@@ -166,24 +173,24 @@ def list_training_jobs(caller: Caller = Depends(agent)) -> Page[TrainingJobOut]:
 
 
 @agent_router.get("/training/jobs/{job_id}", tags=["training"], summary="Get a training job", responses=problem_responses(NotFound))
-def get_training_job(job_id: str, caller: Caller = Depends(agent)) -> TrainingJobOut:
+def get_training_job(job_id: JobId, caller: Caller = Depends(agent)) -> TrainingJobOut:
     return TrainingJobOut(**service.runtime().trainer.get(f"/internal/jobs/{job_id}", ctx=caller.ctx))
 
 
 @agent_router.get("/training/jobs/{job_id}/events", tags=["training"], summary="A job's events (loss, step, tokens/s)", responses=problem_responses(NotFound))
-def training_job_events(job_id: str, after: int = Query(0, ge=0, description="Only events with seq > after"), limit: int = Query(500, ge=1, le=5000),
+def training_job_events(job_id: JobId, after: int = Query(0, ge=0, description="Only events with seq > after"), limit: int = Query(500, ge=1, le=5000),
                         caller: Caller = Depends(agent)) -> Page[JobEventOut]:
     return Page[JobEventOut](**service.runtime().trainer.get(f"/internal/jobs/{job_id}/events", ctx=caller.ctx, params={"after": after, "limit": limit}))
 
 
 @agent_router.get("/training/jobs/{job_id}/checkpoints", tags=["training"], summary="A job's checkpoints", responses=problem_responses(NotFound))
-def training_job_checkpoints(job_id: str, caller: Caller = Depends(agent)) -> Page[CheckpointOut]:
+def training_job_checkpoints(job_id: JobId, caller: Caller = Depends(agent)) -> Page[CheckpointOut]:
     return Page[CheckpointOut](**service.runtime().trainer.get(f"/internal/jobs/{job_id}/checkpoints", ctx=caller.ctx))
 
 
 @agent_router.post("/training/jobs/{job_id}/cancel", tags=["training"], summary="Cancel a training job",
                    responses=problem_responses(Unauthorized, RunExpired, NotFound, Conflict))
-def cancel_training_job(job_id: str, caller: Caller = Depends(mutating_agent)) -> TrainingJobOut:
+def cancel_training_job(job_id: JobId, caller: Caller = Depends(mutating_agent)) -> TrainingJobOut:
     """A running job stops after its current step; the tokens it processed are charged, the rest released."""
     return TrainingJobOut(**service.runtime().trainer.post(f"/internal/jobs/{job_id}/cancel", ctx=caller.ctx))
 
@@ -222,12 +229,12 @@ def list_evaluations(caller: Caller = Depends(agent)) -> Page[EvaluationOut]:
 
 
 @agent_router.get("/evaluations/{eval_id}", tags=["evaluations"], summary="Get a validation evaluation", responses=problem_responses(NotFound))
-def get_evaluation(eval_id: str, caller: Caller = Depends(agent)) -> EvaluationOut:
+def get_evaluation(eval_id: EvalId, caller: Caller = Depends(agent)) -> EvaluationOut:
     return EvaluationOut(**service.runtime().grader.get(f"/internal/evaluations/{eval_id}", ctx=caller.ctx))
 
 
 @agent_router.get("/evaluations/{eval_id}/trajectories", tags=["evaluations"], summary="Per-item validation trajectories", responses=problem_responses(NotFound))
-def get_trajectories(eval_id: str, caller: Caller = Depends(agent)) -> Page[TrajectoryOut]:
+def get_trajectories(eval_id: EvalId, caller: Caller = Depends(agent)) -> Page[TrajectoryOut]:
     """Prompt, completion, extracted answer and score of every validation item."""
     return Page[TrajectoryOut](**service.runtime().grader.get(f"/internal/evaluations/{eval_id}/trajectories", ctx=caller.ctx))
 
@@ -248,7 +255,7 @@ def list_submissions(caller: Caller = Depends(agent)) -> Page[SubmissionOut]:
 
 
 @agent_router.get("/submissions/{sub_id}", tags=["submissions"], summary="Get a submission", responses=problem_responses(NotFound))
-def get_submission(sub_id: str, caller: Caller = Depends(agent)) -> SubmissionOut:
+def get_submission(sub_id: SubId, caller: Caller = Depends(agent)) -> SubmissionOut:
     return SubmissionOut(**service.runtime().grader.get(f"/internal/submissions/{sub_id}", ctx=caller.ctx))
 
 
@@ -300,12 +307,12 @@ def list_runs() -> Page[RunOut]:
 
 
 @admin_router.post("/runs/{run_id}/revoke", summary="Revoke a run's key", responses=problem_responses(NotFound))
-def revoke(run_id: str) -> RunOut:
+def revoke(run_id: RunId) -> RunOut:
     return service.revoke_run_key(run_id)
 
 
 @admin_router.get("/runs/{run_id}/episode", summary="A run's episode log (every agent call)")
-def episode(run_id: str, after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+def episode(run_id: RunId, after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     return {"object": "list", "data": service.episode_log(run_id, after, limit)}
 
 

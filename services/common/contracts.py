@@ -139,7 +139,7 @@ class ChatCompletionRequest(BaseModel):
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
     stop: str | list[str] | None = None
-    seed: int | None = None
+    seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stream: Literal[False] = Field(False, description="Streaming is not served; omit or send false.")
 
     def completion_limit(self, default: int = 256) -> int:
