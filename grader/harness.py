@@ -1,11 +1,11 @@
-"""Running a declarative harness: render the prompt (sandboxed Jinja2) and extract the answer."""
+"""Running a declarative harness: render the prompt (substitution-only Jinja2, sandboxed) and extract the answer."""
 
 from __future__ import annotations
 
 import re
 from functools import lru_cache
 
-from jinja2 import StrictUndefined, TemplateError
+from jinja2 import StrictUndefined, TemplateError, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
 from services.common.contracts import EvaluationSettings, Harness
@@ -20,8 +20,28 @@ def _template(source: str):  # noqa: ANN202
     return _ENV.from_string(source)
 
 
+_SAFE_FILTERS = frozenset({"trim", "upper", "lower", "capitalize"})
+_SAFE_NODES = (nodes.Template, nodes.Output, nodes.TemplateData, nodes.Name, nodes.Filter)
+
+
+def _check_template(source: str) -> None:
+    """Allow substitution only: text, ``{{ question }}`` and a few string filters. Statements, calls, arithmetic
+    and attribute access are refused, so a template cannot loop or allocate without bound (Jinja2's sandbox
+    blocks unsafe attributes but not resource exhaustion)."""
+    try:
+        tree = _ENV.parse(source)
+    except TemplateError as exc:
+        raise Unprocessable(f"harness.user_template does not parse: {exc}", field="harness.user_template") from exc
+    for node in tree.find_all(nodes.Node):
+        if not isinstance(node, _SAFE_NODES) or (isinstance(node, nodes.Filter) and node.name not in _SAFE_FILTERS) \
+                or (isinstance(node, nodes.Name) and node.name != "question"):
+            raise Unprocessable(f"harness.user_template may only substitute {{{{ question }}}} (filters: {', '.join(sorted(_SAFE_FILTERS))}); "
+                                f"found {type(node).__name__}", field="harness.user_template")
+
+
 def check_harness(harness: Harness) -> None:
     """Raise ``Unprocessable`` naming the field if the template or regex cannot be used."""
+    _check_template(harness.user_template)
     try:
         render_messages(harness, "2 + 2 =")
     except (TemplateError, TypeError) as exc:

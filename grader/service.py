@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import hashlib
 import math
+import time
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -38,7 +39,7 @@ from services.common.contracts import (
     TrajectoryOut,
 )
 from services.common.db import Database, utcnow
-from services.common.errors import NotFound, SubmissionLimitReached, Unprocessable, UpstreamProblem
+from services.common.errors import NotFound, SubmissionLimitReached, Unprocessable, UpstreamProblem, UpstreamUnavailable
 from services.common.http import ServiceClient
 from services.common.ids import new_id
 from services.common.lazy import once
@@ -327,7 +328,7 @@ def run_evaluation(eval_id: str) -> None:
             messages = render_messages(harness, item.question)
             body = {"model": model, "messages": messages, "max_tokens": harness.max_tokens, "temperature": harness.temperature,
                     "top_p": harness.top_p, "stop": harness.stop, "seed": sample}
-            out = rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=headers)
+            out = _with_retries(lambda: rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=headers))
             completion = out["choices"][0]["message"]["content"]
             answer = extract_answer(harness, completion)
             score = suite.score(answer, item)
@@ -364,6 +365,19 @@ def run_evaluation(eval_id: str) -> None:
     finally:
         if hold_id:
             _close_hold(hold_id, eval_id)
+
+
+def _with_retries(call, attempts: int = 6, backoff_s: float = 2.0):  # noqa: ANN001, ANN202
+    """``call()``, retried while the service it reaches is unavailable (e.g. restarting): up to ``attempts``
+    tries, ``backoff_s`` × try-number seconds apart. Other errors are raised at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except UpstreamUnavailable:
+            if attempt == attempts:
+                raise
+            time.sleep(backoff_s * attempt)
+    raise AssertionError("unreachable")
 
 
 def recover() -> list[str]:

@@ -54,6 +54,11 @@ class TestStore:
     def __init__(self, url: str) -> None:
         self.db = Database(url)
         migrate(url, Path(__file__).parent / "teststore_migrations")
+        if url.startswith("sqlite:///"):
+            for suffix in ("", "-wal", "-shm"):
+                path = Path(url.removeprefix("sqlite:///") + suffix)
+                if path.exists():
+                    path.chmod(0o600)
 
     def put_items(self, benchmark_id: str, items: list[Item]) -> None:
         """Store the benchmark's test items (once; a second call is a no-op)."""

@@ -92,6 +92,11 @@ class TransformersEngine:
         self._tokenizer_lock = threading.Lock()
 
     @property
+    def context_tokens(self) -> int:
+        """The model's context window in tokens (prompt + completion)."""
+        return int(self._model.config.max_position_embeddings)
+
+    @property
     def loaded_adapters(self) -> list[str]:
         """Names of the adapters held in memory, least recently used first."""
         return list(self._adapters)

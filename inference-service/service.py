@@ -128,10 +128,13 @@ async def chat_completion(ctx: RunContext | None, req: ChatCompletionRequest, *,
     limit = req.completion_limit(DEFAULT_MAX_TOKENS)
     call_id = f"chatcmpl-{uuid.uuid4().hex}"
     own_hold: str | None = None
+    prompt_tokens = batcher.engine.count_prompt_tokens(messages)
+    if prompt_tokens + limit > batcher.engine.context_tokens:
+        raise Unprocessable(f"the prompt is {prompt_tokens} tokens; with max_tokens {limit} it exceeds the model's context of "
+                            f"{batcher.engine.context_tokens} tokens", field="messages")
     if metered and hold_id is None:
         if ctx is None:
             raise Unprocessable("a metered completion needs a run context", field="model")
-        prompt_tokens = batcher.engine.count_prompt_tokens(messages)
         hold = await asyncio.to_thread(rt.ledger.post, "/internal/holds", json={
             "account_id": ctx.run_id, "purpose": f"inference {call_id}",
             "usage": _usage(resolved.base, prompt_tokens, limit), "idempotency_key": f"hold:{call_id}",

@@ -72,7 +72,7 @@ def test_data_track_cannot_change_the_trainer_or_harness() -> None:
     with pytest.raises(OutsideEditableSpace) as exc:
         apply_recipe_policy(caller, {"learning_rate": 0.5})
     assert exc.value.extra["field"] == "recipe.learning_rate"
-    assert apply_recipe_policy(caller, {"max_steps": 80}) == {"max_steps": 80, "method": "sft", "adapter": "lora"}  # the default value
+    assert apply_recipe_policy(caller, {"max_steps": 100}) == {"max_steps": 100, "method": "sft", "adapter": "lora"}  # the default value
     with pytest.raises(OutsideEditableSpace):
         check_editable(caller, "harness", "evaluating with a custom harness")
     check_editable(caller, "data", "uploading a dataset")

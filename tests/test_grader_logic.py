@@ -95,3 +95,20 @@ def test_unknown_suite_or_params_name_the_field() -> None:
     with pytest.raises(Unprocessable) as exc:
         get_suite("reasoning_gym").check_params({"task": "no_such_task"})
     assert exc.value.extra["field"] == "suite.params"
+
+
+@pytest.mark.parametrize("template", [
+    "{% for i in range(100000) %}{% for j in range(100000) %}x{% endfor %}{% endfor %}",
+    "{{ 'x' * 10000000000 }}",
+    "{{ range(100000) | list }}",
+    "{{ lipsum(1000000) }}",
+    "{{ other }}",
+])
+def test_harness_templates_cannot_loop_or_allocate(template: str) -> None:
+    with pytest.raises(Unprocessable) as exc:
+        check_harness(Harness(user_template=template))
+    assert exc.value.extra["field"] == "harness.user_template"
+
+
+def test_harness_template_substitution_and_filters_are_allowed() -> None:
+    check_harness(Harness(user_template="Problem: {{ question | trim }}\nAnswer:"))

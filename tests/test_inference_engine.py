@@ -6,8 +6,8 @@ import asyncio
 from pathlib import Path
 
 import pytest
-
 from inference_service.engine import GenerationRequest, MicroBatcher, TransformersEngine
+
 from tests.conftest import prepared_models
 
 QUESTIONS = ["What is 3 + 4?", "What is 10 - 7?", "Name a colour.", "What is 12 + 30?"]

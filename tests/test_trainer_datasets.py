@@ -37,3 +37,9 @@ def test_rejects_empty_and_non_utf8_files() -> None:
         with pytest.raises(Unprocessable) as exc:
             validate_jsonl(data)
         assert exc.value.extra["field"] == "file"
+
+
+def test_deeply_nested_json_is_a_422_not_a_crash() -> None:
+    with pytest.raises(Unprocessable) as exc:
+        validate_jsonl(b"[" * 100_000 + b"\n")
+    assert exc.value.extra["line"] == 1

@@ -111,6 +111,8 @@ def validate_jsonl(data: bytes) -> tuple[str, int]:
             row = json.loads(raw)
         except json.JSONDecodeError as exc:
             raise Unprocessable(f"line {lineno}: not valid JSON ({exc.msg})", field="(row)", line=lineno) from exc
+        except RecursionError as exc:
+            raise Unprocessable(f"line {lineno}: JSON nested too deeply", field="(row)", line=lineno) from exc
         row_fmt = _row_format(row, lineno)
         if fmt is None:
             fmt = row_fmt

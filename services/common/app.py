@@ -28,6 +28,9 @@ def problem_response(err: CrucibleError) -> JSONResponse:
 def _validation_problem(exc: RequestValidationError) -> dict[str, Any]:
     errors = exc.errors()
     first = errors[0] if errors else {}
+    if first.get("type") == "json_invalid":
+        return {"type": "urn:crucible:problem:invalid_input", "title": "Invalid input", "status": 422, "code": "invalid_input",
+                "detail": "the request body is not valid JSON", "field": "body"}
     loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
     field = ".".join(loc) or None
     detail = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request"))

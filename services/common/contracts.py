@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 TRAINING_FIELDS = (
     "method", "adapter", "lora_r", "lora_alpha", "lora_dropout", "target_modules", "learning_rate",
@@ -20,21 +20,22 @@ TRAINING_FIELDS = (
 class Recipe(BaseModel):
     """How to train: method, adapter and hyper-parameters (names as in transformers/PEFT)."""
 
-    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 100}})
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 100}})
 
     method: Literal["sft", "dpo", "grpo"] = "sft"
     adapter: Literal["lora", "full"] = "lora"
     lora_r: int = Field(16, ge=1, le=256)
     lora_alpha: int = Field(32, ge=1, le=1024)
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: str | list[str] = "all-linear"
+    target_modules: Literal["all-linear"] | list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]] = Field(
+        "all-linear", description="`all-linear` or a non-empty list of the model's projection layers.")
     learning_rate: float = Field(1e-3, gt=0, le=1.0)
     batch_size: int = Field(8, ge=1, le=256)
     max_steps: int = Field(100, ge=1, le=100_000)
     warmup_steps: int = Field(10, ge=0)
     lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
     max_seq_len: int = Field(256, ge=16, le=4096)
-    seed: int = 0
+    seed: int = Field(0, ge=0, le=2**31 - 1)
     checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many steps (and at the end).")
 
 
@@ -118,6 +119,9 @@ class Page(BaseModel, Generic[T]):
 # ----------------------------------------------------------------- OpenAI-compatible chat completions
 
 
+MAX_PROMPT_CHARS = 100_000
+
+
 class ChatMessage(BaseModel):
     """One chat message, as in the OpenAI API."""
 
@@ -141,6 +145,13 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stream: Literal[False] = Field(False, description="Streaming is not served; omit or send false.")
+
+    @field_validator("messages")
+    @classmethod
+    def _chars(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
+        if sum(len(m.content) for m in messages) > MAX_PROMPT_CHARS:
+            raise ValueError(f"the messages total more than {MAX_PROMPT_CHARS} characters")
+        return messages
 
     def completion_limit(self, default: int = 256) -> int:
         """Max completion tokens requested (``max_completion_tokens`` wins over ``max_tokens``)."""
