@@ -2,29 +2,17 @@
 
 from __future__ import annotations
 
-from collections.abc import AsyncIterator
-from contextlib import asynccontextmanager
 from pathlib import Path
 
-from fastapi import FastAPI
 from fastapi.templating import Jinja2Templates
 
 from gateway import api, service
 from services.common.app import create_service_app
-from services.common.db import migrate
 
 templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
-
-@asynccontextmanager
-async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-    rt = service.runtime()
-    migrate(rt.db.url, Path(__file__).parent / "migrations")
-    yield
-
-
 app = create_service_app(
-    "gateway", title="Crucible", lifespan=lifespan,
+    "gateway", title="Crucible", migrations=(lambda: service.runtime().db.url, Path(__file__).parent / "migrations"),
     description=(
         "The agent-facing API of Crucible. Research agents authenticate with their run's API key "
         "(`Authorization: Bearer crk_…`); operators use the admin key on `/admin`. Errors are RFC 9457 problem+json."

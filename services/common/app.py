@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
-from collections.abc import Callable
-from contextlib import AbstractAsyncContextManager
+from collections.abc import AsyncIterator, Callable
+from contextlib import AbstractAsyncContextManager, asynccontextmanager
+from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI, Request
@@ -11,6 +12,7 @@ from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
+from services.common.db import migrate
 from services.common.errors import PROBLEM_JSON, CrucibleError, PayloadTooLarge
 from services.common.logging import configure_logging
 from services.common.metrics import instrument
@@ -52,6 +54,8 @@ def create_service_app(
     description: str,
     version: str = "0.1.0",
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
+    migrations: tuple[Callable[[], str], Path] | None = None,
+    on_startup: Callable[[], None] | None = None,
     max_body_bytes: int = 64 * 1024 * 1024,
     log_level: str = "INFO",
     health: Callable[[], dict[str, Any]] | None = None,
@@ -59,8 +63,20 @@ def create_service_app(
     """Build a service app with the shared error handlers, ``GET /healthz``, ``GET /metrics`` and a body limit.
 
     ``max_body_bytes`` (bytes) is enforced from ``Content-Length``; larger bodies get 413 problem+json.
+    ``migrations`` = ``(database URL getter, Alembic folder)``: applied at start-up, then ``on_startup`` runs.
     """
     log = configure_logging(name, log_level)
+    if lifespan is None and (migrations or on_startup):
+
+        @asynccontextmanager
+        async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+            if migrations:
+                url, folder = migrations
+                migrate(url(), folder)
+            if on_startup:
+                on_startup()
+            yield
+
     app = FastAPI(title=title, description=description, version=version, lifespan=lifespan)
 
     @app.exception_handler(CrucibleError)
