@@ -91,6 +91,9 @@ class Stack:
 
     data_dir: Path
     port_base: int = 8000
+    database_urls: dict[str, str] = field(default_factory=dict)  # service name -> URL (default: SQLite in data_dir)
+    broker_url: str | None = None  # default: the embedded SQLite broker
+    test_store_url: str | None = None  # default: a SQLite file in data_dir
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -116,6 +119,13 @@ class Stack:
             env.update(gateway_only)
         if spec.grader_secrets:
             env.update(grader_only)
+            if self.test_store_url:
+                env["CRUCIBLE_GRADER_TEST_STORE_URL"] = self.test_store_url
+        owner = {"train-worker": "trainer", "eval-worker": "grader"}.get(spec.name, spec.name)
+        if owner in self.database_urls:
+            env["CRUCIBLE_DATABASE_URL"] = self.database_urls[owner]
+        if self.broker_url:
+            env["CRUCIBLE_BROKER_URL"] = self.broker_url
         return env
 
     def start(self, on_ready=None, timeout_s: float = 300.0) -> None:  # noqa: ANN001

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import contextlib
 import os
 import shutil
+import uuid
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -41,21 +43,59 @@ def prepared_models() -> Path:
     return MODEL_CACHE
 
 
-@pytest.fixture(scope="session")
-def stack(tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
-    """Every service and worker as separate processes on 127.0.0.1 (ports from ``PORT_BASE``)."""
+PG_ADMIN = os.environ.get("CRUCIBLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
+REDIS_URL = os.environ.get("CRUCIBLE_TEST_REDIS", "redis://127.0.0.1:6379/15")
+SERVICES = ("gateway", "ledger", "trainer", "inference", "grader", "teststore")
+
+
+@contextlib.contextmanager
+def throwaway_postgres() -> Iterator[dict[str, str]]:
+    """One fresh PostgreSQL database per service (and the test store), dropped afterwards."""
+    import psycopg
+
+    tag = uuid.uuid4().hex[:8]
+    names = {n: f"crucible_test_{n}_{tag}" for n in SERVICES}
+    with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+        for db in names.values():
+            conn.execute(f'CREATE DATABASE "{db}"')
+    base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
+    try:
+        yield {n: f"{base}/{db}" for n, db in names.items()}
+    finally:
+        with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
+            for db in names.values():
+                conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
+    """Every service and worker as separate processes on 127.0.0.1 (ports from ``PORT_BASE``).
+
+    ``sqlite``: the embedded mode (SQLite files, embedded broker). ``postgres``: production's data plane,
+    a throw-away PostgreSQL database per service and the test store, Redis as the Celery broker.
+    """
+    import redis
+
     from crucible.stack import Stack
 
-    data_dir = tmp_path_factory.mktemp("crucible")
+    data_dir = tmp_path_factory.mktemp(f"crucible-{request.param}")
     (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
-    s = Stack(data_dir, PORT_BASE)
-    s.start(timeout_s=300)
-    yield s
-    s.stop()
-    logs = data_dir / "logs"
-    keep = os.environ.get("CRUCIBLE_KEEP_LOGS")
-    if keep and logs.exists():
-        shutil.copytree(logs, keep, dirs_exist_ok=True)
+    with contextlib.ExitStack() as cleanup:
+        if request.param == "postgres":
+            urls = cleanup.enter_context(throwaway_postgres())
+            redis.Redis.from_url(REDIS_URL).flushdb()
+            s = Stack(data_dir, PORT_BASE + 10, database_urls=urls, broker_url=REDIS_URL, test_store_url=urls["teststore"])
+        else:
+            s = Stack(data_dir, PORT_BASE)
+        s.start(timeout_s=300)
+        try:
+            yield s
+        finally:
+            s.stop()
+            logs = data_dir / "logs"
+            keep = os.environ.get("CRUCIBLE_KEEP_LOGS")
+            if keep and logs.exists():
+                shutil.copytree(logs, Path(keep) / request.param, dirs_exist_ok=True)
 
 
 @pytest.fixture(scope="session")

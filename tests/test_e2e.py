@@ -27,7 +27,7 @@ def _test_questions(stack, benchmark_id: str) -> list[str]:  # noqa: ANN001
     from crucible.stack import ensure_secrets
     from grader.teststore import TestStore
 
-    store = TestStore(ensure_secrets(stack.data_dir)[2]["CRUCIBLE_GRADER_TEST_STORE_URL"])
+    store = TestStore(stack.test_store_url or ensure_secrets(stack.data_dir)[2]["CRUCIBLE_GRADER_TEST_STORE_URL"])
     return [it.question for it in store.items(benchmark_id)]
 
 
