@@ -29,6 +29,13 @@ class AgentConfig:
     validation_limit: int | None = None
     poll_s: float = 1.0
 
+    @classmethod
+    def for_steps(cls, steps: int) -> AgentConfig:
+        """The default config with a training job of ``steps`` steps, checkpointed halfway and at the end."""
+        config = cls()
+        config.recipe = {**config.recipe, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}
+        return config
+
 
 @dataclass
 class AgentResult:

@@ -147,7 +147,7 @@ def demo(
             setup_s = time.monotonic() - t0
             run = admin.create_run(bm["name"], "baseline")
             console.print(f"[green]✓[/] benchmark {bm['name']} ({bm['id']}); run {run['id']} for agent 'baseline' (key {run['key_prefix']}…, shown once)")
-            agent = BaselineAgent(CrucibleClient(stack.gateway_url, run["api_key"]), AgentConfig(recipe={**AgentConfig().recipe, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console)
+            agent = BaselineAgent(CrucibleClient(stack.gateway_url, run["api_key"]), AgentConfig.for_steps(steps), console)
             result = agent.run()
             _print_leaderboard(admin.leaderboard())
             total = time.monotonic() - t0
@@ -192,7 +192,7 @@ def agent(api_key: Annotated[str, typer.Option(envvar="CRUCIBLE_API_KEY", help="
     """Run the reference (baseline) research agent against a running gateway."""
     from crucible.agent import AgentConfig, BaselineAgent
 
-    BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig(recipe={**AgentConfig().recipe, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}), console).run()
+    BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig.for_steps(steps), console).run()
 
 
 def _admin(gateway: str, data_dir: Path) -> AdminClient:

@@ -40,7 +40,7 @@ from services.common.contracts import (
 )
 from services.common.db import Database, utcnow
 from services.common.errors import NotFound, SubmissionLimitReached, Unprocessable, UpstreamProblem, UpstreamUnavailable
-from services.common.http import ServiceClient
+from services.common.http import ServiceClient, settle_hold
 from services.common.ids import new_id
 from services.common.lazy import once
 
@@ -364,7 +364,7 @@ def run_evaluation(eval_id: str) -> None:
         raise
     finally:
         if hold_id:
-            _close_hold(hold_id, eval_id)
+            settle_hold(rt.ledger, hold_id, [], f"settle:{eval_id}")
 
 
 def _with_retries(call, attempts: int = 6, backoff_s: float = 2.0):  # noqa: ANN001, ANN202
@@ -394,14 +394,6 @@ def recover() -> list[str]:
     for eval_id in ids:
         enqueue_evaluation(eval_id)
     return ids
-
-
-def _close_hold(hold_id: str, eval_id: str) -> None:
-    try:
-        runtime().ledger.post(f"/internal/holds/{hold_id}/settle", json={"usage": [], "idempotency_key": f"settle:{eval_id}"})
-    except UpstreamProblem as exc:
-        if exc.status != 409:
-            raise
 
 
 # --------------------------------------------------------------------------- submissions

@@ -23,8 +23,8 @@ from services.common.auth import RunContext
 from services.common.basemodels import BASE_MODELS, base_model_dir
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Recipe, TrainingJobCreate, TrainingJobOut
 from services.common.db import Database, utcnow
-from services.common.errors import Conflict, NotFound, Unprocessable, UpstreamProblem
-from services.common.http import ServiceClient
+from services.common.errors import Conflict, NotFound, Unprocessable
+from services.common.http import ServiceClient, settle_hold
 from services.common.ids import has_prefix, new_id
 from services.common.lazy import once
 from services.common.settings import ServiceSettings
@@ -444,11 +444,5 @@ def _settle(job_id: str) -> None:
         hold_id, tokens, base_model = job.hold_id, job.trained_tokens, job.base_model  # type: ignore[union-attr]
     if hold_id is None:
         return
-    try:
-        rt.ledger.post(f"/internal/holds/{hold_id}/settle", json={
-            "usage": [{"kind": "training_tokens", "quantity": tokens, "model": base_model}] if tokens else [],
-            "idempotency_key": f"settle:{job_id}",
-        })
-    except UpstreamProblem as exc:
-        if exc.status != 409:  # 409: already closed by an earlier settle
-            raise
+    usage = [{"kind": "training_tokens", "quantity": tokens, "model": base_model}] if tokens else []
+    settle_hold(rt.ledger, hold_id, usage, f"settle:{job_id}")

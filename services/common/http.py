@@ -72,3 +72,12 @@ class ServiceClient:
 
     def close(self) -> None:
         self.client.close()
+
+
+def settle_hold(ledger: ServiceClient, hold_id: str, usage: list[dict[str, Any]], idempotency_key: str) -> None:
+    """Settle a ledger hold with ``usage`` (charged) and release the rest; a hold already closed (409) is left as is."""
+    try:
+        ledger.post(f"/internal/holds/{hold_id}/settle", json={"usage": usage, "idempotency_key": idempotency_key})
+    except UpstreamProblem as exc:
+        if exc.status != 409:
+            raise
