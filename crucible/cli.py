@@ -239,6 +239,30 @@ def admin_revoke(run_id: str, gateway: GatewayUrl = "http://127.0.0.1:8000", dat
     console.print(f"revoked the key of {run_id}")
 
 
+@app.command()
+def migrate(
+    service: Annotated[list[str] | None, typer.Option("--service", "-s", help="Only this service (repeatable): gateway, ledger, trainer, inference, grader, teststore.")] = None,
+    url: Annotated[str | None, typer.Option(help="Database URL to migrate instead of the configured one (needs exactly one --service).")] = None,
+) -> None:
+    """Apply every service's Alembic migrations (services also apply their own when they start).
+
+    Each database URL comes from the same settings the service reads: ``CRUCIBLE_DATABASE_URL`` (one
+    service's own database: name that service with ``--service``) or the SQLite file in
+    ``CRUCIBLE_DATA_DIR``; the test store's from ``CRUCIBLE_GRADER_TEST_STORE_URL``.
+    """
+    from crucible.devtools import SERVICES, migrate_service
+
+    chosen = service or list(SERVICES)
+    unknown = [s for s in chosen if s not in SERVICES]
+    if unknown:
+        raise typer.BadParameter(f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}", param_hint="--service")
+    if (url or os.environ.get("CRUCIBLE_DATABASE_URL")) and len([s for s in chosen if s != "teststore"]) > 1:
+        raise typer.BadParameter("a database URL belongs to one service: name it with --service", param_hint="--service")
+    for name in chosen:
+        revision = migrate_service(name, url)
+        console.print(f"[green]✓[/] {name}: at revision {revision}")
+
+
 @dev_app.command("revision")
 def dev_revision(service: str, message: str) -> None:
     """Autogenerate an Alembic revision for SERVICE (gateway|ledger|trainer|inference|grader|teststore)."""

@@ -76,8 +76,11 @@ class CrucibleClient(_GatewayClient):
         return self._call("GET", "/v1/datasets")["data"]
 
     # training
-    def create_training_job(self, model: str, datasets: list[str], recipe: dict[str, Any] | None = None) -> dict[str, Any]:
-        return self._call("POST", "/v1/training/jobs", json={"model": model, "datasets": datasets, "recipe": recipe or {}})
+    def create_training_job(self, model: str, datasets: list[str], recipe: dict[str, Any] | None = None,
+                            idempotency_key: str | None = None) -> dict[str, Any]:
+        """Start a training job; with ``idempotency_key`` the call may be repeated (e.g. after a 503) without a second job."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        return self._call("POST", "/v1/training/jobs", json={"model": model, "datasets": datasets, "recipe": recipe or {}}, headers=headers)
 
     def training_jobs(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/training/jobs")["data"]

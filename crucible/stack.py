@@ -94,6 +94,7 @@ class Stack:
     database_urls: dict[str, str] = field(default_factory=dict)  # service name -> URL (default: SQLite in data_dir)
     broker_url: str | None = None  # default: the embedded SQLite broker
     test_store_url: str | None = None  # default: a SQLite file in data_dir
+    extra_env: dict[str, str] = field(default_factory=dict)  # more CRUCIBLE_* settings for every process
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
 
     @property
@@ -126,6 +127,7 @@ class Stack:
             env["CRUCIBLE_DATABASE_URL"] = self.database_urls[owner]
         if self.broker_url:
             env["CRUCIBLE_BROKER_URL"] = self.broker_url
+        env.update(self.extra_env)
         return env
 
     def start(self, on_ready=None, timeout_s: float = 300.0) -> None:  # noqa: ANN001
@@ -135,31 +137,54 @@ class Stack:
         if a process exits or a service is not healthy within ``timeout_s`` seconds; everything started is
         stopped first.
         """
-        logs = self.data_dir / "logs"
-        logs.mkdir(parents=True, exist_ok=True)
         specs = process_specs(self.port_base)
         try:
             for spec in specs:
-                log = open(logs / f"{spec.name}.log", "ab")  # noqa: SIM115 - owned by the child process
-                self.procs[spec.name] = subprocess.Popen(spec.argv, env=self.environment(spec), stdout=log, stderr=subprocess.STDOUT,
-                                                         stdin=subprocess.DEVNULL, start_new_session=True)
-            pending = {s.name: s for s in specs}
-            deadline = time.monotonic() + timeout_s
-            while pending:
-                for name, spec in list(pending.items()):
-                    proc = self.procs[name]
-                    if proc.poll() is not None:
-                        raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
-                    if spec.port is None or self._healthy(spec.port):
-                        del pending[name]
-                        if on_ready:
-                            on_ready(name)
-                if time.monotonic() > deadline:
-                    raise RuntimeError(f"not ready after {timeout_s:.0f} s: {', '.join(pending)}")
-                time.sleep(0.3)
+                self._spawn(spec)
+            self._wait_ready(specs, on_ready, timeout_s)
         except BaseException:
             self.stop()
             raise
+
+    def _spawn(self, spec: ProcessSpec) -> None:
+        logs = self.data_dir / "logs"
+        logs.mkdir(parents=True, exist_ok=True)
+        with open(logs / f"{spec.name}.log", "ab") as log:  # the child keeps its own descriptor
+            self.procs[spec.name] = subprocess.Popen(spec.argv, env=self.environment(spec), stdout=log, stderr=subprocess.STDOUT,
+                                                     stdin=subprocess.DEVNULL, start_new_session=True)
+
+    def _wait_ready(self, specs: list[ProcessSpec], on_ready, timeout_s: float) -> None:  # noqa: ANN001
+        pending = {s.name: s for s in specs}
+        deadline = time.monotonic() + timeout_s
+        while pending:
+            for name, spec in list(pending.items()):
+                proc = self.procs[name]
+                if proc.poll() is not None:
+                    raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
+                if spec.port is None or self._healthy(spec.port):
+                    del pending[name]
+                    if on_ready:
+                        on_ready(name)
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"not ready after {timeout_s:.0f} s: {', '.join(pending)}")
+            time.sleep(0.3)
+
+    def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
+        """Send ``sig`` (default SIGKILL: no clean-up at all) to process ``name``'s whole group and reap it."""
+        proc = self.procs[name]
+        try:
+            os.killpg(proc.pid, sig)
+        except ProcessLookupError:
+            pass
+        proc.wait(timeout=30)
+
+    def restart(self, name: str, timeout_s: float = 120.0) -> None:
+        """Start process ``name`` again (after :meth:`kill`) and wait until it is ready."""
+        spec = next(s for s in process_specs(self.port_base) if s.name == name)
+        if self.procs[name].poll() is None:
+            raise RuntimeError(f"{name} is still running")
+        self._spawn(spec)
+        self._wait_ready([spec], None, timeout_s)
 
     @staticmethod
     def _healthy(port: int) -> bool:

@@ -36,6 +36,7 @@ from services.common.contracts import (
 )
 from services.common.errors import (
     Conflict,
+    IdempotencyKeyReused,
     NotFound,
     OutsideEditableSpace,
     PayloadTooLarge,
@@ -44,6 +45,7 @@ from services.common.errors import (
     SubmissionLimitReached,
     Unauthorized,
     Unprocessable,
+    UpstreamUnavailable,
     problem_responses,
 )
 
@@ -90,7 +92,7 @@ EvalId = Annotated[str, Path(pattern=ID_PATTERN, description="`eval_…`")]
 SubId = Annotated[str, Path(pattern=ID_PATTERN, description="`sub_…`")]
 RunId = Annotated[str, Path(pattern=ID_PATTERN, description="`run_…`")]
 
-AGENT_ERRORS = problem_responses(Unauthorized)
+AGENT_ERRORS = problem_responses(Unauthorized, UpstreamUnavailable)  # 503: a service is restarting; retry
 MUTATING_ERRORS = problem_responses(Unauthorized, RunExpired, PaymentRequired)
 agent_router = APIRouter(prefix="/v1", responses=AGENT_ERRORS)
 admin_router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(admin)], responses=problem_responses(Unauthorized))
@@ -154,17 +156,28 @@ def validation_items(caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
 
 
 @agent_router.post("/training/jobs", status_code=201, tags=["training"], summary="Start a training job",
-                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, NotFound, PaymentRequired))
-def create_training_job(req: TrainingJobCreate, caller: Caller = Depends(mutating_agent)) -> TrainingJobOut:
+                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, NotFound, PaymentRequired,
+                                               IdempotencyKeyReused))
+def create_training_job(
+    req: TrainingJobCreate,
+    caller: Caller = Depends(mutating_agent),
+    idempotency_key: str | None = Header(
+        None, min_length=1, max_length=150, examples=["7d1c2b4e-train-1"],
+        description="Makes the call safe to repeat (e.g. after a 503 or a lost answer): the same key with the same body "
+                    "returns the job first created and places no second hold; with a different body it is a 409.",
+    ),
+) -> TrainingJobOut:
     """Holds the job's estimated cost (402 if the budget cannot cover it), then queues it.
 
     Recipe fields are checked against the benchmark's allow/lock policy (403 naming ``recipe.<field>``).
+    A 503 (a service restarting) is safe to retry with the same ``Idempotency-Key``.
     """
     if "data" not in caller.ctx.editable and "trainer" not in caller.ctx.editable:
         service.check_editable(caller, "trainer", "starting a training job")
     recipe = Recipe(**service.apply_recipe_policy(caller, req.recipe.model_dump(exclude_unset=True)))
     body = req.model_copy(update={"recipe": recipe}).model_dump(mode="json")
-    return TrainingJobOut(**service.runtime().trainer.post("/internal/jobs", ctx=caller.ctx, json=body))
+    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+    return TrainingJobOut(**service.runtime().trainer.post("/internal/jobs", ctx=caller.ctx, json=body, headers=headers))
 
 
 @agent_router.get("/training/jobs", tags=["training"], summary="List training jobs")

@@ -21,7 +21,7 @@ from services.common.auth import RunContext, hash_secret, new_secret
 from services.common.contracts import TRAINING_FIELDS, GradingSpec, Recipe
 from services.common.db import Database, utcnow
 from services.common.errors import Conflict, NotFound, OutsideEditableSpace, RunExpired, Unauthorized, Unprocessable
-from services.common.http import ServiceClient
+from services.common.http import ServiceClient, ledger_client
 from services.common.ids import has_prefix, new_id
 from services.common.lazy import once
 
@@ -43,7 +43,7 @@ def runtime() -> Runtime:
         return ServiceClient(url, s.service_token, name=name, timeout_s=timeout_s or s.http_timeout_s)
     return Runtime(
         settings=s, db=Database(s.database_url_for("gateway")),
-        ledger=client(s.ledger_url, "ledger"), trainer=client(s.trainer_url, "trainer", 120),
+        ledger=ledger_client(s), trainer=client(s.trainer_url, "trainer", 120),
         inference=client(s.inference_url, "inference", 300), grader=client(s.grader_url, "grader", 300),
     )
 

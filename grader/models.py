@@ -9,6 +9,7 @@ from sqlalchemy import JSON, Float, ForeignKey, Integer, String, Text, UniqueCon
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.common.db import UTCDateTime, utcnow
+from services.common.jobs import JobColumns
 
 
 class Base(DeclarativeBase):
@@ -40,7 +41,7 @@ class ValidationItem(Base):
     entry: Mapped[dict[str, Any]] = mapped_column(JSON)
 
 
-class Evaluation(Base):
+class Evaluation(JobColumns, Base):
     """A system × split evaluation. ``purpose``: validation (a run's), submission, initial or reference (baselines)."""
 
     __tablename__ = "evaluations"

@@ -18,7 +18,8 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from sqlalchemy import func, select, update
+import structlog
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
@@ -26,6 +27,7 @@ from grader.models import Benchmark, Evaluation, Submission, Trajectory, Validat
 from grader.settings import GraderSettings
 from grader.suites import Item, get_suite
 from grader.teststore import TestStore
+from services.common import jobs
 from services.common.auth import RunContext
 from services.common.contracts import (
     EvaluationCreate,
@@ -40,9 +42,11 @@ from services.common.contracts import (
 )
 from services.common.db import Database, utcnow
 from services.common.errors import NotFound, SubmissionLimitReached, Unprocessable, UpstreamProblem, UpstreamUnavailable
-from services.common.http import ServiceClient, settle_hold
+from services.common.http import ServiceClient, ledger_client, settle_hold
 from services.common.ids import new_id
 from services.common.lazy import once
+
+log = structlog.get_logger("grader")
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 PROMPT_OVERHEAD_TOKENS = 64  # chat-template tokens added around the rendered messages (upper bound)
@@ -65,7 +69,7 @@ def runtime() -> Runtime:
         db=Database(s.database_url_for("grader")),
         store=TestStore(s.test_store_url()),
         inference=ServiceClient(s.inference_url, s.service_token, name="inference", timeout_s=300),
-        ledger=ServiceClient(s.ledger_url, s.service_token, name="ledger", timeout_s=s.http_timeout_s),
+        ledger=ledger_client(s),
     )
 
 
@@ -178,14 +182,14 @@ def validation_items(ctx: RunContext) -> list[SuiteItemOut]:
 def _new_evaluation(s: Session, spec: GradingSpec, run_id: str | None, purpose: str, split: str, model: str, harness: Harness, total: int, hold_id: str | None = None) -> str:
     eval_id = new_id("eval")
     s.add(Evaluation(id=eval_id, run_id=run_id, benchmark_id=spec.benchmark_id, purpose=purpose, split=split, model=model,
-                     harness=harness.model_dump(), status="queued", items_total=total, hold_id=hold_id, created_at=utcnow()))
+                     harness=harness.model_dump(), status="queued", items_total=total, hold_id=hold_id, created_at=utcnow(), enqueued_at=utcnow()))
     return eval_id
 
 
 def _eval_out(ev: Evaluation) -> EvaluationOut:
     return EvaluationOut(id=ev.id, status=ev.status, split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
                          items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
-                         error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)
+                         attempts=ev.attempts, error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)
 
 
 def _check_model(ctx: RunContext, model: str) -> None:
@@ -223,12 +227,13 @@ def create_evaluation(ctx: RunContext, req: EvaluationCreate) -> EvaluationOut:
     base = spec.initial_system.model
     hold = rt.ledger.post("/internal/holds", json={
         "account_id": ctx.run_id, "purpose": f"validation evaluation {eval_id}", "idempotency_key": f"hold:{eval_id}",
+        "ttl_s": int(rt.settings.eval_time_limit_s) + 3600,  # outlives the evaluation's time limit: expires only if orphaned
         "usage": [{"kind": "prefill_tokens", "quantity": prefill, "model": base}, {"kind": "decode_tokens", "quantity": decode, "model": base}],
     })
     try:
         with rt.db.session() as s:
             s.add(Evaluation(id=eval_id, run_id=ctx.run_id, benchmark_id=ctx.benchmark_id, purpose="validation", split="validation",
-                             model=req.model, harness=harness.model_dump(), status="queued", items_total=len(items),
+                             model=req.model, harness=harness.model_dump(), status="queued", items_total=len(items), enqueued_at=utcnow(),
                              hold_id=hold["hold_id"], created_at=utcnow()))
             s.flush()
             out = _eval_out(s.get(Evaluation, eval_id))
@@ -291,21 +296,31 @@ def aggregate(scores: dict[str, list[float]], metric: str, k: int) -> Score:
 def run_evaluation(eval_id: str) -> None:
     """Run an evaluation to the end in this worker; items already scored (an earlier attempt) are skipped.
 
-    The worker claims the evaluation with one conditional update (``queued`` → ``running``), so a duplicate
-    message finds nothing to do. Each item's result is written as soon as it is scored. Validation results (trajectories) go to the
-    grader database; test results go to the test store only. The evaluation hold is closed at the end
-    (each completion was charged against it; the rest is released).
+    The worker claims the evaluation (``queued`` → ``running`` under its id, see ``services.common.jobs``),
+    so a duplicate message finds nothing to do, and heartbeats while it works. Each item's result is written
+    as soon as it is scored: validation results (trajectories) to the grader database, test results to the
+    test store only. Each completion is charged against the evaluation's hold with the idempotency key
+    ``eval:item:sample``, so a sample re-run after a crash is charged once; the hold is closed at the end.
+    If the lease is lost (timed out, or given to another worker) this worker stops and writes nothing more.
     """
     rt = runtime()
+    if not jobs.claim(rt.db, Evaluation, eval_id):
+        return
     with rt.db.session() as s:
-        claimed = s.execute(update(Evaluation).where(Evaluation.id == eval_id, Evaluation.status == "queued")
-                            .values(status="running", attempts=Evaluation.attempts + 1)).rowcount
-        if not claimed:
-            return
         ev = s.get(Evaluation, eval_id)
-        ev.started_at = ev.started_at or utcnow()
         spec = _spec(s, ev.benchmark_id)
         split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total
+    lease = jobs.Lease(rt.db, Evaluation, eval_id, rt.settings.job_heartbeat_s)
+
+    def mine(s: Session) -> Evaluation:
+        ev = s.scalar(select(Evaluation).where(jobs.owned(Evaluation, eval_id)).with_for_update())
+        if ev is None:
+            lease.lost.set()
+        lease.check()
+        return ev  # type: ignore[return-value]
+
+    outcome: tuple[str, Any] | None = None
+    lease.start()
     try:
         if split == "test":
             items = rt.store.items(spec.benchmark_id)[:total]
@@ -321,14 +336,18 @@ def run_evaluation(eval_id: str) -> None:
         headers = {"X-Crucible-Hold": hold_id} if (split == "validation" and hold_id) else {"X-Crucible-Unmetered": "grading"}
         todo = [(it, j) for it in items for j in range(k) if (it.id, j) not in done]
         with rt.db.session() as s:
-            s.get(Evaluation, eval_id).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))  # type: ignore[union-attr]
+            mine(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))
 
         def one(task: tuple[Item, int]) -> tuple[str, int, float]:
             item, sample = task
+            lease.check()
             messages = render_messages(harness, item.question)
             body = {"model": model, "messages": messages, "max_tokens": harness.max_tokens, "temperature": harness.temperature,
                     "top_p": harness.top_p, "stop": harness.stop, "seed": sample}
-            out = _with_retries(lambda: rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=headers))
+            # one key per (evaluation, item, sample): a sample re-run after a crash is not charged twice
+            call_headers = {**headers, "Idempotency-Key": f"{eval_id}:{item.id}:{sample}"}
+            out = _with_retries(lambda: rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=call_headers))
+            lease.check()
             completion = out["choices"][0]["message"]["content"]
             answer = extract_answer(harness, completion)
             score = suite.score(answer, item)
@@ -336,14 +355,15 @@ def run_evaluation(eval_id: str) -> None:
                 rt.store.record(eval_id, item.id, sample, completion, answer, score)
             else:
                 with rt.db.session() as s:
+                    ev = mine(s)
                     s.add(Trajectory(evaluation_id=eval_id, item_id=item.id, sample=sample, question=item.question, messages=messages,
                                      completion=completion, answer=answer, expected=item.answer, score=score,
                                      prompt_tokens=out["usage"]["prompt_tokens"], completion_tokens=out["usage"]["completion_tokens"]))
                     if sample == k - 1:
-                        s.get(Evaluation, eval_id).items_done += 1  # type: ignore[union-attr]
+                        ev.items_done += 1
             if split == "test" and sample == k - 1:
                 with rt.db.session() as s:
-                    s.get(Evaluation, eval_id).items_done += 1  # type: ignore[union-attr]
+                    mine(s).items_done += 1
             return item.id, sample, score
 
         results = dict(done)
@@ -353,18 +373,37 @@ def run_evaluation(eval_id: str) -> None:
         by_item: dict[str, list[float]] = {}
         for (item_id, _sample), score in sorted(results.items()):
             by_item.setdefault(item_id, []).append(score)
-        score = aggregate(by_item, spec.evaluation.metric, k)
-        with rt.db.session() as s:
-            ev = s.get(Evaluation, eval_id)
-            ev.status, ev.score, ev.items_done, ev.finished_at = "succeeded", score.model_dump(), len(by_item), utcnow()
-    except Exception as exc:
-        with rt.db.session() as s:
-            ev = s.get(Evaluation, eval_id)
-            ev.status, ev.error, ev.finished_at = "failed", f"{exc.__class__.__name__}: {exc}", utcnow()
-        raise
+        outcome = ("succeeded", (aggregate(by_item, spec.evaluation.metric, k), len(by_item)))
+    except jobs.LeaseLost:
+        pass
+    except Exception as exc:  # the evaluation fails; the worker lives on
+        log.exception("evaluation failed", eval_id=eval_id)
+        outcome = ("failed", f"{exc.__class__.__name__}: {exc}")
     finally:
-        if hold_id:
-            settle_hold(rt.ledger, hold_id, [], f"settle:{eval_id}")
+        lease.stop()
+    if outcome is None or lease.lost.is_set():
+        log.warning("lease lost; leaving the evaluation to its new owner", eval_id=eval_id)
+        return
+    with rt.db.session() as s:
+        ev = s.scalar(select(Evaluation).where(jobs.owned(Evaluation, eval_id)).with_for_update())
+        if ev is None:
+            return
+        if outcome[0] == "succeeded":
+            score, n = outcome[1]
+            ev.score, ev.items_done = score.model_dump(), n
+        else:
+            ev.error = outcome[1]
+        ev.status, ev.worker_id, ev.finished_at = outcome[0], None, utcnow()
+    _close_hold(eval_id)
+
+
+def _close_hold(eval_id: str) -> None:
+    """Close the evaluation's hold: each completion was charged against it; the rest is released."""
+    rt = runtime()
+    with rt.db.session() as s:
+        hold_id = s.get(Evaluation, eval_id).hold_id  # type: ignore[union-attr]
+    if hold_id:
+        settle_hold(rt.ledger, hold_id, [], f"settle:{eval_id}")
 
 
 def _with_retries(call, attempts: int = 6, backoff_s: float = 2.0):  # noqa: ANN001, ANN202
@@ -380,20 +419,22 @@ def _with_retries(call, attempts: int = 6, backoff_s: float = 2.0):  # noqa: ANN
     raise AssertionError("unreachable")
 
 
-def recover() -> list[str]:
-    """Re-queue every unfinished evaluation; called when an eval worker starts (embedded mode: one eval worker).
+def reconcile() -> jobs.ReconcileReport:
+    """One reconciler round over evaluations (see ``services.common.jobs.reconcile``).
 
-    ``running`` ones lost their worker and go back to ``queued``; they resume item by item.
-    Returns the ids re-queued.
+    Runs every ``reconcile_interval_s`` in the grader and once when an eval worker starts. An evaluation
+    whose worker is gone is queued again and resumes item by item; one past ``eval_time_limit_s`` fails
+    and its hold is closed; a queued one whose message may be lost is sent again.
     """
     from grader.tasks import enqueue_evaluation
 
-    with runtime().db.session() as s:
-        s.execute(update(Evaluation).where(Evaluation.status == "running").values(status="queued"))
-        ids = list(s.scalars(select(Evaluation.id).where(Evaluation.status == "queued")))
-    for eval_id in ids:
-        enqueue_evaluation(eval_id)
-    return ids
+    rt = runtime()
+
+    def failed(_s: Session, ev: Evaluation, reason: str) -> None:
+        ev.error, ev.finished_at = reason, utcnow()
+
+    return jobs.reconcile(rt.db, Evaluation, rt.settings.reconcile_policy(rt.settings.eval_time_limit_s),
+                          send=enqueue_evaluation, on_requeue=lambda _s, _ev: None, on_fail=failed, after_fail=_close_hold)
 
 
 # --------------------------------------------------------------------------- submissions

@@ -24,8 +24,8 @@ def enqueue_evaluation(eval_id: str) -> None:
 
 
 @worker_ready.connect
-def _recover(**_kwargs: object) -> None:
-    """On worker start, re-queue evaluations a dead worker left behind (see ``service.recover``)."""
-    from grader.service import recover
+def _reconcile(**_kwargs: object) -> None:
+    """On worker start, take back evaluations a dead worker left behind (see ``service.reconcile``)."""
+    from grader.service import reconcile
 
-    recover()
+    reconcile()

@@ -31,6 +31,8 @@ async def chat_completions(
     ctx: RunContext | None = Depends(auth.caller),
     x_crucible_hold: str | None = Header(None, description="Charge the tokens against this existing ledger hold."),
     x_crucible_unmetered: str | None = Header(None, description="`grading`: official test grading, not charged to the run."),
+    idempotency_key: str | None = Header(None, max_length=150, description="With `X-Crucible-Hold`: the ledger charge's key, so a repeated call is charged once."),
 ) -> ChatCompletion:
     """OpenAI-compatible chat completion; prompt and completion tokens are charged to the run."""
-    return await service.chat_completion(ctx, req, hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading")
+    return await service.chat_completion(ctx, req, hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading",
+                                         idempotency_key=idempotency_key)

@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
+import structlog
 from inference_service.models import CompletionLog
 
 from services.common import artifacts
@@ -23,12 +24,14 @@ from services.common.basemodels import BASE_MODELS, base_model_dir
 from services.common.contracts import ChatChoice, ChatCompletion, ChatCompletionRequest, ChatMessage, Usage
 from services.common.db import Database, utcnow
 from services.common.errors import NotFound, Unprocessable, UpstreamProblem
-from services.common.http import ServiceClient
+from services.common.http import ServiceClient, ledger_client
 from services.common.ids import has_prefix
 from services.common.lazy import once
 from services.common.settings import ServiceSettings
 
 DEFAULT_MAX_TOKENS = 256
+HOLD_TTL_S = 900  # a completion's own hold expires if this process dies before settling it
+log = structlog.get_logger("inference")
 
 
 @dataclass
@@ -48,7 +51,7 @@ def runtime() -> Runtime:
     return Runtime(
         settings=s,
         db=Database(s.database_url_for("inference")),
-        ledger=ServiceClient(s.ledger_url, s.service_token, name="ledger", timeout_s=s.http_timeout_s),
+        ledger=ledger_client(s),
         trainer=ServiceClient(s.trainer_url, s.service_token, name="trainer", timeout_s=s.http_timeout_s),
     )
 
@@ -112,10 +115,13 @@ def _usage(base: str, prompt_tokens: int, completion_tokens: int) -> list[dict[s
     ]
 
 
-async def chat_completion(ctx: RunContext | None, req: ChatCompletionRequest, *, hold_id: str | None, metered: bool) -> ChatCompletion:
+async def chat_completion(
+    ctx: RunContext | None, req: ChatCompletionRequest, *, hold_id: str | None, metered: bool, idempotency_key: str | None = None,
+) -> ChatCompletion:
     """Serve one OpenAI chat completion for ``ctx``'s run.
 
-    ``hold_id``: charge the actual tokens against this existing hold (evaluations). ``metered=False``:
+    ``hold_id``: charge the actual tokens against this existing hold (evaluations), with the ledger key
+    ``charge:<idempotency_key>`` when one is given (a repeated call is charged once). ``metered=False``:
     no charge (official test grading). Otherwise hold the worst case, generate, settle. Raises
     ``Unprocessable`` (model), and passes the ledger's 402 through before any generation happens.
     """
@@ -138,6 +144,7 @@ async def chat_completion(ctx: RunContext | None, req: ChatCompletionRequest, *,
         hold = await asyncio.to_thread(rt.ledger.post, "/internal/holds", json={
             "account_id": ctx.run_id, "purpose": f"inference {call_id}",
             "usage": _usage(resolved.base, prompt_tokens, limit), "idempotency_key": f"hold:{call_id}",
+            "ttl_s": HOLD_TTL_S,
         })
         own_hold = hold["hold_id"]
     start = time.perf_counter()
@@ -154,7 +161,14 @@ async def chat_completion(ctx: RunContext | None, req: ChatCompletionRequest, *,
     if own_hold:
         await asyncio.to_thread(rt.ledger.post, f"/internal/holds/{own_hold}/settle", json={"usage": usage, "idempotency_key": f"settle:{call_id}"})
     elif metered and hold_id:
-        await asyncio.to_thread(rt.ledger.post, f"/internal/holds/{hold_id}/charges", json={"usage": usage, "idempotency_key": f"charge:{call_id}"})
+        try:
+            await asyncio.to_thread(rt.ledger.post, f"/internal/holds/{hold_id}/charges",
+                                    json={"usage": usage, "idempotency_key": f"charge:{idempotency_key or call_id}"})
+        except UpstreamProblem as exc:
+            if exc.code != "idempotency_key_reused":
+                raise
+            # this call (same key) was charged once already, for tokens that differed slightly: not again
+            log.warning("repeated call already charged", idempotency_key=idempotency_key, hold_id=hold_id)
     latency_ms = int((time.perf_counter() - start) * 1000)
     await asyncio.to_thread(_log, call_id, ctx, req.model, result.prompt_tokens, result.completion_tokens, metered, hold_id or own_hold, latency_ms)
     return ChatCompletion(

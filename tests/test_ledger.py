@@ -6,6 +6,7 @@ created and dropped here, skipped only if PostgreSQL is unreachable). Every test
 
 from __future__ import annotations
 
+import datetime as dt
 import random
 import secrets
 import threading
@@ -149,6 +150,35 @@ def test_hold_settled_for_less_releases_the_rest(ledger: Ledger) -> None:
     assert balance.spent_by_kind["decode_tokens"] == 0
     types = [e.type for e in ledger.entries(account_id)]
     assert types == ["grant", "hold", "charge", "release"]
+    assert_cached_balance_matches_entries(ledger, account_id)
+
+
+def test_a_hold_whose_holder_died_expires_and_frees_its_money(ledger: Ledger) -> None:
+    account_id = open_account(ledger, 100_000)
+    stray = ledger.create_hold(HoldCreate(account_id=account_id, usage=[decode(200_000)], purpose="inference x", idempotency_key=key(), ttl_s=60))
+    kept = ledger.create_hold(HoldCreate(account_id=account_id, usage=[decode(10_000)], purpose="training y", idempotency_key=key()))
+    assert stray.expires_at is not None and kept.expires_at is None
+    with pytest.raises(PaymentRequired):  # 80,000 + 4,000 of 100,000 are held
+        ledger.create_hold(HoldCreate(account_id=account_id, usage=[decode(50_000)], purpose="z", idempotency_key=key()))
+    assert ledger.expire_holds(now=stray.expires_at - dt.timedelta(seconds=1)) == 0
+
+    assert ledger.expire_holds(now=stray.expires_at + dt.timedelta(seconds=1)) == 1
+    assert ledger.get_hold(stray.hold_id).status == "expired"
+    assert ledger.get_hold(kept.hold_id).status == "open"
+    assert ledger.balance(account_id).held_usd_micros == 4_000
+    with pytest.raises(HoldClosed):
+        ledger.charge_hold(stray.hold_id, HoldCharge(usage=[decode(1)], idempotency_key=key()))
+    assert [e.type for e in ledger.entries(account_id)] == ["grant", "hold", "hold", "release"]
+    assert_cached_balance_matches_entries(ledger, account_id)
+
+
+def test_an_expired_hold_is_released_before_the_next_hold_is_checked(ledger: Ledger) -> None:
+    account_id = open_account(ledger, 100_000)
+    stray = ledger.create_hold(HoldCreate(account_id=account_id, usage=[decode(200_000)], purpose="inference x", idempotency_key=key(), ttl_s=1))
+    with ledger.db.session() as s:  # its ttl ran out before any sweep came by
+        s.execute(update(models.Hold).where(models.Hold.hold_id == stray.hold_id).values(expires_at=stray.created_at))
+    ledger.create_hold(HoldCreate(account_id=account_id, usage=[decode(200_000)], purpose="inference y", idempotency_key=key()))
+    assert ledger.get_hold(stray.hold_id).status == "expired"
     assert_cached_balance_matches_entries(ledger, account_id)
 
 

@@ -2,12 +2,12 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Body, Depends, Query
+from fastapi import APIRouter, Body, Depends, Header, Query
 from trainer_service import service
 
 from services.common.auth import InternalAuth, RunContext
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Page, TrainingJobCreate, TrainingJobOut
-from services.common.errors import Conflict, NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
+from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
 
 auth = InternalAuth(service.runtime().settings.service_token)
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
@@ -33,10 +33,14 @@ def get_dataset(dataset_id: str, ctx: RunContext = Depends(auth.run)) -> Dataset
     return service.get_dataset(ctx, dataset_id)
 
 
-@router.post("/jobs", status_code=201, summary="Create a training job", responses=problem_responses(Unprocessable, NotFound, PaymentRequired))
-def create_job(req: TrainingJobCreate, ctx: RunContext = Depends(auth.run)) -> TrainingJobOut:
+@router.post("/jobs", status_code=201, summary="Create a training job", responses=problem_responses(Unprocessable, NotFound, PaymentRequired, IdempotencyKeyReused))
+def create_job(
+    req: TrainingJobCreate,
+    ctx: RunContext = Depends(auth.run),
+    idempotency_key: str | None = Header(None, min_length=1, max_length=150, description="Repeat-safe creation: the same key returns the same job."),
+) -> TrainingJobOut:
     """Validate, hold the estimated cost on the run's budget, and queue the job."""
-    return service.create_job(ctx, req)
+    return service.create_job(ctx, req, idempotency_key)
 
 
 @router.get("/jobs", summary="List the run's training jobs")

@@ -9,6 +9,7 @@ from sqlalchemy import JSON, BigInteger, ForeignKey, Index, Integer, String, Tex
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.common.db import UTCDateTime, utcnow
+from services.common.jobs import JobColumns
 
 
 class Base(DeclarativeBase):
@@ -32,10 +33,11 @@ class Dataset(Base):
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 
-class TrainingJob(Base):
-    """A training job; this row, not the queue message, is the job's state."""
+class TrainingJob(JobColumns, Base):
+    """A training job; this row, not the queue message, is the job's state (lease columns: ``JobColumns``)."""
 
     __tablename__ = "training_jobs"
+    __table_args__ = (UniqueConstraint("run_id", "idempotency_key", name="uq_training_jobs_run_idempotency_key"),)
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(40), index=True)
@@ -46,6 +48,8 @@ class TrainingJob(Base):
     base_model: Mapped[str] = mapped_column(String(100))
     parent_checkpoint_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     hold_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     estimated_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     steps_done: Mapped[int] = mapped_column(Integer, default=0)

@@ -14,17 +14,19 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import select, update
+import structlog
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from trainer_service.models import Checkpoint, Dataset, JobEvent, TrainingJob
 
-from services.common import artifacts
+from services.common import artifacts, jobs
 from services.common.auth import RunContext
 from services.common.basemodels import BASE_MODELS, base_model_dir
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Recipe, TrainingJobCreate, TrainingJobOut
 from services.common.db import Database, utcnow
-from services.common.errors import Conflict, NotFound, Unprocessable
-from services.common.http import ServiceClient, settle_hold
+from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable
+from services.common.http import ServiceClient, ledger_client, settle_hold
 from services.common.ids import has_prefix, new_id
 from services.common.lazy import once
 from services.common.settings import ServiceSettings
@@ -32,6 +34,7 @@ from services.common.settings import ServiceSettings
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 ROLES = frozenset({"system", "user", "assistant"})
 MAX_DATASET_ROWS = 200_000
+log = structlog.get_logger("trainer")
 
 
 @dataclass
@@ -49,7 +52,7 @@ def runtime() -> Runtime:
     return Runtime(
         settings=settings,
         db=Database(settings.database_url_for("trainer")),
-        ledger=ServiceClient(settings.ledger_url, settings.service_token, name="ledger", timeout_s=settings.http_timeout_s),
+        ledger=ledger_client(settings),
     )
 
 
@@ -177,7 +180,7 @@ def _job_out(s: Session, job: TrainingJob) -> TrainingJobOut:
     return TrainingJobOut(
         id=job.id, status=job.status, model=job.parent_checkpoint_id or job.base_model, base_model=job.base_model,  # type: ignore[arg-type]
         datasets=job.dataset_ids, recipe=Recipe(**job.recipe), steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
-        trained_tokens=job.trained_tokens, latest_checkpoint=latest, error=job.error, created_at=job.created_at,
+        trained_tokens=job.trained_tokens, latest_checkpoint=latest, attempts=job.attempts, error=job.error, created_at=job.created_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
 
@@ -220,11 +223,17 @@ def create_job(ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | N
     """Validate a job, place its budget hold, record it as ``queued`` and return it.
 
     Raises ``Unprocessable`` (unsupported method, unknown model/checkpoint, dataset format), ``NotFound``
-    (a dataset that is not the run's) and passes the ledger's 402 through. The job row is written only
-    after the hold succeeded, and the hold is released if writing fails: nothing is half-written.
+    (a dataset that is not the run's), ``Conflict`` (``idempotency_key`` used before with another request)
+    and passes the ledger's 402 through. The job row is written only after the hold succeeded, and the hold
+    is released if writing fails: nothing is half-written. With ``idempotency_key`` the call is safe to
+    repeat: the ledger hold carries a key derived from it (a retry after a lost answer finds the same hold)
+    and a repeat returns the job created first.
     """
     rt = runtime()
     recipe = req.recipe
+    fingerprint = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
+    if idempotency_key and (existing := _job_by_key(ctx, idempotency_key, fingerprint)) is not None:
+        return existing
     if recipe.method != "sft":
         raise Unprocessable(f"recipe.method {recipe.method!r} is not available in this deployment (supported: sft)", field="recipe.method")
     if recipe.adapter != "lora":
@@ -238,30 +247,49 @@ def create_job(ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | N
     rows = [row for ds in datasets for row in read_rows(ds.uri)]
     tokens = estimate_tokens(base_model, rows, recipe)
     job_id = new_id("job")
+    request = f"request {fingerprint[:16]} (idempotency key)" if idempotency_key else job_id
     hold = rt.ledger.post("/internal/holds", json={
-        "account_id": ctx.run_id, "purpose": f"training job {job_id}",
+        "account_id": ctx.run_id, "purpose": f"training job {request}",
         "usage": [{"kind": "training_tokens", "quantity": tokens, "model": base_model}],
-        "idempotency_key": f"hold:{job_id}",
+        "idempotency_key": f"hold:job:{hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]}" if idempotency_key else f"hold:{job_id}",
+        "ttl_s": int(rt.settings.train_time_limit_s) + 3600,  # outlives the job's time limit: expires only if orphaned
     })
     try:
         with rt.db.session() as s:
             job = TrainingJob(
                 id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, recipe=recipe.model_dump(),
                 dataset_ids=[d.id for d in datasets], base_model=base_model, parent_checkpoint_id=parent.id if parent else None,
-                hold_id=hold["hold_id"], estimated_tokens=tokens, created_at=utcnow(),
+                hold_id=hold["hold_id"], idempotency_key=idempotency_key, request_sha256=fingerprint,
+                estimated_tokens=tokens, created_at=utcnow(), enqueued_at=utcnow(),
             )
             s.add(job)
             s.flush()
             _event(s, job.id, "info", "validated", f"validated {len(rows)} examples from {len(datasets)} dataset(s); "
                    f"estimated ≤{tokens} training tokens, hold {hold['amount_usd_micros']} µUSD", {"rows": len(rows), "estimated_tokens": tokens, "hold_usd_micros": hold["amount_usd_micros"]})
             out = _job_out(s, job)
+    except IntegrityError:  # the same key was used concurrently and the other request wrote its job first
+        if idempotency_key and (existing := _job_by_key(ctx, idempotency_key, fingerprint)) is not None:
+            return existing
+        raise
     except Exception:
-        rt.ledger.post(f"/internal/holds/{hold['hold_id']}/release", json={"idempotency_key": f"release:{job_id}"})
+        rt.ledger.post(f"/internal/holds/{hold['hold_id']}/release", json={"idempotency_key": f"release:{hold['hold_id']}"})
         raise
     from trainer_service.tasks import enqueue_training
 
     enqueue_training(job_id)
     return out
+
+
+def _job_by_key(ctx: RunContext, idempotency_key: str, fingerprint: str) -> TrainingJobOut | None:
+    """The run's job created with ``idempotency_key``; ``Conflict`` if it was created from another request."""
+    with runtime().db.session() as s:
+        job = s.scalar(select(TrainingJob).where(TrainingJob.run_id == ctx.run_id, TrainingJob.idempotency_key == idempotency_key))
+        if job is None:
+            return None
+        if job.request_sha256 != fingerprint:
+            raise IdempotencyKeyReused(f"Idempotency-Key {idempotency_key!r} was used for a different training job request ({job.id})",
+                                       field="Idempotency-Key")
+        return _job_out(s, job)
 
 
 def _event(s: Session, job_id: str, level: str, type_: str, message: str, data: dict[str, Any] | None = None) -> None:
@@ -331,35 +359,35 @@ def checkpoint_record(checkpoint_id: str, run_id: str | None) -> dict[str, Any]:
 def run_job(job_id: str) -> None:
     """Run a queued job to the end in this worker process: train, write checkpoints, settle the hold.
 
-    The row's status is the truth: the worker claims the job by moving it from ``queued`` to ``running`` in
-    one conditional update, so a duplicate message finds nothing to do. A job that already has checkpoints
-    (an earlier attempt died) resumes from the newest one, with its token count reset to that checkpoint's,
-    so no step is charged twice. Events record every step's loss, learning rate, tokens and tokens/s. The
-    hold is settled with the tokens actually processed, whatever the outcome (charge equals work done).
+    The row's status is the truth: the worker claims the job (``queued`` → ``running`` under its id, see
+    ``services.common.jobs``), so a duplicate message finds nothing to do, and heartbeats while it trains.
+    A job that already has checkpoints (an earlier attempt died) resumes from the newest one, with its token
+    count reset to that checkpoint's, so no step is charged twice. Events record every step's loss, learning
+    rate, tokens and tokens/s. The hold is settled with the tokens actually processed, whatever the outcome
+    (charge equals work done). If the lease is lost (the watchdog failed the job, or it was given to another
+    worker) training stops and this worker writes nothing more.
     """
     from trainer_service.training import train_sft
 
     rt = runtime()
+    if not jobs.claim(rt.db, TrainingJob, job_id):
+        return
     with rt.db.session() as s:
-        claimed = s.execute(update(TrainingJob).where(TrainingJob.id == job_id, TrainingJob.status == "queued")
-                            .values(status="running", attempts=TrainingJob.attempts + 1)).rowcount
-        if not claimed:
-            return
         job = s.get(TrainingJob, job_id)
         if job.cancel_requested:
             _finish(s, job, "cancelled", None)
             job_snapshot = None
         else:
-            job.started_at = job.started_at or utcnow()
             latest = s.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc()).limit(1))
             resume = artifacts.local_path(latest.uri) if latest is not None else None
             if latest is not None:
                 job.steps_done = latest.step
                 job.trained_tokens = int(latest.metrics.get("trained_tokens", job.trained_tokens))
                 _event(s, job.id, "warn", "resumed", f"attempt {job.attempts}: resuming from checkpoint {latest.id} at step {latest.step}",
-                       {"step": latest.step, "checkpoint": latest.id})
+                       {"step": latest.step, "checkpoint": latest.id, "attempt": job.attempts})
             else:
-                _event(s, job.id, "info", "started", f"training started (attempt {job.attempts})")
+                job.steps_done, job.trained_tokens = 0, 0
+                _event(s, job.id, "info", "started", f"training started (attempt {job.attempts})", {"attempt": job.attempts})
             job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id)
     if job_snapshot is None:
         _settle(job_id)
@@ -370,12 +398,21 @@ def run_job(job_id: str) -> None:
         parent_dir = artifacts.local_path(s.get(Checkpoint, parent_id).uri) if parent_id else None  # type: ignore[union-attr]
     recipe = Recipe(**recipe_d)
     workdir = Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=rt.settings.data_dir))
+    lease = jobs.Lease(rt.db, TrainingJob, job_id, rt.settings.job_heartbeat_s)
+
+    def mine(s: Session) -> TrainingJob:
+        job = s.scalar(select(TrainingJob).where(jobs.owned(TrainingJob, job_id)).with_for_update())
+        if job is None:
+            lease.lost.set()
+        lease.check()
+        return job  # type: ignore[return-value]
 
     def on_step(m) -> None:  # noqa: ANN001
         with rt.db.session() as s:
-            job = s.get(TrainingJob, job_id)
+            job = mine(s)
             job.steps_done = m.step
             job.trained_tokens += m.tokens
+            job.heartbeat_at = utcnow()
             _event(s, job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
                    {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
                     "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s})
@@ -384,54 +421,69 @@ def run_job(job_id: str) -> None:
         ckpt_id = new_id("ckpt")
         uri = artifacts.put_dir(rt.settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
         with rt.db.session() as s:
-            job = s.get(TrainingJob, job_id)
-            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind="lora", uri=uri,  # type: ignore[union-attr]
-                             metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))  # type: ignore[union-attr]
+            job = mine(s)
+            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind="lora", uri=uri,
+                             metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))
             _event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
 
     def should_stop() -> bool:
+        if lease.lost.is_set():
+            return True
         with rt.db.session() as s:
             return bool(s.get(TrainingJob, job_id).cancel_requested)  # type: ignore[union-attr]
 
     try:
-        result = train_sft(
-            base_model_dir(base_model, rt.settings.models_dir), rows, sft_config(recipe), workdir,
-            init_adapter=parent_dir, resume=resume, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
-        )
+        with lease:
+            result = train_sft(
+                base_model_dir(base_model, rt.settings.models_dir), rows, sft_config(recipe), workdir,
+                init_adapter=parent_dir, resume=resume, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
+            )
+            outcome, error = ("cancelled" if result.stopped else "succeeded"), None
+    except jobs.LeaseLost:
+        outcome, error = None, None
     except Exception as exc:  # the job fails; the worker lives on
-        with rt.db.session() as s:
-            _finish(s, s.get(TrainingJob, job_id), "failed", f"{exc.__class__.__name__}: {exc}")
-        _settle(job_id)
-        raise
+        log.exception("training job failed", job_id=job_id)
+        outcome, error = "failed", f"{exc.__class__.__name__}: {exc}"
     finally:
         shutil.rmtree(workdir, ignore_errors=True)
+    if outcome is None or lease.lost.is_set():
+        log.warning("lease lost; leaving the job to its new owner", job_id=job_id)
+        return
     with rt.db.session() as s:
-        _finish(s, s.get(TrainingJob, job_id), "cancelled" if result.stopped else "succeeded", None)
+        job = s.scalar(select(TrainingJob).where(jobs.owned(TrainingJob, job_id)).with_for_update())
+        if job is None:
+            return
+        _finish(s, job, outcome, error)
     _settle(job_id)
 
 
-def recover() -> list[str]:
-    """Re-queue every unfinished job; called when a train worker starts (embedded mode: one train worker).
+def reconcile() -> jobs.ReconcileReport:
+    """One reconciler round over training jobs (see ``services.common.jobs.reconcile``).
 
-    A ``running`` job at that moment lost its worker: it goes back to ``queued`` (it will resume from its
-    newest checkpoint). Every ``queued`` job is sent again; duplicates are harmless (see :func:`run_job`).
-    Returns the ids re-queued.
+    Runs every ``reconcile_interval_s`` in the trainer service and once when a train worker starts. A job
+    whose worker is gone is queued again (it resumes from its newest checkpoint); one past
+    ``train_time_limit_s`` fails with its hold settled for the tokens it trained; a queued job whose message
+    may be lost is sent again.
     """
     from trainer_service.tasks import enqueue_training
 
-    with runtime().db.session() as s:
-        for job in s.scalars(select(TrainingJob).where(TrainingJob.status == "running")):
-            job.status = "queued"
-            _event(s, job.id, "warn", "worker_lost", "the worker running this job stopped; the job is queued again")
-        ids = list(s.scalars(select(TrainingJob.id).where(TrainingJob.status == "queued")))
-    for job_id in ids:
-        enqueue_training(job_id)
-    return ids
+    rt = runtime()
+
+    def requeued(s: Session, job: TrainingJob) -> None:
+        _event(s, job.id, "warn", "worker_lost", f"the worker running this job ({job.attempts} attempt(s) so far) stopped; "
+               "the job is queued again and resumes from its newest checkpoint")
+
+    def failed(s: Session, job: TrainingJob, reason: str) -> None:
+        _finish(s, job, "failed", reason)
+
+    return jobs.reconcile(rt.db, TrainingJob, rt.settings.reconcile_policy(rt.settings.train_time_limit_s),
+                          send=enqueue_training, on_requeue=requeued, on_fail=failed, after_fail=_settle)
 
 
 def _finish(s: Session, job: TrainingJob, status: str, error: str | None) -> None:
     job.status = status
     job.error = error
+    job.worker_id = None
     job.finished_at = utcnow()
     _event(s, job.id, "error" if error else "info", status, error or f"job {status} after {job.steps_done} steps, {job.trained_tokens} tokens")
 

@@ -24,8 +24,8 @@ def enqueue_training(job_id: str) -> None:
 
 
 @worker_ready.connect
-def _recover(**_kwargs: object) -> None:
-    """On worker start, re-queue jobs a dead worker left behind (see ``service.recover``)."""
-    from trainer_service.service import recover
+def _reconcile(**_kwargs: object) -> None:
+    """On worker start, take back jobs a dead worker left behind (see ``service.reconcile``)."""
+    from trainer_service.service import reconcile
 
-    recover()
+    reconcile()

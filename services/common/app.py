@@ -16,6 +16,7 @@ from services.common.db import migrate
 from services.common.errors import PROBLEM_JSON, CrucibleError, PayloadTooLarge
 from services.common.logging import configure_logging
 from services.common.metrics import instrument
+from services.common.periodic import Periodic
 
 
 def problem_response(err: CrucibleError) -> JSONResponse:
@@ -56,6 +57,7 @@ def create_service_app(
     lifespan: Callable[[FastAPI], AbstractAsyncContextManager[None]] | None = None,
     migrations: tuple[Callable[[], str], Path] | None = None,
     on_startup: Callable[[], None] | None = None,
+    background: Callable[[], Periodic] | None = None,
     max_body_bytes: int = 64 * 1024 * 1024,
     log_level: str = "INFO",
     health: Callable[[], dict[str, Any]] | None = None,
@@ -64,9 +66,10 @@ def create_service_app(
 
     ``max_body_bytes`` (bytes) is enforced from ``Content-Length``; larger bodies get 413 problem+json.
     ``migrations`` = ``(database URL getter, Alembic folder)``: applied at start-up, then ``on_startup`` runs.
+    ``background()`` builds a :class:`Periodic` loop (e.g. a reconciler) that runs while the app is up.
     """
     log = configure_logging(name, log_level)
-    if lifespan is None and (migrations or on_startup):
+    if lifespan is None and (migrations or on_startup or background):
 
         @asynccontextmanager
         async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
@@ -75,7 +78,12 @@ def create_service_app(
                 migrate(url(), folder)
             if on_startup:
                 on_startup()
-            yield
+            loop = background().start() if background else None
+            try:
+                yield
+            finally:
+                if loop:
+                    loop.stop()
 
     app = FastAPI(title=title, description=description, version=version, lifespan=lifespan)
 

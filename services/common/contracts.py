@@ -76,6 +76,7 @@ class TrainingJobOut(BaseModel):
     estimated_tokens: int
     trained_tokens: int
     latest_checkpoint: str | None = None
+    attempts: int = Field(0, description="Times a worker started the job; above 1 after a worker was lost and the job resumed.")
     error: str | None = None
     created_at: dt.datetime
     started_at: dt.datetime | None = None
@@ -302,6 +303,7 @@ class EvaluationOut(BaseModel):
     items_total: int
     items_done: int
     score: Score | None = None
+    attempts: int = Field(0, description="Times a worker started the evaluation; above 1 after a worker was lost and it resumed.")
     error: str | None = None
     created_at: dt.datetime
     finished_at: dt.datetime | None = None

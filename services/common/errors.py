@@ -81,6 +81,12 @@ class Conflict(CrucibleError):
     status, code, title = 409, "conflict", "Conflict with the current state"
 
 
+class IdempotencyKeyReused(Conflict):
+    """The idempotency key was first used with a different request."""
+
+    code, title = "idempotency_key_reused", "Idempotency key already used with a different request"
+
+
 class PayloadTooLarge(CrucibleError):
     status, code, title = 413, "payload_too_large", "Request body too large"
 
@@ -99,6 +105,9 @@ class UpstreamUnavailable(CrucibleError):
     """A service this one depends on did not answer; the call may be retried."""
 
     status, code, title = 503, "upstream_unavailable", "A dependency is unavailable; retry later"
+
+    def __init__(self, detail: str, retry_after_s: int = 5, **extra: Any) -> None:
+        super().__init__(detail, retry_after_s=retry_after_s, **extra)
 
 
 class UpstreamProblem(CrucibleError):

@@ -2,25 +2,30 @@
 
 A problem+json answer becomes :class:`UpstreamProblem` carrying the body unchanged, so the gateway can
 pass a ledger 402 or a trainer 422 through to the agent as it was; a refused connection or a timeout
-becomes :class:`UpstreamUnavailable` (503, retryable). Idempotent retries are the caller's choice.
+becomes :class:`UpstreamUnavailable` (503, retryable). A client built with ``retries`` tries again on that,
+which is only right for services whose every call is idempotent: the ledger's mutating calls all carry
+idempotency keys (see :func:`ledger_client`).
 """
 
 from __future__ import annotations
 
+import time
 from typing import Any
 
 import httpx
 
 from services.common.auth import RunContext, run_headers
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
+from services.common.settings import ServiceSettings
 
 
 class ServiceClient:
     """Calls one internal service with the service token and, optionally, a signed run context."""
 
-    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0, name: str = "") -> None:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0, name: str = "", retries: int = 0, backoff_s: float = 0.5) -> None:
         self.name = name or base_url
         self.token = token
+        self.retries, self.backoff_s = retries, backoff_s
         self.client = httpx.Client(base_url=base_url, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
 
     def request(
@@ -38,7 +43,7 @@ class ServiceClient:
         """Send a request and return the decoded JSON body (``None`` for 204).
 
         Raises ``UpstreamProblem`` for any 4xx/5xx answer and ``UpstreamUnavailable`` when the service
-        cannot be reached.
+        cannot be reached (after ``retries`` more tries, ``backoff_s`` × try-number seconds apart).
         """
         hdrs = dict(headers or {})
         if ctx is not None:
@@ -46,10 +51,14 @@ class ServiceClient:
         kwargs: dict[str, Any] = {"json": json, "params": params, "headers": hdrs, "content": content}
         if timeout_s is not None:
             kwargs["timeout"] = timeout_s
-        try:
-            resp = self.client.request(method, path, **kwargs)
-        except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
-            raise UpstreamUnavailable(f"{self.name} unavailable: {exc.__class__.__name__}") from exc
+        for attempt in range(self.retries + 1):
+            try:
+                resp = self.client.request(method, path, **kwargs)
+                break
+            except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
+                if attempt == self.retries:
+                    raise UpstreamUnavailable(f"{self.name} unavailable: {exc.__class__.__name__}") from exc
+                time.sleep(self.backoff_s * (attempt + 1))
         if resp.status_code >= 400:
             try:
                 body = resp.json()
@@ -72,6 +81,15 @@ class ServiceClient:
 
     def close(self) -> None:
         self.client.close()
+
+
+def ledger_client(settings: ServiceSettings, retries: int = 6) -> ServiceClient:
+    """A client of the ledger that retries while it is unreachable (a restart takes a few seconds).
+
+    Safe because every mutating ledger call is idempotent: holds, charges, settles and releases carry
+    idempotency keys, and opening an existing account with the same budget returns it.
+    """
+    return ServiceClient(settings.ledger_url, settings.service_token, name="ledger", timeout_s=settings.http_timeout_s, retries=retries)
 
 
 def settle_hold(ledger: ServiceClient, hold_id: str, usage: list[dict[str, Any]], idempotency_key: str) -> None:

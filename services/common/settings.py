@@ -11,6 +11,8 @@ from pathlib import Path
 from pydantic import Field
 from pydantic_settings import BaseSettings, SettingsConfigDict
 
+from services.common.jobs import ReconcilePolicy
+
 
 class ServiceSettings(BaseSettings):
     """Settings every service reads. URLs are base URLs without a trailing slash."""
@@ -27,7 +29,19 @@ class ServiceSettings(BaseSettings):
     broker_url: str | None = Field(None, description="Celery broker; default is the embedded SQLite broker in data_dir.")
     database_url: str | None = Field(None, description="This service's database; default is a SQLite file in data_dir.")
     http_timeout_s: float = 30.0
+    job_heartbeat_s: float = Field(10.0, gt=0, description="Seconds between a worker's heartbeats on the job it runs.")
+    job_lease_s: float = Field(60.0, gt=0, description="A running job whose heartbeat is older than this (seconds) lost its worker.")
+    job_resend_after_s: float = Field(120.0, gt=0, description="Seconds a job may stay queued before its message is sent again (doubling each time).")
+    job_max_attempts: int = Field(5, ge=1, description="A job whose worker was lost this many times fails.")
+    reconcile_interval_s: float = Field(15.0, gt=0, description="Seconds between reconciler rounds in the trainer and grader.")
+    train_time_limit_s: float = Field(24 * 3600.0, gt=0, description="A training job running longer than this (seconds) fails.")
+    eval_time_limit_s: float = Field(6 * 3600.0, gt=0, description="An evaluation running longer than this (seconds) fails.")
     log_level: str = "INFO"
+
+    def reconcile_policy(self, time_limit_s: float) -> ReconcilePolicy:
+        """The reconciler's settings for jobs limited to ``time_limit_s`` seconds."""
+        return ReconcilePolicy(lease_s=self.job_lease_s, time_limit_s=time_limit_s, max_attempts=self.job_max_attempts,
+                               resend_after_s=self.job_resend_after_s)
 
     @property
     def models_dir(self) -> Path:

@@ -1,6 +1,7 @@
 """The ledger service app: ``uvicorn services.ledger.app:app`` (port 8001 in the embedded mode).
 
-On start-up it migrates its database to the newest revision and loads the price table.
+On start-up it migrates its database to the newest revision and loads the price table; while it runs, a
+sweep releases expired holds every ``CRUCIBLE_LEDGER_HOLD_SWEEP_S`` seconds.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from fastapi import FastAPI
 
 from services.common.app import create_service_app
 from services.common.db import Database, migrate
+from services.common.periodic import Periodic
 from services.ledger.api import router
 from services.ledger.pricing import load_prices
 from services.ledger.service import Ledger
@@ -32,10 +34,12 @@ def create_app(settings: LedgerSettings | None = None) -> FastAPI:
         url = settings.database_url_for("ledger")
         migrate(url, MIGRATIONS_DIR)
         db = Database(url)
-        app.state.ledger = Ledger(db, prices)
+        app.state.ledger = ledger = Ledger(db, prices)
+        sweep = Periodic("ledger.expire_holds", settings.ledger_hold_sweep_s, ledger.expire_holds).start()
         try:
             yield
         finally:
+            sweep.stop()
             db.engine.dispose()
 
     def health() -> dict[str, Any]:

@@ -60,7 +60,7 @@ class Hold(LedgerBase):
 
     __tablename__ = "holds"
     __table_args__ = (
-        CheckConstraint("status IN ('open', 'settled', 'released')", name="status_known"),
+        CheckConstraint("status IN ('open', 'settled', 'released', 'expired')", name="status_known"),
         CheckConstraint("charged_usd_micros >= 0 AND released_usd_micros >= 0", name="parts_nonnegative"),
         CheckConstraint("charged_usd_micros + released_usd_micros <= amount_usd_micros", name="within_amount"),
     )
@@ -74,6 +74,7 @@ class Hold(LedgerBase):
     purpose: Mapped[str] = mapped_column(String(500))
     price_version: Mapped[str] = mapped_column(String(64))
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+    expires_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True, index=True)
     closed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
     @property

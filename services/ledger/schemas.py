@@ -49,6 +49,7 @@ class HoldStatus(StrEnum):
     open = "open"
     settled = "settled"
     released = "released"
+    expired = "expired"  # released by the ledger when its ttl ran out (the holder died or forgot it)
 
 
 class EntryType(StrEnum):
@@ -140,6 +141,11 @@ class HoldCreate(_Request):
     usage: list[UsageItem] = Field(min_length=1, max_length=100)
     purpose: Purpose
     idempotency_key: IdempotencyKey
+    ttl_s: int | None = Field(
+        None, ge=1, le=30 * 24 * 3600, examples=[600],
+        description="Seconds until the ledger releases the hold by itself (status `expired`) if it is still open; "
+                    "guards against holders that die before settling. Omitted: the hold stays open until settled or released.",
+    )
 
 
 class HoldCharge(_Request):
@@ -176,6 +182,7 @@ class Hold(BaseModel):
     purpose: str = Field(examples=["training job job_01jd3k5n8q2x7v4w9z6y3t1r0s"])
     price_version: str = Field(examples=["2025-07-01"])
     created_at: dt.datetime
+    expires_at: dt.datetime | None = None
     closed_at: dt.datetime | None = None
 
 

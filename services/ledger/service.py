@@ -10,6 +10,11 @@ Idempotency keys are scoped to (account, operation): ``hold.create``, ``hold.cha
 first answer and writes nothing; the same key with a different request is a 409. Failed calls (402, 409,
 404) store nothing, so they may be retried with the same key.
 
+A hold placed with ``ttl_s`` expires: once ``expires_at`` has passed, what is left on it is released and
+it is closed as ``expired``. Expiry happens before any new hold or charge on the account is checked, and
+in a periodic sweep (:meth:`Ledger.expire_holds`), so a holder that dies never locks money for longer
+than its ttl.
+
 Entry arithmetic (all amounts are non-negative; the type gives the sign):
 ``budget = Σ grant``, ``spent = Σ charge``,
 ``held = Σ hold − Σ release − Σ charge with a hold_id``.
@@ -30,7 +35,7 @@ from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
 from services.common.db import Database, utcnow
-from services.common.errors import Conflict, NotFound, PaymentRequired
+from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, PaymentRequired
 from services.common.ids import new_id
 from services.ledger import models
 from services.ledger.pricing import PriceBook, PricedItem
@@ -60,12 +65,6 @@ class BudgetMismatch(Conflict):
     """The account exists with a different budget."""
 
     code, title = "account_exists", "The account already exists with a different budget"
-
-
-class IdempotencyKeyReused(Conflict):
-    """The idempotency key was first used with a different request."""
-
-    code, title = "idempotency_key_reused", "Idempotency key already used with a different request"
 
 
 class HoldClosed(Conflict):
@@ -248,8 +247,9 @@ class Ledger:
                 return replay
             priced = self.prices.price(body.usage)
             amount = sum(p.amount_usd_micros for p in priced)
-            _require_funds(acct, amount)
             now = utcnow()
+            self._expire(s, acct, now)
+            _require_funds(acct, amount)
             hold = models.Hold(
                 hold_id=new_id("hold"),
                 account_id=acct.account_id,
@@ -260,6 +260,7 @@ class Ledger:
                 purpose=body.purpose,
                 price_version=self.prices.version,
                 created_at=now,
+                expires_at=now + dt.timedelta(seconds=body.ttl_s) if body.ttl_s else None,
             )
             s.add(hold)
             s.flush()
@@ -321,6 +322,27 @@ class Ledger:
             self._close(s, acct, hold, HoldStatus.released, body.idempotency_key, utcnow())
             return op.remember(_hold_out(hold))
 
+    def expire_holds(self, now: dt.datetime | None = None) -> int:
+        """Close every open hold whose ``expires_at`` has passed (status ``expired``); the number closed."""
+        now = now or utcnow()
+        with self.db.session() as s:
+            accounts = s.scalars(select(models.Hold.account_id).distinct().where(
+                models.Hold.status == HoldStatus.open.value, models.Hold.expires_at <= now)).all()
+        closed = 0
+        for account_id in accounts:
+            with self.db.session() as s:
+                closed += self._expire(s, _lock_account(s, account_id), now)
+        return closed
+
+    def _expire(self, s: Session, acct: models.Account, now: dt.datetime) -> int:
+        """Within a transaction holding ``acct``'s lock: close its expired open holds."""
+        expired = s.scalars(select(models.Hold).where(
+            models.Hold.account_id == acct.account_id, models.Hold.status == HoldStatus.open.value, models.Hold.expires_at <= now,
+        ).execution_options(populate_existing=True)).all()
+        for hold in expired:
+            self._close(s, acct, hold, HoldStatus.expired, f"expire:{hold.hold_id}", now)
+        return len(expired)
+
     def _charge_against(
         self, s: Session, acct: models.Account, hold: models.Hold, priced: list[PricedItem], purpose: str, key: str, now: dt.datetime
     ) -> list[models.Entry]:
@@ -361,8 +383,9 @@ class Ledger:
                 return replay
             priced = self.prices.price(body.usage)
             total = sum(p.amount_usd_micros for p in priced)
-            _require_funds(acct, total)
             now = utcnow()
+            self._expire(s, acct, now)
+            _require_funds(acct, total)
             entries = [self._charge_entry(acct.account_id, p, now, purpose=body.purpose, key=body.idempotency_key) for p in priced]
             s.add_all(entries)
             acct.spent_usd_micros += total
@@ -522,6 +545,7 @@ def _hold_out(h: models.Hold) -> Hold:
         purpose=h.purpose,
         price_version=h.price_version,
         created_at=h.created_at,
+        expires_at=h.expires_at,
         closed_at=h.closed_at,
     )
 

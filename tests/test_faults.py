@@ -1,0 +1,280 @@
+"""Fault tests: real processes on production's data plane (PostgreSQL, Redis) are killed mid-work.
+
+One stack for the module, with its own Redis server (so restarting it disturbs nothing else) and short
+lease and reconcile intervals. Every test restarts what it killed. Each prints what it measured (run with
+``-s`` to see it): how long a killed job took to resume, how many calls failed cleanly.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import shutil
+import subprocess
+import threading
+import time
+import uuid
+from collections import Counter
+from collections.abc import Callable, Iterator
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from sqlalchemy import create_engine, text
+
+from crucible.sdk import AdminClient, CrucibleAPIError, CrucibleClient
+from crucible.stack import Stack, admin_key, ensure_secrets
+from tests.conftest import PORT_BASE, TEST_BENCHMARK, prepared_models, throwaway_postgres
+
+pytestmark = pytest.mark.e2e
+
+REDIS_PORT = PORT_BASE + 39
+BASE = "smollm2-135m-instruct"
+FAST_RECONCILE = {
+    "CRUCIBLE_JOB_HEARTBEAT_S": "1",
+    "CRUCIBLE_JOB_LEASE_S": "10",
+    "CRUCIBLE_RECONCILE_INTERVAL_S": "1",
+    "CRUCIBLE_JOB_RESEND_AFTER_S": "3",
+    "CRUCIBLE_EVAL_CONCURRENCY": "2",
+    "CRUCIBLE_LEDGER_HOLD_SWEEP_S": "1",
+}
+
+
+class RedisServer:
+    """A private, non-persistent Redis (like the CI machine's): a restart loses every queued message."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    def start(self) -> None:
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        wait_for(lambda: subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True).stdout.strip() == "PONG",
+                 20, "redis to answer")
+
+    def kill(self) -> None:
+        assert self.proc is not None
+        self.proc.kill()
+        self.proc.wait()
+
+
+def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 0.2) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if value := pred():
+            return value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+@pytest.fixture(scope="module")
+def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, RedisServer, dict[str, str]]]:
+    if shutil.which("redis-server") is None:
+        pytest.fail("redis-server is needed for the fault tests (make services starts the machine's Redis; the binary must exist)")
+    data_dir = tmp_path_factory.mktemp("crucible-faults")
+    (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
+    redis = RedisServer(REDIS_PORT)
+    redis.start()
+    with contextlib.ExitStack() as cleanup:
+        cleanup.callback(lambda: redis.proc and redis.proc.poll() is None and redis.kill())
+        urls = cleanup.enter_context(throwaway_postgres())
+        stack = Stack(data_dir, PORT_BASE + 20, database_urls=urls, broker_url=f"redis://127.0.0.1:{REDIS_PORT}/0",
+                      test_store_url=urls["teststore"], extra_env=FAST_RECONCILE)
+        stack.start(timeout_s=300)
+        cleanup.callback(stack.stop)
+        yield stack, redis, urls
+
+
+@pytest.fixture(scope="module")
+def bench(faulty) -> dict:  # noqa: ANN001
+    stack, _, _ = faulty
+    doc = yaml.safe_load(yaml.safe_dump(TEST_BENCHMARK))
+    doc["name"] = "chain-sum-faults"
+    doc["suite"]["splits"] = {"train": {"seed": 11, "size": 300}, "validation": {"seed": 23, "size": 24}, "test": {"size": 8}}
+    admin = AdminClient(stack.gateway_url, admin_key(stack.data_dir))
+    out = admin.load_benchmark(doc)
+    admin.wait_baselines(doc["name"])
+    return out
+
+
+@pytest.fixture()
+def client(faulty, bench) -> Iterator[CrucibleClient]:  # noqa: ANN001
+    stack, _, _ = faulty
+    admin = AdminClient(stack.gateway_url, admin_key(stack.data_dir))
+    run = admin.create_run(bench["name"], f"fault-{uuid.uuid4().hex[:6]}")
+    c = CrucibleClient(stack.gateway_url, run["api_key"])
+    c.run_id = run["id"]  # type: ignore[attr-defined]
+    yield c
+    c.close()
+
+
+def ledger(stack: Stack) -> httpx.Client:
+    token = ensure_secrets(stack.data_dir)[0]["CRUCIBLE_SERVICE_TOKEN"]
+    return httpx.Client(base_url=f"http://127.0.0.1:{stack.port_base + 1}", headers={"Authorization": f"Bearer {token}"}, timeout=30)
+
+
+def ledger_state(stack: Stack, run_id: str) -> tuple[dict, list[dict], list[dict]]:
+    """``(balance, entries, open holds)`` of the run's account, read from the ledger."""
+    with ledger(stack) as lc:
+        bal = lc.get(f"/internal/accounts/{run_id}").json()
+        entries = lc.get(f"/internal/accounts/{run_id}/entries").json()
+        holds = lc.get(f"/internal/accounts/{run_id}/holds", params={"status": "open"}).json()
+    unwrap = lambda x: x["data"] if isinstance(x, dict) else x  # noqa: E731
+    return bal, unwrap(entries), unwrap(holds)
+
+
+def assert_books_balance(stack: Stack, run_id: str) -> tuple[dict, list[dict]]:
+    bal, entries, open_holds = wait_for(lambda: (s := ledger_state(stack, run_id)) and not s[2] and s, 30, "every hold to close")
+    assert bal["spent_usd_micros"] == sum(e["amount_usd_micros"] for e in entries if e["type"] == "charge")
+    assert bal["held_usd_micros"] == 0 and open_holds == []
+    assert bal["spent_usd_micros"] <= bal["budget_usd_micros"]
+    return bal, entries
+
+
+def upload_training_set(client: CrucibleClient, rows: int = 64) -> str:
+    items = client.train_sample(limit=rows)
+    data = "".join(
+        __import__("json").dumps({"messages": [{"role": "user", "content": it["question"]}, {"role": "assistant", "content": it["answer"]}]}) + "\n"
+        for it in items
+    ).encode()
+    return client.upload_dataset(data, "faults.jsonl")["id"]
+
+
+def events(client: CrucibleClient, job_id: str, type_: str) -> list[dict]:
+    return [e for e in client.training_events(job_id) if e["type"] == type_]
+
+
+def test_killed_train_worker_job_resumes_from_checkpoint_and_is_charged_once(faulty, client) -> None:  # noqa: ANN001
+    stack, _, _ = faulty
+    ds = upload_training_set(client)
+    job = client.create_training_job(BASE, [ds], {"max_steps": 9, "batch_size": 4, "checkpoint_every": 3, "warmup_steps": 1})
+    wait_for(lambda: client.training_job(job["id"])["steps_done"] >= 4 and client.checkpoints(job["id"]), 240, "step 4 after the first checkpoint")
+    newest = max(c["step"] for c in client.checkpoints(job["id"]))
+    stack.kill("train-worker")
+    killed_at = time.monotonic()
+    assert client.training_job(job["id"])["status"] == "running"  # nobody knows yet
+
+    stack.restart("train-worker")
+    resumed = wait_for(lambda: events(client, job["id"], "resumed"), 120, "the job to resume")[0]
+    resume_s = time.monotonic() - killed_at
+    done = wait_for(lambda: (j := client.training_job(job["id"]))["status"] in ("succeeded", "failed") and j, 300, "the job to finish")
+    total_s = time.monotonic() - killed_at
+    print(f"\n[fault] train worker killed at step >= 4 (newest checkpoint {newest}); resumed {resume_s:.1f} s later "
+          f"from step {resumed['data']['step']}; finished {total_s:.1f} s after the kill")
+
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 2 and done["steps_done"] == 9
+    assert resumed["data"]["step"] == newest
+    assert events(client, job["id"], "worker_lost")
+    assert [c["step"] for c in client.checkpoints(job["id"])] == [3, 6, 9]
+    # a clean run processes exactly the estimated tokens; the resumed one is charged the same: the steps
+    # lost with the worker are not charged, the ones redone are charged once
+    assert done["trained_tokens"] == done["estimated_tokens"]
+    _, entries = assert_books_balance(stack, client.run_id)
+    charged = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens")
+    assert charged == done["estimated_tokens"]
+    assert sum(1 for e in entries if e["type"] == "hold") == 1
+
+
+def test_killed_eval_worker_evaluation_resumes_item_by_item_and_charges_each_item_once(faulty, client) -> None:  # noqa: ANN001
+    stack, _, _ = faulty
+    ev = client.create_evaluation(BASE)
+    n = ev["items_total"]
+    wait_for(lambda: client.evaluation(ev["id"])["items_done"] >= 6, 120, "6 items scored")
+    stack.kill("eval-worker")
+    killed_at = time.monotonic()
+    done_at_kill = client.evaluation(ev["id"])["items_done"]
+    assert done_at_kill < n, "the evaluation finished before the kill; make it longer"
+
+    stack.restart("eval-worker")
+    done = wait_for(lambda: (e := client.evaluation(ev["id"]))["status"] in ("succeeded", "failed") and e, 240, "the evaluation to finish")
+    print(f"\n[fault] eval worker killed after {done_at_kill}/{n} items; finished {time.monotonic() - killed_at:.1f} s after the kill")
+
+    assert done["status"] == "succeeded", done["error"]
+    assert done["attempts"] == 2 and done["score"]["n"] == n
+    trajectories = client.trajectories(ev["id"])
+    assert sorted(t["item_id"] for t in trajectories) == sorted({t["item_id"] for t in trajectories}) and len(trajectories) == n
+    _, entries = assert_books_balance(stack, client.run_id)
+    keys = Counter(e["idempotency_key"] for e in entries if e["type"] == "charge")
+    assert len(keys) == n and set(keys.values()) == {2}  # one prefill and one decode line per item, whatever was re-run
+    assert all(k.startswith(f"charge:{ev['id']}:") for k in keys)
+
+
+def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  # noqa: ANN001
+    stack, redis, urls = faulty
+    ds = upload_training_set(client, rows=32)
+    recipe = {"max_steps": 4, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1}
+    running = client.create_training_job(BASE, [ds], recipe)
+    queued = client.create_training_job(BASE, [ds], {**recipe, "seed": 1})
+    wait_for(lambda: client.training_job(running["id"])["status"] == "running", 120, "the first job to start")
+    evaluation = client.create_evaluation(BASE, limit=8)
+
+    redis.kill()  # queued messages are gone with it (no persistence)
+    time.sleep(2)
+    redis.start()
+    restarted_at = time.monotonic()
+
+    jobs_done = [wait_for(lambda j=j: (x := client.training_job(j["id"]))["status"] in ("succeeded", "failed", "cancelled") and x, 300, f"job {j['id']}")
+                 for j in (running, queued)]
+    ev_done = wait_for(lambda: (e := client.evaluation(evaluation["id"]))["status"] in ("succeeded", "failed") and e, 240, "the evaluation")
+    print(f"\n[fault] redis restarted; both jobs and the evaluation finished {time.monotonic() - restarted_at:.1f} s later")
+    assert [j["status"] for j in jobs_done] == ["succeeded", "succeeded"], [j["error"] for j in jobs_done]
+    assert ev_done["status"] == "succeeded", ev_done["error"]
+    with create_engine(urls["trainer"]).connect() as conn:
+        resends = conn.execute(text("SELECT resends FROM training_jobs WHERE id = :id"), {"id": queued["id"]}).scalar()
+    assert resends >= 1  # its message was lost with Redis and the reconciler sent it again
+    assert_books_balance(stack, client.run_id)
+
+
+def test_ledger_restart_mid_request_gives_clean_errors_or_success_and_no_double_charge(faulty, client) -> None:  # noqa: ANN001
+    stack, _, _ = faulty
+    outcomes: list[int] = []
+    problems: list[dict] = []
+    stop = threading.Event()
+
+    def caller() -> None:
+        while not stop.is_set():
+            try:
+                client.chat(BASE, [{"role": "user", "content": "2 + 3 ="}], max_tokens=4)
+                outcomes.append(200)
+            except CrucibleAPIError as exc:
+                outcomes.append(exc.status)
+                problems.append(exc.problem)
+
+    threads = [threading.Thread(target=caller) for _ in range(4)]
+    for t in threads:
+        t.start()
+    wait_for(lambda: len(outcomes) >= 4, 60, "calls to flow")
+    stack.kill("ledger")
+    time.sleep(1.5)
+    stack.restart("ledger")
+    time.sleep(3)
+    stop.set()
+    for t in threads:
+        t.join(60)
+    print(f"\n[fault] ledger killed and restarted under 4 concurrent callers: {Counter(outcomes)}")
+    assert set(outcomes) <= {200, 503}, problems
+    assert all(p["code"] == "upstream_unavailable" and p.get("retry_after_s") for p in problems)
+    _, entries = assert_books_balance(stack, client.run_id)
+    settled_calls = {e["hold_id"] for e in entries if e["type"] == "charge" and e["kind"] == "decode_tokens"}
+    assert len(settled_calls) == outcomes.count(200)  # every answered call charged once, no failed one charged
+
+    # a job created while the ledger is down: a clean 503, then the retry with the same key creates it once
+    ds = upload_training_set(client, rows=16)
+    recipe = {"max_steps": 1, "batch_size": 2, "checkpoint_every": 1, "warmup_steps": 0}
+    stack.kill("ledger")
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.create_training_job(BASE, [ds], recipe, idempotency_key="job-during-outage")
+    assert exc.value.status == 503 and exc.value.code == "upstream_unavailable"
+    stack.restart("ledger")
+    first = client.create_training_job(BASE, [ds], recipe, idempotency_key="job-during-outage")
+    again = client.create_training_job(BASE, [ds], recipe, idempotency_key="job-during-outage")
+    assert again["id"] == first["id"]
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.create_training_job(BASE, [ds], {**recipe, "seed": 7}, idempotency_key="job-during-outage")
+    assert exc.value.status == 409 and exc.value.code == "idempotency_key_reused"
+    wait_for(lambda: client.training_job(first["id"])["status"] == "succeeded", 180, "the job to finish")
+    assert [j["id"] for j in client.training_jobs()] == [first["id"]]
+    _, entries = assert_books_balance(stack, client.run_id)
+    assert sum(1 for e in entries if e["type"] == "hold" and "training job" in (e["purpose"] or "")) == 1
