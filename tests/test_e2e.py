@@ -177,3 +177,37 @@ def test_past_deadline_is_403_run_expired(stack, new_run):  # noqa: ANN001
         client.upload_dataset(b'{"prompt": "1 + 1 =", "completion": "2"}\n')
     assert exc.value.status == 403 and exc.value.code == "run_expired"
     assert client.run()["seconds_left"] == 0  # reads still work
+
+
+def test_cancelling_a_queued_job_releases_its_hold_and_a_running_one_is_charged_for_its_steps(stack, new_run):  # noqa: ANN001
+    run, client = new_run("canceller")
+    items = client.train_sample(limit=32)
+    data = "".join(json.dumps({"prompt": it["question"], "completion": it["answer"]}) + "\n" for it in items).encode()
+    ds = client.upload_dataset(data, "cancel.jsonl")["id"]
+    recipe = {"max_steps": 50, "batch_size": 2, "checkpoint_every": 50, "warmup_steps": 0}
+    running = client.create_training_job("smollm2-135m-instruct", [ds], recipe)
+    queued = client.create_training_job("smollm2-135m-instruct", [ds], {**recipe, "seed": 1})
+    deadline = time.monotonic() + 120
+    while client.training_job(running["id"])["steps_done"] < 1:
+        assert time.monotonic() < deadline, "the first job never trained a step"
+        time.sleep(0.3)
+
+    assert client.cancel_training_job(queued["id"])["status"] == "cancelled"  # at once: no worker had it
+    stopping = client.cancel_training_job(running["id"])
+    assert stopping["status"] == "running"
+    deadline = time.monotonic() + 60
+    while (job := client.training_job(running["id"]))["status"] == "running":
+        assert time.monotonic() < deadline, "the running job did not stop"
+        time.sleep(0.3)
+    assert job["status"] == "cancelled" and 0 < job["steps_done"] < 50
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.cancel_training_job(running["id"])
+    assert exc.value.status == 409
+
+    with _ledger(stack) as ledger:
+        entries = ledger.get(f"/internal/accounts/{run['id']}/entries").json()
+        entries = entries["data"] if isinstance(entries, dict) else entries
+        bal = ledger.get(f"/internal/accounts/{run['id']}").json()
+    trained = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens")
+    assert trained == job["trained_tokens"] > 0 and client.training_job(queued["id"])["trained_tokens"] == 0
+    assert bal["held_usd_micros"] == 0

@@ -296,8 +296,8 @@ def _event(s: Session, job_id: str, level: str, type_: str, message: str, data: 
     s.add(JobEvent(job_id=job_id, level=level, type=type_, message=message, data=data or {}, created_at=utcnow()))
 
 
-def _owned_job(s: Session, ctx: RunContext, job_id: str) -> TrainingJob:
-    job = s.get(TrainingJob, job_id)
+def _owned_job(s: Session, ctx: RunContext, job_id: str, *, lock: bool = False) -> TrainingJob:
+    job = s.get(TrainingJob, job_id, with_for_update=lock)
     if job is None or job.run_id != ctx.run_id:
         raise NotFound(f"training job {job_id} not found")
     return job
@@ -332,15 +332,20 @@ def list_checkpoints(ctx: RunContext, job_id: str) -> list[CheckpointOut]:
 
 
 def cancel_job(ctx: RunContext, job_id: str) -> TrainingJobOut:
-    """Ask a job to stop. A queued job is cancelled at once (hold released); a running one stops after its step."""
+    """Stop a job. A queued job is cancelled at once and its hold released; a running one stops after its
+    current step and is charged for the steps it trained. ``Conflict`` if the job already ended."""
     rt = runtime()
     with rt.db.session() as s:
-        job = _owned_job(s, ctx, job_id)
+        job = _owned_job(s, ctx, job_id, lock=True)  # a worker's claim waits for this transaction
         if job.status in TERMINAL:
             raise Conflict(f"training job {job_id} is already {job.status}")
         job.cancel_requested = True
         _event(s, job.id, "info", "cancel_requested", "cancellation requested")
+        if job.status == "queued":  # no worker has it: nobody else will write this row (claims need ``queued``)
+            _finish(s, job, "cancelled", None)
         out = _job_out(s, job)
+    if out.status == "cancelled":
+        _settle(job_id)
     return out
 
 
