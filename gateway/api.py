@@ -36,6 +36,8 @@ from services.common.contracts import (
 )
 from services.common.errors import (
     Conflict,
+    EvaluationRateLimited,
+    FailedEvaluationLimit,
     IdempotencyKeyReused,
     NotFound,
     OutsideEditableSpace,
@@ -228,12 +230,19 @@ def chat_completions(req: ChatCompletionRequest, caller: Caller = Depends(mutati
 
 
 @agent_router.post("/evaluations", status_code=201, tags=["evaluations"], summary="Evaluate a system on the validation split",
-                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PaymentRequired))
+                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PaymentRequired,
+                                               EvaluationRateLimited, FailedEvaluationLimit))
 def create_evaluation(req: EvaluationCreate, caller: Caller = Depends(mutating_agent)) -> EvaluationOut:
-    """Queued; poll ``GET /v1/evaluations/{id}``, then read per-item trajectories. Charged as inference tokens."""
+    """Queued; poll ``GET /v1/evaluations/{id}``, then read per-item trajectories. Charged as inference tokens.
+
+    The benchmark's limits apply (``GET /v1/run`` shows them and what is left): per hour and per day, at once
+    (429 ``evaluation_limit`` with ``Retry-After``), and failed or cancelled evaluations (403
+    ``failed_evaluation_limit``).
+    """
     if req.harness is not None:
         service.check_editable(caller, "harness", "evaluating with a custom harness")
-    return EvaluationOut(**service.runtime().grader.post("/internal/evaluations", ctx=caller.ctx, json=req.model_dump(mode="json")))
+    limits = caller.benchmark.limits.evaluation_limits().model_dump(exclude_none=True)
+    return EvaluationOut(**service.runtime().grader.post("/internal/evaluations", ctx=caller.ctx, json=req.model_dump(mode="json"), params=limits))
 
 
 @agent_router.get("/evaluations", tags=["evaluations"], summary="List validation evaluations")

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.common.contracts import TRAINING_FIELDS, EvaluationSettings, SuiteSpec, SystemSpec
+from services.common.contracts import TRAINING_FIELDS, EvaluationLimits, EvaluationSettings, SuiteSpec, SystemSpec
 
 Editable = Literal["data", "trainer", "harness"]
 TRACKS: dict[str, list[str]] = {
@@ -62,9 +62,22 @@ class BudgetSpec(BaseModel):
 
 
 class LimitsSpec(BaseModel):
+    """Submission limits of a benchmark, as EvalAI phases have them (``null``: no limit)."""
+
     model_config = ConfigDict(extra="forbid")
 
-    final_submissions: int = Field(1, ge=1, le=100)
+    final_submissions: int = Field(1, ge=1, le=100, description="Final systems a run may submit for hidden-test grading.")
+    validation_evaluations_per_hour: int | None = Field(None, ge=1, le=100_000, description="Validation evaluations started in any 60 minutes.")
+    validation_evaluations_per_day: int | None = Field(None, ge=1, le=100_000, description="Validation evaluations started in any 24 hours.")
+    concurrent_evaluations: int | None = Field(4, ge=1, le=1_000, description="Validation evaluations queued or running at once.")
+    failed_evaluations: int | None = Field(
+        10, ge=0, le=100_000,
+        description="Failed or cancelled validation evaluations over the run; they do not count towards the hourly and daily limits.",
+    )
+
+    def evaluation_limits(self) -> EvaluationLimits:
+        return EvaluationLimits(per_hour=self.validation_evaluations_per_hour, per_day=self.validation_evaluations_per_day,
+                                concurrent=self.concurrent_evaluations, failed=self.failed_evaluations)
 
 
 class BenchmarkFile(BaseModel):

@@ -18,7 +18,7 @@ from gateway.models import Benchmark, EpisodeEvent, Run
 from gateway.schemas import BenchmarkFile, BenchmarkOut, BudgetOut, LeaderboardRow, RunCard, RunCreate, RunCreated, RunOut
 from gateway.settings import GatewaySettings
 from services.common.auth import RunContext, hash_secret, new_secret
-from services.common.contracts import TRAINING_FIELDS, GradingSpec, Recipe
+from services.common.contracts import TRAINING_FIELDS, EvaluationUsage, GradingSpec, Recipe
 from services.common.db import Database, utcnow
 from services.common.errors import Conflict, NotFound, OutsideEditableSpace, RunExpired, Unauthorized, Unprocessable
 from services.common.http import ServiceClient, ledger_client
@@ -233,8 +233,25 @@ def run_card(caller: Caller) -> RunCard:
                    "initial_system": grading["initial_system"], "reference": spec.reference.model_dump(exclude={"system"})},
         track=caller.run.track, editable=caller.ctx.editable, recipe=spec.recipe, evaluation=spec.evaluation,
         deadline_at=caller.run.deadline_at, seconds_left=max(0, left), budget=budget(caller),
-        limits={"final_submissions": spec.limits.final_submissions, "final_submissions_left": max(0, spec.limits.final_submissions - len(subs))},
+        limits=_limits_left(spec, len(subs), EvaluationUsage(**runtime().grader.get("/internal/evaluations/usage", ctx=caller.ctx))),
     )
+
+
+def _limits_left(spec: BenchmarkFile, submissions: int, usage: EvaluationUsage) -> dict[str, Any]:
+    """Each limit of the benchmark with what the run has used and has left (``None``: no limit)."""
+    lim = spec.limits
+
+    def row(limit: int | None, used: int) -> dict[str, int | None]:
+        return {"limit": limit, "used": used, "left": None if limit is None else max(0, limit - used)}
+
+    return {
+        "final_submissions": row(lim.final_submissions, submissions),
+        "validation_evaluations_per_hour": row(lim.validation_evaluations_per_hour, usage.last_hour),
+        "validation_evaluations_per_day": row(lim.validation_evaluations_per_day, usage.last_day),
+        "concurrent_evaluations": row(lim.concurrent_evaluations, usage.active),
+        "failed_evaluations": row(lim.failed_evaluations, usage.failed),
+        "validation_evaluations_total": usage.total,
+    }
 
 
 # --------------------------------------------------------------------------- episode log

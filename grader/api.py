@@ -2,14 +2,34 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, Query
 
 from grader import service
 from services.common.auth import InternalAuth, RunContext
-from services.common.contracts import EvaluationCreate, EvaluationOut, GradingSpec, Page, SubmissionCreate, SubmissionOut, SuiteItemOut, TrajectoryOut
-from services.common.errors import NotFound, PaymentRequired, SubmissionLimitReached, Unauthorized, Unprocessable, problem_responses
+from services.common.contracts import (
+    EvaluationCreate,
+    EvaluationLimits,
+    EvaluationOut,
+    EvaluationUsage,
+    GradingSpec,
+    Page,
+    SubmissionCreate,
+    SubmissionOut,
+    SuiteItemOut,
+    TrajectoryOut,
+)
+from services.common.errors import (
+    EvaluationRateLimited,
+    FailedEvaluationLimit,
+    NotFound,
+    PaymentRequired,
+    SubmissionLimitReached,
+    Unauthorized,
+    Unprocessable,
+    problem_responses,
+)
 
 auth = InternalAuth(service.runtime().settings.service_token)
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
@@ -36,9 +56,16 @@ def validation(ctx: RunContext = Depends(auth.run)) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=service.validation_items(ctx))
 
 
-@router.post("/evaluations", status_code=201, summary="Queue a validation evaluation", responses=problem_responses(Unprocessable, PaymentRequired))
-def create_evaluation(req: EvaluationCreate, ctx: RunContext = Depends(auth.run)) -> EvaluationOut:
-    return service.create_evaluation(ctx, req)
+@router.post("/evaluations", status_code=201, summary="Queue a validation evaluation",
+             responses=problem_responses(Unprocessable, PaymentRequired, EvaluationRateLimited, FailedEvaluationLimit))
+def create_evaluation(req: EvaluationCreate, limits: Annotated[EvaluationLimits, Query()], ctx: RunContext = Depends(auth.run)) -> EvaluationOut:
+    """Queue it under the benchmark's ``limits`` (query parameters, as the gateway read them from the benchmark)."""
+    return service.create_evaluation(ctx, req, limits)
+
+
+@router.get("/evaluations/usage", summary="The run's use of its evaluation allowance")
+def evaluation_usage(ctx: RunContext = Depends(auth.run)) -> EvaluationUsage:
+    return service.usage_of(ctx)
 
 
 @router.get("/evaluations", summary="The run's validation evaluations")

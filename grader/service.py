@@ -10,6 +10,7 @@ against it, the rest released); official test grading is not charged.
 
 from __future__ import annotations
 
+import datetime as dt
 import hashlib
 import math
 import time
@@ -31,7 +32,9 @@ from services.common import jobs
 from services.common.auth import RunContext
 from services.common.contracts import (
     EvaluationCreate,
+    EvaluationLimits,
     EvaluationOut,
+    EvaluationUsage,
     GradingSpec,
     Harness,
     Score,
@@ -40,8 +43,16 @@ from services.common.contracts import (
     SuiteItemOut,
     TrajectoryOut,
 )
-from services.common.db import Database, utcnow
-from services.common.errors import NotFound, SubmissionLimitReached, Unprocessable, UpstreamProblem, UpstreamUnavailable
+from services.common.db import Database, serialize, utcnow
+from services.common.errors import (
+    EvaluationRateLimited,
+    FailedEvaluationLimit,
+    NotFound,
+    SubmissionLimitReached,
+    Unprocessable,
+    UpstreamProblem,
+    UpstreamUnavailable,
+)
 from services.common.http import ServiceClient, ledger_client, settle_hold
 from services.common.ids import new_id
 from services.common.lazy import once
@@ -206,15 +217,56 @@ def _prompt_upper_bound(harness: Harness, question: str) -> int:
     return sum(len(m["content"].encode()) for m in render_messages(harness, question)) + PROMPT_OVERHEAD_TOKENS
 
 
-def create_evaluation(ctx: RunContext, req: EvaluationCreate) -> EvaluationOut:
+def evaluation_usage(s: Session, run_id: str, now: dt.datetime | None = None) -> tuple[EvaluationUsage, list[dt.datetime]]:
+    """The run's use of its evaluation allowance, and the start times of its counted evaluations (newest first)."""
+    now = now or utcnow()
+    rows = s.execute(select(Evaluation.status, Evaluation.created_at)
+                     .where(Evaluation.run_id == run_id, Evaluation.purpose == "validation")).all()
+    counted = sorted((created for status, created in rows if status not in ("failed", "cancelled")), reverse=True)
+    usage = EvaluationUsage(
+        last_hour=sum(1 for c in counted if c > now - dt.timedelta(hours=1)),
+        last_day=sum(1 for c in counted if c > now - dt.timedelta(days=1)),
+        active=sum(1 for status, _ in rows if status in ("queued", "running")),
+        failed=sum(1 for status, _ in rows if status in ("failed", "cancelled")),
+        total=len(rows),
+    )
+    return usage, counted
+
+
+def check_evaluation_limits(usage: EvaluationUsage, counted: list[dt.datetime], limits: EvaluationLimits, now: dt.datetime) -> None:
+    """Raise if one more validation evaluation would break ``limits``.
+
+    ``FailedEvaluationLimit`` (403) when the failed/cancelled cap is used up; ``EvaluationRateLimited``
+    (429, ``retry_after_s``: seconds until the window frees a slot, or 30 while evaluations are running)
+    for the per-hour, per-day and concurrency limits. The problem's ``limit`` names the limit.
+    """
+    if limits.failed is not None and usage.failed >= limits.failed:
+        raise FailedEvaluationLimit(f"this run has had {usage.failed} failed or cancelled evaluations; the benchmark allows {limits.failed}",
+                                    limit="failed_evaluations")
+    if limits.concurrent is not None and usage.active >= limits.concurrent:
+        raise EvaluationRateLimited(f"{usage.active} evaluations are queued or running; the benchmark allows {limits.concurrent} at once",
+                                    limit="concurrent_evaluations", retry_after_s=30)
+    for name, allowed, used, window in (("validation_evaluations_per_hour", limits.per_hour, usage.last_hour, dt.timedelta(hours=1)),
+                                        ("validation_evaluations_per_day", limits.per_day, usage.last_day, dt.timedelta(days=1))):
+        if allowed is not None and used >= allowed:
+            frees_at = counted[allowed - 1] + window if allowed else now + window  # the oldest evaluation inside the window
+            raise EvaluationRateLimited(f"{used} validation evaluations in the last {window}; the benchmark allows {allowed}",
+                                        limit=name, retry_after_s=max(1, math.ceil((frees_at - now).total_seconds())))
+
+
+def create_evaluation(ctx: RunContext, req: EvaluationCreate, limits: EvaluationLimits | None = None) -> EvaluationOut:
     """Queue a validation evaluation after holding its worst-case inference cost on the run's budget.
 
-    Raises ``Unprocessable`` (model, harness), passes the ledger's 402 through; on 402 nothing is written.
+    Raises ``Unprocessable`` (model, harness), ``EvaluationRateLimited``/``FailedEvaluationLimit``
+    (``limits``, checked before the hold and again, serialized per run, when the row is written), and
+    passes the ledger's 402 through; when refused, nothing is written and no money stays held.
     """
     rt = runtime()
+    limits = limits or EvaluationLimits()
     with rt.db.session() as s:
         spec = _spec(s, ctx.benchmark_id)
         items = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == ctx.benchmark_id).order_by(ValidationItem.position)).all()
+        check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
     if req.harness is not None:
         check_harness(req.harness)
     _check_model(ctx, req.model)
@@ -232,6 +284,8 @@ def create_evaluation(ctx: RunContext, req: EvaluationCreate) -> EvaluationOut:
     })
     try:
         with rt.db.session() as s:
+            serialize(s, f"evaluations:{ctx.run_id}")  # the re-check and the insert are one step per run
+            check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
             s.add(Evaluation(id=eval_id, run_id=ctx.run_id, benchmark_id=ctx.benchmark_id, purpose="validation", split="validation",
                              model=req.model, harness=harness.model_dump(), status="queued", items_total=len(items), enqueued_at=utcnow(),
                              hold_id=hold["hold_id"], created_at=utcnow()))
@@ -244,6 +298,12 @@ def create_evaluation(ctx: RunContext, req: EvaluationCreate) -> EvaluationOut:
 
     enqueue_evaluation(eval_id)
     return out
+
+
+def usage_of(ctx: RunContext) -> EvaluationUsage:
+    """The run's evaluation usage (for its run card)."""
+    with runtime().db.session() as s:
+        return evaluation_usage(s, ctx.run_id)[0]
 
 
 def _owned_eval(s: Session, ctx: RunContext, eval_id: str) -> Evaluation:
@@ -459,6 +519,7 @@ def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: i
         check_harness(req.harness)
     _check_model(ctx, req.model)
     with rt.db.session() as s:
+        serialize(s, f"submissions:{ctx.run_id}")  # two submissions at once cannot both see one left
         spec = _spec(s, ctx.benchmark_id)
         used = s.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == ctx.run_id))
         if used >= max_submissions:

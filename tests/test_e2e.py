@@ -211,3 +211,36 @@ def test_cancelling_a_queued_job_releases_its_hold_and_a_running_one_is_charged_
     trained = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens")
     assert trained == job["trained_tokens"] > 0 and client.training_job(queued["id"])["trained_tokens"] == 0
     assert bal["held_usd_micros"] == 0
+
+
+def test_validation_evaluations_are_limited_as_the_benchmark_says(stack, admin):  # noqa: ANN001
+    from crucible.sdk import CrucibleClient
+    from tests.conftest import TEST_BENCHMARK
+
+    doc = json.loads(json.dumps(TEST_BENCHMARK))
+    doc["name"] = "chain-sum-limited"
+    doc["suite"]["splits"]["test"] = {"size": 4}
+    doc["limits"] = {"final_submissions": 1, "validation_evaluations_per_hour": 2, "concurrent_evaluations": 1}
+    admin.load_benchmark(doc)
+    run = admin.create_run("chain-sum-limited", "limited")
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
+
+    first = client.create_evaluation("smollm2-135m-instruct")
+    with pytest.raises(CrucibleAPIError) as exc:  # the first is still queued or running
+        client.create_evaluation("smollm2-135m-instruct", limit=1)
+    assert exc.value.status == 429 and exc.value.code == "evaluation_limit" and exc.value.problem["limit"] == "concurrent_evaluations"
+    client.wait_evaluation(first["id"], poll_s=0.3)
+    client.wait_evaluation(client.create_evaluation("smollm2-135m-instruct", limit=1)["id"], poll_s=0.3)
+
+    resp = httpx.post(f"{stack.gateway_url}/v1/evaluations", json={"model": "smollm2-135m-instruct", "limit": 1},
+                      headers={"Authorization": f"Bearer {run['api_key']}"})
+    assert resp.status_code == 429 and resp.headers["content-type"].startswith("application/problem+json")
+    assert resp.json()["limit"] == "validation_evaluations_per_hour"
+    assert 3500 < int(resp.headers["Retry-After"]) <= 3600
+    limits = client.run()["limits"]
+    assert limits["validation_evaluations_per_hour"] == {"limit": 2, "used": 2, "left": 0}
+    assert limits["concurrent_evaluations"] == {"limit": 1, "used": 0, "left": 1}
+    assert limits["final_submissions"] == {"limit": 1, "used": 0, "left": 1}
+    assert len(client.evaluations()) == 2  # refused ones leave nothing behind
+    budget = client.budget()
+    assert budget["held_usd_micros"] == 0

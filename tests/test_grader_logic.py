@@ -2,16 +2,17 @@
 
 from __future__ import annotations
 
+import datetime as dt
 import math
 
 import pytest
 import reasoning_gym
 
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
-from grader.service import aggregate, pass_at_k
+from grader.service import aggregate, check_evaluation_limits, pass_at_k
 from grader.suites import get_suite
-from services.common.contracts import EvaluationSettings, Harness
-from services.common.errors import Unprocessable
+from services.common.contracts import EvaluationLimits, EvaluationSettings, EvaluationUsage, Harness
+from services.common.errors import EvaluationRateLimited, FailedEvaluationLimit, Unprocessable
 
 PARAMS = {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
 
@@ -112,3 +113,33 @@ def test_harness_templates_cannot_loop_or_allocate(template: str) -> None:
 
 def test_harness_template_substitution_and_filters_are_allowed() -> None:
     check_harness(Harness(user_template="Problem: {{ question | trim }}\nAnswer:"))
+
+
+def _usage(last_hour: int = 0, last_day: int = 0, active: int = 0, failed: int = 0) -> EvaluationUsage:
+    return EvaluationUsage(last_hour=last_hour, last_day=last_day, active=active, failed=failed, total=last_day + failed)
+
+
+def test_evaluation_limits_refuse_with_the_limit_named_and_when_to_retry() -> None:
+    now = dt.datetime(2026, 11, 30, 12, 0, tzinfo=dt.UTC)
+    started = [now - dt.timedelta(minutes=m) for m in (5, 20, 50, 300)]  # newest first
+    limits = EvaluationLimits(per_hour=3, per_day=10, concurrent=2, failed=1)
+    check_evaluation_limits(_usage(last_hour=2, last_day=3), started[1:], limits, now)  # one more is fine
+
+    with pytest.raises(EvaluationRateLimited) as exc:
+        check_evaluation_limits(_usage(last_hour=3, last_day=4), started, limits, now)
+    assert exc.value.extra["limit"] == "validation_evaluations_per_hour"
+    assert exc.value.extra["retry_after_s"] == 10 * 60  # the one started 50 minutes ago leaves the window in 10
+
+    with pytest.raises(EvaluationRateLimited) as exc:
+        check_evaluation_limits(_usage(active=2), [], limits, now)
+    assert exc.value.extra["limit"] == "concurrent_evaluations" and exc.value.status == 429
+
+    with pytest.raises(FailedEvaluationLimit) as exc:
+        check_evaluation_limits(_usage(failed=1), [], limits, now)
+    assert exc.value.status == 403 and exc.value.extra["limit"] == "failed_evaluations"
+
+    day = [now - dt.timedelta(hours=h) for h in (2, 3, 23)]
+    with pytest.raises(EvaluationRateLimited) as exc:
+        check_evaluation_limits(_usage(last_day=3), day, EvaluationLimits(per_day=3), now)
+    assert exc.value.extra["retry_after_s"] == 3600
+    check_evaluation_limits(_usage(last_hour=99, last_day=99, active=99, failed=99), [], EvaluationLimits(concurrent=None, failed=None), now)

@@ -282,6 +282,31 @@ class EvaluationCreate(BaseModel):
     limit: int | None = Field(None, ge=1, description="Evaluate only the first `limit` validation items.")
 
 
+class EvaluationLimits(BaseModel):
+    """A run's allowance of validation evaluations, as EvalAI phases limit submissions; ``None``: no limit.
+
+    Failed or cancelled evaluations do not count towards ``per_hour``/``per_day`` but have their own cap,
+    so failing on purpose cannot buy extra feedback.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    per_hour: int | None = Field(None, ge=0, description="Validation evaluations started in any 60-minute window.")
+    per_day: int | None = Field(None, ge=0, description="Validation evaluations started in any 24-hour window.")
+    concurrent: int | None = Field(4, ge=1, description="Validation evaluations queued or running at once.")
+    failed: int | None = Field(10, ge=0, description="Failed or cancelled validation evaluations over the whole run.")
+
+
+class EvaluationUsage(BaseModel):
+    """How much of its evaluation allowance a run has used (counts of validation evaluations)."""
+
+    last_hour: int = Field(description="Started in the last 60 minutes (not failed or cancelled).")
+    last_day: int = Field(description="Started in the last 24 hours (not failed or cancelled).")
+    active: int = Field(description="Queued or running now.")
+    failed: int = Field(description="Failed or cancelled, ever.")
+    total: int = Field(description="All validation evaluations of the run.")
+
+
 class Score(BaseModel):
     """An aggregate score in [0, 1] over ``n`` items with its metric."""
 

@@ -9,13 +9,14 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import hashlib
 import threading
 from collections.abc import Iterator
 from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import DateTime, Engine, create_engine, event
+from sqlalchemy import DateTime, Engine, create_engine, event, text
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.types import TypeDecorator
 
@@ -62,6 +63,17 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+
+
+def serialize(s: Session, key: str) -> None:
+    """Serialize transactions on ``key`` until this one ends (check-then-insert without a row to lock).
+
+    PostgreSQL: a transaction-level advisory lock on a 63-bit hash of ``key``. SQLite: nothing to do, every
+    write transaction is ``BEGIN IMMEDIATE`` and so already runs alone.
+    """
+    if s.get_bind().dialect.name == "postgresql":
+        digest = int.from_bytes(hashlib.sha256(key.encode()).digest()[:8], "big") & (2**63 - 1)
+        s.execute(text("SELECT pg_advisory_xact_lock(:k)"), {"k": digest})
 
 
 class Database:

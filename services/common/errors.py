@@ -101,6 +101,18 @@ class TooManyRequests(CrucibleError):
     status, code, title = 429, "rate_limited", "Too many requests"
 
 
+class EvaluationRateLimited(TooManyRequests):
+    """A validation-evaluation limit of the benchmark (per hour, per day, concurrent) is reached for now."""
+
+    code, title = "evaluation_limit", "Validation evaluation limit reached"
+
+
+class FailedEvaluationLimit(Forbidden):
+    """The run used up its allowance of failed or cancelled validation evaluations."""
+
+    code, title = "failed_evaluation_limit", "No failed evaluations left"
+
+
 class UpstreamUnavailable(CrucibleError):
     """A service this one depends on did not answer; the call may be retried."""
 
