@@ -244,3 +244,47 @@ def test_validation_evaluations_are_limited_as_the_benchmark_says(stack, admin):
     assert len(client.evaluations()) == 2  # refused ones leave nothing behind
     budget = client.budget()
     assert budget["held_usd_micros"] == 0
+
+
+# every mutating gateway operation that touches the editable space: (name, part(s) that allow it, call).
+# Each call is valid except for one thing checked after permission (an unknown model or dataset, a bad
+# file), so an allowed call answers 4xx other than 403 and starts no work, and a refused one answers 403.
+PERMISSION_OPERATIONS = [
+    ("upload a dataset", {"data"}, lambda c: c._call("POST", "/v1/datasets", files={"file": ("x.jsonl", b"not json\n", "application/jsonl")})),
+    ("start a training job", {"data", "trainer"},
+     lambda c: c.create_training_job("smollm2-135m-instruct", ["ds_00000000000000000000000000"])),
+    ("set a recipe field", {"trainer"},
+     lambda c: c.create_training_job("smollm2-135m-instruct", ["ds_00000000000000000000000000"], {"learning_rate": 0.01})),
+    ("evaluate with a custom harness", {"harness"}, lambda c: c.create_evaluation("no-such-model", harness={"system_prompt": "x"})),
+    ("submit a custom harness", {"harness"}, lambda c: c.submit("no-such-model", harness={"system_prompt": "x"})),
+    ("evaluate with the default harness", {"data", "trainer", "harness"}, lambda c: c.create_evaluation("no-such-model")),
+    ("chat", {"data", "trainer", "harness"}, lambda c: c.chat("no-such-model", [{"role": "user", "content": "hi"}])),
+]
+
+
+@pytest.mark.parametrize("track", ["data", "trainer", "harness", "joint"])
+def test_permission_matrix_every_operation_on_every_track(stack, admin, track):  # noqa: ANN001
+    from crucible.sdk import CrucibleClient
+    from gateway.schemas import TRACKS
+    from tests.conftest import TEST_BENCHMARK
+
+    doc = json.loads(json.dumps(TEST_BENCHMARK))
+    doc.update(name=f"chain-sum-track-{track}", track=track)
+    doc["suite"]["splits"]["test"] = {"size": 4}
+    doc["recipe"] = {"lock": {"method": "sft"}}
+    admin.load_benchmark(doc)
+    run = admin.create_run(doc["name"], f"matrix-{track}")
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
+    editable = set(TRACKS[track])
+    assert set(client.run()["editable"]) == editable
+    outcomes = {}
+    for name, parts, call in PERMISSION_OPERATIONS:
+        with pytest.raises(CrucibleAPIError) as exc:
+            call(client)
+        outcomes[name] = (exc.value.status, exc.value.code)
+    expected = {name: "allowed" if parts & editable else "refused" for name, parts, _ in PERMISSION_OPERATIONS}
+    seen = {name: "refused" if status == 403 and code == "not_editable" else "allowed" for name, (status, code) in outcomes.items()}
+    assert seen == expected, outcomes
+    assert all(status != 403 or code == "not_editable" for status, code in outcomes.values()), outcomes
+    assert all(status < 500 for status, _ in outcomes.values()), outcomes
+    assert client.training_jobs() == [] and client.evaluations() == [] and client.datasets() == []
