@@ -45,6 +45,7 @@ from services.common.errors import (
     PaymentRequired,
     RunExpired,
     SubmissionLimitReached,
+    TooManyRequests,
     Unauthorized,
     Unprocessable,
     UpstreamUnavailable,
@@ -55,9 +56,11 @@ from services.common.errors import (
 
 
 def agent(request: Request, authorization: str | None = Header(None, description="`Bearer <run API key>`")) -> Caller:
-    """The calling run (401 if the key is missing, unknown or revoked); marks the call for the episode log."""
+    """The calling run (401 if the key is missing, unknown or revoked; 429 past the key's rate limits);
+    marks the call for the episode log."""
     caller = service.authenticate(authorization)
     request.state.run_id = caller.run.id
+    service.runtime().limiter.check(caller.run.id)
     return caller
 
 
@@ -94,7 +97,7 @@ EvalId = Annotated[str, Path(pattern=ID_PATTERN, description="`eval_…`")]
 SubId = Annotated[str, Path(pattern=ID_PATTERN, description="`sub_…`")]
 RunId = Annotated[str, Path(pattern=ID_PATTERN, description="`run_…`")]
 
-AGENT_ERRORS = problem_responses(Unauthorized, UpstreamUnavailable)  # 503: a service is restarting; retry
+AGENT_ERRORS = problem_responses(Unauthorized, TooManyRequests, UpstreamUnavailable)  # 503: a service is restarting; retry
 MUTATING_ERRORS = problem_responses(Unauthorized, RunExpired, PaymentRequired)
 agent_router = APIRouter(prefix="/v1", responses=AGENT_ERRORS)
 admin_router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(admin)], responses=problem_responses(Unauthorized))

@@ -15,6 +15,7 @@ from pydantic import ValidationError
 from sqlalchemy import select
 
 from gateway.models import Benchmark, EpisodeEvent, Run
+from gateway.ratelimit import KeyRateLimiter
 from gateway.schemas import BenchmarkFile, BenchmarkOut, BudgetOut, LeaderboardRow, RunCard, RunCreate, RunCreated, RunOut
 from gateway.settings import GatewaySettings
 from services.common.auth import RunContext, hash_secret, new_secret
@@ -34,6 +35,7 @@ class Runtime:
     trainer: ServiceClient
     inference: ServiceClient
     grader: ServiceClient
+    limiter: KeyRateLimiter
 
 
 @once
@@ -45,6 +47,7 @@ def runtime() -> Runtime:
         settings=s, db=Database(s.database_url_for("gateway")),
         ledger=ledger_client(s), trainer=client(s.trainer_url, "trainer", 120),
         inference=client(s.inference_url, "inference", 300), grader=client(s.grader_url, "grader", 300),
+        limiter=KeyRateLimiter(s.rate_limits, s.rate_limit_storage),
     )
 
 

@@ -10,3 +10,12 @@ from services.common.settings import ServiceSettings
 class GatewaySettings(ServiceSettings):
     admin_key: str = Field(..., min_length=16, description="Operator key for /admin routes (CRUCIBLE_ADMIN_KEY).")
     max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest dataset upload, bytes.")
+    rate_limits: str = Field(
+        "30/second;1200/minute",
+        description="Per run key, `;`-separated limits in the `limits` library's notation (e.g. `30/second;1200/minute`); "
+                    "past one the key gets 429 with Retry-After. Empty: no limit.",
+    )
+    rate_limit_storage: str = Field(
+        "memory://",
+        description="Where hits are counted: `memory://` (per gateway process) or `redis://host:6379/1` (shared by every gateway replica).",
+    )

@@ -288,3 +288,21 @@ def test_permission_matrix_every_operation_on_every_track(stack, admin, track): 
     assert all(status != 403 or code == "not_editable" for status, code in outcomes.values()), outcomes
     assert all(status < 500 for status, _ in outcomes.values()), outcomes
     assert client.training_jobs() == [] and client.evaluations() == [] and client.datasets() == []
+
+
+def test_a_key_past_its_rate_limit_gets_429_problem_json_with_retry_after(stack, new_run):  # noqa: ANN001
+    from concurrent.futures import ThreadPoolExecutor
+
+    run, _client = new_run("hammer")
+    headers = {"Authorization": f"Bearer {run['api_key']}"}
+    with httpx.Client(base_url=stack.gateway_url, headers=headers, timeout=30) as http, ThreadPoolExecutor(16) as pool:
+        answers = list(pool.map(lambda _i: http.get("/v1/datasets"), range(120)))
+        codes = {r.status_code for r in answers}
+        assert codes == {200, 429}, codes
+        refused = next(r for r in answers if r.status_code == 429)
+        assert refused.headers["content-type"].startswith("application/problem+json")
+        assert refused.json()["code"] == "rate_limited" and 1 <= int(refused.headers["Retry-After"]) <= 60
+        time.sleep(int(refused.headers["Retry-After"]))
+        assert http.get("/v1/datasets").status_code == 200
+    _other_run, other = new_run("bystander")
+    assert other.datasets() == []  # another key is not slowed by this one
