@@ -78,15 +78,23 @@ def admin(authorization: str | None = Header(None, description="`Bearer <admin k
 
 
 def episode_middleware(app: Any) -> None:
-    """Record every agent call (run, method, path, status, latency in ms) in the episode log."""
+    """Record every agent call (run, method, path, status, latency in ms) in the episode log, and every
+    operator call and every refused credential (401) in the audit log."""
 
     @app.middleware("http")
     async def _episode(request: Request, call_next):  # noqa: ANN001, ANN202
         start = time.perf_counter()
         response = await call_next(request)
         run_id = getattr(request.state, "run_id", None)
+        path = request.url.path
         if run_id:
-            await run_in_threadpool(service.log_call, run_id, request.method, request.url.path, response.status_code, int((time.perf_counter() - start) * 1000))
+            await run_in_threadpool(service.log_call, run_id, request.method, path, response.status_code, int((time.perf_counter() - start) * 1000))
+        elif path.startswith("/admin") or response.status_code == 401:
+            _scheme, _, key = request.headers.get("authorization", "").partition(" ")
+            actor = "admin" if path.startswith("/admin") and response.status_code != 401 else "anonymous"
+            prefix = (key.strip()[:8] or None) if actor == "anonymous" else None  # never the whole key
+            await run_in_threadpool(service.log_audit, actor, prefix, request.method, path, response.status_code,
+                                    request.client.host if request.client else None)
         return response
 
 
@@ -339,6 +347,12 @@ def revoke(run_id: RunId) -> RunOut:
 @admin_router.get("/runs/{run_id}/episode", summary="A run's episode log (every agent call)")
 def episode(run_id: RunId, after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     return {"object": "list", "data": service.episode_log(run_id, after, limit)}
+
+
+@admin_router.get("/audit", summary="The audit log (operator actions and refused credentials)")
+def audit(after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+    """Append-only: ``{seq, actor (admin|anonymous), key_prefix, method, path, status, client, created_at}``, oldest first."""
+    return {"object": "list", "data": service.audit_log(after, limit)}
 
 
 @admin_router.get("/accounts", summary="Every ledger account")

@@ -44,7 +44,7 @@ class Run(Base):
 
 
 class EpisodeEvent(Base):
-    """One agent call: the episode log records every request a run's key made."""
+    """One agent call: the episode log records every request a run's key made (append-only, by trigger)."""
 
     __tablename__ = "episode_log"
 
@@ -54,4 +54,23 @@ class EpisodeEvent(Base):
     path: Mapped[str] = mapped_column(Text)
     status: Mapped[int] = mapped_column(Integer)
     latency_ms: Mapped[int] = mapped_column(Integer)
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class AuditEvent(Base):
+    """An operator action or a refused credential, append-only (a database trigger refuses UPDATE and DELETE).
+
+    ``actor``: ``admin`` (the admin key), or ``anonymous`` (a missing, unknown or revoked key; ``key_prefix``
+    holds the first 8 characters of what was sent, never the key). Uses of run keys are in the episode log.
+    """
+
+    __tablename__ = "audit_log"
+
+    seq: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    actor: Mapped[str] = mapped_column(String(20))
+    key_prefix: Mapped[str | None] = mapped_column(String(16), nullable=True)
+    method: Mapped[str] = mapped_column(String(10))
+    path: Mapped[str] = mapped_column(Text)
+    status: Mapped[int] = mapped_column(Integer)
+    client: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -14,7 +14,7 @@ from typing import Any
 from pydantic import ValidationError
 from sqlalchemy import select
 
-from gateway.models import Benchmark, EpisodeEvent, Run
+from gateway.models import AuditEvent, Benchmark, EpisodeEvent, Run
 from gateway.ratelimit import KeyRateLimiter
 from gateway.schemas import BenchmarkFile, BenchmarkOut, BudgetOut, LeaderboardRow, RunCard, RunCreate, RunCreated, RunOut
 from gateway.settings import GatewaySettings
@@ -263,6 +263,20 @@ def _limits_left(spec: BenchmarkFile, submissions: int, usage: EvaluationUsage) 
 def log_call(run_id: str, method: str, path: str, status: int, latency_ms: int) -> None:
     with runtime().db.session() as s:
         s.add(EpisodeEvent(run_id=run_id, method=method, path=path, status=status, latency_ms=latency_ms, created_at=utcnow()))
+
+
+def log_audit(actor: str, key_prefix: str | None, method: str, path: str, status: int, client: str | None) -> None:
+    """Append an operator action or a refused credential to the audit log."""
+    with runtime().db.session() as s:
+        s.add(AuditEvent(actor=actor, key_prefix=key_prefix, method=method, path=path, status=status, client=client, created_at=utcnow()))
+
+
+def audit_log(after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
+    """Audit events with ``seq > after``, oldest first."""
+    with runtime().db.session() as s:
+        rows = s.scalars(select(AuditEvent).where(AuditEvent.seq > after).order_by(AuditEvent.seq).limit(limit))
+        return [{"seq": e.seq, "actor": e.actor, "key_prefix": e.key_prefix, "method": e.method, "path": e.path, "status": e.status,
+                 "client": e.client, "created_at": e.created_at} for e in rows]
 
 
 def episode_log(run_id: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:

@@ -306,3 +306,31 @@ def test_a_key_past_its_rate_limit_gets_429_problem_json_with_retry_after(stack,
         assert http.get("/v1/datasets").status_code == 200
     _other_run, other = new_run("bystander")
     assert other.datasets() == []  # another key is not slowed by this one
+
+
+def test_operator_actions_and_refused_keys_are_in_the_append_only_audit_log(stack, admin, benchmark):  # noqa: ANN001
+    from sqlalchemy import create_engine, text
+
+    before = admin._call("GET", "/admin/audit")["data"]
+    start = before[-1]["seq"] if before else 0
+    run = admin.create_run(benchmark["name"], "audited")
+    assert httpx.get(f"{stack.gateway_url}/v1/budget", headers={"Authorization": f"Bearer {run['api_key']}"}).status_code == 200
+    admin.revoke(run["id"])
+    assert httpx.get(f"{stack.gateway_url}/v1/run", headers={"Authorization": f"Bearer {run['api_key']}"}).status_code == 401
+    assert httpx.get(f"{stack.gateway_url}/admin/runs", headers={"Authorization": "Bearer not-the-admin-key"}).status_code == 401
+    events = admin._call("GET", "/admin/audit", params={"after": start})["data"]
+    seen = [(e["actor"], e["method"], e["path"], e["status"]) for e in events]
+    assert ("admin", "POST", "/admin/runs", 201) in seen
+    assert ("admin", "POST", f"/admin/runs/{run['id']}/revoke", 200) in seen
+    assert ("anonymous", "GET", "/v1/run", 401) in seen and ("anonymous", "GET", "/admin/runs", 401) in seen
+    refused = next(e for e in events if e["path"] == "/v1/run")
+    assert refused["key_prefix"] == run["api_key"][:8] and run["api_key"] not in json.dumps(events)
+
+    url = stack.database_urls.get("gateway") or f"sqlite:///{stack.data_dir / 'gateway.sqlite'}"
+    engine = create_engine(url)
+    try:
+        for statement in ("UPDATE audit_log SET status = 200", "DELETE FROM episode_log"):
+            with pytest.raises(Exception, match="append-only"), engine.begin() as conn:
+                conn.execute(text(statement))
+    finally:
+        engine.dispose()

@@ -17,8 +17,8 @@ from typing import Any
 
 import pytest
 from fastapi.testclient import TestClient
-from sqlalchemy import func, select, update
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy import func, select, text, update
+from sqlalchemy.exc import DBAPIError, IntegrityError
 
 from services.common.db import Database, migrate
 from services.common.errors import Conflict, CrucibleError, NotFound, PaymentRequired
@@ -395,6 +395,14 @@ def test_entries_are_append_only(ledger: Ledger) -> None:
         entry.amount_usd_micros = 1
     with pytest.raises(RuntimeError, match="append-only"), ledger.db.session() as s:
         s.delete(s.scalars(select(models.Entry).where(models.Entry.account_id == account_id)).one())
+    assert ledger.entries(account_id)[0].amount_usd_micros == 1_000
+
+
+def test_the_database_itself_refuses_to_change_or_delete_an_entry(ledger: Ledger) -> None:
+    account_id = open_account(ledger, 1_000)
+    for statement in ("UPDATE entries SET amount_usd_micros = 1 WHERE account_id = :a", "DELETE FROM entries WHERE account_id = :a"):
+        with pytest.raises(DBAPIError, match="append-only"), ledger.db.engine.begin() as conn:
+            conn.execute(text(statement), {"a": account_id})
     assert ledger.entries(account_id)[0].amount_usd_micros == 1_000
 
 

@@ -65,6 +65,30 @@ def make_engine(url: str) -> Engine:
     return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
 
 
+def append_only_ddl(dialect: str, table: str) -> list[str]:
+    """SQL that makes ``table`` append-only in the database itself: UPDATE and DELETE raise an error.
+
+    For migrations (``op.execute`` each statement); PostgreSQL and SQLite triggers.
+    """
+    if dialect == "postgresql":
+        return [
+            "CREATE OR REPLACE FUNCTION crucible_append_only() RETURNS trigger LANGUAGE plpgsql AS $$ "
+            "BEGIN RAISE EXCEPTION '% is append-only', TG_TABLE_NAME; END $$",
+            f"CREATE TRIGGER {table}_append_only BEFORE UPDATE OR DELETE ON {table} FOR EACH ROW EXECUTE FUNCTION crucible_append_only()",
+        ]
+    return [
+        f"CREATE TRIGGER {table}_no_update BEFORE UPDATE ON {table} BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END",
+        f"CREATE TRIGGER {table}_no_delete BEFORE DELETE ON {table} BEGIN SELECT RAISE(ABORT, '{table} is append-only'); END",
+    ]
+
+
+def drop_append_only_ddl(dialect: str, table: str) -> list[str]:
+    """The reverse of :func:`append_only_ddl` (for downgrades)."""
+    if dialect == "postgresql":
+        return [f"DROP TRIGGER IF EXISTS {table}_append_only ON {table}"]
+    return [f"DROP TRIGGER IF EXISTS {table}_no_update", f"DROP TRIGGER IF EXISTS {table}_no_delete"]
+
+
 def serialize(s: Session, key: str) -> None:
     """Serialize transactions on ``key`` until this one ends (check-then-insert without a row to lock).
 
