@@ -278,7 +278,7 @@ def test_permission_matrix_every_operation_on_every_track(stack, admin, track): 
     editable = set(TRACKS[track])
     assert set(client.run()["editable"]) == editable
     outcomes = {}
-    for name, parts, call in PERMISSION_OPERATIONS:
+    for name, _parts, call in PERMISSION_OPERATIONS:
         with pytest.raises(CrucibleAPIError) as exc:
             call(client)
         outcomes[name] = (exc.value.status, exc.value.code)
