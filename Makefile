@@ -42,6 +42,7 @@ services:
 	@redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
 
 test: $(STAMP) $(DEPLOY_STAMP) services
+	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 
 clean:

@@ -1,13 +1,15 @@
 """The embedded stack: every service and worker as a separate local process on 127.0.0.1.
 
-Secrets are generated once into ``<data_dir>/secrets/``: ``platform.env`` (service token, admin key) for
-every process, ``grader.env`` (test seed, test-store URL) for the grader and its eval worker only.
+Secrets are generated once into ``<data_dir>/secrets/``: ``tokens.env`` (one service token per service;
+each process gets its own and the tokens of the callers it trusts), ``gateway.env`` (the admin key, for the
+gateway only), ``grader.env`` (test seed, test-store URL) for the grader and its eval worker only.
 Each process's output goes to ``<data_dir>/logs/<name>.log``. :meth:`Stack.stop` ends every process
 group it started (SIGTERM, then SIGKILL after a grace period).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import signal
@@ -19,7 +21,7 @@ from pathlib import Path
 
 import httpx
 
-from services.common.auth import new_secret
+from services.common.auth import MAY_CALL, new_secret, trusted_callers
 
 
 @dataclass(frozen=True)
@@ -43,11 +45,11 @@ def _write_private(path: Path, values: dict[str, str]) -> None:
 
 
 def ensure_secrets(data_dir: Path) -> tuple[dict[str, str], dict[str, str], dict[str, str]]:
-    """``(platform, gateway-only, grader-only)`` environment values, created on first use and kept."""
+    """``(service tokens by service, gateway-only, grader-only)`` values, created on first use and kept."""
     sdir = data_dir / "secrets"
-    platform_file, gateway_file, grader_file = sdir / "platform.env", sdir / "gateway.env", sdir / "grader.env"
-    if not platform_file.exists():
-        _write_private(platform_file, {"CRUCIBLE_SERVICE_TOKEN": new_secret("svc", 32)})
+    tokens_file, gateway_file, grader_file = sdir / "tokens.env", sdir / "gateway.env", sdir / "grader.env"
+    if not tokens_file.exists():
+        _write_private(tokens_file, {service: new_secret(f"svc{service[:2]}", 32) for service in MAY_CALL})
     if not gateway_file.exists():
         _write_private(gateway_file, {"CRUCIBLE_ADMIN_KEY": new_secret("cak", 32)})
     if not grader_file.exists():
@@ -55,7 +57,12 @@ def ensure_secrets(data_dir: Path) -> tuple[dict[str, str], dict[str, str], dict
             "CRUCIBLE_GRADER_TEST_SEED": str(secrets.randbelow(2**31)),
             "CRUCIBLE_GRADER_TEST_STORE_URL": f"sqlite:///{(data_dir / 'grader-teststore.sqlite').resolve()}",
         })
-    return _read_env(platform_file), _read_env(gateway_file), _read_env(grader_file)
+    return _read_env(tokens_file), _read_env(gateway_file), _read_env(grader_file)
+
+
+def service_token(data_dir: Path, service: str) -> str:
+    """The token ``service`` of the stack in ``data_dir`` calls others with (e.g. ``gateway`` to read the ledger as operators do)."""
+    return ensure_secrets(data_dir)[0][service]
 
 
 def admin_key(data_dir: Path) -> str:
@@ -102,9 +109,11 @@ class Stack:
         return f"http://127.0.0.1:{self.port_base}"
 
     def environment(self, spec: ProcessSpec) -> dict[str, str]:
-        platform, gateway_only, grader_only = ensure_secrets(self.data_dir)
+        tokens, gateway_only, grader_only = ensure_secrets(self.data_dir)
+        owner = {"train-worker": "trainer", "eval-worker": "grader"}.get(spec.name, spec.name)
         env = {k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}
-        env.update(platform)
+        env["CRUCIBLE_SERVICE_TOKEN"] = tokens[owner]
+        env["CRUCIBLE_TRUSTED_TOKENS"] = json.dumps({caller: tokens[caller] for caller in trusted_callers(owner)})
         env.update({
             "CRUCIBLE_DATA_DIR": str(self.data_dir.resolve()),
             "CRUCIBLE_GATEWAY_URL": f"http://127.0.0.1:{self.port_base}",
@@ -122,7 +131,6 @@ class Stack:
             env.update(grader_only)
             if self.test_store_url:
                 env["CRUCIBLE_GRADER_TEST_STORE_URL"] = self.test_store_url
-        owner = {"train-worker": "trainer", "eval-worker": "grader"}.get(spec.name, spec.name)
         if owner in self.database_urls:
             env["CRUCIBLE_DATABASE_URL"] = self.database_urls[owner]
         if self.broker_url:

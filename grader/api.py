@@ -31,7 +31,7 @@ from services.common.errors import (
     problem_responses,
 )
 
-auth = InternalAuth(service.runtime().settings.service_token)
+auth = InternalAuth(lambda: service.runtime().settings.trusted_tokens)
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
 
 

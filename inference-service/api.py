@@ -9,7 +9,7 @@ from services.common.auth import InternalAuth, RunContext
 from services.common.contracts import ChatCompletion, ChatCompletionRequest
 from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
 
-auth = InternalAuth(service.runtime().settings.service_token)
+auth = InternalAuth(lambda: service.runtime().settings.trusted_tokens)
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
 
 

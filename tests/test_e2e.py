@@ -16,9 +16,9 @@ pytestmark = pytest.mark.e2e
 
 
 def _ledger(stack):  # noqa: ANN001, ANN202
-    from crucible.stack import ensure_secrets
+    from crucible.stack import service_token
 
-    token = ensure_secrets(stack.data_dir)[0]["CRUCIBLE_SERVICE_TOKEN"]
+    token = service_token(stack.data_dir, "gateway")  # the ledger trusts the gateway; operators read it so
     return httpx.Client(base_url=f"http://127.0.0.1:{stack.port_base + 1}", headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 
@@ -334,3 +334,28 @@ def test_operator_actions_and_refused_keys_are_in_the_append_only_audit_log(stac
                 conn.execute(text(statement))
     finally:
         engine.dispose()
+
+
+def test_internal_services_accept_only_the_callers_they_trust(stack, new_run):  # noqa: ANN001
+    from crucible.stack import service_token
+    from services.common.auth import RunContext, run_headers
+
+    run, _client = new_run("token-prober")
+    port = {"ledger": 1, "trainer": 2, "inference": 3, "grader": 4}
+
+    def get(service: str, path: str, token: str, **headers: str) -> int:
+        url = f"http://127.0.0.1:{stack.port_base + port[service]}{path}"
+        return httpx.get(url, headers={"Authorization": f"Bearer {token}", **headers}, timeout=30).status_code
+
+    tokens = {s: service_token(stack.data_dir, s) for s in ("gateway", "ledger", "trainer", "inference", "grader")}
+    assert {s: get("ledger", "/internal/prices", tokens[s]) for s in tokens} == {
+        "gateway": 200, "trainer": 200, "inference": 200, "grader": 200, "ledger": 401}
+    assert {s: get("grader", "/internal/leaderboard", tokens[s]) for s in tokens} == {
+        "gateway": 200, "trainer": 401, "inference": 401, "grader": 401, "ledger": 401}
+    assert get("inference", "/internal/models", tokens["grader"]) == 200 and get("inference", "/internal/models", tokens["trainer"]) == 401
+    assert get("trainer", "/internal/datasets", run["api_key"]) == 401  # a run key is no service token
+
+    ctx = RunContext(run_id=run["id"], benchmark_id=run["benchmark_id"])
+    assert get("trainer", "/internal/datasets", tokens["gateway"], **run_headers(ctx, tokens["gateway"])) == 200
+    forged = run_headers(ctx, tokens["inference"])  # signed by another service than the one calling
+    assert get("trainer", "/internal/datasets", tokens["gateway"], **forged) == 401

@@ -23,7 +23,7 @@ import yaml
 from sqlalchemy import create_engine, text
 
 from crucible.sdk import AdminClient, CrucibleAPIError, CrucibleClient
-from crucible.stack import Stack, admin_key, ensure_secrets
+from crucible.stack import Stack, admin_key, service_token
 from tests.conftest import PORT_BASE, TEST_BENCHMARK, prepared_models, throwaway_postgres
 
 pytestmark = pytest.mark.e2e
@@ -110,7 +110,7 @@ def client(faulty, bench) -> Iterator[CrucibleClient]:  # noqa: ANN001
 
 
 def ledger(stack: Stack) -> httpx.Client:
-    token = ensure_secrets(stack.data_dir)[0]["CRUCIBLE_SERVICE_TOKEN"]
+    token = service_token(stack.data_dir, "gateway")  # the ledger trusts the gateway; operators read it so
     return httpx.Client(base_url=f"http://127.0.0.1:{stack.port_base + 1}", headers={"Authorization": f"Bearer {token}"}, timeout=30)
 
 

@@ -77,7 +77,7 @@ def ledger(db_url: str) -> Iterator[Ledger]:
 
 @pytest.fixture
 def client(db_url: str) -> Iterator[TestClient]:
-    with TestClient(create_app(LedgerSettings(database_url=db_url, service_token=TOKEN))) as c:
+    with TestClient(create_app(LedgerSettings(database_url=db_url, service_token="ledger-own-token", trusted_tokens={"trainer": TOKEN}))) as c:
         yield c
 
 
@@ -446,7 +446,7 @@ def test_price_table_comes_from_the_configured_file(tmp_path: Path, monkeypatch:
 
 
 def test_internal_routes_require_the_service_token(client: TestClient) -> None:
-    for headers in ({}, {"Authorization": "Bearer crk_a-run-key"}, {"Authorization": TOKEN}):
+    for headers in ({}, {"Authorization": "Bearer crk_a-run-key"}, {"Authorization": TOKEN}, {"Authorization": "Bearer ledger-own-token"}):
         r = client.get("/internal/prices", headers=headers)
         assert r.status_code == 401
         assert r.headers["content-type"] == "application/problem+json"

@@ -9,7 +9,7 @@ from services.common.auth import InternalAuth, RunContext
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Page, TrainingJobCreate, TrainingJobOut
 from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
 
-auth = InternalAuth(service.runtime().settings.service_token)
+auth = InternalAuth(lambda: service.runtime().settings.trusted_tokens)
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
 
 

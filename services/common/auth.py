@@ -1,10 +1,12 @@
 """Service-to-service authentication and the signed run context.
 
-Every internal call carries ``Authorization: Bearer <service token>``. Calls made on behalf of a run also
-carry ``X-Crucible-Run`` (base64url JSON of :class:`RunContext`) and ``X-Crucible-Run-Signature``
-(HMAC-SHA256 of that header value with the service token), so an internal service trusts the run id,
-track and permissions only as the gateway stated them. A run key sent straight to an internal service is
-not the service token and is refused with 401.
+Every service has its own token. An internal call carries ``Authorization: Bearer <the caller's token>``;
+the callee accepts only the callers it trusts (``trusted_tokens``: the "may call" column of the design's
+service table, e.g. the grader trusts only the gateway). Calls made on behalf of a run also carry
+``X-Crucible-Run`` (base64url JSON of :class:`RunContext`) and ``X-Crucible-Run-Signature`` (HMAC-SHA256
+of that header value with the caller's token), so a service trusts the run id, track and permissions only
+as a trusted caller stated them. A run key or an admin key sent straight to an internal service is no
+service token and is refused with 401.
 """
 
 from __future__ import annotations
@@ -14,11 +16,26 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import Callable
 
 from fastapi import Request
 from pydantic import BaseModel, Field
 
 from services.common.errors import Unauthorized
+
+MAY_CALL: dict[str, tuple[str, ...]] = {  # the design's service table: caller -> services it may call
+    "gateway": ("ledger", "trainer", "inference", "grader"),
+    "trainer": ("ledger",),
+    "inference": ("ledger", "trainer"),
+    "grader": ("inference", "ledger", "trainer"),
+    "ledger": (),
+}
+
+
+def trusted_callers(service: str) -> tuple[str, ...]:
+    """The services allowed to call ``service`` (whose tokens it must trust)."""
+    return tuple(caller for caller, callees in MAY_CALL.items() if service in callees)
+
 
 RUN_HEADER = "X-Crucible-Run"
 RUN_SIGNATURE_HEADER = "X-Crucible-Run-Signature"
@@ -55,12 +72,17 @@ def read_run_context(request: Request, secret: str) -> RunContext | None:
     return RunContext.model_validate(json.loads(base64.urlsafe_b64decode(value.encode())))
 
 
-def check_service_token(request: Request, secret: str) -> None:
-    """Raise ``Unauthorized`` unless the request carries the service token as its Bearer credential."""
-    header = request.headers.get("authorization", "")
-    scheme, _, token = header.partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(token.encode(), secret.encode()):
-        raise Unauthorized("internal endpoint: a valid service token is required")
+def identify_caller(request: Request, trusted: dict[str, str]) -> tuple[str, str]:
+    """``(caller name, caller token)`` of a request whose Bearer credential is a trusted service token;
+    raises ``Unauthorized`` otherwise (every token is compared, in constant time)."""
+    scheme, _, token = request.headers.get("authorization", "").partition(" ")
+    found = None
+    for name, secret in trusted.items():
+        if hmac.compare_digest(token.encode(), secret.encode()) and scheme.lower() == "bearer" and secret:
+            found = (name, secret)
+    if found is None:
+        raise Unauthorized("internal endpoint: the token of a service allowed to call this one is required")
+    return found
 
 
 def new_secret(prefix: str, nbytes: int = 24) -> str:
@@ -74,18 +96,24 @@ def hash_secret(value: str) -> str:
 
 
 class InternalAuth:
-    """FastAPI dependencies for internal routes of a service whose token is ``secret``.
+    """FastAPI dependencies for the internal routes of a service that trusts the callers in ``trusted``
+    (name → token; read when a request comes, so tests and settings may replace it).
 
-    ``caller`` checks the service token and returns the run context if one was sent; ``run`` also
-    requires one (401 otherwise). Use as ``ctx: RunContext = Depends(auth.run)``.
+    ``caller`` checks the caller's token and returns the run context if one was sent (verified with that
+    caller's token); ``run`` also requires one (401 otherwise). Use as ``ctx: RunContext = Depends(auth.run)``.
     """
 
-    def __init__(self, secret: str) -> None:
-        self.secret = secret
+    def __init__(self, trusted: dict[str, str] | Callable[[], dict[str, str]]) -> None:
+        self._trusted = trusted
+
+    @property
+    def trusted(self) -> dict[str, str]:
+        return self._trusted() if callable(self._trusted) else self._trusted
 
     def caller(self, request: Request) -> RunContext | None:
-        check_service_token(request, self.secret)
-        return read_run_context(request, self.secret)
+        name, token = identify_caller(request, self.trusted)
+        request.state.caller = name
+        return read_run_context(request, token)
 
     def run(self, request: Request) -> RunContext:
         ctx = self.caller(request)

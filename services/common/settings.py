@@ -20,7 +20,16 @@ class ServiceSettings(BaseSettings):
     model_config = SettingsConfigDict(env_prefix="CRUCIBLE_", extra="ignore")
 
     data_dir: Path = Field(Path(".crucible"), description="Root of SQLite files, artifacts and prepared models.")
-    service_token: str = Field("dev-service-token", description="Shared secret for service-to-service calls and run-context signatures.")
+    service_token: str = Field(
+        "dev-service-token",
+        description="This service's own token: sent on every call it makes to another service and used to sign the run "
+                    "context it forwards. Every service has a different one.",
+    )
+    trusted_tokens: dict[str, str] = Field(
+        default_factory=dict,
+        description="The callers this service accepts, name → their service token (JSON in CRUCIBLE_TRUSTED_TOKENS), "
+                    "e.g. the ledger trusts the gateway, trainer, inference and grader. A token not listed is refused with 401.",
+    )
     gateway_url: str = "http://127.0.0.1:8000"
     ledger_url: str = "http://127.0.0.1:8001"
     trainer_url: str = "http://127.0.0.1:8002"

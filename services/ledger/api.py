@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import status as http_status
 
-from services.common.auth import check_service_token
+from services.common.auth import identify_caller
 from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
 from services.ledger.schemas import (
     Account,
@@ -33,8 +33,8 @@ from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, Id
 
 
 def require_service_token(request: Request) -> None:
-    """Refuse the call (401) unless it carries the service token."""
-    check_service_token(request, request.app.state.settings.service_token)
+    """Refuse the call (401) unless it carries the token of a service the ledger trusts."""
+    request.state.caller = identify_caller(request, request.app.state.settings.trusted_tokens)[0]
 
 
 def get_ledger(request: Request) -> Ledger:
