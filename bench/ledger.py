@@ -1,0 +1,173 @@
+"""Ledger throughput on PostgreSQL: hold+settle pairs per second against a bare-SQL baseline, same run.
+
+    .venv/bin/python bench/ledger.py [--clients 64] [--seconds 10] [--via service|http]
+
+``ledger``: ``--clients`` threads, each with its own run account, loop "place a hold for 1,000 decode
+tokens, settle it for 500" through the ledger (``service``: the ``Ledger`` class, every rule, idempotency
+key and entry included; ``http``: the ledger app under uvicorn, called over HTTP with the service token).
+``baseline``: the same threads each send one conditional ``UPDATE … WHERE remaining >= amount`` per
+charge, the least any overdraft-safe ledger can do. Prints both rates and their ratio. A throw-away
+database is created and dropped.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import secrets
+import subprocess
+import sys
+import threading
+import time
+from collections.abc import Callable
+from pathlib import Path
+
+import httpx
+import psycopg
+
+ROOT = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(ROOT))
+
+from services.common.db import Database, migrate  # noqa: E402
+from services.ledger.app import MIGRATIONS_DIR  # noqa: E402
+from services.ledger.pricing import load_prices  # noqa: E402
+from services.ledger.schemas import AccountCreate, HoldCreate, HoldSettle, UsageItem  # noqa: E402
+from services.ledger.service import Ledger  # noqa: E402
+
+MODEL = "smollm2-135m-instruct"
+BUDGET = 10**12  # micro-USD: never the limit here
+
+
+def run_clients(n: int, seconds: float, setup: Callable[[int], object], step: Callable[[object, int], None]) -> float:
+    """Run ``step(state, i)`` in a loop on ``n`` threads for ``seconds``; operations per second."""
+    counts = [0] * n
+    barrier = threading.Barrier(n + 1)
+    stop = threading.Event()
+    errors: list[BaseException] = []
+
+    def worker(i: int) -> None:
+        state = setup(i)
+        barrier.wait()
+        try:
+            while not stop.is_set():
+                step(state, counts[i])
+                counts[i] += 1
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+            stop.set()
+
+    threads = [threading.Thread(target=worker, args=(i,)) for i in range(n)]
+    for t in threads:
+        t.start()
+    barrier.wait()
+    start = time.perf_counter()
+    time.sleep(seconds)
+    stop.set()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - start
+    if errors:
+        raise errors[0]
+    return sum(counts) / elapsed
+
+
+def bench_service(url: str, clients: int, seconds: float) -> float:
+    db = Database(url)
+    ledger = Ledger(db, load_prices())
+    usage_hold, usage_settle = [UsageItem(kind="decode_tokens", quantity=1000, model=MODEL)], [UsageItem(kind="decode_tokens", quantity=500, model=MODEL)]
+
+    def setup(i: int) -> str:
+        account = f"run_bench{i:04d}{secrets.token_hex(6)}"
+        ledger.open_account(AccountCreate(account_id=account, budget_usd_micros=BUDGET))
+        return account
+
+    def pair(account: str, k: int) -> None:
+        hold = ledger.create_hold(HoldCreate(account_id=account, usage=usage_hold, purpose="bench", idempotency_key=f"h{k}"))
+        ledger.settle_hold(hold.hold_id, HoldSettle(usage=usage_settle, idempotency_key=f"s{k}"))
+
+    try:
+        return run_clients(clients, seconds, setup, pair)
+    finally:
+        db.engine.dispose()
+
+
+def bench_http(url: str, clients: int, seconds: float, port: int = 18199) -> float:
+    token = secrets.token_hex(16)
+    env = {**os.environ, "CRUCIBLE_DATABASE_URL": url, "CRUCIBLE_TRUSTED_TOKENS": f'{{"bench": "{token}"}}', "CRUCIBLE_LOG_LEVEL": "WARNING"}
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "services.ledger.app:app", "--port", str(port), "--log-level", "warning"],
+                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    base = f"http://127.0.0.1:{port}"
+    try:
+        for _ in range(100):
+            try:
+                if httpx.get(f"{base}/healthz").status_code == 200:
+                    break
+            except httpx.HTTPError:
+                time.sleep(0.2)
+        hold_usage = [{"kind": "decode_tokens", "quantity": 1000, "model": MODEL}]
+        settle_usage = [{"kind": "decode_tokens", "quantity": 500, "model": MODEL}]
+
+        def setup(i: int) -> tuple[httpx.Client, str]:
+            client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+            account = f"run_bench{i:04d}{secrets.token_hex(6)}"
+            client.post("/internal/accounts", json={"account_id": account, "budget_usd_micros": BUDGET}).raise_for_status()
+            return client, account
+
+        def pair(state: tuple[httpx.Client, str], k: int) -> None:
+            client, account = state
+            hold = client.post("/internal/holds", json={"account_id": account, "usage": hold_usage, "purpose": "bench", "idempotency_key": f"h{k}"})
+            hold.raise_for_status()
+            client.post(f"/internal/holds/{hold.json()['hold_id']}/settle", json={"usage": settle_usage, "idempotency_key": f"s{k}"}).raise_for_status()
+
+        return run_clients(clients, seconds, setup, pair)
+    finally:
+        proc.terminate()
+        proc.wait()
+
+
+def bench_baseline(dsn: str, clients: int, seconds: float) -> float:
+    def setup(i: int) -> tuple[psycopg.Connection, str]:
+        conn = psycopg.connect(dsn, autocommit=True)
+        account = f"base{i:04d}{secrets.token_hex(6)}"
+        conn.execute("INSERT INTO accounts (account_id, budget_usd_micros, held_usd_micros, spent_usd_micros, created_at, updated_at) "
+                     "VALUES (%s, %s, 0, 0, now(), now())", (account, BUDGET))
+        return conn, account
+
+    def charge(state: tuple[psycopg.Connection, str], _k: int) -> None:
+        conn, account = state
+        cur = conn.execute("UPDATE accounts SET spent_usd_micros = spent_usd_micros + %s "
+                           "WHERE account_id = %s AND budget_usd_micros - held_usd_micros - spent_usd_micros >= %s", (200, account, 200))
+        assert cur.rowcount == 1
+
+    return run_clients(clients, seconds, setup, charge)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--seconds", type=float, default=10.0)
+    parser.add_argument("--via", choices=["service", "http"], default="service")
+    parser.add_argument("--pg", default=os.environ.get("CRUCIBLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
+    args = parser.parse_args()
+
+    name = f"crucible_bench_ledger_{secrets.token_hex(4)}"
+    with psycopg.connect(args.pg, autocommit=True) as admin:
+        admin.execute(f'CREATE DATABASE "{name}"')
+    dsn = args.pg.rsplit("/", 1)[0] + f"/{name}"
+    url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
+    try:
+        migrate(url, MIGRATIONS_DIR)
+        bench = bench_service if args.via == "service" else bench_http
+        pairs = bench(url, args.clients, args.seconds)
+        baseline = bench_baseline(dsn, args.clients, args.seconds)
+    finally:
+        with psycopg.connect(args.pg, autocommit=True) as admin:
+            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    print(f"clients {args.clients}, {args.seconds:.0f} s each, PostgreSQL, ledger via {args.via}")
+    print(f"ledger    hold+settle pairs/s  {pairs:10.1f}")
+    print(f"baseline  conditional UPDATEs/s {baseline:10.1f}")
+    print(f"ratio     {pairs / baseline:.3f}   (target: ≥ 1000 pairs/s and ratio ≥ 0.5)")
+
+
+if __name__ == "__main__":
+    main()
