@@ -6,6 +6,8 @@
 - ``deploy/Dockerfile``: each image installs only what its service needs.
 - ``deploy/helm/crucible``: linted and rendered by Helm's own Go SDK (``helm-python-sdk``, the ``test`` extra),
   then the rendered NetworkPolicies are evaluated pod by pod.
+- Service tokens, in both: each service and worker holds its own service's token, and a service holds the tokens
+  of exactly the callers ``services.common.auth.trusted_callers`` names (README.md's Secret snippet is run too).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import ipaddress
 import json
 import os
 import re
+import shutil
 import subprocess
 import sys
 import tomllib
@@ -28,6 +31,8 @@ import jsonschema
 import pytest
 import yaml
 
+from services.common.auth import trusted_callers
+
 ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 COMPOSE = yaml.safe_load(COMPOSE_FILE.read_text())
@@ -39,6 +44,8 @@ INIT_DB = ROOT / "deploy" / "init-db.sh"
 CHART = ROOT / "deploy" / "helm" / "crucible"
 DEPLOY_TOOLS = Path(sys.prefix) / "deploy-tools"
 HTTP_SERVICES = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 8003, "grader": 8004}
+WORKERS = {"train-worker": "trainer", "grader-worker": "grader"}  # worker -> the service whose token it uses
+TOKEN_VARS = {s: f"{s.upper()}_SERVICE_TOKEN" for s in HTTP_SERVICES}  # compose: each service's own token
 ML_PACKAGES = {"torch", "transformers", "peft", "accelerate", "gguf"}
 
 
@@ -126,8 +133,76 @@ def test_each_secret_reaches_only_the_services_that_need_it(tmp_path: Path) -> N
     for service, users in {"gateway": {"gateway"}, "ledger": {"ledger"}, "trainer": {"trainer", "train-worker"},
                            "inference": {"inference"}, "grader": {"grader", "grader-worker"}}.items():
         assert holders(f"{service.upper()}_DB_PASSWORD") == users | {"postgres"}, service
-    assert holders("CRUCIBLE_SERVICE_TOKEN") == set(HTTP_SERVICES) | {"train-worker", "grader-worker"}
-    assert len(secrets) == 10
+    for service, var in TOKEN_VARS.items():  # the owner and its workers, and the services that trust it
+        users = {service} | {w for w, owner in WORKERS.items() if owner == service}
+        assert holders(var) == users | {callee for callee in HTTP_SERVICES if service in trusted_callers(callee)}, service
+    assert len(secrets) == 14
+
+
+def test_env_example_has_one_distinct_token_per_service() -> None:
+    values = _read_env_file(ENV_EXAMPLE)
+    assert {k for k in values if k.endswith("_SERVICE_TOKEN")} == set(TOKEN_VARS.values())
+    assert len({values[var] for var in TOKEN_VARS.values()}) == len(TOKEN_VARS)
+    assert "CRUCIBLE_SERVICE_TOKEN" not in values  # the old shared token is gone
+
+
+def test_compose_trusted_tokens_name_exactly_the_trusted_callers() -> None:
+    """In the file itself: a service's CRUCIBLE_SERVICE_TOKEN is its own variable, required; its
+    CRUCIBLE_TRUSTED_TOKENS is a JSON object of exactly its callers' variables; workers have no trusted tokens."""
+    for name in (*HTTP_SERVICES, *WORKERS):
+        owner = WORKERS.get(name, name)
+        env = _env(SERVICES[name])
+        assert env["CRUCIBLE_SERVICE_TOKEN"] == f"${{{TOKEN_VARS[owner]}:?set {TOKEN_VARS[owner]} in deploy/.env}}", name
+        if name in WORKERS:
+            assert "CRUCIBLE_TRUSTED_TOKENS" not in env, name
+            continue
+        assert json.loads(env["CRUCIBLE_TRUSTED_TOKENS"]) == {c: f"${{{TOKEN_VARS[c]}}}" for c in trusted_callers(name)}, name
+        assert re.findall(r"\$\{(\w+)", env["CRUCIBLE_TRUSTED_TOKENS"]) == [TOKEN_VARS[c] for c in trusted_callers(name)], name
+    for name, svc in SERVICES.items():  # nobody else gets a token
+        if name not in HTTP_SERVICES and name not in WORKERS:
+            assert not {"CRUCIBLE_SERVICE_TOKEN", "CRUCIBLE_TRUSTED_TOKENS"} & set(_env(svc)), name
+            assert "_SERVICE_TOKEN" not in json.dumps(svc), name
+
+
+def test_compose_gives_each_container_its_own_token_and_its_callers_tokens(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolved by `docker compose config` with a different token per service: each service and worker holds
+    exactly its own service's token, plus (services only) the tokens of its trusted callers, as JSON the
+    services' settings parse; no other container holds any token."""
+    from services.common.settings import ServiceSettings
+
+    tokens = {s: f"{i}{s}" * 4 for i, s in enumerate(HTTP_SERVICES)}
+    values = _read_env_file(ENV_EXAMPLE) | {TOKEN_VARS[s]: t for s, t in tokens.items()}
+    resolved = _resolved(tmp_path, values)["services"]
+    assert set(resolved) == set(SERVICES)
+    for name, spec in resolved.items():
+        env, text = spec.get("environment") or {}, json.dumps(spec)
+        held = {s for s, t in tokens.items() if t in text}
+        owner = WORKERS.get(name, name)
+        if owner not in HTTP_SERVICES:
+            assert held == set() and "CRUCIBLE_SERVICE_TOKEN" not in env and "CRUCIBLE_TRUSTED_TOKENS" not in env, name
+            continue
+        assert env["CRUCIBLE_SERVICE_TOKEN"] == tokens[owner], name
+        if name in WORKERS:
+            assert "CRUCIBLE_TRUSTED_TOKENS" not in env and held == {owner}, name
+            continue
+        callers = trusted_callers(name)
+        assert held == {name, *callers}, name
+        monkeypatch.setenv("CRUCIBLE_TRUSTED_TOKENS", env["CRUCIBLE_TRUSTED_TOKENS"])
+        monkeypatch.setenv("CRUCIBLE_SERVICE_TOKEN", env["CRUCIBLE_SERVICE_TOKEN"])
+        settings = ServiceSettings()
+        assert settings.trusted_tokens == {c: tokens[c] for c in callers}, name
+        assert settings.service_token == tokens[name], name
+
+
+@pytest.mark.parametrize("service", list(HTTP_SERVICES))
+def test_docker_compose_requires_each_service_token(tmp_path: Path, service: str) -> None:
+    values = _read_env_file(ENV_EXAMPLE)
+    del values[TOKEN_VARS[service]]
+    env_file = tmp_path / "compose.env"
+    env_file.write_text("".join(f"{k}={v}\n" for k, v in values.items()))
+    proc = _compose_config(env_file, "config", "--quiet")
+    assert proc.returncode != 0
+    assert f"set {TOKEN_VARS[service]} in deploy/.env" in proc.stderr
 
 
 def test_expected_services_and_the_gpu_profile() -> None:
@@ -185,9 +260,11 @@ def test_services_are_health_checked_and_started_in_order() -> None:
 
 
 def test_workers_share_their_service_image_and_environment() -> None:
+    """A worker has its service's settings but the trusted tokens: it serves nothing."""
     for worker, service, queue in (("train-worker", "trainer", "train"), ("grader-worker", "grader", "eval")):
+        assert WORKERS[worker] == service
         assert SERVICES[worker]["build"] == SERVICES[service]["build"], worker
-        assert _env(SERVICES[worker]) == _env(SERVICES[service]), worker
+        assert _env(SERVICES[worker]) == {k: v for k, v in _env(SERVICES[service]).items() if k != "CRUCIBLE_TRUSTED_TOKENS"}, worker
         command = SERVICES[worker]["command"]
         assert command[:2] == ["celery", "-A"] and command[command.index("-Q") + 1] == queue, worker
         assert "container_name" not in SERVICES[worker]  # `--scale` needs generated names
@@ -293,6 +370,7 @@ def test_images_match_the_compose_file() -> None:
 
 RELEASE, NAMESPACE, FULL = "crucible", "crucible", "crucible"
 VALUES_FILES = ["default-values.yaml", "gpu-values.yaml"]
+TOKEN_SECRETS: dict[str, str] = yaml.safe_load((CHART / "values.yaml").read_text())["secrets"]["tokens"]  # service -> Secret
 
 
 def _values(name: str) -> dict:
@@ -348,6 +426,8 @@ def test_chart_metadata_and_values() -> None:
     values = yaml.safe_load((CHART / "values.yaml").read_text())
     assert set(values["image"]["repositories"]) == set(HTTP_SERVICES)
     assert set(values["secrets"]["databases"]) == set(HTTP_SERVICES)
+    assert set(values["secrets"]["tokens"]) == set(HTTP_SERVICES) and "platform" not in values["secrets"]
+    assert len(set(values["secrets"]["tokens"].values())) == len(HTTP_SERVICES)
     assert values["secrets"]["testStore"] not in yaml.safe_dump({k: v for k, v in values["secrets"].items() if k != "testStore"})
     gpu_pool = next(p for p in values["workers"]["train"]["pools"] if p["name"] == "gpu")
     assert gpu_pool["resources"]["limits"]["nvidia.com/gpu"] == 1 and gpu_pool["tolerations"] and gpu_pool["nodeSelector"]
@@ -406,6 +486,87 @@ def test_secrets_reach_only_their_pods(values_file: str) -> None:
     for service in ("gateway", "ledger", "inference"):
         assert holders[f"crucible-db-{service}"] == {service, f"migrate-{service}"}
     assert "vllm" not in {n for names in holders.values() for n in names}
+    for service, secret in TOKEN_SECRETS.items():  # the service and its workers; no migration job
+        assert holders[secret] == {service} | {n for n in pods if n.rsplit("-", 1)[0] in WORKERS and WORKERS[n.rsplit("-", 1)[0]] == service}, service
+
+
+def _workload(pod_name: str) -> str | None:
+    """The service whose token a pod should use (``None``: a migration job or vLLM, which get none)."""
+    if pod_name in HTTP_SERVICES:
+        return pod_name
+    return WORKERS.get(pod_name.rsplit("-", 1)[0])
+
+
+@pytest.mark.parametrize("values_file", VALUES_FILES)
+def test_each_pod_holds_only_its_own_service_token(values_file: str) -> None:
+    """Key by key: a service reads CRUCIBLE_SERVICE_TOKEN and (if anyone may call it) CRUCIBLE_TRUSTED_TOKENS
+    from its own token Secret; a worker reads only CRUCIBLE_SERVICE_TOKEN from its service's Secret; migration
+    jobs and vLLM read none. No token Secret is imported whole (envFrom) and no token is a literal value."""
+    pods = _pods(_render(_values(values_file)))
+    token_secrets = set(TOKEN_SECRETS.values())
+    assert {_workload(n) for n in pods} >= set(HTTP_SERVICES)
+    for name, pod in pods.items():
+        refs = set()
+        for c in pod["spec"]["containers"] + pod["spec"].get("initContainers", []):
+            assert not {e["secretRef"]["name"] for e in c.get("envFrom", []) if "secretRef" in e} & token_secrets, name
+            for e in c.get("env", []):
+                ref = e.get("valueFrom", {}).get("secretKeyRef")
+                if ref and ref["name"] in token_secrets:
+                    refs.add((e["name"], ref["name"], ref["key"]))
+                elif e["name"] in ("CRUCIBLE_SERVICE_TOKEN", "CRUCIBLE_TRUSTED_TOKENS"):
+                    pytest.fail(f"{name}: {e['name']} is not read from a token Secret")
+        owner = _workload(name)
+        expected = set()
+        if owner is not None:
+            expected.add(("CRUCIBLE_SERVICE_TOKEN", TOKEN_SECRETS[owner], "CRUCIBLE_SERVICE_TOKEN"))
+            if name in HTTP_SERVICES and trusted_callers(owner):
+                expected.add(("CRUCIBLE_TRUSTED_TOKENS", TOKEN_SECRETS[owner], "CRUCIBLE_TRUSTED_TOKENS"))
+        assert refs == expected, name
+
+
+def test_chart_notes_name_each_services_trusted_callers() -> None:
+    """What the operator must put into each token Secret's CRUCIBLE_TRUSTED_TOKENS, as the chart states it."""
+    with helm.Chart.load(CHART) as chart:
+        out = chart.render(_values("default-values.yaml"), name=RELEASE, namespace=NAMESPACE)
+    (notes,) = [text for path, text in out.items() if path.endswith("NOTES.txt")]
+    listed = dict(re.findall(r"^  (crucible-token-\w+): (.+)$", notes, re.M))
+    assert set(listed) == set(TOKEN_SECRETS.values())
+    for service, secret in TOKEN_SECRETS.items():
+        callers = trusted_callers(service)
+        assert listed[secret] == (", ".join(callers) if callers else "none (no CRUCIBLE_TRUSTED_TOKENS key)"), service
+
+
+def test_readme_creates_the_token_secrets_with_the_trusted_callers(tmp_path: Path) -> None:
+    """README.md's Secret snippet, run with a kubectl that only prints its arguments: five token Secrets, one
+    distinct token each, and each CRUCIBLE_TRUSTED_TOKENS exactly the trusted callers' tokens."""
+    readme = (ROOT / "README.md").read_text()
+    operators = readme[readme.index("## Operators"):readme.index("### Failures and recovery")]
+    (snippet,) = [b for b in re.findall(r"^```bash\n(.*?)^```", operators, re.M | re.S) if "crucible-token-" in b]
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "kubectl").write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
+    (fake / "kubectl").chmod(0o755)
+    bash = shutil.which("bash")
+    assert bash, "bash is needed to run the README's snippet"
+    env = {"PATH": f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(tmp_path)}
+    proc = subprocess.run([bash, "-euo", "pipefail", "-c", snippet], env=env, capture_output=True, text=True, timeout=60)
+    assert proc.returncode == 0, proc.stderr
+    created: dict[str, dict[str, str]] = {}
+    for line in proc.stdout.splitlines():
+        args = json.loads(line)
+        if args[:5] == ["-n", "crucible", "create", "secret", "generic"]:
+            created[args[5]] = dict(a.removeprefix("--from-literal=").split("=", 1) for a in args[6:])
+    tokens = {s: created[secret]["CRUCIBLE_SERVICE_TOKEN"] for s, secret in TOKEN_SECRETS.items()}
+    assert all(re.fullmatch(r"[0-9a-f]{64}", t) for t in tokens.values()) and len(set(tokens.values())) == len(tokens)
+    for service, secret in TOKEN_SECRETS.items():
+        callers = trusted_callers(service)
+        assert set(created[secret]) == {"CRUCIBLE_SERVICE_TOKEN"} | ({"CRUCIBLE_TRUSTED_TOKENS"} if callers else set()), service
+        if callers:
+            assert json.loads(created[secret]["CRUCIBLE_TRUSTED_TOKENS"]) == {c: tokens[c] for c in callers}, service
+    for secret, keys in created.items():  # no other Secret carries a service token
+        if secret not in TOKEN_SECRETS.values():
+            assert not set(tokens.values()) & set(keys.values()), secret
+            assert not {"CRUCIBLE_SERVICE_TOKEN", "CRUCIBLE_TRUSTED_TOKENS"} & set(keys), secret
 
 
 def test_migrations_run_as_a_pre_install_and_pre_upgrade_hook() -> None:
@@ -442,10 +603,16 @@ def test_chart_refuses_unsafe_values() -> None:
     base = _values("default-values.yaml")
     with pytest.raises(helm.HelmError, match="networkPolicy.postgres.to"):
         _render({})
-    leaky = copy.deepcopy(base)
-    leaky["config"] = {"CRUCIBLE_GRADER_TEST_STORE_URL": "postgresql://x"}
-    with pytest.raises(helm.HelmError, match="belongs in a Secret"):
-        _render(leaky)
+    for key in ("CRUCIBLE_GRADER_TEST_STORE_URL", "CRUCIBLE_SERVICE_TOKEN", "CRUCIBLE_TRUSTED_TOKENS"):
+        leaky = copy.deepcopy(base)
+        leaky["config"] = {key: "x"}
+        with pytest.raises(helm.HelmError, match="belongs in a Secret"):
+            _render(leaky)
+    shared_token = copy.deepcopy(base) | {"secrets": {"platform": "crucible-platform"}}  # values of the old chart
+    with pytest.raises(helm.HelmError, match="secrets.tokens"):
+        _render(shared_token)
+    renamed = copy.deepcopy(base) | {"secrets": {"tokens": {"ledger": "ledger-tokens"}}}  # the others keep their names
+    assert _secrets_of(_pods(_render(renamed))["ledger"]) >= {"ledger-tokens"}
     shared = copy.deepcopy(base)
     shared["networkPolicy"]["testStore"]["to"] = base["networkPolicy"]["postgres"]["to"]
     with pytest.raises(helm.HelmError, match="grader pods alone"):

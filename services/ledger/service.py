@@ -11,8 +11,8 @@ first answer and writes nothing; the same key with a different request is a 409.
 404) store nothing, so they may be retried with the same key.
 
 A hold placed with ``ttl_s`` expires: once ``expires_at`` has passed, what is left on it is released and
-it is closed as ``expired``. Expiry happens before any new hold or charge on the account is checked, and
-in a periodic sweep (:meth:`Ledger.expire_holds`), so a holder that dies never locks money for longer
+it is closed as ``expired``. Expiry happens when a new hold or charge on the account would not be covered
+otherwise, and in a periodic sweep (:meth:`Ledger.expire_holds`), so a holder that dies never locks money for longer
 than its ttl.
 
 Entry arithmetic (all amounts are non-negative; the type gives the sign):
@@ -248,7 +248,8 @@ class Ledger:
             priced = self.prices.price(body.usage)
             amount = sum(p.amount_usd_micros for p in priced)
             now = utcnow()
-            self._expire(s, acct, now)
+            if amount > acct.remaining_usd_micros:  # expired holds matter only when they block this one
+                self._expire(s, acct, now)
             _require_funds(acct, amount)
             hold = models.Hold(
                 hold_id=new_id("hold"),
@@ -384,7 +385,8 @@ class Ledger:
             priced = self.prices.price(body.usage)
             total = sum(p.amount_usd_micros for p in priced)
             now = utcnow()
-            self._expire(s, acct, now)
+            if total > acct.remaining_usd_micros:
+                self._expire(s, acct, now)
             _require_funds(acct, total)
             entries = [self._charge_entry(acct.account_id, p, now, purpose=body.purpose, key=body.idempotency_key) for p in priced]
             s.add_all(entries)

@@ -18,16 +18,24 @@
 
 {{/*
 What each workload is and which Secrets it gets. platform: a Crucible pod that may call the core services;
-testStore: a grader pod (the only ones given the test-store Secret and egress to the test store).
+testStore: a grader pod (the only ones given the test-store Secret and egress to the test store);
+token: whose service token the pod uses (secrets.tokens); callers: the services it accepts calls from, whose
+tokens its token Secret holds in CRUCIBLE_TRUSTED_TOKENS (MAY_CALL in services/common/auth.py, inverted).
+Workers serve nothing, so they have no callers and read CRUCIBLE_SERVICE_TOKEN alone.
 */}}
 {{- define "crucible.components" -}}
-gateway: {image: gateway, port: 8000, database: gateway, platform: true, admin: true}
-ledger: {image: ledger, port: 8001, database: ledger, platform: true}
-trainer: {image: trainer, port: 8002, database: trainer, platform: true, broker: true, artifacts: true}
-inference: {image: inference, port: 8003, database: inference, platform: true, artifacts: true}
-grader: {image: grader, port: 8004, database: grader, platform: true, broker: true, testStore: true}
-train-worker: {image: trainer, database: trainer, platform: true, broker: true, artifacts: true, queue: train, app: trainer_service.tasks}
-grader-worker: {image: grader, database: grader, platform: true, broker: true, testStore: true, queue: eval, app: grader.tasks}
+gateway: {image: gateway, port: 8000, database: gateway, token: gateway, callers: [], platform: true, admin: true}
+ledger: {image: ledger, port: 8001, database: ledger, token: ledger, callers: [gateway, trainer, inference, grader], platform: true}
+trainer: {image: trainer, port: 8002, database: trainer, token: trainer, callers: [gateway, inference, grader], platform: true, broker: true, artifacts: true}
+inference: {image: inference, port: 8003, database: inference, token: inference, callers: [gateway, grader], platform: true, artifacts: true}
+grader: {image: grader, port: 8004, database: grader, token: grader, callers: [gateway, trainer], platform: true, broker: true, testStore: true}
+train-worker: {image: trainer, database: trainer, token: trainer, platform: true, broker: true, artifacts: true, queue: train, app: trainer_service.tasks}
+grader-worker: {image: grader, database: grader, token: grader, platform: true, broker: true, testStore: true, queue: eval, app: grader.tasks}
+{{- end -}}
+
+{{/* The name of SERVICE's token Secret: (dict "root" $ "service" SERVICE) */}}
+{{- define "crucible.tokenSecret" -}}
+{{- index (default dict .root.Values.secrets.tokens) .service | required (printf "secrets.tokens.%s is required" .service) -}}
 {{- end -}}
 
 {{/* The selector shared by every pod of this release. */}}
@@ -75,14 +83,20 @@ crucible.io/migrate: "true"
 
 {{/* Settings that hold secrets must come from Secrets: `config` goes to every pod. */}}
 {{- define "crucible.checkConfig" -}}
+{{- if .Values.secrets.platform -}}
+{{- fail "secrets.platform (one token shared by every service) is gone: each service has its own token Secret, secrets.tokens.<service> (README.md, Operators)" -}}
+{{- end -}}
 {{- range $key, $_ := .Values.config -}}
-{{- if has $key (list "CRUCIBLE_SERVICE_TOKEN" "CRUCIBLE_ADMIN_KEY" "CRUCIBLE_BROKER_URL" "CRUCIBLE_DATABASE_URL" "CRUCIBLE_GRADER_TEST_STORE_URL" "CRUCIBLE_GRADER_TEST_SEED") -}}
+{{- if has $key (list "CRUCIBLE_SERVICE_TOKEN" "CRUCIBLE_TRUSTED_TOKENS" "CRUCIBLE_ADMIN_KEY" "CRUCIBLE_BROKER_URL" "CRUCIBLE_DATABASE_URL" "CRUCIBLE_GRADER_TEST_STORE_URL" "CRUCIBLE_GRADER_TEST_SEED") -}}
 {{- fail (printf "config.%s would reach every pod: it belongs in a Secret (see `secrets`)" $key) -}}
 {{- end -}}
 {{- end -}}
 {{- end -}}
 
-{{/* env and envFrom of a Crucible container: (dict "root" $ "spec" SPEC) */}}
+{{/*
+env and envFrom of a Crucible container: (dict "root" $ "spec" SPEC). The token Secret is read key by key, so
+a worker gets its service's CRUCIBLE_SERVICE_TOKEN and not the callers' tokens in CRUCIBLE_TRUSTED_TOKENS.
+*/}}
 {{- define "crucible.env" -}}
 {{- $root := .root -}}
 {{- $full := include "crucible.fullname" $root -}}
@@ -112,8 +126,16 @@ env:
     valueFrom: {secretKeyRef: {name: {{ . }}, key: AWS_SECRET_ACCESS_KEY}}
 {{- end }}
 {{- end }}
+{{- with .spec.token }}
+{{- $secret := include "crucible.tokenSecret" (dict "root" $root "service" .) }}
+  - name: CRUCIBLE_SERVICE_TOKEN
+    valueFrom: {secretKeyRef: {name: {{ $secret }}, key: CRUCIBLE_SERVICE_TOKEN}}
+{{- if $.spec.callers }}
+  - name: CRUCIBLE_TRUSTED_TOKENS
+    valueFrom: {secretKeyRef: {name: {{ $secret }}, key: CRUCIBLE_TRUSTED_TOKENS}}
+{{- end }}
+{{- end }}
 envFrom:
-  - secretRef: {name: {{ $root.Values.secrets.platform }}}
   - secretRef: {name: {{ index $root.Values.secrets.databases .spec.database | required (printf "secrets.databases.%s is required" .spec.database) }}}
 {{- if .spec.admin }}
   - secretRef: {name: {{ $root.Values.secrets.gateway }}}
