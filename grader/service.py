@@ -18,6 +18,7 @@ from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 from sqlalchemy import func, select
@@ -205,7 +206,7 @@ def _eval_out(ev: Evaluation) -> EvaluationOut:
 
 def _check_model(ctx: RunContext, model: str) -> None:
     try:
-        runtime().inference.get(f"/internal/models/{model}", ctx=ctx)
+        runtime().inference.get(f"/internal/models/{quote(model, safe='')}", ctx=ctx)
     except UpstreamProblem as exc:
         if exc.status == 404:
             raise Unprocessable(f"unknown model {model!r}: not a served base model nor one of this run's checkpoints", field="model") from exc

@@ -7,7 +7,7 @@ models from here; models only one service uses live in that service's ``schemas.
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Generic, Literal, TypeVar
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator
 
@@ -16,6 +16,12 @@ TRAINING_FIELDS = (
     "batch_size", "max_steps", "warmup_steps", "lr_scheduler", "max_seq_len", "seed", "checkpoint_every",
 )
 
+
+
+ModelName = Annotated[str, Field(
+    min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", examples=["smollm2-135m-instruct"],
+    description="A served base model's name or a checkpoint id (`ckpt_…`).",
+)]
 
 class Recipe(BaseModel):
     """How to train: method, adapter and hyper-parameters (names as in transformers/PEFT)."""
@@ -57,7 +63,7 @@ class TrainingJobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "smollm2-135m-instruct", "datasets": ["ds_01jd3k4m5n6p7q8r9s0t1v2w3x"], "recipe": {"method": "sft", "max_steps": 100}}})
 
-    model: str = Field(description="Base model name, or a `ckpt_…` to continue training from (LoRA parent).")
+    model: ModelName = Field(description="Base model name, or a `ckpt_…` to continue training from (LoRA parent).")
     datasets: list[str] = Field(min_length=1, max_length=16)
     recipe: Recipe = Field(default_factory=Recipe)
 
@@ -136,7 +142,7 @@ class ChatCompletionRequest(BaseModel):
     model_config = ConfigDict(extra="ignore", json_schema_extra={"example": {
         "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 16, "temperature": 0}})
 
-    model: str
+    model: ModelName
     messages: list[ChatMessage] = Field(min_length=1)
     max_tokens: int | None = Field(None, ge=1, le=4096)
     max_completion_tokens: int | None = Field(None, ge=1, le=4096)
@@ -217,7 +223,7 @@ class SystemSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    model: str
+    model: ModelName
     harness: Harness | None = None
 
 
@@ -276,7 +282,7 @@ class EvaluationCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "split": "validation"}})
 
-    model: str = Field(description="Base model name or `ckpt_…`.")
+    model: ModelName = Field(description="Base model name or `ckpt_…`.")
     harness: Harness | None = Field(None, description="Omit for the suite's default harness.")
     split: Literal["validation"] = "validation"
     limit: int | None = Field(None, ge=1, description="Evaluate only the first `limit` validation items.")
@@ -354,7 +360,7 @@ class SubmissionCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"}})
 
-    model: str
+    model: ModelName
     harness: Harness | None = None
     note: str | None = Field(None, max_length=2000)
 
