@@ -256,7 +256,7 @@ def migrate(
     unknown = [s for s in chosen if s not in SERVICES]
     if unknown:
         raise typer.BadParameter(f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}", param_hint="--service")
-    if (url or os.environ.get("CRUCIBLE_DATABASE_URL")) and len([s for s in chosen if s != "teststore"]) > 1:
+    if (url and len(chosen) > 1) or (os.environ.get("CRUCIBLE_DATABASE_URL") and len([s for s in chosen if s != "teststore"]) > 1):
         raise typer.BadParameter("a database URL belongs to one service: name it with --service", param_hint="--service")
     for name in chosen:
         revision = migrate_service(name, url)

@@ -70,6 +70,12 @@ def admin_key(data_dir: Path) -> str:
     return _read_env(data_dir / "secrets" / "gateway.env")["CRUCIBLE_ADMIN_KEY"]
 
 
+# Settings the stack decides itself; any other CRUCIBLE_* variable (lease, time limits, rate limits, log
+# level…) is passed on to every process.
+STACK_OWNED = frozenset({"CRUCIBLE_DATA_DIR", "CRUCIBLE_DATABASE_URL", "CRUCIBLE_BROKER_URL", "CRUCIBLE_SERVICE_TOKEN", "CRUCIBLE_TRUSTED_TOKENS",
+                         "CRUCIBLE_ADMIN_KEY", "CRUCIBLE_GRADER_TEST_SEED", "CRUCIBLE_GRADER_TEST_STORE_URL"})
+
+
 def process_specs(port_base: int) -> list[ProcessSpec]:
     """The five services (gateway on ``port_base``, then ledger, trainer, inference, grader) and two workers."""
     py = sys.executable
@@ -111,7 +117,7 @@ class Stack:
     def environment(self, spec: ProcessSpec) -> dict[str, str]:
         tokens, gateway_only, grader_only = ensure_secrets(self.data_dir)
         owner = {"train-worker": "trainer", "eval-worker": "grader"}.get(spec.name, spec.name)
-        env = {k: v for k, v in os.environ.items() if not k.startswith("CRUCIBLE_")}
+        env = {k: v for k, v in os.environ.items() if not (k in STACK_OWNED or (k.startswith("CRUCIBLE_") and k.endswith("_URL")))}
         env["CRUCIBLE_SERVICE_TOKEN"] = tokens[owner]
         env["CRUCIBLE_TRUSTED_TOKENS"] = json.dumps({caller: tokens[caller] for caller in trusted_callers(owner)})
         env.update({

@@ -175,7 +175,7 @@ def create_training_job(
     req: TrainingJobCreate,
     caller: Caller = Depends(mutating_agent),
     idempotency_key: str | None = Header(
-        None, min_length=1, max_length=150, examples=["7d1c2b4e-train-1"],
+        None, min_length=1, max_length=150, pattern=r"^[!-~]+$", examples=["7d1c2b4e-train-1"],
         description="Makes the call safe to repeat (e.g. after a 503 or a lost answer): the same key with the same body "
                     "returns the job first created and places no second hold; with a different body it is a 409.",
     ),

@@ -363,6 +363,8 @@ def run_evaluation(eval_id: str) -> None:
     test store only. Each completion is charged against the evaluation's hold with the idempotency key
     ``eval:item:sample``, so a sample re-run after a crash is charged once; the hold is closed at the end.
     If the lease is lost (timed out, or given to another worker) this worker stops and writes nothing more.
+    If inference or the ledger stays away longer than the retries, the evaluation goes back to ``queued``
+    (the reconciler sends it again) instead of failing: a restart never burns a final submission.
     """
     rt = runtime()
     if not jobs.claim(rt.db, Evaluation, eval_id):
@@ -437,9 +439,12 @@ def run_evaluation(eval_id: str) -> None:
         outcome = ("succeeded", (aggregate(by_item, spec.evaluation.metric, k), len(by_item)))
     except jobs.LeaseLost:
         pass
-    except Exception as exc:  # the evaluation fails; the worker lives on
-        log.exception("evaluation failed", eval_id=eval_id)
-        outcome = ("failed", f"{exc.__class__.__name__}: {exc}")
+    except Exception as exc:
+        if _unavailable(exc):  # inference or the ledger is away for longer than the retries: try again later
+            outcome = ("queued", f"{exc.__class__.__name__}: {exc}")
+        else:  # the evaluation fails; the worker lives on
+            log.exception("evaluation failed", eval_id=eval_id)
+            outcome = ("failed", f"{exc.__class__.__name__}: {exc}")
     finally:
         lease.stop()
     if outcome is None or lease.lost.is_set():
@@ -448,6 +453,10 @@ def run_evaluation(eval_id: str) -> None:
     with rt.db.session() as s:
         ev = s.scalar(select(Evaluation).where(jobs.owned(Evaluation, eval_id)).with_for_update())
         if ev is None:
+            return
+        if outcome[0] == "queued":  # the reconciler sends it again; it resumes at its next unscored item
+            log.warning("a service is unavailable; the evaluation is queued again", eval_id=eval_id, reason=outcome[1])
+            ev.status, ev.worker_id, ev.enqueued_at = "queued", None, utcnow()
             return
         if outcome[0] == "succeeded":
             score, n = outcome[1]
@@ -465,6 +474,13 @@ def _close_hold(eval_id: str) -> None:
         hold_id = s.get(Evaluation, eval_id).hold_id  # type: ignore[union-attr]
     if hold_id:
         settle_hold(rt.ledger, hold_id, [], f"settle:{eval_id}")
+        with rt.db.session() as s:
+            s.get(Evaluation, eval_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """A service is away (unreachable, or it answered 503 because one it needs is): worth retrying later."""
+    return isinstance(exc, UpstreamUnavailable) or (isinstance(exc, UpstreamProblem) and exc.status == 503)
 
 
 def _with_retries(call, attempts: int = 6, backoff_s: float = 2.0):  # noqa: ANN001, ANN202
@@ -473,8 +489,8 @@ def _with_retries(call, attempts: int = 6, backoff_s: float = 2.0):  # noqa: ANN
     for attempt in range(1, attempts + 1):
         try:
             return call()
-        except UpstreamUnavailable:
-            if attempt == attempts:
+        except (UpstreamUnavailable, UpstreamProblem) as exc:
+            if not _unavailable(exc) or attempt == attempts:
                 raise
             time.sleep(backoff_s * attempt)
     raise AssertionError("unreachable")

@@ -32,6 +32,8 @@ class Job(jobs.JobColumns, Base):
     status: Mapped[str] = mapped_column(String(20))
     attempts: Mapped[int] = mapped_column(default=0)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    hold_id: Mapped[str | None] = mapped_column(nullable=True)
     error: Mapped[str | None] = mapped_column(nullable=True)
 
 
@@ -190,3 +192,12 @@ def test_a_lease_is_lost_when_the_row_moves_on(clean: Database) -> None:
     assert lease.beat() is False and lease.lost.is_set()
     with pytest.raises(jobs.LeaseLost):
         lease.check()
+
+
+def test_a_finished_job_whose_hold_could_not_be_settled_is_settled_later(clean: Database) -> None:
+    now = utcnow()
+    add(clean, "j1", status="succeeded", hold_id="hold_1", finished_at=now - dt.timedelta(minutes=2))
+    add(clean, "j2", status="succeeded", hold_id="hold_2", finished_at=now - dt.timedelta(minutes=2), hold_closed_at=now)
+    add(clean, "j3", status="failed", hold_id="hold_3", finished_at=now)  # just finished: its worker is settling it
+    rec = Recorder()
+    assert rec.run(clean, POLICY, now=now).settled == ["j1"] and rec.after_fail == ["j1"]

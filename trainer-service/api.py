@@ -37,7 +37,7 @@ def get_dataset(dataset_id: str, ctx: RunContext = Depends(auth.run)) -> Dataset
 def create_job(
     req: TrainingJobCreate,
     ctx: RunContext = Depends(auth.run),
-    idempotency_key: str | None = Header(None, min_length=1, max_length=150, description="Repeat-safe creation: the same key returns the same job."),
+    idempotency_key: str | None = Header(None, min_length=1, max_length=150, pattern=r"^[!-~]+$", description="Repeat-safe creation: the same key returns the same job."),
 ) -> TrainingJobOut:
     """Validate, hold the estimated cost on the run's budget, and queue the job."""
     return service.create_job(ctx, req, idempotency_key)

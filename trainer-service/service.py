@@ -25,7 +25,7 @@ from services.common.auth import RunContext
 from services.common.basemodels import BASE_MODELS, base_model_dir
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Recipe, TrainingJobCreate, TrainingJobOut
 from services.common.db import Database, utcnow
-from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable
+from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable, UpstreamUnavailable
 from services.common.http import ServiceClient, ledger_client, settle_hold
 from services.common.ids import has_prefix, new_id
 from services.common.lazy import once
@@ -247,13 +247,21 @@ def create_job(ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | N
     rows = [row for ds in datasets for row in read_rows(ds.uri)]
     tokens = estimate_tokens(base_model, rows, recipe)
     job_id = new_id("job")
-    request = f"request {fingerprint[:16]} (idempotency key)" if idempotency_key else job_id
-    hold = rt.ledger.post("/internal/holds", json={
-        "account_id": ctx.run_id, "purpose": f"training job {request}",
-        "usage": [{"kind": "training_tokens", "quantity": tokens, "model": base_model}],
-        "idempotency_key": f"hold:job:{hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]}" if idempotency_key else f"hold:{job_id}",
-        "ttl_s": int(rt.settings.train_time_limit_s) + 3600,  # outlives the job's time limit: expires only if orphaned
-    })
+    request = f"(Idempotency-Key {idempotency_key})" if idempotency_key else job_id
+    hold_key = f"hold:job:{hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]}" if idempotency_key else f"hold:{job_id}"
+    for _ in range(3):
+        hold = rt.ledger.post("/internal/holds", json={
+            "account_id": ctx.run_id, "purpose": f"training job {request}",
+            "usage": [{"kind": "training_tokens", "quantity": tokens, "model": base_model}],
+            "idempotency_key": hold_key,
+            "ttl_s": int(rt.settings.train_time_limit_s) + 3600,  # outlives the job's time limit: expires only if orphaned
+        })
+        # a retry with the same key gets the first attempt's hold back; if that attempt failed, it released it
+        if not idempotency_key or rt.ledger.get(f"/internal/holds/{hold['hold_id']}")["status"] == "open":
+            break
+        hold_key = f"{hold_key}:after:{hold['hold_id']}"
+    else:
+        raise Conflict("could not place an open hold for this Idempotency-Key; retry with a new key", field="Idempotency-Key")
     try:
         with rt.db.session() as s:
             job = TrainingJob(
@@ -345,7 +353,10 @@ def cancel_job(ctx: RunContext, job_id: str) -> TrainingJobOut:
             _finish(s, job, "cancelled", None)
         out = _job_out(s, job)
     if out.status == "cancelled":
-        _settle(job_id)
+        try:
+            _settle(job_id)
+        except UpstreamUnavailable:  # the job is cancelled; the reconciler settles its hold once the ledger is back
+            log.warning("ledger unavailable; the cancelled job's hold is settled later", job_id=job_id)
     return out
 
 
@@ -466,9 +477,9 @@ def reconcile() -> jobs.ReconcileReport:
     """One reconciler round over training jobs (see ``services.common.jobs.reconcile``).
 
     Runs every ``reconcile_interval_s`` in the trainer service and once when a train worker starts. A job
-    whose worker is gone is queued again (it resumes from its newest checkpoint); one past
-    ``train_time_limit_s`` fails with its hold settled for the tokens it trained; a queued job whose message
-    may be lost is sent again.
+    whose worker is gone is queued again (it resumes from its newest checkpoint), or cancelled if a cancel
+    was asked for; one past ``train_time_limit_s`` fails with its hold settled for the tokens it trained; a
+    queued job whose message may be lost is sent again; a finished job whose hold is still open is settled.
     """
     from trainer_service.tasks import enqueue_training
 
@@ -481,8 +492,21 @@ def reconcile() -> jobs.ReconcileReport:
     def failed(s: Session, job: TrainingJob, reason: str) -> None:
         _finish(s, job, "failed", reason)
 
-    return jobs.reconcile(rt.db, TrainingJob, rt.settings.reconcile_policy(rt.settings.train_time_limit_s),
-                          send=enqueue_training, on_requeue=requeued, on_fail=failed, after_fail=_settle)
+    report = jobs.reconcile(rt.db, TrainingJob, rt.settings.reconcile_policy(rt.settings.train_time_limit_s),
+                            send=enqueue_training, on_requeue=requeued, on_fail=failed, after_fail=_settle)
+    with rt.db.session() as s:  # cancelled while its worker was lost: nobody will claim it to notice
+        doomed = s.scalars(select(TrainingJob.id).where(TrainingJob.status == "queued", TrainingJob.cancel_requested.is_(True))).all()
+    for job_id in doomed:
+        with rt.db.session() as s:
+            job = s.get(TrainingJob, job_id, with_for_update=True)
+            if job is None or job.status != "queued":
+                continue
+            _finish(s, job, "cancelled", None)
+        try:
+            _settle(job_id)
+        except UpstreamUnavailable:
+            log.warning("ledger unavailable; the cancelled job's hold is settled later", job_id=job_id)
+    return report
 
 
 def _finish(s: Session, job: TrainingJob, status: str, error: str | None) -> None:
@@ -494,7 +518,11 @@ def _finish(s: Session, job: TrainingJob, status: str, error: str | None) -> Non
 
 
 def _settle(job_id: str) -> None:
-    """Settle the job's hold with the tokens it processed (idempotent: one settle per job)."""
+    """Settle the job's hold with the tokens it processed (idempotent: one settle per job) and note it.
+
+    Raises ``UpstreamUnavailable`` while the ledger is away; the reconciler settles finished jobs whose
+    hold is still open.
+    """
     rt = runtime()
     with rt.db.session() as s:
         job = s.get(TrainingJob, job_id)
@@ -503,3 +531,5 @@ def _settle(job_id: str) -> None:
         return
     usage = [{"kind": "training_tokens", "quantity": tokens, "model": base_model}] if tokens else []
     settle_hold(rt.ledger, hold_id, usage, f"settle:{job_id}")
+    with rt.db.session() as s:
+        s.get(TrainingJob, job_id).hold_closed_at = utcnow()  # type: ignore[union-attr]

@@ -13,10 +13,13 @@ import time
 from typing import Any
 
 import httpx
+import structlog
 
 from services.common.auth import RunContext, run_headers
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
 from services.common.settings import ServiceSettings
+
+_log = structlog.get_logger("http")
 
 
 class ServiceClient:
@@ -55,7 +58,7 @@ class ServiceClient:
             try:
                 resp = self.client.request(method, path, **kwargs)
                 break
-            except (httpx.ConnectError, httpx.TimeoutException, httpx.RemoteProtocolError) as exc:
+            except httpx.TransportError as exc:  # refused, reset, timed out, cut off mid-answer
                 if attempt == self.retries:
                     raise UpstreamUnavailable(f"{self.name} unavailable: {exc.__class__.__name__}") from exc
                 time.sleep(self.backoff_s * (attempt + 1))
@@ -93,9 +96,26 @@ def ledger_client(settings: ServiceSettings, retries: int = 6) -> ServiceClient:
 
 
 def settle_hold(ledger: ServiceClient, hold_id: str, usage: list[dict[str, Any]], idempotency_key: str) -> None:
-    """Settle a ledger hold with ``usage`` (charged) and release the rest; a hold already closed (409) is left as is."""
+    """Settle a ledger hold with ``usage`` (charged) and release the rest (idempotent under ``idempotency_key``).
+
+    Work is never free: if the hold was released or expired before the work it covered was settled, the
+    usage is charged from the run's free balance instead (key ``late:<idempotency_key>``); if even that
+    cannot be covered (402) the shortfall is logged as an error. A hold settled earlier is left as is.
+    Raises ``UpstreamUnavailable`` while the ledger cannot be reached (callers retry later).
+    """
     try:
         ledger.post(f"/internal/holds/{hold_id}/settle", json={"usage": usage, "idempotency_key": idempotency_key})
+        return
     except UpstreamProblem as exc:
         if exc.status != 409:
             raise
+    hold = ledger.get(f"/internal/holds/{hold_id}")
+    if hold["status"] == "settled" or not usage:
+        return
+    try:
+        ledger.post("/internal/charges", json={"account_id": hold["account_id"], "usage": usage, "purpose": f"{hold['purpose']} (after its hold closed)",
+                                               "idempotency_key": f"late:{idempotency_key}"})
+    except UpstreamProblem as exc:
+        if exc.status != 402:
+            raise
+        _log.error("work done after its hold closed could not be charged", hold_id=hold_id, usage=usage, detail=exc.detail)

@@ -14,7 +14,8 @@ columns of :class:`JobColumns`. The protocol:
   than ``lease_s``) goes back to ``queued`` and is sent again, or fails after ``max_attempts``; a
   ``running`` row past its time limit fails (watchdog); a ``queued`` row whose message may have been lost
   (a broker restarted without persistence) is sent again after ``resend_after_s``, backing off. Sending a
-  job twice is harmless: only one claim succeeds.
+  job twice is harmless: only one claim succeeds. A finished job whose hold is still not settled (the ledger
+  was away when it ended) is settled again until it is (``hold_closed_at``).
 """
 
 from __future__ import annotations
@@ -27,6 +28,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+import structlog
 from sqlalchemy import Integer, String, func, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
@@ -40,6 +42,7 @@ class JobColumns:
     heartbeat_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     enqueued_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     resends: Mapped[int] = mapped_column(Integer, default=0)
+    hold_closed_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)  # the job's ledger hold was settled
 
 
 class JobRow(Protocol):
@@ -93,6 +96,11 @@ def claim(db: Database, table: type, job_id: str) -> bool:
 def owned(table: type, job_id: str) -> Any:
     """The condition "``job_id`` is running under this worker" (for fenced updates)."""
     return (table.id == job_id) & (table.status == "running") & (table.worker_id == worker_id())
+
+
+TERMINAL = ("succeeded", "failed", "cancelled")
+SETTLE_GRACE_S = 30.0
+_log = structlog.get_logger("jobs")
 
 
 class LeaseLost(RuntimeError):
@@ -153,9 +161,10 @@ class ReconcileReport:
     resent: list[str] = field(default_factory=list)  # queued too long: message sent again
     timed_out: list[str] = field(default_factory=list)  # past the time limit: failed
     gave_up: list[str] = field(default_factory=list)  # worker lost max_attempts times: failed
+    settled: list[str] = field(default_factory=list)  # finished earlier, hold settled now
 
     def __bool__(self) -> bool:
-        return bool(self.requeued or self.resent or self.timed_out or self.gave_up)
+        return bool(self.requeued or self.resent or self.timed_out or self.gave_up or self.settled)
 
 
 @dataclass(frozen=True)
@@ -182,8 +191,9 @@ def reconcile(
     """One reconciliation round over ``table``.
 
     ``on_requeue(session, row)`` and ``on_fail(session, row, reason)`` run inside the transaction that
-    changes the row (to record an event, set ``error``/``finished_at``); ``after_fail(id)`` runs after it
-    committed (to settle the job's hold); ``send(id)`` puts a message on the queue. Every change is a
+    changes the row (to record an event, set ``error``/``finished_at``); ``after_fail(id)`` settles the
+    job's hold (after a failure here, and for finished jobs whose hold is still open; it must set
+    ``hold_closed_at``); ``send(id)`` puts a message on the queue. Every change is a
     conditional update on the state that was read, so concurrent reconcilers (several service replicas, a
     starting worker) never act twice on one row.
     """
@@ -226,4 +236,13 @@ def reconcile(
         report.resent.append(job_id)
     for job_id in report.requeued + report.resent:
         send(job_id)
+    with db.session() as s:  # finished a while ago (not racing the worker's own settle) with the hold still open
+        unsettled = s.scalars(select(table.id).where(table.status.in_(TERMINAL), table.hold_id.is_not(None), table.hold_closed_at.is_(None),
+                                                     table.finished_at < now - dt.timedelta(seconds=SETTLE_GRACE_S))).all()
+    for job_id in unsettled:
+        try:
+            after_fail(job_id)
+            report.settled.append(job_id)
+        except Exception:  # noqa: BLE001 - the ledger is still away; the next round tries again
+            _log.warning("could not settle the hold of a finished job yet", job_id=job_id)
     return report
