@@ -205,32 +205,6 @@ def test_killed_eval_worker_evaluation_resumes_item_by_item_and_charges_each_ite
     assert all(k.startswith(f"charge:{ev['id']}:") for k in keys)
 
 
-def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  # noqa: ANN001
-    stack, redis, urls = faulty
-    ds = upload_training_set(client, rows=32)
-    recipe = {"max_steps": 4, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1}
-    running = client.create_training_job(BASE, [ds], recipe)
-    queued = client.create_training_job(BASE, [ds], {**recipe, "seed": 1})
-    wait_for(lambda: client.training_job(running["id"])["status"] == "running", 120, "the first job to start")
-    evaluation = client.create_evaluation(BASE, limit=8)
-
-    redis.kill()  # queued messages are gone with it (no persistence)
-    time.sleep(2)
-    redis.start()
-    restarted_at = time.monotonic()
-
-    jobs_done = [wait_for(lambda j=j: (x := client.training_job(j["id"]))["status"] in ("succeeded", "failed", "cancelled") and x, 300, f"job {j['id']}")
-                 for j in (running, queued)]
-    ev_done = wait_for(lambda: (e := client.evaluation(evaluation["id"]))["status"] in ("succeeded", "failed") and e, 240, "the evaluation")
-    print(f"\n[fault] redis restarted; both jobs and the evaluation finished {time.monotonic() - restarted_at:.1f} s later")
-    assert [j["status"] for j in jobs_done] == ["succeeded", "succeeded"], [j["error"] for j in jobs_done]
-    assert ev_done["status"] == "succeeded", ev_done["error"]
-    with create_engine(urls["trainer"]).connect() as conn:
-        resends = conn.execute(text("SELECT resends FROM training_jobs WHERE id = :id"), {"id": queued["id"]}).scalar()
-    assert resends >= 1  # its message was lost with Redis and the reconciler sent it again
-    assert_books_balance(stack, client.run_id)
-
-
 def test_ledger_restart_mid_request_gives_clean_errors_or_success_and_no_double_charge(faulty, client) -> None:  # noqa: ANN001
     stack, _, _ = faulty
     outcomes: list[int] = []
@@ -309,4 +283,32 @@ def test_an_inference_outage_longer_than_the_retries_requeues_the_evaluation_ins
     done = wait_for(lambda: (e := client.evaluation(ev["id"]))["status"] in ("succeeded", "failed") and e, 400, "the evaluation to finish")
     assert done["status"] == "succeeded", done["error"]
     assert done["attempts"] >= 2 and done["score"]["n"] == done["items_total"]
+    assert_books_balance(stack, client.run_id)
+
+
+# Last: after a Redis restart in the middle of an evaluation, the eval worker's consumer does not reconnect
+# (kombu, threads or prefork pool; see the README's known limits), so nothing after this may need it.
+def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  # noqa: ANN001
+    stack, redis, urls = faulty
+    ds = upload_training_set(client, rows=32)
+    recipe = {"max_steps": 4, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1}
+    running = client.create_training_job(BASE, [ds], recipe)
+    queued = client.create_training_job(BASE, [ds], {**recipe, "seed": 1})
+    wait_for(lambda: client.training_job(running["id"])["status"] == "running", 120, "the first job to start")
+    evaluation = client.create_evaluation(BASE, limit=8)
+
+    redis.kill()  # queued messages are gone with it (no persistence)
+    time.sleep(2)
+    redis.start()
+    restarted_at = time.monotonic()
+
+    jobs_done = [wait_for(lambda j=j: (x := client.training_job(j["id"]))["status"] in ("succeeded", "failed", "cancelled") and x, 300, f"job {j['id']}")
+                 for j in (running, queued)]
+    ev_done = wait_for(lambda: (e := client.evaluation(evaluation["id"]))["status"] in ("succeeded", "failed") and e, 240, "the evaluation")
+    print(f"\n[fault] redis restarted; both jobs and the evaluation finished {time.monotonic() - restarted_at:.1f} s later")
+    assert [j["status"] for j in jobs_done] == ["succeeded", "succeeded"], [j["error"] for j in jobs_done]
+    assert ev_done["status"] == "succeeded", ev_done["error"]
+    with create_engine(urls["trainer"]).connect() as conn:
+        resends = conn.execute(text("SELECT resends FROM training_jobs WHERE id = :id"), {"id": queued["id"]}).scalar()
+    assert resends >= 1  # its message was lost with Redis and the reconciler sent it again
     assert_books_balance(stack, client.run_id)
