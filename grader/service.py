@@ -375,12 +375,6 @@ def run_evaluation(eval_id: str) -> None:
         split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total
     lease = jobs.Lease(rt.db, Evaluation, eval_id, rt.settings.job_heartbeat_s)
 
-    def mine(s: Session) -> Evaluation:
-        ev = s.scalar(select(Evaluation).where(jobs.owned(Evaluation, eval_id)).with_for_update())
-        if ev is None:
-            lease.lost.set()
-        lease.check()
-        return ev  # type: ignore[return-value]
 
     outcome: tuple[str, Any] | None = None
     lease.start()
@@ -399,7 +393,7 @@ def run_evaluation(eval_id: str) -> None:
         headers = {"X-Crucible-Hold": hold_id} if (split == "validation" and hold_id) else {"X-Crucible-Unmetered": "grading"}
         todo = [(it, j) for it in items for j in range(k) if (it.id, j) not in done]
         with rt.db.session() as s:
-            mine(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))
+            lease.row(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))
 
         def one(task: tuple[Item, int]) -> tuple[str, int, float]:
             item, sample = task
@@ -418,7 +412,7 @@ def run_evaluation(eval_id: str) -> None:
                 rt.store.record(eval_id, item.id, sample, completion, answer, score)
             else:
                 with rt.db.session() as s:
-                    ev = mine(s)
+                    ev = lease.row(s)
                     s.add(Trajectory(evaluation_id=eval_id, item_id=item.id, sample=sample, question=item.question, messages=messages,
                                      completion=completion, answer=answer, expected=item.answer, score=score,
                                      prompt_tokens=out["usage"]["prompt_tokens"], completion_tokens=out["usage"]["completion_tokens"]))
@@ -426,7 +420,7 @@ def run_evaluation(eval_id: str) -> None:
                         ev.items_done += 1
             if split == "test" and sample == k - 1:
                 with rt.db.session() as s:
-                    mine(s).items_done += 1
+                    lease.row(s).items_done += 1
             return item.id, sample, score
 
         results = dict(done)
@@ -451,7 +445,7 @@ def run_evaluation(eval_id: str) -> None:
         log.warning("lease lost; leaving the evaluation to its new owner", eval_id=eval_id)
         return
     with rt.db.session() as s:
-        ev = s.scalar(select(Evaluation).where(jobs.owned(Evaluation, eval_id)).with_for_update())
+        ev = jobs.owned_row(s, Evaluation, eval_id)
         if ev is None:
             return
         if outcome[0] == "queued":  # the reconciler sends it again; it resumes at its next unscored item

@@ -416,16 +416,10 @@ def run_job(job_id: str) -> None:
     workdir = Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=rt.settings.data_dir))
     lease = jobs.Lease(rt.db, TrainingJob, job_id, rt.settings.job_heartbeat_s)
 
-    def mine(s: Session) -> TrainingJob:
-        job = s.scalar(select(TrainingJob).where(jobs.owned(TrainingJob, job_id)).with_for_update())
-        if job is None:
-            lease.lost.set()
-        lease.check()
-        return job  # type: ignore[return-value]
 
     def on_step(m) -> None:  # noqa: ANN001
         with rt.db.session() as s:
-            job = mine(s)
+            job = lease.row(s)
             job.steps_done = m.step
             job.trained_tokens += m.tokens
             job.heartbeat_at = utcnow()
@@ -437,7 +431,7 @@ def run_job(job_id: str) -> None:
         ckpt_id = new_id("ckpt")
         uri = artifacts.put_dir(rt.settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
         with rt.db.session() as s:
-            job = mine(s)
+            job = lease.row(s)
             s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind="lora", uri=uri,
                              metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))
             _event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
@@ -466,7 +460,7 @@ def run_job(job_id: str) -> None:
         log.warning("lease lost; leaving the job to its new owner", job_id=job_id)
         return
     with rt.db.session() as s:
-        job = s.scalar(select(TrainingJob).where(jobs.owned(TrainingJob, job_id)).with_for_update())
+        job = jobs.owned_row(s, TrainingJob, job_id)
         if job is None:
             return
         _finish(s, job, outcome, error)

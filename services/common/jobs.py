@@ -103,6 +103,11 @@ SETTLE_GRACE_S = 30.0
 _log = structlog.get_logger("jobs")
 
 
+def owned_row(s: Session, table: type, job_id: str) -> Any:
+    """``job_id``'s row, locked, if it is still running under this worker; ``None`` otherwise."""
+    return s.scalar(select(table).where(owned(table, job_id)).with_for_update())
+
+
 class LeaseLost(RuntimeError):
     """The job was taken from this worker (timed out, or given to another worker); stop writing."""
 
@@ -130,6 +135,14 @@ class Lease:
 
     def __exit__(self, *_exc: object) -> None:
         self.stop()
+
+    def row(self, s: Session) -> Any:
+        """The job's row, locked, for a fenced write; marks the lease lost and raises ``LeaseLost`` if it moved on."""
+        row = owned_row(s, self.table, self.job_id)
+        if row is None:
+            self.lost.set()
+        self.check()
+        return row
 
     def check(self) -> None:
         """Raise :class:`LeaseLost` if the lease is gone."""
