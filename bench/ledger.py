@@ -1,18 +1,20 @@
 """Ledger throughput on PostgreSQL: hold+settle pairs per second against a bare-SQL baseline, same run.
 
-    .venv/bin/python bench/ledger.py [--clients 64] [--seconds 10] [--via service|http]
+    .venv/bin/python bench/ledger.py [--clients 64] [--processes N] [--seconds 10] [--via service|http]
 
-``ledger``: ``--clients`` threads, each with its own run account, loop "place a hold for 1,000 decode
-tokens, settle it for 500" through the ledger (``service``: the ``Ledger`` class, every rule, idempotency
-key and entry included; ``http``: the ledger app under uvicorn, called over HTTP with the service token).
-``baseline``: the same threads each send one conditional ``UPDATE … WHERE remaining >= amount`` per
-charge, the least any overdraft-safe ledger can do. Prints both rates and their ratio. A throw-away
-database is created and dropped.
+``ledger``: ``--clients`` threads, each with its own run account, spread over ``--processes`` processes
+(default: one per CPU, so the clients' Python is not one interpreter's lock), loop "place a hold for 1,000
+decode tokens, settle it for 500" through the ledger (``service``: the ``Ledger`` class, every rule,
+idempotency key and entry included; ``http``: the ledger app under uvicorn with one worker per process,
+called over HTTP with the service token). ``baseline``: the same clients each send one conditional
+``UPDATE … WHERE remaining >= amount`` per charge, the least any overdraft-safe ledger can do. Prints both
+rates and their ratio. A throw-away database is created and dropped.
 """
 
 from __future__ import annotations
 
 import argparse
+import multiprocessing as mp
 import os
 import secrets
 import subprocess
@@ -38,8 +40,10 @@ MODEL = "smollm2-135m-instruct"
 BUDGET = 10**12  # micro-USD: never the limit here
 
 
-def run_clients(n: int, seconds: float, setup: Callable[[int], object], step: Callable[[object, int], None]) -> float:
-    """Run ``step(state, i)`` in a loop on ``n`` threads for ``seconds``; operations per second."""
+def run_clients(n: int, seconds: float, setup: Callable[[int], object], step: Callable[[object, int], None], others=None) -> float:  # noqa: ANN001
+    """Run ``step(state, i)`` in a loop on ``n`` threads for ``seconds``; operations per second.
+
+    ``others``: a barrier shared with the other processes, so that all start measuring together."""
     counts = [0] * n
     barrier = threading.Barrier(n + 1)
     stop = threading.Event()
@@ -60,6 +64,8 @@ def run_clients(n: int, seconds: float, setup: Callable[[int], object], step: Ca
     for t in threads:
         t.start()
     barrier.wait()
+    if others is not None:
+        others.wait()
     start = time.perf_counter()
     time.sleep(seconds)
     stop.set()
@@ -71,7 +77,31 @@ def run_clients(n: int, seconds: float, setup: Callable[[int], object], step: Ca
     return sum(counts) / elapsed
 
 
-def bench_service(url: str, clients: int, seconds: float) -> float:
+def in_processes(target: Callable[..., float], args: tuple, clients: int, processes: int) -> float:
+    """Run ``target(*args, n_clients, start_barrier)`` in ``processes`` processes sharing ``clients``; summed rate."""
+    ctx = mp.get_context("spawn")
+    shares = [n for n in (clients // processes + (1 if i < clients % processes else 0) for i in range(processes)) if n]
+    barrier, results = ctx.Barrier(len(shares)), ctx.Queue()
+    procs = [ctx.Process(target=_report, args=(results, target, (*args, n, barrier))) for n in shares]
+    for proc in procs:
+        proc.start()
+    rates = [results.get(timeout=600) for _ in procs]
+    for proc in procs:
+        proc.join()
+    if errors := [r for r in rates if isinstance(r, str)]:
+        raise RuntimeError(errors[0])
+    return sum(rates)
+
+
+def _report(results, target: Callable[..., float], args: tuple) -> None:  # noqa: ANN001
+    try:
+        results.put(target(*args))
+    except BaseException as exc:  # noqa: BLE001 - sent to the parent
+        results.put(f"{type(exc).__name__}: {exc}")
+        raise
+
+
+def bench_service(url: str, seconds: float, clients: int, barrier) -> float:  # noqa: ANN001
     db = Database(url)
     ledger = Ledger(db, load_prices())
     usage_hold, usage_settle = [UsageItem(kind="decode_tokens", quantity=1000, model=MODEL)], [UsageItem(kind="decode_tokens", quantity=500, model=MODEL)]
@@ -86,16 +116,36 @@ def bench_service(url: str, clients: int, seconds: float) -> float:
         ledger.settle_hold(hold.hold_id, HoldSettle(usage=usage_settle, idempotency_key=f"s{k}"))
 
     try:
-        return run_clients(clients, seconds, setup, pair)
+        return run_clients(clients, seconds, setup, pair, barrier)
     finally:
         db.engine.dispose()
 
 
-def bench_http(url: str, clients: int, seconds: float, port: int = 18199) -> float:
+def http_clients(base: str, token: str, seconds: float, clients: int, barrier) -> float:  # noqa: ANN001
+    hold_usage = [{"kind": "decode_tokens", "quantity": 1000, "model": MODEL}]
+    settle_usage = [{"kind": "decode_tokens", "quantity": 500, "model": MODEL}]
+
+    def setup(i: int) -> tuple[httpx.Client, str]:
+        client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+        account = f"run_bench{i:04d}{secrets.token_hex(6)}"
+        client.post("/internal/accounts", json={"account_id": account, "budget_usd_micros": BUDGET}).raise_for_status()
+        return client, account
+
+    def pair(state: tuple[httpx.Client, str], k: int) -> None:
+        client, account = state
+        hold = client.post("/internal/holds", json={"account_id": account, "usage": hold_usage, "purpose": "bench", "idempotency_key": f"h{k}"})
+        hold.raise_for_status()
+        client.post(f"/internal/holds/{hold.json()['hold_id']}/settle", json={"usage": settle_usage, "idempotency_key": f"s{k}"}).raise_for_status()
+
+    return run_clients(clients, seconds, setup, pair, barrier)
+
+
+def bench_http(url: str, seconds: float, clients: int, processes: int, port: int = 18199) -> float:
+    """The ledger app under uvicorn with ``processes`` workers, called by ``clients`` HTTP clients."""
     token = secrets.token_hex(16)
     env = {**os.environ, "CRUCIBLE_DATABASE_URL": url, "CRUCIBLE_TRUSTED_TOKENS": f'{{"bench": "{token}"}}', "CRUCIBLE_LOG_LEVEL": "WARNING"}
-    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "services.ledger.app:app", "--port", str(port), "--log-level", "warning"],
-                            cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    proc = subprocess.Popen([sys.executable, "-m", "uvicorn", "services.ledger.app:app", "--port", str(port), "--log-level", "warning",
+                             "--workers", str(processes)], cwd=ROOT, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     base = f"http://127.0.0.1:{port}"
     try:
         for _ in range(100):
@@ -104,28 +154,13 @@ def bench_http(url: str, clients: int, seconds: float, port: int = 18199) -> flo
                     break
             except httpx.HTTPError:
                 time.sleep(0.2)
-        hold_usage = [{"kind": "decode_tokens", "quantity": 1000, "model": MODEL}]
-        settle_usage = [{"kind": "decode_tokens", "quantity": 500, "model": MODEL}]
-
-        def setup(i: int) -> tuple[httpx.Client, str]:
-            client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
-            account = f"run_bench{i:04d}{secrets.token_hex(6)}"
-            client.post("/internal/accounts", json={"account_id": account, "budget_usd_micros": BUDGET}).raise_for_status()
-            return client, account
-
-        def pair(state: tuple[httpx.Client, str], k: int) -> None:
-            client, account = state
-            hold = client.post("/internal/holds", json={"account_id": account, "usage": hold_usage, "purpose": "bench", "idempotency_key": f"h{k}"})
-            hold.raise_for_status()
-            client.post(f"/internal/holds/{hold.json()['hold_id']}/settle", json={"usage": settle_usage, "idempotency_key": f"s{k}"}).raise_for_status()
-
-        return run_clients(clients, seconds, setup, pair)
+        return in_processes(http_clients, (base, token, seconds), clients, processes)
     finally:
         proc.terminate()
         proc.wait()
 
 
-def bench_baseline(dsn: str, clients: int, seconds: float) -> float:
+def bench_baseline(dsn: str, seconds: float, clients: int, barrier) -> float:  # noqa: ANN001
     def setup(i: int) -> tuple[psycopg.Connection, str]:
         conn = psycopg.connect(dsn, autocommit=True)
         account = f"base{i:04d}{secrets.token_hex(6)}"
@@ -139,12 +174,13 @@ def bench_baseline(dsn: str, clients: int, seconds: float) -> float:
                            "WHERE account_id = %s AND budget_usd_micros - held_usd_micros - spent_usd_micros >= %s", (200, account, 200))
         assert cur.rowcount == 1
 
-    return run_clients(clients, seconds, setup, charge)
+    return run_clients(clients, seconds, setup, charge, barrier)
 
 
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--clients", type=int, default=64)
+    parser.add_argument("--processes", type=int, default=os.cpu_count() or 1)
     parser.add_argument("--seconds", type=float, default=10.0)
     parser.add_argument("--via", choices=["service", "http"], default="service")
     parser.add_argument("--pg", default=os.environ.get("CRUCIBLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres"))
@@ -157,13 +193,15 @@ def main() -> None:
     url = dsn.replace("postgresql://", "postgresql+psycopg://", 1)
     try:
         migrate(url, MIGRATIONS_DIR)
-        bench = bench_service if args.via == "service" else bench_http
-        pairs = bench(url, args.clients, args.seconds)
-        baseline = bench_baseline(dsn, args.clients, args.seconds)
+        if args.via == "service":
+            pairs = in_processes(bench_service, (url, args.seconds), args.clients, args.processes)
+        else:
+            pairs = bench_http(url, args.seconds, args.clients, args.processes)
+        baseline = in_processes(bench_baseline, (dsn, args.seconds), args.clients, args.processes)
     finally:
         with psycopg.connect(args.pg, autocommit=True) as admin:
             admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-    print(f"clients {args.clients}, {args.seconds:.0f} s each, PostgreSQL, ledger via {args.via}")
+    print(f"clients {args.clients} in {args.processes} processes, {args.seconds:.0f} s each, PostgreSQL, ledger via {args.via}")
     print(f"ledger    hold+settle pairs/s  {pairs:10.1f}")
     print(f"baseline  conditional UPDATEs/s {baseline:10.1f}")
     print(f"ratio     {pairs / baseline:.3f}   (target: ≥ 1000 pairs/s and ratio ≥ 0.5)")

@@ -59,15 +59,22 @@ def _admin_key(data_dir: Path) -> str:
 
 
 def _wait_forever(stack) -> None:  # noqa: ANN001
+    """Keep the stack up until Ctrl-C or SIGTERM: a process that exits is restarted (with a back-off); one
+    that keeps dying ends the whole stack, with its log's tail."""
     stop = threading.Event()
     signal.signal(signal.SIGTERM, lambda *_: stop.set())
+
+    def exited(name: str, code: int, restarting: bool) -> None:
+        verb = "restarting it" if restarting else "it keeps dying; giving up"
+        console.print(f"[yellow]{name} exited with {code}; {verb}[/] (log: {stack.data_dir / 'logs' / (name + '.log')})")
+
+    stack.supervise(on_exit=exited)
     try:
         while not stop.wait(1.0):
-            dead = stack.dead()
-            if dead:
-                console.print(f"[red]process(es) exited: {', '.join(dead)}[/]")
-                for name in dead:
-                    console.print(stack.log_tail(name))
+            failed = stack.failed()
+            if failed:
+                for name in failed:
+                    console.print(f"[red]{name}[/]:\n{stack.log_tail(name)}")
                 break
     except KeyboardInterrupt:
         pass
@@ -258,8 +265,16 @@ def migrate(
         raise typer.BadParameter(f"unknown service {', '.join(unknown)}; choose from {', '.join(SERVICES)}", param_hint="--service")
     if (url and len(chosen) > 1) or (os.environ.get("CRUCIBLE_DATABASE_URL") and len([s for s in chosen if s != "teststore"]) > 1):
         raise typer.BadParameter("a database URL belongs to one service: name it with --service", param_hint="--service")
+    from sqlalchemy.exc import ArgumentError, OperationalError
+
     for name in chosen:
-        revision = migrate_service(name, url)
+        try:
+            revision = migrate_service(name, url)
+        except ArgumentError as exc:
+            raise typer.BadParameter(f"not a database URL ({exc})", param_hint="--url or CRUCIBLE_DATABASE_URL") from None
+        except OperationalError as exc:
+            console.print(f"[red]✗[/] {name}: cannot reach its database: {str(exc.orig).strip()}")
+            raise typer.Exit(1) from None
         console.print(f"[green]✓[/] {name}: at revision {revision}")
 
 

@@ -181,5 +181,14 @@ class AdminClient(_GatewayClient):
     def revoke(self, run_id: str) -> dict[str, Any]:
         return self._call("POST", f"/admin/runs/{run_id}/revoke")
 
+    def entries(self, run_id: str) -> list[dict[str, Any]]:
+        """The run's ledger entries, oldest first."""
+        return self._call("GET", f"/admin/runs/{run_id}/entries")["data"]
+
+    def refund(self, run_id: str, entry_id: str, reason: str, idempotency_key: str, amount_usd_micros: int | None = None) -> dict[str, Any]:
+        """Refund (part of) charge entry ``entry_id`` of the run; safe to repeat with the same ``idempotency_key``."""
+        body = {"entry_id": entry_id, "reason": reason, "idempotency_key": idempotency_key}
+        return self._call("POST", f"/admin/runs/{run_id}/refunds", json=body | ({"amount_usd_micros": amount_usd_micros} if amount_usd_micros else {}))
+
     def leaderboard(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/leaderboard")["data"]

@@ -3,8 +3,10 @@
 Secrets are generated once into ``<data_dir>/secrets/``: ``tokens.env`` (one service token per service;
 each process gets its own and the tokens of the callers it trusts), ``gateway.env`` (the admin key, for the
 gateway only), ``grader.env`` (test seed, test-store URL) for the grader and its eval worker only.
-Each process's output goes to ``<data_dir>/logs/<name>.log``. :meth:`Stack.stop` ends every process
-group it started (SIGTERM, then SIGKILL after a grace period).
+Each process's output goes to ``<data_dir>/logs/<name>.log``. :meth:`Stack.supervise` restarts a process
+that exits on its own (as compose's ``restart: unless-stopped`` and Kubernetes do), with a back-off, and gives
+up on one that keeps dying. :meth:`Stack.stop` ends every process group it started (SIGTERM, then SIGKILL
+after a grace period).
 """
 
 from __future__ import annotations
@@ -15,6 +17,7 @@ import secrets
 import signal
 import subprocess
 import sys
+import threading
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,6 +112,18 @@ class Stack:
     test_store_url: str | None = None  # default: a SQLite file in data_dir
     extra_env: dict[str, str] = field(default_factory=dict)  # more CRUCIBLE_* settings for every process
     procs: dict[str, subprocess.Popen] = field(default_factory=dict)
+    restarts: dict[str, list[float]] = field(default_factory=dict)  # name -> monotonic times the supervisor restarted it
+    _held: set[str] = field(default_factory=set)  # killed by hand (kill()): not restarted until restart()
+    _given_up: set[str] = field(default_factory=set)
+    _lock: threading.RLock = field(default_factory=threading.RLock)
+    _supervisor: threading.Thread | None = None
+    _stopping: threading.Event = field(default_factory=threading.Event)
+
+    # A process that exits on its own is restarted after BACKOFF_S[min(n, last)] seconds, n = its restarts in
+    # the last GIVE_UP_WINDOW_S seconds; at MAX_RESTARTS there it is left down (see ``failed``).
+    BACKOFF_S = (1.0, 2.0, 5.0, 10.0, 30.0)
+    MAX_RESTARTS = 5
+    GIVE_UP_WINDOW_S = 300.0
 
     @property
     def gateway_url(self) -> str:
@@ -183,8 +198,58 @@ class Stack:
                 raise RuntimeError(f"not ready after {timeout_s:.0f} s: {', '.join(pending)}")
             time.sleep(0.3)
 
+    def supervise(self, on_exit=None, interval_s: float = 1.0) -> None:  # noqa: ANN001
+        """Watch every process from a daemon thread and restart one that exits on its own.
+
+        ``on_exit(name, returncode, restarting)`` is called for each such exit; ``restarting`` is False when
+        the process died more than ``MAX_RESTARTS`` times within ``GIVE_UP_WINDOW_S`` seconds and is left
+        down (then it is listed by :meth:`failed`). A process killed through :meth:`kill` stays down until
+        :meth:`restart`. :meth:`stop` ends the watch.
+        """
+        if self._supervisor is not None:
+            return
+        self._stopping.clear()
+
+        def loop() -> None:
+            exited_at: dict[str, float] = {}
+            while not self._stopping.wait(interval_s):
+                for name in self.dead():
+                    if name in self._held or name in self._given_up:
+                        continue
+                    now = time.monotonic()
+                    recent = [t for t in self.restarts.get(name, []) if now - t < self.GIVE_UP_WINDOW_S]
+                    if name not in exited_at:
+                        exited_at[name] = now
+                        gave_up = len(recent) >= self.MAX_RESTARTS
+                        if gave_up:
+                            self._given_up.add(name)
+                        if on_exit:
+                            on_exit(name, self.procs[name].returncode, not gave_up)
+                    if name in self._given_up or now - exited_at[name] < self.BACKOFF_S[min(len(recent), len(self.BACKOFF_S) - 1)]:
+                        continue
+                    with self._lock:
+                        if not self._stopping.is_set() and name not in self._held and self.procs[name].poll() is not None:
+                            self.restarts[name] = [*recent, now]
+                            self._spawn(self._spec(name))
+                    exited_at.pop(name, None)
+
+        self._supervisor = threading.Thread(target=loop, name="crucible-supervisor", daemon=True)
+        self._supervisor.start()
+
+    def failed(self) -> list[str]:
+        """Processes the supervisor gave up on (they kept dying); empty while every process is up or being restarted."""
+        return sorted(self._given_up)
+
+    def _spec(self, name: str) -> ProcessSpec:
+        return next(s for s in process_specs(self.port_base) if s.name == name)
+
     def kill(self, name: str, sig: int = signal.SIGKILL) -> None:
-        """Send ``sig`` (default SIGKILL: no clean-up at all) to process ``name``'s whole group and reap it."""
+        """Send ``sig`` (default SIGKILL: no clean-up at all) to process ``name``'s whole group and reap it.
+
+        The supervisor leaves it down until :meth:`restart`.
+        """
+        with self._lock:
+            self._held.add(name)
         proc = self.procs[name]
         try:
             os.killpg(proc.pid, sig)
@@ -194,10 +259,13 @@ class Stack:
 
     def restart(self, name: str, timeout_s: float = 120.0) -> None:
         """Start process ``name`` again (after :meth:`kill`) and wait until it is ready."""
-        spec = next(s for s in process_specs(self.port_base) if s.name == name)
-        if self.procs[name].poll() is None:
-            raise RuntimeError(f"{name} is still running")
-        self._spawn(spec)
+        spec = self._spec(name)
+        with self._lock:
+            if self.procs[name].poll() is None:
+                raise RuntimeError(f"{name} is still running")
+            self._spawn(spec)
+            self._held.discard(name)
+            self._given_up.discard(name)
         self._wait_ready([spec], None, timeout_s)
 
     @staticmethod
@@ -216,7 +284,11 @@ class Stack:
         return [n for n, p in self.procs.items() if p.poll() is not None]
 
     def stop(self, grace_s: float = 10.0) -> None:
-        """Stop every process group started (SIGTERM, SIGKILL after ``grace_s`` seconds)."""
+        """Stop the supervisor, then every process group started (SIGTERM, SIGKILL after ``grace_s`` seconds)."""
+        self._stopping.set()
+        if self._supervisor is not None:
+            self._supervisor.join(timeout=5)
+            self._supervisor = None
         for proc in self.procs.values():
             if proc.poll() is None:
                 try:

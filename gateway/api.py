@@ -15,7 +15,7 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
 
 from gateway import service
-from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RunCard, RunCreate, RunCreated, RunOut
+from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut
 from gateway.service import Caller
 from services.common.contracts import (
     ChatCompletion,
@@ -353,6 +353,24 @@ def episode(run_id: RunId, after: int = Query(0, ge=0), limit: int = Query(1000,
 def audit(after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     """Append-only: ``{seq, actor (admin|anonymous), key_prefix, method, path, status, client, created_at}``, oldest first."""
     return {"object": "list", "data": service.audit_log(after, limit)}
+
+
+@admin_router.get("/runs/{run_id}/entries", summary="A run's ledger entries", responses=problem_responses(NotFound))
+def entries(run_id: RunId, after: str | None = Query(None, description="Entries appended after this entry id."),
+            limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+    """The run's append-only ledger entries in order: ``{id, type (grant|hold|release|charge|refund), amount_usd_micros,
+    kind, quantity, model, hold_id, purpose, price_version, idempotency_key, refund_of, created_at}``."""
+    return {"object": "list", "data": service.ledger_entries(run_id, after, limit)}
+
+
+@admin_router.post("/runs/{run_id}/refunds", status_code=201, summary="Refund a charge to a run",
+                   responses=problem_responses(NotFound, Conflict, Unprocessable))
+def refund(run_id: RunId, req: RefundRequest) -> dict:
+    """Give back (part of) one of the run's charges, e.g. work lost to a platform fault: a ``refund`` entry in the
+    ledger (append-only; the charge stays) that lowers the run's spent total. ``amount_usd_micros`` omitted:
+    everything of the charge not refunded yet. Repeating ``idempotency_key`` returns the first answer.
+    Answers ``{entry_id, account_id, refund_of, amount_usd_micros, reason, remaining_usd_micros, created_at}``."""
+    return service.refund(run_id, req)
 
 
 @admin_router.get("/accounts", summary="Every ledger account")

@@ -130,6 +130,18 @@ class RunCreate(BaseModel):
     wall_clock_hours: float | None = Field(None, gt=0, description="Override the benchmark's wall-clock limit (hours).")
 
 
+class RefundRequest(BaseModel):
+    """An operator's refund of (part of) one of a run's charges (see the run's ledger entries)."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {
+        "entry_id": "ent_01jd3k5n8q2x7v4w9z6y3t1r0s", "reason": "steps lost to a worker crash", "idempotency_key": "refund-incident-42"}})
+
+    entry_id: str = Field(min_length=1, max_length=40, description="The charge entry to refund.")
+    amount_usd_micros: int | None = Field(None, ge=1, description="Micro-USD to give back; omitted: all of the charge not refunded yet.")
+    reason: str = Field(min_length=1, max_length=500)
+    idempotency_key: str = Field(min_length=1, max_length=200, description="Repeat the call with the same key to get the first answer.")
+
+
 class RunOut(BaseModel):
     id: str
     object: Literal["run"] = "run"

@@ -16,7 +16,7 @@ from sqlalchemy import select
 
 from gateway.models import AuditEvent, Benchmark, EpisodeEvent, Run
 from gateway.ratelimit import KeyRateLimiter
-from gateway.schemas import BenchmarkFile, BenchmarkOut, BudgetOut, LeaderboardRow, RunCard, RunCreate, RunCreated, RunOut
+from gateway.schemas import BenchmarkFile, BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut
 from gateway.settings import GatewaySettings
 from services.common.auth import RunContext, hash_secret, new_secret
 from services.common.contracts import TRAINING_FIELDS, EvaluationUsage, GradingSpec, Recipe
@@ -161,6 +161,27 @@ def revoke_run_key(run_id: str) -> RunOut:
             raise NotFound(f"run {run_id} not found")
         r.revoked_at = r.revoked_at or utcnow()
         return _run_out(r)
+
+
+def _require_run(run_id: str) -> None:
+    with runtime().db.session() as s:
+        if s.get(Run, run_id) is None:
+            raise NotFound(f"run {run_id} not found", field="run_id")
+
+
+def ledger_entries(run_id: str, after: str | None, limit: int) -> list[dict]:
+    """Run ``run_id``'s ledger entries (``NotFound`` for an unknown run or ``after`` entry)."""
+    _require_run(run_id)
+    return runtime().ledger.get(f"/internal/accounts/{run_id}/entries", params={"limit": limit} | ({"after": after} if after else {}))
+
+
+def refund(run_id: str, req: RefundRequest) -> dict:
+    """Refund (part of) charge ``req.entry_id`` of run ``run_id`` through the ledger; the ledger's refund.
+
+    ``NotFound`` for an unknown run (or a charge that is not the run's); the ledger's 409s pass through.
+    """
+    _require_run(run_id)
+    return runtime().ledger.post("/internal/refunds", json={"account_id": run_id, **req.model_dump(exclude_none=True)})
 
 
 # --------------------------------------------------------------------------- agent authorization

@@ -51,13 +51,15 @@ class GenerationResult:
 
     ``completion_tokens`` counts the tokens generated for it, the end-of-turn token included, up to the token
     that completed a stop string; ``finish_reason`` is ``"stop"`` (end-of-turn token or stop string) or
-    ``"length"`` (``max_tokens`` reached).
+    ``"length"`` (``max_tokens`` reached). ``cached_prompt_tokens``: how many of the prompt tokens an engine
+    with a prefix cache served from it (charged at the cached price); this engine has none, so always 0.
     """
 
     text: str
     prompt_tokens: int
     completion_tokens: int
     finish_reason: Literal["stop", "length"]
+    cached_prompt_tokens: int = 0
 
 
 def _sampling_key(request: GenerationRequest) -> tuple[float, float, int | None]:

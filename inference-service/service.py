@@ -21,7 +21,7 @@ from inference_service.models import CompletionLog
 from services.common import artifacts
 from services.common.auth import RunContext
 from services.common.basemodels import BASE_MODELS, base_model_dir
-from services.common.contracts import ChatChoice, ChatCompletion, ChatCompletionRequest, ChatMessage, Usage
+from services.common.contracts import ChatChoice, ChatCompletion, ChatCompletionRequest, ChatMessage, PromptTokensDetails, Usage
 from services.common.db import Database, utcnow
 from services.common.errors import NotFound, Unprocessable, UpstreamProblem
 from services.common.http import ServiceClient, ledger_client
@@ -108,9 +108,13 @@ def describe_model(ctx: RunContext | None, model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "owned_by": "crucible", "base_model": resolved.base, "adapter": resolved.adapter_name}
 
 
-def _usage(base: str, prompt_tokens: int, completion_tokens: int) -> list[dict[str, Any]]:
+def _usage(base: str, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0) -> list[dict[str, Any]]:
+    """Ledger usage items of one call: prompt tokens computed anew, prompt tokens from the prefix cache (when
+    the engine reports any), generated tokens."""
+    cached = [{"kind": "cached_prefill_tokens", "quantity": cached_prompt_tokens, "model": base}] if cached_prompt_tokens else []
     return [
-        {"kind": "prefill_tokens", "quantity": prompt_tokens, "model": base},
+        {"kind": "prefill_tokens", "quantity": prompt_tokens - cached_prompt_tokens, "model": base},
+        *cached,
         {"kind": "decode_tokens", "quantity": completion_tokens, "model": base},
     ]
 
@@ -157,7 +161,7 @@ async def chat_completion(
         if own_hold:
             await asyncio.to_thread(rt.ledger.post, f"/internal/holds/{own_hold}/release", json={"idempotency_key": f"release:{call_id}"})
         raise
-    usage = _usage(resolved.base, result.prompt_tokens, result.completion_tokens)
+    usage = _usage(resolved.base, result.prompt_tokens, result.completion_tokens, result.cached_prompt_tokens)
     if own_hold:
         await asyncio.to_thread(rt.ledger.post, f"/internal/holds/{own_hold}/settle", json={"usage": usage, "idempotency_key": f"settle:{call_id}"})
     elif metered and hold_id:
@@ -174,7 +178,8 @@ async def chat_completion(
     return ChatCompletion(
         id=call_id, created=int(time.time()), model=req.model,
         choices=[ChatChoice(index=0, message=ChatMessage(role="assistant", content=result.text), finish_reason=result.finish_reason)],
-        usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, total_tokens=result.prompt_tokens + result.completion_tokens),
+        usage=Usage(prompt_tokens=result.prompt_tokens, completion_tokens=result.completion_tokens, total_tokens=result.prompt_tokens + result.completion_tokens,
+                    prompt_tokens_details=PromptTokensDetails(cached_tokens=result.cached_prompt_tokens)),
     )
 
 

@@ -170,6 +170,23 @@ def test_over_budget_is_402_and_reads_keep_working(stack, new_run):  # noqa: ANN
     assert client.run()["run_id"] == run["id"]
 
 
+def test_an_operator_refunds_part_of_a_charge_and_the_run_sees_it(stack, new_run, admin):  # noqa: ANN001
+    run, client = new_run("refunded")
+    client.chat("smollm2-135m-instruct", [{"role": "user", "content": "hi"}], max_tokens=4)
+    spent = client.budget()["spent_usd_micros"]
+    charge = next(e for e in admin.entries(run["id"]) if e["type"] == "charge")
+    refund = admin.refund(run["id"], charge["id"], "test refund", "refund-1", amount_usd_micros=1)
+    assert admin.refund(run["id"], charge["id"], "test refund", "refund-1", amount_usd_micros=1) == refund
+    assert refund["refund_of"] == charge["id"] and client.budget()["spent_usd_micros"] == spent - 1
+    with pytest.raises(CrucibleAPIError) as exc:
+        admin.refund(run["id"], charge["id"], "too much", "refund-2", amount_usd_micros=charge["amount_usd_micros"])
+    assert exc.value.status == 409 and exc.value.problem["code"] == "refund_exceeds_charge"
+    with pytest.raises(CrucibleAPIError) as exc:
+        admin.refund("run_" + "0" * 26, charge["id"], "wrong run", "refund-3")
+    assert exc.value.status == 404
+    assert [e["type"] for e in admin.entries(run["id"])][-1] == "refund"
+
+
 def test_past_deadline_is_403_run_expired(stack, new_run):  # noqa: ANN001
     run, client = new_run("late", wall_clock_hours=0.0005)  # 1.8 s
     time.sleep(2.0)

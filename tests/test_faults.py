@@ -1,8 +1,9 @@
 """Fault tests: real processes on production's data plane (PostgreSQL, Redis) are killed mid-work.
 
 One stack for the module, with its own Redis server (so restarting it disturbs nothing else) and short
-lease and reconcile intervals. Every test restarts what it killed. Each prints what it measured (run with
-``-s`` to see it): how long a killed job took to resume, how many calls failed cleanly.
+lease and reconcile intervals, supervised as ``crucible up`` supervises it (a process that exits on its own is
+restarted; one killed by a test stays down until the test restarts it). Each test prints what it measured
+(run with ``-s`` to see it): how long a killed job took to resume, how many calls failed cleanly.
 """
 
 from __future__ import annotations
@@ -31,6 +32,7 @@ from tests.conftest import PORT_BASE, TEST_BENCHMARK, prepared_models, throwaway
 pytestmark = pytest.mark.e2e
 
 REDIS_PORT = PORT_BASE + 39
+EXITS: list[tuple[str, int]] = []  # (process, return code) of every exit the supervisor saw
 BASE = "smollm2-135m-instruct"
 FAST_RECONCILE = {
     "CRUCIBLE_JOB_HEARTBEAT_S": "1",
@@ -84,6 +86,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Re
         stack = Stack(data_dir, PORT_BASE + 20, database_urls=urls, broker_url=f"redis://127.0.0.1:{REDIS_PORT}/0",
                       test_store_url=urls["teststore"], extra_env=FAST_RECONCILE)
         stack.start(timeout_s=300)
+        stack.supervise(on_exit=lambda name, code, _: EXITS.append((name, code)))
         if keep := os.environ.get("CRUCIBLE_KEEP_LOGS"):
             cleanup.callback(lambda: shutil.copytree(data_dir / "logs", Path(keep) / "faults", dirs_exist_ok=True))
         cleanup.callback(stack.stop)
@@ -205,6 +208,42 @@ def test_killed_eval_worker_evaluation_resumes_item_by_item_and_charges_each_ite
     assert all(k.startswith(f"charge:{ev['id']}:") for k in keys)
 
 
+def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  # noqa: ANN001
+    stack, redis, urls = faulty
+    ds = upload_training_set(client, rows=32)
+    recipe = {"max_steps": 4, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1}
+    running = client.create_training_job(BASE, [ds], recipe)
+    queued = client.create_training_job(BASE, [ds], {**recipe, "seed": 1})
+    wait_for(lambda: client.training_job(running["id"])["status"] == "running", 120, "the first job to start")
+    evaluation = client.create_evaluation(BASE, limit=8)
+    wait_for(lambda: client.evaluation(evaluation["id"])["status"] == "running", 60, "the evaluation to start")
+    exits_before = len(EXITS)
+
+    redis.kill()  # queued messages are gone with it (no persistence)
+    time.sleep(2)
+    redis.start()
+    restarted_at = time.monotonic()
+
+    jobs_done = [wait_for(lambda j=j: (x := client.training_job(j["id"]))["status"] in ("succeeded", "failed", "cancelled") and x, 300, f"job {j['id']}")
+                 for j in (running, queued)]
+    ev_done = wait_for(lambda: (e := client.evaluation(evaluation["id"]))["status"] in ("succeeded", "failed") and e, 240, "the evaluation")
+    print(f"\n[fault] redis restarted; both jobs and the evaluation finished {time.monotonic() - restarted_at:.1f} s later; "
+          f"process exits the supervisor restarted: {EXITS[exits_before:]}")
+    assert [j["status"] for j in jobs_done] == ["succeeded", "succeeded"], [j["error"] for j in jobs_done]
+    assert ev_done["status"] == "succeeded", ev_done["error"]
+    with create_engine(urls["trainer"]).connect() as conn:
+        resends = conn.execute(text("SELECT resends FROM training_jobs WHERE id = :id"), {"id": queued["id"]}).scalar()
+    assert resends >= 1  # its message was lost with Redis and the reconciler sent it again
+
+    # Both workers consume again: new work sent after the restart is done.
+    after = [client.create_evaluation(BASE, limit=4), client.create_training_job(BASE, [ds], {**recipe, "seed": 2})]
+    ev_after = wait_for(lambda: (e := client.evaluation(after[0]["id"]))["status"] in ("succeeded", "failed") and e, 180, "an evaluation sent after the restart")
+    job_after = wait_for(lambda: (j := client.training_job(after[1]["id"]))["status"] in ("succeeded", "failed") and j, 180, "a job sent after the restart")
+    assert (ev_after["status"], job_after["status"]) == ("succeeded", "succeeded"), (ev_after["error"], job_after["error"])
+    assert stack.failed() == []
+    assert_books_balance(stack, client.run_id)
+
+
 def test_ledger_restart_mid_request_gives_clean_errors_or_success_and_no_double_charge(faulty, client) -> None:  # noqa: ANN001
     stack, _, _ = faulty
     outcomes: list[int] = []
@@ -286,29 +325,13 @@ def test_an_inference_outage_longer_than_the_retries_requeues_the_evaluation_ins
     assert_books_balance(stack, client.run_id)
 
 
-# Last: after a Redis restart in the middle of an evaluation, the eval worker's consumer does not reconnect
-# (kombu, threads or prefork pool; see the README's known limits), so nothing after this may need it.
-def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  # noqa: ANN001
-    stack, redis, urls = faulty
-    ds = upload_training_set(client, rows=32)
-    recipe = {"max_steps": 4, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1}
-    running = client.create_training_job(BASE, [ds], recipe)
-    queued = client.create_training_job(BASE, [ds], {**recipe, "seed": 1})
-    wait_for(lambda: client.training_job(running["id"])["status"] == "running", 120, "the first job to start")
-    evaluation = client.create_evaluation(BASE, limit=8)
-
-    redis.kill()  # queued messages are gone with it (no persistence)
-    time.sleep(2)
-    redis.start()
-    restarted_at = time.monotonic()
-
-    jobs_done = [wait_for(lambda j=j: (x := client.training_job(j["id"]))["status"] in ("succeeded", "failed", "cancelled") and x, 300, f"job {j['id']}")
-                 for j in (running, queued)]
-    ev_done = wait_for(lambda: (e := client.evaluation(evaluation["id"]))["status"] in ("succeeded", "failed") and e, 240, "the evaluation")
-    print(f"\n[fault] redis restarted; both jobs and the evaluation finished {time.monotonic() - restarted_at:.1f} s later")
-    assert [j["status"] for j in jobs_done] == ["succeeded", "succeeded"], [j["error"] for j in jobs_done]
-    assert ev_done["status"] == "succeeded", ev_done["error"]
-    with create_engine(urls["trainer"]).connect() as conn:
-        resends = conn.execute(text("SELECT resends FROM training_jobs WHERE id = :id"), {"id": queued["id"]}).scalar()
-    assert resends >= 1  # its message was lost with Redis and the reconciler sent it again
-    assert_books_balance(stack, client.run_id)
+def test_a_process_that_dies_on_its_own_is_restarted_by_the_supervisor(faulty, client) -> None:  # noqa: ANN001
+    stack, _, _ = faulty
+    before = len(EXITS)
+    os.killpg(stack.procs["gateway"].pid, 9)  # not through stack.kill: as if it had crashed
+    died_at = time.monotonic()
+    wait_for(lambda: ("gateway", -9) in EXITS[before:], 10, "the supervisor to see the exit")
+    wait_for(lambda: stack._healthy(stack.port_base), 60, "the gateway to answer again", poll_s=0.5)
+    assert client.budget()["budget_usd_micros"] > 0
+    print(f"\n[fault] gateway killed; answering again {time.monotonic() - died_at:.1f} s later")
+    assert stack.failed() == []

@@ -26,8 +26,8 @@ from services.common.ids import new_id
 from services.ledger import models
 from services.ledger.app import MIGRATIONS_DIR, create_app
 from services.ledger.pricing import load_prices
-from services.ledger.schemas import AccountCreate, ChargeCreate, HoldCharge, HoldCreate, HoldRelease, HoldSettle, UsageItem
-from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, IdempotencyKeyReused, Ledger, recompute_balance
+from services.ledger.schemas import AccountCreate, ChargeCreate, HoldCharge, HoldCreate, HoldRelease, HoldSettle, RefundCreate, UsageItem, UsageKind
+from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, IdempotencyKeyReused, Ledger, RefundExceedsCharge, recompute_balance
 from services.ledger.settings import LedgerSettings
 
 TOKEN = "test-service-token"
@@ -388,6 +388,55 @@ def test_mixed_workload_cached_balance_matches_entries(ledger: Ledger) -> None:
         assert sum(balance.spent_by_kind.values()) == balance.spent_usd_micros
 
 
+def test_a_refund_gives_back_part_of_a_charge_once_and_never_more_than_it(ledger: Ledger) -> None:
+    account_id = open_account(ledger, 10_000)
+    charge = ledger.charge(ChargeCreate(account_id=account_id, usage=[decode(10_000)], purpose="calls", idempotency_key=key()))
+    entry_id = charge.lines[0].entry_id
+    first = RefundCreate(account_id=account_id, entry_id=entry_id, amount_usd_micros=1_500, reason="lost work", idempotency_key=key())
+    refund = ledger.refund(first)
+    assert (refund.amount_usd_micros, refund.refund_of, refund.remaining_usd_micros) == (1_500, entry_id, 10_000 - 4_000 + 1_500)
+    assert ledger.refund(first) == refund  # same key: the first answer, nothing written
+    bal = ledger.balance(account_id)
+    assert bal.spent_usd_micros == 2_500 and bal.spent_by_kind["decode_tokens"] == 2_500 and bal.usage_by_kind["decode_tokens"] == 10_000
+
+    with pytest.raises(RefundExceedsCharge) as exc:
+        ledger.refund(RefundCreate(account_id=account_id, entry_id=entry_id, amount_usd_micros=2_501, reason="too much", idempotency_key=key()))
+    assert exc.value.extra["refundable_usd_micros"] == 2_500
+    rest = ledger.refund(RefundCreate(account_id=account_id, entry_id=entry_id, reason="the rest", idempotency_key=key()))
+    assert rest.amount_usd_micros == 2_500 and ledger.balance(account_id).spent_usd_micros == 0
+    with pytest.raises(RefundExceedsCharge):
+        ledger.refund(RefundCreate(account_id=account_id, entry_id=entry_id, reason="again", idempotency_key=key()))
+
+    hold_entry = next(e for e in ledger.entries(account_id) if e.type == "grant")
+    with pytest.raises(NotFound):  # only charges can be refunded
+        ledger.refund(RefundCreate(account_id=account_id, entry_id=hold_entry.id, reason="not a charge", idempotency_key=key()))
+    other = open_account(ledger, 10_000)
+    with pytest.raises(NotFound):  # nor another account's charge
+        ledger.refund(RefundCreate(account_id=other, entry_id=entry_id, reason="cross-account", idempotency_key=key()))
+    assert [e.type for e in ledger.entries(account_id)] == ["grant", "charge", "refund", "refund"]
+    assert_cached_balance_matches_entries(ledger, account_id)
+
+
+def test_concurrent_refunds_never_give_back_more_than_the_charge(ledger: Ledger) -> None:
+    account_id = open_account(ledger, 100_000)
+    charge = ledger.charge(ChargeCreate(account_id=account_id, usage=[decode(10_000)], purpose="calls", idempotency_key=key()))
+    refunds = run_concurrently(20, lambda i: ledger.refund(RefundCreate(
+        account_id=account_id, entry_id=charge.lines[0].entry_id, amount_usd_micros=1_000, reason=f"r{i}", idempotency_key=f"r{i}")))
+    assert sum(1 for r in refunds if not isinstance(r, CrucibleError)) == 4  # 4 × 1,000 of the 4,000 charged
+    assert all(isinstance(r, RefundExceedsCharge) for r in refunds if isinstance(r, CrucibleError))
+    assert ledger.balance(account_id).spent_usd_micros == 0
+    assert_cached_balance_matches_entries(ledger, account_id)
+
+
+def test_cached_prompt_tokens_have_their_own_price(ledger: Ledger) -> None:
+    account_id = open_account(ledger, 1_000_000)
+    charge = ledger.charge(ChargeCreate(account_id=account_id, usage=[
+        UsageItem(kind="prefill_tokens", quantity=100_000, model=MODEL),
+        UsageItem(kind="cached_prefill_tokens", quantity=100_000, model=MODEL)], purpose="calls", idempotency_key=key()))
+    assert [line.amount_usd_micros for line in charge.lines] == [10_000, 2_500]  # $0.10 and $0.025 per 1M
+    assert ledger.balance(account_id).spent_by_kind["cached_prefill_tokens"] == 2_500
+
+
 def test_entries_are_append_only(ledger: Ledger) -> None:
     account_id = open_account(ledger, 1_000)
     with pytest.raises(RuntimeError, match="append-only"), ledger.db.session() as s:
@@ -430,7 +479,7 @@ def test_usage_is_priced_per_model_with_a_default_and_rounded_up(ledger: Ledger)
 
 def test_price_table_comes_from_the_configured_file(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
     table = tmp_path / "prices.yaml"
-    rows = "".join(f"  - {{kind: {k}, model: '*', usd_micros_per_million_units: 1000000}}\n" for k in ("training_tokens", "prefill_tokens", "decode_tokens", "sandbox_seconds", "storage_gb_hours"))
+    rows = "".join(f"  - {{kind: {k}, model: '*', usd_micros_per_million_units: 1000000}}\n" for k in UsageKind)
     table.write_text("version: test-1\nprices:\n" + rows)
     monkeypatch.setenv("CRUCIBLE_LEDGER_PRICES", str(table))
     prices = load_prices(LedgerSettings().ledger_prices)
@@ -452,7 +501,7 @@ def test_internal_routes_require_the_service_token(client: TestClient) -> None:
         assert r.headers["content-type"] == "application/problem+json"
         r = client.post("/internal/accounts", json={"account_id": new_id("run"), "budget_usd_micros": 1}, headers=headers)
         assert r.status_code == 401
-    assert client.get("/internal/prices", headers=AUTH).json()["version"] == "2025-07-01"
+    assert client.get("/internal/prices", headers=AUTH).json()["version"] == "2026-11-30"
 
 
 def test_http_hold_lifecycle(client: TestClient) -> None:
@@ -520,3 +569,18 @@ def test_http_422_names_the_field(client: TestClient) -> None:
         assert r.json()["field"] == field
     r = client.post("/internal/accounts", json={"account_id": new_id("run"), "budget_usd_micros": -1}, headers=AUTH)
     assert (r.status_code, r.json()["field"]) == (422, "budget_usd_micros")
+
+
+def test_http_refund_is_201_then_409_past_the_charge(client: TestClient) -> None:
+    account_id = new_id("run")
+    client.post("/internal/accounts", json={"account_id": account_id, "budget_usd_micros": 10_000}, headers=AUTH)
+    charge = client.post("/internal/charges", headers=AUTH, json={
+        "account_id": account_id, "usage": [{"kind": "decode_tokens", "quantity": 1000, "model": MODEL}], "purpose": "calls", "idempotency_key": "c1"}).json()
+    body = {"account_id": account_id, "entry_id": charge["lines"][0]["entry_id"], "reason": "lost work", "idempotency_key": "r1"}
+    r = client.post("/internal/refunds", json=body, headers=AUTH)
+    assert (r.status_code, r.json()["amount_usd_micros"]) == (201, DECODE_PER_1K)
+    again = client.post("/internal/refunds", json={**body, "idempotency_key": "r2"}, headers=AUTH)
+    assert again.status_code == 409 and again.headers["content-type"] == "application/problem+json"
+    assert again.json()["refundable_usd_micros"] == 0
+    missing = client.post("/internal/refunds", json={**body, "entry_id": "ent_nope", "idempotency_key": "r3"}, headers=AUTH)
+    assert missing.status_code == 404 and missing.json()["field"] == "entry_id"

@@ -71,3 +71,19 @@ def test_migrations_build_what_the_models_declare_and_round_trip(service: str, e
         assert migrate_service(service, empty_db) == revision
     finally:
         engine.dispose()
+
+
+def test_crucible_migrate_reports_a_bad_or_unreachable_database_url_without_a_traceback(tmp_path) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from crucible.cli import app
+
+    runner = CliRunner()
+    bad = runner.invoke(app, ["migrate", "--service", "ledger", "--url", "not-a-url"])
+    assert bad.exit_code == 2 and "not a database URL" in bad.output and "Traceback" not in bad.output
+    down = runner.invoke(app, ["migrate", "--service", "ledger", "--url", "postgresql+psycopg://nobody@127.0.0.1:1/none"])
+    assert down.exit_code == 1 and "cannot reach its database" in down.output
+    ok = runner.invoke(app, ["migrate", "--service", "ledger", "--url", f"sqlite:///{tmp_path / 'l.sqlite'}"])
+    assert ok.exit_code == 0 and "ledger: at revision" in ok.output, ok.output
+    two = runner.invoke(app, ["migrate", "--service", "ledger", "--service", "trainer", "--url", f"sqlite:///{tmp_path / 'x.sqlite'}"])
+    assert two.exit_code == 2 and "belongs to one service" in two.output

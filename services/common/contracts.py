@@ -174,12 +174,19 @@ class ChatChoice(BaseModel):
     finish_reason: Literal["stop", "length"]
 
 
+class PromptTokensDetails(BaseModel):
+    """How many prompt tokens were served from the engine's prefix cache (charged at the cached price)."""
+
+    cached_tokens: int = 0
+
+
 class Usage(BaseModel):
-    """Token counts of one call (units: tokens)."""
+    """Token counts of one call (units: tokens), as OpenAI reports them."""
 
     prompt_tokens: int
     completion_tokens: int
     total_tokens: int
+    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
 
 
 class ChatCompletion(BaseModel):

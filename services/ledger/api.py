@@ -27,9 +27,11 @@ from services.ledger.schemas import (
     HoldSettle,
     HoldStatus,
     PriceTable,
+    Refund,
+    RefundCreate,
     UsageBucket,
 )
-from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, IdempotencyKeyReused, Ledger
+from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, IdempotencyKeyReused, Ledger, RefundExceedsCharge
 
 
 def require_service_token(request: Request) -> None:
@@ -163,3 +165,15 @@ def create_charge(body: ChargeCreate, ledger: LedgerDep) -> Charge:
     """Charge usage from the free balance, without a hold. 402 with ``remaining_usd_micros`` if it cannot
     be covered."""
     return ledger.charge(body)
+
+
+@router.post(
+    "/refunds",
+    summary="Refund a charge",
+    status_code=http_status.HTTP_201_CREATED,
+    responses=problem_responses(Unauthorized, NotFound, RefundExceedsCharge, IdempotencyKeyReused, Unprocessable),
+)
+def create_refund(body: RefundCreate, ledger: LedgerDep) -> Refund:
+    """Give back (part of) charge entry ``entry_id`` as a ``refund`` entry: spent goes down, usage stays.
+    404 if the entry is not a charge of the account; 409 ``refund_exceeds_charge`` past what is left of it."""
+    return ledger.refund(body)

@@ -63,6 +63,7 @@ class Hold(LedgerBase):
         CheckConstraint("status IN ('open', 'settled', 'released', 'expired')", name="status_known"),
         CheckConstraint("charged_usd_micros >= 0 AND released_usd_micros >= 0", name="parts_nonnegative"),
         CheckConstraint("charged_usd_micros + released_usd_micros <= amount_usd_micros", name="within_amount"),
+        CheckConstraint("status <> 'open' OR released_usd_micros = 0", name="open_releases_nothing"),
     )
 
     hold_id: Mapped[str] = mapped_column(String(40), primary_key=True)
@@ -87,7 +88,7 @@ class Entry(LedgerBase):
 
     __tablename__ = "entries"
     __table_args__ = (
-        CheckConstraint("type IN ('grant', 'hold', 'release', 'charge')", name="type_known"),
+        CheckConstraint("type IN ('grant', 'hold', 'release', 'charge', 'refund')", name="type_known"),
         CheckConstraint("amount_usd_micros >= 0", name="amount_nonnegative"),
         Index("ix_entries_account_seq", "account_id", "seq"),
     )
@@ -104,6 +105,7 @@ class Entry(LedgerBase):
     purpose: Mapped[str | None] = mapped_column(String(500), nullable=True)
     price_version: Mapped[str] = mapped_column(String(64))
     idempotency_key: Mapped[str | None] = mapped_column(String(200), nullable=True)
+    refund_of: Mapped[str | None] = mapped_column(String(40), nullable=True, index=True)  # refunds: the charge entry's id
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
 
 

@@ -30,7 +30,8 @@ class UsageKind(StrEnum):
     """What is metered. Quantities are integers in the kind's unit (tokens, seconds, GB-hours)."""
 
     training_tokens = "training_tokens"
-    prefill_tokens = "prefill_tokens"
+    prefill_tokens = "prefill_tokens"  # prompt tokens computed anew
+    cached_prefill_tokens = "cached_prefill_tokens"  # prompt tokens served from the prefix cache
     decode_tokens = "decode_tokens"
     sandbox_seconds = "sandbox_seconds"
     storage_gb_hours = "storage_gb_hours"
@@ -39,6 +40,7 @@ class UsageKind(StrEnum):
 KIND_UNITS: dict[UsageKind, str] = {
     UsageKind.training_tokens: "token",
     UsageKind.prefill_tokens: "token",
+    UsageKind.cached_prefill_tokens: "token",
     UsageKind.decode_tokens: "token",
     UsageKind.sandbox_seconds: "second",
     UsageKind.storage_gb_hours: "GB-hour",
@@ -56,13 +58,15 @@ class EntryType(StrEnum):
     """Entry types of the append-only ledger and their effect on an account.
 
     ``grant`` adds to the budget; ``hold`` reserves; ``release`` returns reserved money; ``charge`` spends
-    (from its hold when it has ``hold_id``, else from the free balance).
+    (from its hold when it has ``hold_id``, else from the free balance); ``refund`` gives back (part of) the
+    charge named by ``refund_of``.
     """
 
     grant = "grant"
     hold = "hold"
     release = "release"
     charge = "charge"
+    refund = "refund"
 
 
 class _Request(BaseModel):
@@ -105,7 +109,7 @@ class Balance(BaseModel):
     remaining_usd_micros: int = Field(description="budget − held − spent", examples=[3_449_520])
     spent_by_kind: dict[str, int] = Field(examples=[{"training_tokens": 350_000, "prefill_tokens": 80, "decode_tokens": 400, "sandbox_seconds": 0, "storage_gb_hours": 0}])
     usage_by_kind: dict[str, int] = Field(examples=[{"training_tokens": 175_000, "prefill_tokens": 800, "decode_tokens": 1000, "sandbox_seconds": 0, "storage_gb_hours": 0}])
-    price_version: str = Field(description="Version of the price table now in force.", examples=["2025-07-01"])
+    price_version: str = Field(description="Version of the price table now in force.", examples=["2026-11-30"])
 
 
 class Entry(BaseModel):
@@ -120,8 +124,9 @@ class Entry(BaseModel):
     model: str | None = None
     hold_id: str | None = None
     purpose: str | None = None
-    price_version: str = Field(examples=["2025-07-01"])
+    price_version: str = Field(examples=["2026-11-30"])
     idempotency_key: str | None = None
+    refund_of: str | None = Field(None, description="Refunds only: the charge entry refunded.")
     created_at: dt.datetime
 
 
@@ -180,7 +185,7 @@ class Hold(BaseModel):
     released_usd_micros: int = Field(examples=[0])
     status: HoldStatus
     purpose: str = Field(examples=["training job job_01jd3k5n8q2x7v4w9z6y3t1r0s"])
-    price_version: str = Field(examples=["2025-07-01"])
+    price_version: str = Field(examples=["2026-11-30"])
     created_at: dt.datetime
     expires_at: dt.datetime | None = None
     closed_at: dt.datetime | None = None
@@ -193,6 +198,28 @@ class ChargeCreate(_Request):
     usage: list[UsageItem] = Field(min_length=1, max_length=100)
     purpose: Purpose
     idempotency_key: IdempotencyKey
+
+
+class RefundCreate(_Request):
+    """Give back (part of) a charge, e.g. work lost to a platform fault. Lowers the account's spent total."""
+
+    account_id: AccountId
+    entry_id: str = Field(min_length=1, max_length=40, description="The charge entry to refund.", examples=["ent_01jd3k5n8q2x7v4w9z6y3t1r0s"])
+    amount_usd_micros: int | None = Field(None, ge=1, le=MAX_BUDGET_USD_MICROS, description="Omitted: all of the charge not refunded yet.", examples=[400])
+    reason: Purpose
+    idempotency_key: IdempotencyKey
+
+
+class Refund(BaseModel):
+    """A refund entry and the account's remaining balance right after it."""
+
+    entry_id: str = Field(examples=["ent_01jd3k5n8q2x7v4w9z6y3t1r0s"])
+    account_id: str
+    refund_of: str = Field(description="The charge entry refunded.")
+    amount_usd_micros: int = Field(examples=[400])
+    reason: str
+    remaining_usd_micros: int = Field(examples=[4_999_600])
+    created_at: dt.datetime
 
 
 class ChargeLine(BaseModel):
@@ -213,7 +240,7 @@ class Charge(BaseModel):
     amount_usd_micros: int = Field(examples=[400])
     lines: list[ChargeLine]
     purpose: str
-    price_version: str = Field(examples=["2025-07-01"])
+    price_version: str = Field(examples=["2026-11-30"])
     remaining_usd_micros: int = Field(examples=[4_999_600])
     created_at: dt.datetime
 
@@ -234,5 +261,5 @@ class PriceTable(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    version: str = Field(min_length=1, max_length=64, examples=["2025-07-01"])
+    version: str = Field(min_length=1, max_length=64, examples=["2026-11-30"])
     prices: list[Price]

@@ -1,14 +1,18 @@
 """The budget ledger's logic: accounts, holds, charges, balances and usage. No HTTP here.
 
-Every mutating call is one transaction that first locks the account row (``SELECT … FOR UPDATE`` on
-PostgreSQL; on SQLite every transaction is ``BEGIN IMMEDIATE``, which serializes writers), then looks up
-its idempotency key, then checks the balance and writes entries and the cached totals together. So all
-mutations of one account are serialized, no check can be raced past, and nothing is ever half-written.
+Every mutating call is one transaction that first takes the account row's lock, with the balance check
+in the same statement where it can be: a conditional ``UPDATE accounts … WHERE budget − held − spent >=
+amount`` for holds and charges (the row lock comes with it; on SQLite every transaction is ``BEGIN
+IMMEDIATE``, which serializes writers), ``SELECT … FOR UPDATE`` on the account before a hold is changed.
+Entries and the cached totals are written in that transaction, so all mutations of one account are
+serialized, no check can be raced past, and nothing is ever half-written. The common path of a hold, a
+settle or a charge is four or five statements and one commit.
 
 Idempotency keys are scoped to (account, operation): ``hold.create``, ``hold.charge``, ``hold.settle``,
-``hold.release``, ``charge.create``. A repeat with the same key and the same request returns the stored
-first answer and writes nothing; the same key with a different request is a 409. Failed calls (402, 409,
-404) store nothing, so they may be retried with the same key.
+``hold.release``, ``charge.create``, ``refund.create``. The answer is stored last in the same transaction
+(``INSERT … ON CONFLICT DO NOTHING``); a repeat with the same key and the same request finds it taken, rolls
+its own work back and returns the stored first answer; the same key with a different request is a 409.
+Failed calls (402, 409, 404) store nothing, so they may be retried with the same key.
 
 A hold placed with ``ttl_s`` expires: once ``expires_at`` has passed, what is left on it is released and
 it is closed as ``expired``. Expiry happens when a new hold or charge on the account would not be covered
@@ -16,7 +20,7 @@ otherwise, and in a periodic sweep (:meth:`Ledger.expire_holds`), so a holder th
 than its ttl.
 
 Entry arithmetic (all amounts are non-negative; the type gives the sign):
-``budget = Σ grant``, ``spent = Σ charge``,
+``budget = Σ grant``, ``spent = Σ charge − Σ refund``,
 ``held = Σ hold − Σ release − Σ charge with a hold_id``.
 """
 
@@ -26,11 +30,14 @@ import datetime as dt
 import hashlib
 import json
 from collections import defaultdict
+from collections.abc import Callable
 from dataclasses import dataclass
 from typing import TypeVar
 
 from pydantic import BaseModel
-from sqlalchemy import ColumnElement, case, func, select
+from sqlalchemy import ColumnElement, bindparam, case, func, insert, select, update
+from sqlalchemy.dialects.postgresql import insert as postgresql_insert
+from sqlalchemy.dialects.sqlite import insert as sqlite_insert
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 
@@ -54,7 +61,10 @@ from services.ledger.schemas import (
     HoldRelease,
     HoldSettle,
     HoldStatus,
+    Refund,
+    RefundCreate,
     UsageBucket,
+    UsageItem,
     UsageKind,
 )
 
@@ -71,6 +81,12 @@ class HoldClosed(Conflict):
     """The hold is settled or released; it takes no more charges."""
 
     code, title = "hold_closed", "The hold is already closed"
+
+
+class RefundExceedsCharge(Conflict):
+    """The refund is larger than what is left to refund of the charge."""
+
+    code, title = "refund_exceeds_charge", "The refund exceeds what is left of the charge"
 
 
 class HoldExceeded(Conflict):
@@ -103,10 +119,11 @@ def recompute_balance(session: Session, account_id: str) -> Totals:
             total(kind == EntryType.release.value),
             total(kind == EntryType.charge.value),
             total((kind == EntryType.charge.value) & models.Entry.hold_id.is_not(None)),
+            total(kind == EntryType.refund.value),
         ).where(models.Entry.account_id == account_id)
     ).one()
-    grant, hold, release, charge, charge_from_holds = (int(v) for v in row)
-    return Totals(grant, hold - release - charge_from_holds, charge)
+    grant, hold, release, charge, charge_from_holds, refund = (int(v) for v in row)
+    return Totals(grant, hold - release - charge_from_holds, charge - refund)
 
 
 def _fingerprint(operation: str, target: str, body: BaseModel) -> str:
@@ -159,7 +176,7 @@ class Ledger:
         )
         s.add(acct)
         s.flush()
-        s.add(self._entry(acct.account_id, EntryType.grant, body.budget_usd_micros, now, purpose="budget"))
+        s.add(models.Entry(**self._entry(acct.account_id, EntryType.grant, body.budget_usd_micros, now, purpose="budget")))
         s.flush()
         return acct
 
@@ -183,13 +200,14 @@ class Ledger:
         usage: dict[str, dict[str, int]] = defaultdict(lambda: {k.value: 0 for k in UsageKind})
         if ids:
             rows = s.execute(
-                select(models.Entry.account_id, models.Entry.kind, func.sum(models.Entry.amount_usd_micros), func.sum(models.Entry.quantity))
-                .where(models.Entry.type == EntryType.charge.value, models.Entry.account_id.in_(ids))
-                .group_by(models.Entry.account_id, models.Entry.kind)
+                select(models.Entry.account_id, models.Entry.type, models.Entry.kind, func.sum(models.Entry.amount_usd_micros), func.sum(models.Entry.quantity))
+                .where(models.Entry.type.in_([EntryType.charge.value, EntryType.refund.value]), models.Entry.account_id.in_(ids))
+                .group_by(models.Entry.account_id, models.Entry.type, models.Entry.kind)
             )
-            for account_id, kind, amount, quantity in rows:
-                spent[account_id][kind] = int(amount or 0)
-                usage[account_id][kind] = int(quantity or 0)
+            for account_id, type_, kind, amount, quantity in rows:  # refunds lower spending, not usage
+                sign = -1 if type_ == EntryType.refund.value else 1
+                spent[account_id][kind] += sign * int(amount or 0)
+                usage[account_id][kind] += int(quantity or 0) if sign > 0 else 0
         return [
             Balance(
                 account_id=a.account_id,
@@ -239,36 +257,30 @@ class Ledger:
     # -- holds ------------------------------------------------------------------------------------
 
     def create_hold(self, body: HoldCreate) -> Hold:
-        """Reserve the priced cost of ``body.usage``; ``PaymentRequired`` if the free balance cannot cover it."""
-        with self.db.session() as s:
-            acct = _lock_account(s, body.account_id)
-            op = _Op(s, acct.account_id, "hold.create", body.idempotency_key, _fingerprint("hold.create", acct.account_id, body))
-            if (replay := op.replay(Hold)) is not None:
-                return replay
-            priced = self.prices.price(body.usage)
-            amount = sum(p.amount_usd_micros for p in priced)
+        """Reserve the priced cost of ``body.usage``; ``PaymentRequired`` (402) if the free balance cannot cover it.
+
+        Raises ``NotFound`` (no such account) and ``IdempotencyKeyReused`` (409: the key was used for another
+        request). Four statements in the common case: the conditional reservation, the hold, its entry and
+        the idempotency record.
+        """
+        priced = self.prices.price(body.usage)
+        amount = sum(p.amount_usd_micros for p in priced)
+        fingerprint = _fingerprint("hold.create", body.account_id, body)
+
+        def work(s: Session) -> tuple[str, Hold]:
             now = utcnow()
-            if amount > acct.remaining_usd_micros:  # expired holds matter only when they block this one
-                self._expire(s, acct, now)
-            _require_funds(acct, amount)
-            hold = models.Hold(
-                hold_id=new_id("hold"),
-                account_id=acct.account_id,
-                amount_usd_micros=amount,
-                charged_usd_micros=0,
-                released_usd_micros=0,
-                status=HoldStatus.open.value,
-                purpose=body.purpose,
-                price_version=self.prices.version,
-                created_at=now,
+            self._reserve(s, body.account_id, amount, now, "held_usd_micros", "hold.create", body.idempotency_key)
+            hold = Hold(
+                hold_id=new_id("hold"), account_id=body.account_id, amount_usd_micros=amount, charged_usd_micros=0, released_usd_micros=0,
+                status=HoldStatus.open, purpose=body.purpose, price_version=self.prices.version, created_at=now,
                 expires_at=now + dt.timedelta(seconds=body.ttl_s) if body.ttl_s else None,
             )
-            s.add(hold)
-            s.flush()
-            s.add(self._entry(acct.account_id, EntryType.hold, amount, now, hold_id=hold.hold_id, purpose=body.purpose, key=body.idempotency_key))
-            acct.held_usd_micros += amount
-            acct.updated_at = now
-            return op.remember(_hold_out(hold))
+            s.execute(SQL.insert_hold, hold.model_dump() | {"status": hold.status.value})
+            s.execute(SQL.insert_entry, [self._entry(body.account_id, EntryType.hold, amount, now, hold_id=hold.hold_id,
+                                                     purpose=body.purpose, key=body.idempotency_key)])
+            return body.account_id, hold
+
+        return self._once("hold.create", body.idempotency_key, fingerprint, Hold, work)
 
     def get_hold(self, hold_id: str) -> Hold:
         """The hold as it is now."""
@@ -288,40 +300,54 @@ class Ledger:
             return [_hold_out(h) for h in s.scalars(query.order_by(models.Hold.created_at, models.Hold.hold_id))]
 
     def charge_hold(self, hold_id: str, body: HoldCharge) -> Hold:
-        """Charge usage against an open hold; ``HoldExceeded`` if it costs more than is left on it."""
-        with self.db.session() as s:
-            acct, hold = _lock_hold(s, hold_id)
-            op = _Op(s, acct.account_id, "hold.charge", body.idempotency_key, _fingerprint("hold.charge", hold_id, body))
-            if (replay := op.replay(Hold)) is not None:
-                return replay
-            _require_open(hold)
-            now = utcnow()
-            self._charge_against(s, acct, hold, self.prices.price(body.usage), body.purpose or hold.purpose, body.idempotency_key, now)
-            return op.remember(_hold_out(hold))
+        """Charge usage against an open hold; ``HoldExceeded`` (409) if it costs more than is left on it,
+        ``HoldClosed`` (409) if the hold is closed, ``NotFound`` if there is no such hold."""
+        return self._from_hold("hold.charge", hold_id, body, body.usage, body.purpose, close_as=None)
 
     def settle_hold(self, hold_id: str, body: HoldSettle) -> Hold:
-        """Charge the final usage against the hold, release what is left and close it as ``settled``."""
-        with self.db.session() as s:
-            acct, hold = _lock_hold(s, hold_id)
-            op = _Op(s, acct.account_id, "hold.settle", body.idempotency_key, _fingerprint("hold.settle", hold_id, body))
-            if (replay := op.replay(Hold)) is not None:
-                return replay
-            _require_open(hold)
-            now = utcnow()
-            self._charge_against(s, acct, hold, self.prices.price(body.usage), body.purpose or hold.purpose, body.idempotency_key, now)
-            self._close(s, acct, hold, HoldStatus.settled, body.idempotency_key, now)
-            return op.remember(_hold_out(hold))
+        """Charge the final usage against the hold, release what is left and close it as ``settled``
+        (errors as :meth:`charge_hold`)."""
+        return self._from_hold("hold.settle", hold_id, body, body.usage, body.purpose, close_as=HoldStatus.settled)
 
     def release_hold(self, hold_id: str, body: HoldRelease) -> Hold:
-        """Release what is left on the hold and close it as ``released``."""
-        with self.db.session() as s:
-            acct, hold = _lock_hold(s, hold_id)
-            op = _Op(s, acct.account_id, "hold.release", body.idempotency_key, _fingerprint("hold.release", hold_id, body))
-            if (replay := op.replay(Hold)) is not None:
-                return replay
-            _require_open(hold)
-            self._close(s, acct, hold, HoldStatus.released, body.idempotency_key, utcnow())
-            return op.remember(_hold_out(hold))
+        """Release what is left on the hold and close it as ``released`` (``HoldClosed`` if it is closed)."""
+        return self._from_hold("hold.release", hold_id, body, [], None, close_as=HoldStatus.released)
+
+    def _from_hold(
+        self, operation: str, hold_id: str, body: BaseModel, usage: list[UsageItem], purpose: str | None, close_as: HoldStatus | None
+    ) -> Hold:
+        """Charge ``usage`` against the hold and, with ``close_as``, release the rest and close it: one transaction
+        that locks the account, then updates the hold only if it is open and covers the charge."""
+        priced = self.prices.price(usage)
+        total = sum(p.amount_usd_micros for p in priced)
+        fingerprint = _fingerprint(operation, hold_id, body)
+        key: str = body.idempotency_key  # type: ignore[attr-defined]
+
+        def work(s: Session) -> tuple[str, Hold]:
+            account_id = _lock_hold_account(s, hold_id)
+            now = utcnow()
+            # an open hold has released nothing yet (a check constraint says so), so closing releases amount − charged
+            stmt, params = (SQL.take, {}) if close_as is None else (SQL.take_and_close, {"p_status": close_as.value, "p_now": now})
+            row = s.execute(stmt, {"p_hold": hold_id, "p_total": total, **params}).first()
+            if row is None:
+                _raise_if_answered(s, account_id, operation, key)
+                hold = s.get(models.Hold, hold_id, populate_existing=True)
+                _require_open(hold)
+                raise HoldExceeded(
+                    f"usage costs {total} micro-USD but hold {hold_id} has {hold.left_usd_micros} left",
+                    hold_id=hold_id, hold_remaining_usd_micros=hold.left_usd_micros, required_usd_micros=total,
+                )
+            hold = Hold.model_validate(row._asdict())
+            released = hold.released_usd_micros if close_as is not None else 0
+            entries = [self._charge_entry(account_id, p, now, purpose=purpose or hold.purpose, key=key, hold_id=hold_id) for p in priced]
+            if released:
+                entries.append(self._entry(account_id, EntryType.release, released, now, hold_id=hold_id, purpose=hold.purpose, key=key))
+            if entries:
+                s.execute(SQL.insert_entry, entries)
+            s.execute(SQL.move, {"p_account": account_id, "p_unhold": total + released, "p_spend": total, "p_now": now})
+            return account_id, hold
+
+        return self._once(operation, key, fingerprint, Hold, work)
 
     def expire_holds(self, now: dt.datetime | None = None) -> int:
         """Close every open hold whose ``expires_at`` has passed (status ``expired``); the number closed."""
@@ -341,150 +367,195 @@ class Ledger:
             models.Hold.account_id == acct.account_id, models.Hold.status == HoldStatus.open.value, models.Hold.expires_at <= now,
         ).execution_options(populate_existing=True)).all()
         for hold in expired:
-            self._close(s, acct, hold, HoldStatus.expired, f"expire:{hold.hold_id}", now)
+            left = hold.left_usd_micros
+            if left:
+                s.add(models.Entry(**self._entry(acct.account_id, EntryType.release, left, now, hold_id=hold.hold_id,
+                                                 purpose=hold.purpose, key=f"expire:{hold.hold_id}")))
+            hold.released_usd_micros += left
+            hold.status = HoldStatus.expired.value
+            hold.closed_at = now
+            acct.held_usd_micros -= left
+            acct.updated_at = now
+        s.flush()
         return len(expired)
 
-    def _charge_against(
-        self, s: Session, acct: models.Account, hold: models.Hold, priced: list[PricedItem], purpose: str, key: str, now: dt.datetime
-    ) -> list[models.Entry]:
-        total = sum(p.amount_usd_micros for p in priced)
-        if total > hold.left_usd_micros:
-            raise HoldExceeded(
-                f"usage costs {total} micro-USD but hold {hold.hold_id} has {hold.left_usd_micros} left",
-                hold_id=hold.hold_id,
-                hold_remaining_usd_micros=hold.left_usd_micros,
-                required_usd_micros=total,
-            )
-        entries = [self._charge_entry(acct.account_id, p, now, purpose=purpose, key=key, hold_id=hold.hold_id) for p in priced]
-        s.add_all(entries)
-        hold.charged_usd_micros += total
-        acct.held_usd_micros -= total
-        acct.spent_usd_micros += total
-        acct.updated_at = now
-        return entries
+    def _reserve(self, s: Session, account_id: str, amount: int, now: dt.datetime, column: str, operation: str, key: str) -> int:
+        """Add ``amount`` to the account's ``column`` (held or spent) if the free balance covers it; the
+        remaining balance after it.
 
-    def _close(self, s: Session, acct: models.Account, hold: models.Hold, status: HoldStatus, key: str, now: dt.datetime) -> None:
-        left = hold.left_usd_micros
-        if left:
-            s.add(self._entry(acct.account_id, EntryType.release, left, now, hold_id=hold.hold_id, purpose=hold.purpose, key=key))
-        hold.released_usd_micros += left
-        hold.status = status.value
-        hold.closed_at = now
-        acct.held_usd_micros -= left
-        acct.updated_at = now
+        One conditional UPDATE (which also locks the row). When it does not apply: ``NotFound`` for a missing
+        account, the stored answer if this key was answered before (a replay must not get a 402), else expired
+        holds are released and it is tried once more before ``PaymentRequired``.
+        """
+        stmt, params = SQL.reserve[column], {"p_account": account_id, "p_amount": amount, "p_now": now}
+        if (remaining := s.execute(stmt, params).scalar()) is not None:
+            return remaining
+        acct = _lock_account(s, account_id)
+        _raise_if_answered(s, account_id, operation, key)
+        self._expire(s, acct, now)
+        if (remaining := s.execute(stmt, params).scalar()) is not None:  # expired holds, or funds freed before the lock, may cover it now
+            return remaining
+        s.refresh(acct)
+        raise PaymentRequired(
+            f"this costs {amount} micro-USD but account {account_id} has {acct.remaining_usd_micros} left",
+            account_id=account_id, remaining_usd_micros=acct.remaining_usd_micros, required_usd_micros=amount,
+        )
 
-    # -- direct charges ---------------------------------------------------------------------------
+    # -- direct charges and refunds ------------------------------------------------------------------
 
     def charge(self, body: ChargeCreate) -> Charge:
-        """Charge usage from the free balance; ``PaymentRequired`` if it cannot be covered."""
-        with self.db.session() as s:
-            acct = _lock_account(s, body.account_id)
-            op = _Op(s, acct.account_id, "charge.create", body.idempotency_key, _fingerprint("charge.create", acct.account_id, body))
-            if (replay := op.replay(Charge)) is not None:
-                return replay
-            priced = self.prices.price(body.usage)
-            total = sum(p.amount_usd_micros for p in priced)
-            now = utcnow()
-            if total > acct.remaining_usd_micros:
-                self._expire(s, acct, now)
-            _require_funds(acct, total)
-            entries = [self._charge_entry(acct.account_id, p, now, purpose=body.purpose, key=body.idempotency_key) for p in priced]
-            s.add_all(entries)
-            acct.spent_usd_micros += total
-            acct.updated_at = now
-            return op.remember(
-                Charge(
-                    account_id=acct.account_id,
-                    amount_usd_micros=total,
-                    lines=[
-                        ChargeLine(
-                            entry_id=e.id,
-                            kind=p.kind,
-                            quantity=p.quantity,
-                            model=p.model,
-                            usd_micros_per_million_units=p.usd_micros_per_million_units,
-                            amount_usd_micros=p.amount_usd_micros,
-                        )
-                        for e, p in zip(entries, priced, strict=True)
-                    ],
-                    purpose=body.purpose,
-                    price_version=self.prices.version,
-                    remaining_usd_micros=acct.remaining_usd_micros,
-                    created_at=now,
-                )
-            )
+        """Charge usage from the free balance; ``PaymentRequired`` (402) if it cannot be covered, ``NotFound``
+        for an unknown account, ``IdempotencyKeyReused`` (409)."""
+        priced = self.prices.price(body.usage)
+        total = sum(p.amount_usd_micros for p in priced)
+        fingerprint = _fingerprint("charge.create", body.account_id, body)
 
-    # -- entries ----------------------------------------------------------------------------------
+        def work(s: Session) -> tuple[str, Charge]:
+            now = utcnow()
+            remaining = self._reserve(s, body.account_id, total, now, "spent_usd_micros", "charge.create", body.idempotency_key)
+            entries = [self._charge_entry(body.account_id, p, now, purpose=body.purpose, key=body.idempotency_key) for p in priced]
+            s.execute(SQL.insert_entry, entries)
+            lines = [ChargeLine(entry_id=e["id"], kind=p.kind, quantity=p.quantity, model=p.model, usd_micros_per_million_units=p.usd_micros_per_million_units,
+                                amount_usd_micros=p.amount_usd_micros) for e, p in zip(entries, priced, strict=True)]
+            return body.account_id, Charge(account_id=body.account_id, amount_usd_micros=total, lines=lines, purpose=body.purpose,
+                                           price_version=self.prices.version, remaining_usd_micros=remaining, created_at=now)
+
+        return self._once("charge.create", body.idempotency_key, fingerprint, Charge, work)
+
+    def refund(self, body: RefundCreate) -> Refund:
+        """Give back (part of) a charge: a ``refund`` entry that lowers the account's spent total.
+
+        ``body.amount_usd_micros`` defaults to everything of the charge not refunded yet. Raises ``NotFound``
+        (no such account, or ``entry_id`` is not one of its charges) and ``RefundExceedsCharge`` (409) when
+        the charge has less left to refund.
+        """
+        fingerprint = _fingerprint("refund.create", body.account_id, body)
+
+        def work(s: Session) -> tuple[str, Refund]:
+            acct = _lock_account(s, body.account_id)
+            charge = s.scalar(select(models.Entry).where(models.Entry.id == body.entry_id, models.Entry.account_id == acct.account_id,
+                                                         models.Entry.type == EntryType.charge.value))
+            if charge is None:
+                raise NotFound(f"no charge entry {body.entry_id} in account {body.account_id}", field="entry_id")
+            refunded = s.scalar(select(func.coalesce(func.sum(models.Entry.amount_usd_micros), 0))
+                                .where(models.Entry.refund_of == charge.id, models.Entry.type == EntryType.refund.value))
+            refundable = charge.amount_usd_micros - int(refunded)
+            amount = body.amount_usd_micros if body.amount_usd_micros is not None else refundable
+            if amount > refundable or amount == 0:
+                _raise_if_answered(s, acct.account_id, "refund.create", body.idempotency_key)
+                raise RefundExceedsCharge(f"charge {charge.id} has {refundable} micro-USD left to refund; asked for {amount}",
+                                          field="amount_usd_micros", refundable_usd_micros=refundable)
+            now = utcnow()
+            entry = self._entry(acct.account_id, EntryType.refund, amount, now, purpose=body.reason, key=body.idempotency_key)
+            entry |= {"kind": charge.kind, "model": charge.model, "refund_of": charge.id}
+            s.execute(SQL.insert_entry, [entry])
+            acct.spent_usd_micros -= amount
+            acct.updated_at = now
+            return acct.account_id, Refund(entry_id=entry["id"], account_id=acct.account_id, refund_of=charge.id, amount_usd_micros=amount,
+                                           reason=body.reason, remaining_usd_micros=acct.remaining_usd_micros, created_at=now)
+
+        return self._once("refund.create", body.idempotency_key, fingerprint, Refund, work)
+
+    # -- idempotency and entries ------------------------------------------------------------------
+
+    def _once(self, operation: str, key: str, fingerprint: str, model: type[ResponseT], work: Callable[[Session], tuple[str, ResponseT]]) -> ResponseT:
+        """Run ``work`` in one transaction and store its answer under (account, ``operation``, ``key``) in the
+        same transaction; if the key was answered before, roll everything back and return that answer.
+
+        The record is written last with ``INSERT … ON CONFLICT DO NOTHING``: a concurrent request with the same
+        key waits on the unique index until the first commits, then finds it taken and replays it.
+        ``IdempotencyKeyReused`` (409) if the stored answer was for a different request.
+        """
+        try:
+            with self.db.session() as s:
+                account_id, out = work(s)
+                stored = s.execute(SQL.remember[s.get_bind().dialect.name], {
+                    "account_id": account_id, "operation": operation, "key": key, "fingerprint": fingerprint,
+                    "response": out.model_dump_json(), "created_at": utcnow()}).first()
+                if stored is None:
+                    raise _Answered(account_id)
+                return out
+        except _Answered as answered:
+            with self.db.session() as s:
+                rec = s.execute(SQL.answer, {"p_account": answered.account_id, "p_operation": operation, "p_key": key}).one()
+            if rec.fingerprint != fingerprint:
+                raise IdempotencyKeyReused(f"idempotency key {key!r} was already used for a different {operation} request",
+                                           field="idempotency_key") from None
+            return model.model_validate_json(rec.response)
 
     def _entry(
-        self,
-        account_id: str,
-        type_: EntryType,
-        amount: int,
-        now: dt.datetime,
-        *,
-        hold_id: str | None = None,
-        purpose: str | None = None,
-        key: str | None = None,
-    ) -> models.Entry:
-        return models.Entry(
-            id=new_id("ent"),
-            account_id=account_id,
-            type=type_.value,
-            amount_usd_micros=amount,
-            hold_id=hold_id,
-            purpose=purpose,
-            price_version=self.prices.version,
-            idempotency_key=key,
-            created_at=now,
-        )
+        self, account_id: str, type_: EntryType, amount: int, now: dt.datetime, *,
+        hold_id: str | None = None, purpose: str | None = None, key: str | None = None,
+    ) -> dict:
+        """The column values of a new entry (for ``insert(ENTRIES)``)."""
+        return {"id": new_id("ent"), "account_id": account_id, "type": type_.value, "amount_usd_micros": amount, "kind": None,
+                "quantity": None, "model": None, "hold_id": hold_id, "purpose": purpose, "price_version": self.prices.version,
+                "idempotency_key": key, "refund_of": None, "created_at": now}
 
-    def _charge_entry(
-        self, account_id: str, p: PricedItem, now: dt.datetime, *, purpose: str, key: str, hold_id: str | None = None
-    ) -> models.Entry:
+    def _charge_entry(self, account_id: str, p: PricedItem, now: dt.datetime, *, purpose: str, key: str, hold_id: str | None = None) -> dict:
         entry = self._entry(account_id, EntryType.charge, p.amount_usd_micros, now, hold_id=hold_id, purpose=purpose, key=key)
-        entry.kind, entry.quantity, entry.model = p.kind.value, p.quantity, p.model
-        return entry
+        return entry | {"kind": p.kind.value, "quantity": p.quantity, "model": p.model}
 
 
-class _Op:
-    """One idempotent operation: replays the stored answer or stores the new one in the same transaction."""
+ACCOUNTS = models.Account.__table__
+HOLDS = models.Hold.__table__
+ENTRIES = models.Entry.__table__
+IDEMPOTENCY = models.IdempotencyRecord.__table__
+FREE = ACCOUNTS.c.budget_usd_micros - ACCOUNTS.c.held_usd_micros - ACCOUNTS.c.spent_usd_micros
 
-    def __init__(self, s: Session, account_id: str, operation: str, key: str, fingerprint: str) -> None:
-        self.s, self.account_id, self.operation, self.key, self.fingerprint = s, account_id, operation, key, fingerprint
 
-    def replay(self, model: type[ResponseT]) -> ResponseT | None:
-        """The first answer given for this key, ``None`` if the key is new; ``IdempotencyKeyReused`` if the request differs."""
-        rec = self.s.scalar(
-            select(models.IdempotencyRecord).where(
-                models.IdempotencyRecord.account_id == self.account_id,
-                models.IdempotencyRecord.operation == self.operation,
-                models.IdempotencyRecord.key == self.key,
-            )
-        )
-        if rec is None:
-            return None
-        if rec.fingerprint != self.fingerprint:
-            raise IdempotencyKeyReused(
-                f"idempotency key {self.key!r} was already used for a different {self.operation} request",
-                field="idempotency_key",
-            )
-        return model.model_validate_json(rec.response)
+class SQL:
+    """The hot path's statements, built once with bound parameters (``p_*``) so each call only binds values."""
 
-    def remember(self, response: ResponseT) -> ResponseT:
-        """Store ``response`` as the answer for this key and return it."""
-        self.s.add(
-            models.IdempotencyRecord(
-                account_id=self.account_id,
-                operation=self.operation,
-                key=self.key,
-                fingerprint=self.fingerprint,
-                response=response.model_dump_json(),
-                created_at=utcnow(),
-            )
-        )
-        self.s.flush()
-        return response
+    reserve = {  # add p_amount to held or spent if the free balance covers it; returns the free balance after
+        column: update(ACCOUNTS).where(ACCOUNTS.c.account_id == bindparam("p_account"), bindparam("p_amount") <= FREE)
+        .values({column: ACCOUNTS.c[column] + bindparam("p_amount"), "updated_at": bindparam("p_now")}).returning(FREE)
+        for column in ("held_usd_micros", "spent_usd_micros")
+    }
+    move = (update(ACCOUNTS).where(ACCOUNTS.c.account_id == bindparam("p_account"))
+            .values(held_usd_micros=ACCOUNTS.c.held_usd_micros - bindparam("p_unhold"),
+                    spent_usd_micros=ACCOUNTS.c.spent_usd_micros + bindparam("p_spend"), updated_at=bindparam("p_now")))
+    _take = (update(HOLDS).returning(*HOLDS.c).where(
+        HOLDS.c.hold_id == bindparam("p_hold"), HOLDS.c.status == HoldStatus.open.value,
+        HOLDS.c.amount_usd_micros - HOLDS.c.charged_usd_micros - HOLDS.c.released_usd_micros >= bindparam("p_total")))
+    take = _take.values(charged_usd_micros=HOLDS.c.charged_usd_micros + bindparam("p_total"))
+    take_and_close = _take.values(
+        charged_usd_micros=HOLDS.c.charged_usd_micros + bindparam("p_total"),
+        released_usd_micros=HOLDS.c.amount_usd_micros - HOLDS.c.charged_usd_micros - bindparam("p_total"),
+        status=bindparam("p_status"), closed_at=bindparam("p_now"))
+    lock_hold_account = select(ACCOUNTS.c.account_id).where(
+        ACCOUNTS.c.account_id == select(HOLDS.c.account_id).where(HOLDS.c.hold_id == bindparam("p_hold")).scalar_subquery()).with_for_update()
+    insert_hold = insert(HOLDS)
+    insert_entry = insert(ENTRIES)
+    remember = {  # store an answer unless the key has one: INSERT … ON CONFLICT DO NOTHING RETURNING id
+        "postgresql": postgresql_insert(IDEMPOTENCY).on_conflict_do_nothing().returning(IDEMPOTENCY.c.id),
+        "sqlite": sqlite_insert(IDEMPOTENCY).on_conflict_do_nothing().returning(IDEMPOTENCY.c.id),
+    }
+    _scope = (IDEMPOTENCY.c.account_id == bindparam("p_account"), IDEMPOTENCY.c.operation == bindparam("p_operation"),
+              IDEMPOTENCY.c.key == bindparam("p_key"))
+    answered = select(IDEMPOTENCY.c.id).where(*_scope)
+    answer = select(IDEMPOTENCY.c.fingerprint, IDEMPOTENCY.c.response).where(*_scope)
+
+
+class _Answered(Exception):  # noqa: N818 - control flow, never leaves the Ledger
+    """The idempotency key already has an answer: roll back and replay it."""
+
+    def __init__(self, account_id: str) -> None:
+        self.account_id = account_id
+
+
+def _raise_if_answered(s: Session, account_id: str, operation: str, key: str) -> None:
+    """On a path that would fail: if this key was answered before, replay that answer instead of failing."""
+    if s.execute(SQL.answered, {"p_account": account_id, "p_operation": operation, "p_key": key}).first() is not None:
+        raise _Answered(account_id)
+
+
+def _lock_hold_account(s: Session, hold_id: str) -> str:
+    """Lock the account of hold ``hold_id`` (accounts are always locked before their holds); its id. ``NotFound`` if no such hold."""
+    account_id = s.execute(SQL.lock_hold_account, {"p_hold": hold_id}).scalar()
+    if account_id is None:
+        raise NotFound(f"no hold {hold_id}", hold_id=hold_id)
+    return account_id
 
 
 def _lock_account(s: Session, account_id: str, *, missing_ok: bool = False) -> models.Account | None:
@@ -498,26 +569,6 @@ def _lock_account(s: Session, account_id: str, *, missing_ok: bool = False) -> m
 def _require_account(s: Session, account_id: str) -> None:
     if s.get(models.Account, account_id) is None:
         raise NotFound(f"no ledger account {account_id}", account_id=account_id)
-
-
-def _lock_hold(s: Session, hold_id: str) -> tuple[models.Account, models.Hold]:
-    """Lock the hold's account, then read the hold (so its state is read under the lock)."""
-    account_id = s.scalar(select(models.Hold.account_id).where(models.Hold.hold_id == hold_id))
-    if account_id is None:
-        raise NotFound(f"no hold {hold_id}", hold_id=hold_id)
-    acct = _lock_account(s, account_id)
-    hold = s.get(models.Hold, hold_id, populate_existing=True)
-    return acct, hold
-
-
-def _require_funds(acct: models.Account, required: int) -> None:
-    if required > acct.remaining_usd_micros:
-        raise PaymentRequired(
-            f"this costs {required} micro-USD but account {acct.account_id} has {acct.remaining_usd_micros} left",
-            account_id=acct.account_id,
-            remaining_usd_micros=acct.remaining_usd_micros,
-            required_usd_micros=required,
-        )
 
 
 def _require_open(hold: models.Hold) -> None:
