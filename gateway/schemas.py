@@ -202,6 +202,7 @@ class LeaderboardRow(BaseModel):
     reference_score: float | None
     gap_closed: float | None = Field(description="(final − initial) / (reference − initial)")
     n: int | None
+    final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap confidence interval of the final score (low, high).")
     validation_evaluations: int
     spent_usd: float
     elapsed_hours: float

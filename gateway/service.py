@@ -342,6 +342,7 @@ def leaderboard() -> list[LeaderboardRow]:
             rank=None, run_id=run.id, benchmark=benchmarks[bm_id].name, agent_name=run.agent_name, submission_id=e["submission_id"],
             status=e["status"], initial_score=initial, final_score=final, reference_score=reference, gap_closed=gap,
             n=e["score"]["n"] if e.get("score") else None, validation_evaluations=e["validation_evaluations"],
+            final_ci=(e["score"]["ci_low"], e["score"]["ci_high"]) if e.get("score") and e["score"].get("ci_low") is not None else None,
             spent_usd=spent / 1_000_000, elapsed_hours=(end - run.created_at).total_seconds() / 3600,
         ))
     for name in {r.benchmark for r in rows}:

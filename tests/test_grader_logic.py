@@ -68,6 +68,19 @@ def test_aggregate_avg_and_pass() -> None:
     assert aggregate(scores, "pass@k", 2).value == pytest.approx(2 / 3)
 
 
+def test_every_score_carries_a_reproducible_95_percent_bootstrap_interval() -> None:
+    scores = {f"i{i}": [1.0 if i % 10 < 3 else 0.0] for i in range(200)}  # 30% correct
+    first, again = aggregate(scores, "avg@k", 1), aggregate(scores, "avg@k", 1)
+    assert first == again  # fixed seed: the same scores give the same interval
+    assert first.ci_low < 0.3 < first.ci_high
+    # the normal approximation's half-width for p = 0.3, n = 200 is 1.96 * sqrt(0.21 / 200) ≈ 0.064
+    assert first.ci_high - first.ci_low == pytest.approx(2 * 1.96 * math.sqrt(0.3 * 0.7 / 200), rel=0.15)
+    wider = aggregate(dict(list(scores.items())[:20]), "avg@k", 1)
+    assert wider.ci_high - wider.ci_low > first.ci_high - first.ci_low
+    assert aggregate({"a": [1.0], "b": [1.0]}, "avg@k", 1).model_dump() == {"value": 1.0, "n": 2, "metric": "avg@1", "k": 1, "ci_low": 1.0, "ci_high": 1.0}
+    assert (aggregate({}, "avg@k", 1).ci_low, aggregate({}, "avg@k", 1).ci_high) == (None, None)
+
+
 def test_suite_splits_are_deterministic_and_disjoint() -> None:
     suite = get_suite("reasoning_gym")
     train = suite.generate(PARAMS, 1, 500, split="train")

@@ -321,12 +321,15 @@ class EvaluationUsage(BaseModel):
 
 
 class Score(BaseModel):
-    """An aggregate score in [0, 1] over ``n`` items with its metric."""
+    """An aggregate score in [0, 1] over ``n`` items with its metric and a 95% bootstrap confidence interval
+    (percentile bootstrap over items, 2,000 resamples, fixed seed: the same scores give the same interval)."""
 
     value: float
     n: int
     metric: str
     k: int
+    ci_low: float | None = Field(None, description="Lower end of the 95% bootstrap confidence interval (null for n = 0).")
+    ci_high: float | None = Field(None, description="Upper end of the 95% bootstrap confidence interval (null for n = 0).")
 
 
 class EvaluationOut(BaseModel):
