@@ -4,9 +4,9 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test install services clean
+.PHONY: demo test install services sandbox clean
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml | sandbox
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
@@ -41,7 +41,12 @@ services:
 	@pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1 || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start || true
 	@redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
 
-test: $(STAMP) $(DEPLOY_STAMP) services
+# bubblewrap, the grader's local sandbox for untrusted code (grader/sandbox.py); without it the sandbox falls back
+# to rlimits only, which leaves the network open.
+sandbox:
+	@command -v bwrap >/dev/null || apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap) || true
+
+test: $(STAMP) $(DEPLOY_STAMP) services sandbox
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q
 

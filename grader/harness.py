@@ -13,6 +13,10 @@ from services.common.errors import Unprocessable
 
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
+# A Markdown fence: ``` and an optional info string (``python``, ``py``…) on its own line; the body runs to the
+# closing fence, or to the end when the completion was cut before it.
+_FENCE = re.compile(r"```[^`\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
+_LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
 
 
 @lru_cache(maxsize=64)
@@ -73,10 +77,15 @@ def render_messages(harness: Harness, question: str) -> list[dict[str, str]]:
 
 
 def extract_answer(harness: Harness, completion: str) -> str | None:
-    """The answer in ``completion`` per ``harness.answer_extraction``; ``None`` if none is found."""
+    """The answer in ``completion`` per ``harness.answer_extraction``; ``None`` if none is found.
+
+    ``code`` keeps the first line's indentation: a model that continues a function body writes it indented."""
     text = completion.strip()
     mode = harness.answer_extraction
-    if mode == "strip":
+    if mode == "code":
+        fenced = _FENCE.search(completion)
+        answer = _LEADING_BLANK_LINES.sub("", fenced.group(1) if fenced else completion).rstrip()
+    elif mode == "strip":
         answer = text
     elif mode == "first_line":
         answer = text.splitlines()[0].strip() if text else ""

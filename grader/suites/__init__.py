@@ -42,9 +42,10 @@ class Suite(Protocol):
 
 def get_suite(name: str) -> Suite:
     """The suite named ``name``; raises ``Unprocessable`` (field ``suite.name``) if there is none."""
+    from grader.suites.humaneval import HumanEvalSuite
     from grader.suites.reasoning_gym import ReasoningGymSuite
 
-    suites: dict[str, Suite] = {"reasoning_gym": ReasoningGymSuite()}
+    suites: dict[str, Suite] = {"reasoning_gym": ReasoningGymSuite(), "humaneval": HumanEvalSuite()}
     if name not in suites:
         raise Unprocessable(f"unknown suite {name!r}; available: {', '.join(sorted(suites))}", field="suite.name")
     return suites[name]

