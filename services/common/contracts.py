@@ -7,9 +7,10 @@ models from here; models only one service uses live in that service's ``schemas.
 from __future__ import annotations
 
 import datetime as dt
+import json
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
 TRAINING_FIELDS = (
     "method", "adapter", "lora_r", "lora_alpha", "lora_dropout", "target_modules", "learning_rate",
@@ -127,6 +128,8 @@ class Page(BaseModel, Generic[T]):
 
 
 MAX_PROMPT_CHARS = 100_000
+MAX_TOOLS = 128
+MAX_SCHEMA_DEPTH = 32
 
 
 class ChatMessage(BaseModel):
@@ -136,8 +139,52 @@ class ChatMessage(BaseModel):
     content: str
 
 
+def _depth(value: Any) -> int:
+    """Nesting depth of a JSON value: 0 for a scalar, 1 for a flat object or array, and so on."""
+    depth, level = 0, [value]
+    while containers := [x for x in level if isinstance(x, dict | list)]:
+        depth += 1
+        level = [v for x in containers for v in (x.values() if isinstance(x, dict) else x)]
+    return depth
+
+
+class FunctionDefinition(BaseModel):
+    """A function the model may call (OpenAI ``tools[].function``); ``parameters`` is a JSON-schema object
+    (``{"type": "object", "properties": {...}, "required": [...]}``) nested at most 32 levels."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
+    description: str | None = None
+    parameters: dict[str, Any] | None = None
+
+    @field_validator("parameters")
+    @classmethod
+    def _schema_object(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
+        if parameters is not None and parameters.get("type") != "object":
+            raise ValueError('parameters must be a JSON-schema object: {"type": "object", "properties": {...}}')
+        if parameters is not None and _depth(parameters) > MAX_SCHEMA_DEPTH:
+            raise ValueError(f"parameters are nested more than {MAX_SCHEMA_DEPTH} levels")
+        return parameters
+
+
+class ChatTool(BaseModel):
+    """One entry of ``tools`` (OpenAI): a function tool."""
+
+    model_config = ConfigDict(extra="ignore")
+
+    type: Literal["function"]
+    function: FunctionDefinition
+
+
 class ChatCompletionRequest(BaseModel):
-    """OpenAI ``POST /v1/chat/completions`` request; ``model`` is a base model name or a ``ckpt_…``."""
+    """OpenAI ``POST /v1/chat/completions`` request; ``model`` is a base model name or a ``ckpt_…``.
+
+    ``tools`` are shown to the model in the prompt: through the model's chat template when it renders tools,
+    otherwise as JSON lines appended to the system message (see ``inference_service.engine.TOOLS_HEADER``);
+    their tokens are prompt tokens. The model's calls are not parsed: the answer is the message content, and
+    ``tool_choice`` is not served (ignored, like any unknown field).
+    """
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"example": {
         "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 16, "temperature": 0}})
@@ -152,6 +199,7 @@ class ChatCompletionRequest(BaseModel):
     stop: str | list[str] | None = None
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stream: Literal[False] = Field(False, description="Streaming is not served; omit or send false.")
+    tools: list[ChatTool] | None = Field(None, min_length=1, max_length=MAX_TOOLS, description="Functions the model may call (OpenAI format).")
 
     @field_validator("messages")
     @classmethod
@@ -159,6 +207,16 @@ class ChatCompletionRequest(BaseModel):
         if sum(len(m.content) for m in messages) > MAX_PROMPT_CHARS:
             raise ValueError(f"the messages total more than {MAX_PROMPT_CHARS} characters")
         return messages
+
+    @model_validator(mode="after")
+    def _tools_chars(self) -> ChatCompletionRequest:
+        if self.tools and sum(len(m.content) for m in self.messages) + len(json.dumps(self.tool_dicts())) > MAX_PROMPT_CHARS:
+            raise ValueError(f"the messages and tools (as JSON) total more than {MAX_PROMPT_CHARS} characters")
+        return self
+
+    def tool_dicts(self) -> list[dict[str, Any]] | None:
+        """``tools`` as plain JSON objects (unset fields left out), as the engine renders them."""
+        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
 
     def completion_limit(self, default: int = 256) -> int:
         """Max completion tokens requested (``max_completion_tokens`` wins over ``max_tokens``)."""
