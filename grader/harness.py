@@ -17,6 +17,7 @@ _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 # closing fence, or to the end when the completion was cut before it.
 _FENCE = re.compile(r"```[^`\n]*\n(.*?)(?:```|\Z)", re.DOTALL)
 _LEADING_BLANK_LINES = re.compile(r"\A(?:[ \t]*\n)+")
+_BOXED = re.compile(r"\\boxed\s*\{")
 
 
 @lru_cache(maxsize=64)
@@ -76,13 +77,27 @@ def render_messages(harness: Harness, question: str) -> list[dict[str, str]]:
     return messages
 
 
+def _last_boxed(text: str) -> str:
+    """The content of the last ``\\boxed{…}`` in ``text`` whose braces balance (a cut-off one is skipped), stripped;
+    ``""`` if there is none. The convention of MATH-style graders (Hendrycks et al., 2021; math-verify's LaTeX extraction)."""
+    for start in reversed([m.end() for m in _BOXED.finditer(text)]):
+        depth = 1
+        for i in range(start, len(text)):
+            depth += {"{": 1, "}": -1}.get(text[i], 0)
+            if depth == 0:
+                return text[start:i].strip()
+    return ""
+
+
 def extract_answer(harness: Harness, completion: str) -> str | None:
     """The answer in ``completion`` per ``harness.answer_extraction``; ``None`` if none is found.
 
     ``code`` keeps the first line's indentation: a model that continues a function body writes it indented."""
     text = completion.strip()
     mode = harness.answer_extraction
-    if mode == "code":
+    if mode == "boxed":
+        answer = _last_boxed(text)
+    elif mode == "code":
         fenced = _FENCE.search(completion)
         answer = _LEADING_BLANK_LINES.sub("", fenced.group(1) if fenced else completion).rstrip()
     elif mode == "strip":

@@ -55,9 +55,10 @@ def get_suite(name: str) -> Suite:
     """The suite named ``name``; raises ``Unprocessable`` (field ``suite.name``) if there is none."""
     from grader.suites.bfcl import BfclSuite
     from grader.suites.humaneval import HumanEvalSuite
+    from grader.suites.math import MathSuite
     from grader.suites.reasoning_gym import ReasoningGymSuite
 
-    suites: dict[str, Suite] = {"reasoning_gym": ReasoningGymSuite(), "humaneval": HumanEvalSuite(), "bfcl": BfclSuite()}
+    suites: dict[str, Suite] = {"reasoning_gym": ReasoningGymSuite(), "humaneval": HumanEvalSuite(), "math": MathSuite(), "bfcl": BfclSuite()}
     if name not in suites:
         raise Unprocessable(f"unknown suite {name!r}; available: {', '.join(sorted(suites))}", field="suite.name")
     return suites[name]

@@ -266,9 +266,9 @@ class Harness(BaseModel):
 
     ``user_template`` is a Jinja2 template (sandboxed) with ``question`` in scope. ``answer_extraction``:
     ``strip`` (whole completion), ``first_line``, ``last_number`` (the last integer/decimal in the text),
-    ``regex`` (first group of ``answer_regex``, else the whole match) or ``code`` (the body of the first
+    ``regex`` (first group of ``answer_regex``, else the whole match), ``code`` (the body of the first
     fenced code block, else the whole completion; leading blank lines and trailing whitespace dropped,
-    indentation kept).
+    indentation kept) or ``boxed`` (the content of the last complete ``\\boxed{…}``, braces balanced).
     """
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {
@@ -280,7 +280,7 @@ class Harness(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] | None = Field(None, max_length=4)
-    answer_extraction: Literal["strip", "first_line", "last_number", "regex", "code"] = "first_line"
+    answer_extraction: Literal["strip", "first_line", "last_number", "regex", "code", "boxed"] = "first_line"
     answer_regex: str | None = Field(None, max_length=500)
     max_turns: int = Field(1, ge=1, le=1, description="Single-turn harnesses only in this version.")
 

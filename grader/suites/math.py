@@ -1,0 +1,312 @@
+"""The ``math`` suite: reasoning-gym's math task families, or the CHAMP competition problems.
+
+``params`` picks one source.
+
+**reasoning-gym**: ``{"source": "reasoning_gym", "tasks": ["chain_sum", "gcd", …], "config": {"chain_sum":
+{"min_terms": 2, …}}}``. ``tasks``: families of reasoning-gym's ``arithmetic``, ``algebra``, ``geometry`` and
+``probability`` categories (:func:`math_families`); ``config`` (optional): per family, fields of its config
+dataclass other than ``seed`` and ``size``, which the suite sets. A split of ``size`` items gives each family
+``size // n`` items (the first ``size % n`` families one more), interleaved family 1, 2, …, n, 1, 2, …. Family
+``f`` draws, in index order, from ``reasoning_gym.create_dataset(f, seed=<first 8 bytes of sha256("<seed>/<f>")>,
+…)``, skipping questions in ``exclude`` or already taken, and gives up after ``max(1000, 20 × its items)`` draws.
+(reasoning-gym's ``CompositeDataset`` picks a family at random for each index, so its families are not spread
+evenly; it is not used to draw.) ``Item.id`` is ``<split>-<n:05d>``, ``answer`` the family's answer and ``entry``
+the reasoning-gym entry (``question``, ``answer``, ``metadata``; tuples and sets become lists, other values JSON
+cannot hold become strings: ``gsm_symbolic``'s ``Fraction`` variables, which its scorer does not read) plus
+``source``, ``config`` and ``seed`` (the family's draw seed; ``metadata.source_index`` is the index). Score: the
+family's ``score_answer`` on a dataset built with the item's config, as ``CompositeDataset.score_answer`` forwards
+it (reasoning_gym/composite.py). With a default config that is ``reasoning_gym.get_score_answer_fn(family)``;
+``decimal_arithmetic`` (its tolerance), ``time_intervals`` and ``polynomial_equations`` read their config when
+scoring, so for them only the configured dataset gives the official score. ``None`` goes to the scorer too (some
+give it 0.01, like a wrong answer); an answer on which the scorer raises instead of scoring scores 0.0
+(``prime_factorization``'s raises ``ValueError`` on a non-integer factor).
+
+**CHAMP**: ``{"source": "champ"}``, optionally ``"categories": ["Number-Theory", …]``. The 270 problems of CHAMP
+(Mao, Kim and Zhou, 2024, "CHAMP: A Competition-level Dataset for Fine-Grained Analyses of LLMs' Mathematical
+Reasoning Capabilities"), read with ``champ_dataset.load("v0")`` from the JSON file inside the PyPI package
+``champ-dataset`` (nothing is downloaded). Its answers are free text (``"No"``, ``"376 and 625"``,
+``"@@C(10, 5)@@, or equivalently @@252@@"``; ``@@`` marks math), graded by hand or by GPT-4 in the paper, so only
+the problems whose answer math-verify can check are kept (:func:`champ_problems`): the answer is one number or one
+``@@…@@`` expression; math-verify reads ``$<expression>$`` as a sympy object (not a string); the reading has no
+undefined function (CHAMP's ``C(n, k)`` is ``\\binom{n}{k}`` in a LaTeX answer; ``f(x)=0``); and every variable
+letter of the expression is a free symbol of the reading (this drops misreadings such as
+``2^floor(n/2)*floor(n/2)!`` read as ``2`` and ``sum_(k=1)^n 1/k`` read as ``1``). 125 problems are kept. A split
+is the first ``size`` kept problems not in ``exclude``, in file order shuffled with ``random.Random(seed)``.
+``Item.id`` is CHAMP's problem id (``P_Combinatorics_6``), ``question`` the problem text, ``answer`` the reference
+expression (``2^(n-1)``) and ``entry`` ``{source, problem_id, category, gold}`` with ``gold = "$<expression>$"``.
+
+Score (CHAMP): math-verify (HuggingFace), ``verify(parse(gold), parse(answer))`` → 1.0 or 0.0. math-verify reads
+LaTeX only between math delimiters (bare ``2^{n-1}`` reads as ``2``), so an answer with none of ``$``, ``\\(``,
+``\\[``, ``\\boxed`` is passed as ``\\boxed{<answer>}``: what math-verify reads in the completion the default
+harness took it from (given several boxes, math-verify reads them all together; the harness takes the last).
+``None`` scores 0.0. The check runs in a child process (:class:`_Checker`) with math-verify's timeouts off
+(``parsing_timeout=None``, ``timeout_seconds=None``: they use ``SIGALRM``, which only the main thread can set,
+and the grader scores from worker threads) and one wall-clock limit instead (``check_timeout_s``, default 10 s):
+answers such as ``2^{2^{30}}`` or ``(n+1)^{10000}`` keep sympy busy for minutes (and gigabytes), partly inside
+C calls that no signal interrupts. Past the limit the child is killed, the answer scores 0.0 and the next check
+starts a new child. The child's address space is capped at 2 GiB (a check that needs more fails: 0.0). Checks go
+through the one child one at a time (a check takes milliseconds).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import random
+import re
+import select
+import subprocess
+import sys
+import threading
+import time
+from functools import cache, lru_cache
+from itertools import zip_longest
+from typing import Any
+
+import champ_dataset
+import math_verify
+import reasoning_gym
+import structlog
+from reasoning_gym.dataset import ProceduralDataset
+from reasoning_gym.factory import DATASETS
+from sympy import Basic
+from sympy.core.function import AppliedUndef
+
+from grader.suites import Item
+from services.common.contracts import Harness
+from services.common.errors import Unprocessable
+
+log = structlog.get_logger("grader")
+
+SOURCES = ("reasoning_gym", "champ")
+MATH_CATEGORIES = frozenset({"arithmetic", "algebra", "geometry", "probability"})
+_PARAMS = {"reasoning_gym": ("source", "tasks", "config"), "champ": ("source", "categories")}
+_DRAWS_PER_ITEM = 20
+_MIN_DRAWS = 1000
+_SINGLE_EXPRESSION = re.compile(r"\s*(?:@@([^@]+)@@|(-?\d+))\s*")
+_VARIABLE_LETTERS = re.compile(r"[A-Za-z]+(?![A-Za-z(])")  # letter runs not naming a function (sqrt(, C(, floor()
+_MATH_DELIMITERS = re.compile(r"\$|\\\(|\\\[|\\boxed")
+_CHILD_MEMORY_BYTES = 2 * 1024**3
+_CHILD_START_TIMEOUT_S = 120.0
+
+# Run by the checker's child (``python -I -c``): argv[1] = address-space limit in bytes. Requests on stdin and
+# replies on stdout are one line each: ``["<gold>", "<answer>"]`` → ``1`` (verified) or ``0``.
+_SERVER = """\
+import json, resource, sys
+from functools import cache, lru_cache
+import math_verify
+resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
+replies, sys.stdout = sys.stdout, sys.stderr  # whatever the libraries print goes to stderr, not into the replies
+gold = lru_cache(maxsize=4096)(lambda text: math_verify.parse(text, parsing_timeout=None))
+replies.write("ready\\n")
+replies.flush()
+for line in sys.stdin:
+    gold_text, answer = json.loads(line)
+    verdict = math_verify.verify(gold(gold_text), math_verify.parse(answer, parsing_timeout=None), timeout_seconds=None)
+    replies.write("1\\n" if verdict else "0\\n")
+    replies.flush()
+"""
+
+
+def _jsonable(value: Any) -> Any:
+    return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, tuple | set | frozenset) else str(v)))
+
+
+@lru_cache(maxsize=1)
+def math_families() -> tuple[str, ...]:
+    """The reasoning-gym families this suite accepts, sorted: those of its math categories (27 in reasoning-gym 0.1.25)."""
+    return tuple(sorted(name for name, (cls, _config) in DATASETS.items() if cls.__module__.split(".")[1] in MATH_CATEGORIES))
+
+
+@lru_cache(maxsize=1)
+def champ_problems() -> tuple[dict[str, str], ...]:
+    """The CHAMP problems math-verify can check (module docstring), in file order: ``{problem_id, category,
+    question, answer, gold}``."""
+    kept = []
+    for problem in champ_dataset.load("v0").problems.values():
+        match = _SINGLE_EXPRESSION.fullmatch(problem.raw_answer)
+        if match is None:
+            continue
+        expression = match.group(1) or match.group(2)
+        gold = f"${expression}$"
+        reading = math_verify.parse(gold, parsing_timeout=None)  # the package's own data: no timeout needed
+        if not reading or not isinstance(reading[0], Basic) or reading[0].atoms(AppliedUndef):
+            continue
+        letters = {c for run in _VARIABLE_LETTERS.findall(expression) for c in run}
+        if letters <= {str(s) for s in reading[0].free_symbols}:
+            kept.append({"problem_id": problem.identifier, "category": problem.category, "question": problem.text, "answer": expression, "gold": gold})
+    return tuple(kept)
+
+
+def _family_seed(seed: int, family: str) -> int:
+    return int.from_bytes(hashlib.sha256(f"{seed}/{family}".encode()).digest()[:8], "big")
+
+
+@lru_cache(maxsize=64)
+def _family_dataset(family: str, config_json: str) -> ProceduralDataset:
+    """The family's dataset with ``config_json`` (a JSON object), whose ``score_answer`` scores its items."""
+    return reasoning_gym.create_dataset(family, **json.loads(config_json))
+
+
+def _read_line(fd: int, timeout_s: float) -> bytes:
+    """Bytes read from ``fd`` up to and including a newline; fewer (maybe none) if ``timeout_s`` passed or the stream ended."""
+    deadline = time.monotonic() + timeout_s
+    data = b""
+    while not data.endswith(b"\n"):
+        left = deadline - time.monotonic()
+        if left <= 0 or not select.select([fd], [], [], left)[0]:
+            break
+        chunk = os.read(fd, 4096)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+class _Checker:
+    """math-verify in one child process (``_SERVER``), shared by this process's threads: one check at a time."""
+
+    def __init__(self, timeout_s: float) -> None:
+        self.timeout_s = timeout_s
+        self._lock = threading.Lock()
+        self._child: subprocess.Popen[bytes] | None = None
+
+    def verify(self, gold: str, answer: str) -> bool:
+        """math-verify's verdict on ``answer`` against ``gold``; ``False`` when the check overran ``timeout_s`` or killed
+        the child (which is then replaced). Raises ``RuntimeError`` if a child does not start."""
+        with self._lock:
+            if self._child is None or self._child.poll() is not None:
+                self._child = self._start()
+            self._child.stdin.write(json.dumps([gold, answer]).encode() + b"\n")
+            reply = _read_line(self._child.stdout.fileno(), self.timeout_s)
+            if reply in (b"0\n", b"1\n"):
+                return reply == b"1\n"
+            log.warning("math_verify_check_stopped", timeout_s=self.timeout_s, answer=answer[:200], exit_code=self._child.poll())
+            self._child.kill()
+            self._child.wait()
+            self._child = None
+            return False
+
+    @staticmethod
+    def _start() -> subprocess.Popen[bytes]:
+        child = subprocess.Popen([sys.executable, "-I", "-c", _SERVER, str(_CHILD_MEMORY_BYTES)],
+                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
+        if _read_line(child.stdout.fileno(), _CHILD_START_TIMEOUT_S) != b"ready\n":
+            child.kill()
+            child.wait()
+            raise RuntimeError("the math-verify child process did not start")
+        return child
+
+
+@cache
+def _checker(timeout_s: float) -> _Checker:
+    return _Checker(timeout_s)
+
+
+class MathSuite:
+    """Math word and competition problems; the default harness asks for the final answer in ``\\boxed{}``, greedy decoding."""
+
+    name = "math"
+    default_harness = Harness(
+        system_prompt="Solve the problem step by step, then write the final answer as \\boxed{answer}.",
+        user_template="{{ question }}",
+        max_tokens=512,
+        temperature=0.0,
+        answer_extraction="boxed",
+    )
+
+    def __init__(self, *, check_timeout_s: float = 10.0) -> None:
+        """``check_timeout_s``: wall-clock seconds for one math-verify check of a CHAMP answer."""
+        self.check_timeout_s = check_timeout_s
+
+    def check_params(self, params: dict[str, Any]) -> None:
+        source = params.get("source")
+        if source not in SOURCES:
+            raise Unprocessable(f"suite.params.source must be one of: {', '.join(SOURCES)}", field="suite.params.source")
+        for key in params:
+            if key not in _PARAMS[source]:
+                raise Unprocessable(f"math source {source!r} takes no parameter {key!r}; allowed: {', '.join(_PARAMS[source])}", field=f"suite.params.{key}")
+        if source == "champ":
+            self._check_categories(params.get("categories"))
+        else:
+            self._check_families(params.get("tasks"), params.get("config", {}))
+
+    @staticmethod
+    def _check_categories(categories: Any) -> None:
+        if categories is None:
+            return
+        known = sorted({p["category"] for p in champ_problems()})
+        if not isinstance(categories, list) or not categories or not all(c in known for c in categories) or len(set(categories)) != len(categories):
+            raise Unprocessable(f"suite.params.categories must be a non-empty list of distinct CHAMP categories: {', '.join(known)}",
+                                field="suite.params.categories")
+
+    @staticmethod
+    def _check_families(tasks: Any, config: Any) -> None:
+        if not isinstance(tasks, list) or not tasks or not all(isinstance(t, str) for t in tasks) or len(set(tasks)) != len(tasks):
+            raise Unprocessable("suite.params.tasks must be a non-empty list of distinct reasoning-gym families", field="suite.params.tasks")
+        unknown = [t for t in tasks if t not in math_families()]
+        if unknown:
+            raise Unprocessable(f"not reasoning-gym math families: {', '.join(unknown)}; available: {', '.join(math_families())}", field="suite.params.tasks")
+        if not isinstance(config, dict) or not all(f in tasks and isinstance(c, dict) and not {"seed", "size"} & c.keys() for f, c in config.items()):
+            raise Unprocessable("suite.params.config must map families listed in tasks to their config (without seed and size)", field="suite.params.config")
+        for family in tasks:
+            try:
+                reasoning_gym.create_dataset(family, seed=0, size=1, **config.get(family, {}))[0]
+            except Exception as exc:  # reasoning-gym raises several kinds (TypeError, AssertionError, ValueError) for bad configs
+                field = "suite.params.config" if family in config else "suite.params.tasks"
+                raise Unprocessable(f"reasoning-gym rejected {family} with {config.get(family, {})}: {exc}", field=field) from exc
+
+    def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
+        """``size`` items drawn deterministically from ``seed`` (module docstring), none whose question is in ``exclude``;
+        raises ``Unprocessable`` (field ``suite.splits.<split>.size``) if there are not that many."""
+        if params["source"] == "champ":
+            return self._champ_items(params.get("categories"), seed, size, split, exclude)
+        return self._family_items(params["tasks"], params.get("config", {}), seed, size, split, exclude)
+
+    @staticmethod
+    def _family_items(tasks: list[str], configs: dict[str, dict[str, Any]], seed: int, size: int, split: str, exclude: frozenset[str]) -> list[Item]:
+        seen = set(exclude)
+        groups = []
+        for i, family in enumerate(tasks):
+            quota = size // len(tasks) + (i < size % len(tasks))
+            config, family_seed = configs.get(family, {}), _family_seed(seed, family)
+            picked: list[dict[str, Any]] = []
+            for entry in reasoning_gym.create_dataset(family, seed=family_seed, size=max(_MIN_DRAWS, _DRAWS_PER_ITEM * quota), **config):
+                if len(picked) == quota:
+                    break
+                if entry["question"] not in seen:
+                    seen.add(entry["question"])
+                    picked.append({**_jsonable(entry), "source": "reasoning_gym", "config": config, "seed": family_seed})
+            if len(picked) < quota:
+                raise Unprocessable(f"{family}: only {len(picked)} of the {quota} distinct {split} items it owes were found outside the excluded set; "
+                                    "ask for fewer or widen its config", field=f"suite.splits.{split}.size")
+            groups.append(picked)
+        entries = [e for row in zip_longest(*groups) for e in row if e is not None]
+        return [Item(id=f"{split}-{n:05d}", question=e["question"], answer=str(e["answer"]), entry=e) for n, e in enumerate(entries)]
+
+    @staticmethod
+    def _champ_items(categories: list[str] | None, seed: int, size: int, split: str, exclude: frozenset[str]) -> list[Item]:
+        problems = [p for p in champ_problems() if categories is None or p["category"] in categories]
+        random.Random(seed).shuffle(problems)
+        left = [p for p in problems if p["question"] not in exclude]
+        if size > len(left):
+            raise Unprocessable(f"champ: only {len(left)} {split} problems are left outside the other splits; ask for at most that many",
+                                field=f"suite.splits.{split}.size")
+        return [Item(id=p["problem_id"], question=p["question"], answer=p["answer"],
+                     entry={"source": "champ", "problem_id": p["problem_id"], "category": p["category"], "gold": p["gold"]}) for p in left[:size]]
+
+    def score(self, answer: str | None, item: Item) -> float:
+        """Score in [0, 1]: the family's reasoning-gym scorer (0.0 where it raises), or math-verify's verdict for CHAMP,
+        1.0 or 0.0 (module docstring)."""
+        entry = item.entry
+        if entry["source"] == "champ":
+            if answer is None:
+                return 0.0
+            text = answer if _MATH_DELIMITERS.search(answer) else f"\\boxed{{{answer}}}"
+            return 1.0 if _checker(self.check_timeout_s).verify(entry["gold"], text) else 0.0
+        dataset = _family_dataset(entry["metadata"]["source_dataset"], json.dumps(entry["config"], sort_keys=True))
+        try:
+            return float(dataset.score_answer(answer, entry))
+        except Exception:  # a model's malformed answer must not fail the evaluation
+            return 0.0
