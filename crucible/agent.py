@@ -1,9 +1,10 @@
 """The reference research agent: a scripted baseline that improves the system through the gateway only.
 
-Loop: read the run card and budget → evaluate the initial system on validation → build a training set
-from the suite's training pool (questions seen in validation removed) → LoRA SFT job, following its
+Loop, for each task of the benchmark: evaluate the initial system on validation → build a training set
+from the task's training pool (questions seen in validation removed) → LoRA SFT job, following its
 events → evaluate each checkpoint on validation → keep the best → submit it → wait for the grade.
-It stops early when the budget left cannot cover another step.
+It stops searching when the budget left cannot cover another step, and submits what it has. It edits only
+what the run's track allows: training needs data or trainer editable, else it submits the initial system.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ import time
 from dataclasses import dataclass, field
 from typing import Any
 
+import jinja2
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
@@ -38,12 +40,36 @@ class AgentConfig:
 
 
 @dataclass
-class AgentResult:
+class TaskResult:
+    task: str
     initial_validation: float
     best_model: str
     best_validation: float
     submission: dict[str, Any]
+
+
+@dataclass
+class AgentResult:
+    """Per task what the agent found and submitted; the first task's fields at the top (one-task benchmarks)."""
+
+    tasks: list[TaskResult]
     timings_s: dict[str, float]
+
+    @property
+    def initial_validation(self) -> float:
+        return self.tasks[0].initial_validation
+
+    @property
+    def best_model(self) -> str:
+        return self.tasks[0].best_model
+
+    @property
+    def best_validation(self) -> float:
+        return self.tasks[0].best_validation
+
+    @property
+    def submission(self) -> dict[str, Any]:
+        return self.tasks[0].submission
 
 
 def _pct(x: float | None) -> str:
@@ -66,10 +92,10 @@ class BaselineAgent:
     def step(self, message: str) -> None:
         self.console.print(f"[bold cyan]agent[/] {message}")
 
-    def evaluate(self, model: str, harness: dict[str, Any] | None, label: str) -> float:
-        """Validation score of ``model`` (a progress bar while it runs)."""
+    def evaluate(self, model: str, harness: dict[str, Any] | None, label: str, task: str | None = None) -> float:
+        """Validation score of ``model`` on ``task`` (a progress bar while it runs)."""
         start = time.monotonic()
-        ev = self.client.create_evaluation(model, harness, limit=self.config.validation_limit)
+        ev = self.client.create_evaluation(model, harness, limit=self.config.validation_limit, task=task)
         with Progress(TextColumn(f"  evaluating {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True) as bar:
             task = bar.add_task("eval", total=ev["items_total"])
             ev = self.client.wait_evaluation(ev["id"], self.config.poll_s, on_poll=lambda e: bar.update(task, completed=e["items_done"]))
@@ -82,11 +108,13 @@ class BaselineAgent:
         self.step(f"validation {label}: {_pct(ev['score']['value'])} on n={ev['score']['n']}{example}")
         return float(ev["score"]["value"])
 
-    def build_training_set(self, harness: dict[str, Any], validation_questions: set[str]) -> bytes:
-        """Chat rows (system prompt, question, answer) from the training pool; validation questions removed."""
+    def build_training_set(self, harness: dict[str, Any], validation_questions: set[str], task: str | None = None) -> bytes:
+        """Chat rows (system prompt, the question as the harness renders it, answer) from the task's training pool;
+        validation questions removed."""
+        template = jinja2.Environment(autoescape=False).from_string(harness.get("user_template") or "{{ question }}")
         rows, offset = [], 0
         while len(rows) < self.config.train_examples:
-            batch = self.client.train_sample(offset=offset, limit=1000)
+            batch = self.client.train_sample(offset=offset, limit=1000, task=task)
             if not batch:
                 break
             offset += len(batch)
@@ -94,16 +122,25 @@ class BaselineAgent:
                 if item["question"] in validation_questions:
                     continue
                 messages = ([{"role": "system", "content": harness["system_prompt"]}] if harness.get("system_prompt") else [])
-                messages += [{"role": "user", "content": item["question"]}, {"role": "assistant", "content": item["answer"]}]
+                messages += [{"role": "user", "content": template.render(question=item["question"])}, {"role": "assistant", "content": item["answer"]}]
                 rows.append({"messages": messages})
         rows = rows[: self.config.train_examples]
         return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
-    def train(self, model: str, dataset_id: str) -> dict[str, Any]:
+    def recipe_for(self, card: dict[str, Any]) -> dict[str, Any]:
+        """The configured recipe as the run's policy lets it be sent: nothing if the trainer is not editable,
+        else without the locked fields (the gateway sets them) and, with an allow list, only allowed fields."""
+        if "trainer" not in card["editable"]:
+            return {}
+        policy = card["recipe"]
+        return {k: v for k, v in self.config.recipe.items()
+                if k not in policy["lock"] and (policy["allow"] == "all" or k in policy["allow"])}
+
+    def train(self, model: str, dataset_id: str, recipe: dict[str, Any]) -> dict[str, Any]:
         """Run one training job to its end, streaming its events into a progress bar."""
         start = time.monotonic()
-        job = self.client.create_training_job(model, [dataset_id], self.config.recipe)
-        self.step(f"training job {job['id']} queued: {job['estimated_tokens']} tokens at most, recipe {self.config.recipe}")
+        job = self.client.create_training_job(model, [dataset_id], recipe)
+        self.step(f"training job {job['id']} queued: {job['estimated_tokens']} tokens at most, recipe {job['recipe']}")
         seq = 0
         with Progress(TextColumn("  training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
                       console=self.console, transient=True) as bar:
@@ -127,27 +164,39 @@ class BaselineAgent:
     def run(self) -> AgentResult:
         c = self.client
         card = c.run()
-        harness = card["benchmark"]["initial_system"]["harness"]
-        base = card["benchmark"]["initial_system"]["model"]
-        self.step(f"run {card['run_id']} on {card['benchmark']['name']} ({card['track']} track); budget left "
-                  f"{_usd(card['budget']['remaining_usd_micros'])}, {card['seconds_left'] / 3600:.2f} h left")
-        best_model, best = base, self.evaluate(base, None, f"initial system ({base})")
+        self.step(f"run {card['run_id']} on {card['benchmark']['name']} ({card['track']} track, tasks "
+                  f"{', '.join(t['name'] for t in card['benchmark']['tasks'])}); budget left {_usd(card['budget']['remaining_usd_micros'])}, "
+                  f"{card['seconds_left'] / 3600:.2f} h left")
+        several = len(card["benchmark"]["tasks"]) > 1
+        results = [self.run_task(t, card, t["name"] if several else None) for t in card["benchmark"]["tasks"]]
+        budget = c.budget()
+        self.step(f"done: spent {_usd(budget['spent_usd_micros'])} of {_usd(budget['budget_usd_micros'])}")
+        return AgentResult(tasks=results, timings_s=dict(self.timings))
+
+    def run_task(self, spec: dict[str, Any], card: dict[str, Any], task: str | None) -> TaskResult:
+        """The loop on one task (``task`` is ``None`` for a one-task benchmark)."""
+        c = self.client
+        harness = spec["initial_system"]["harness"]
+        base = spec["initial_system"]["model"]
+        label = f"[{spec['name']}] " if task else ""
+        best_model, best = base, self.evaluate(base, None, f"{label}initial system ({base})", task)
         initial = best
-        validation_questions = {it["question"] for it in c.validation_items()}
-        data = self.build_training_set(harness, validation_questions)
-        ds = c.upload_dataset(data, "baseline-train.jsonl")
-        self.step(f"uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
-        try:
-            job = self.train(base, ds["id"])
-        except CrucibleAPIError as exc:
-            if exc.status != 402:
-                raise
-            self.step(f"budget cannot cover training ({exc.problem.get('remaining_usd_micros')} µUSD left); submitting the initial system")
-            job = None
+        job = None
+        if {"data", "trainer"} & set(card["editable"]):
+            validation_questions = {it["question"] for it in c.validation_items(task)}
+            data = self.build_training_set(harness, validation_questions, task)
+            ds = c.upload_dataset(data, f"baseline-{spec['name']}.jsonl")
+            self.step(f"{label}uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
+            try:
+                job = self.train(base, ds["id"], self.recipe_for(card))
+            except CrucibleAPIError as exc:
+                if exc.status not in (402, 403):
+                    raise
+                self.step(f"{label}cannot train ({exc.status} {exc.code}: {exc.problem.get('detail')}); submitting the initial system")
         if job is not None:
             for ckpt in c.checkpoints(job["id"])[-self.config.evaluate_last_checkpoints:]:
                 try:
-                    score = self.evaluate(ckpt["id"], None, f"checkpoint {ckpt['id']} (step {ckpt['step']})")
+                    score = self.evaluate(ckpt["id"], None, f"{label}checkpoint {ckpt['id']} (step {ckpt['step']})", task)
                 except CrucibleAPIError as exc:
                     if exc.status != 402:
                         raise
@@ -155,14 +204,13 @@ class BaselineAgent:
                     break
                 if score > best:
                     best_model, best = ckpt["id"], score
-        self.step(f"best on validation: {best_model} at {_pct(best)} (initial {_pct(initial)}); submitting it")
+        self.step(f"{label}best on validation: {best_model} at {_pct(best)} (initial {_pct(initial)}); submitting it")
         start = time.monotonic()
-        sub = c.submit(best_model, note="baseline agent: best validation checkpoint")
-        with Progress(TextColumn("  grading on the hidden test split"), BarColumn(pulse_style="cyan"), TimeElapsedColumn(), console=self.console, transient=True) as bar:
+        sub = c.submit(best_model, note="baseline agent: best validation checkpoint", task=task)
+        with Progress(TextColumn(f"  {label}grading on the hidden test split"), BarColumn(pulse_style="cyan"), TimeElapsedColumn(),
+                      console=self.console, transient=True) as bar:
             bar.add_task("grade", total=None)
             sub = c.wait_submission(sub["id"], self.config.poll_s)
         self.timings["grading"] += time.monotonic() - start
-        budget = c.budget()
-        self.step(f"submission {sub['id']} {sub['status']}: hidden test {_pct(sub['score']['value'] if sub.get('score') else None)}; "
-                  f"spent {_usd(budget['spent_usd_micros'])} of {_usd(budget['budget_usd_micros'])}")
-        return AgentResult(initial_validation=initial, best_model=best_model, best_validation=best, submission=sub, timings_s=dict(self.timings))
+        self.step(f"{label}submission {sub['id']} {sub['status']}: hidden test {_pct(sub['score']['value'] if sub.get('score') else None)}")
+        return TaskResult(task=spec["name"], initial_validation=initial, best_model=best_model, best_validation=best, submission=sub)

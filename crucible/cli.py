@@ -172,16 +172,27 @@ def demo(
 
 def _print_leaderboard(rows: list[dict[str, Any]]) -> None:
     table = Table(title="Crucible leaderboard (hidden test split)")
-    for col in ("#", "benchmark", "agent", "status", "initial", "final", "reference", "gap closed", "n", "val. evals", "spent USD", "hours"):
-        table.add_column(col, justify="right" if col not in ("benchmark", "agent", "status") else "left")
+    for col in ("#", "benchmark", "agent", "status", "initial", "final", "95% CI", "reference", "gap closed", "RSI-Index", "n", "val. evals",
+                "spent USD", "hours", "contamination"):
+        table.add_column(col, justify="right" if col not in ("benchmark", "agent", "status", "contamination") else "left")
 
     def pct(x: float | None) -> str:
         return "…" if x is None else f"{100 * x:.1f}%"
 
+    def ci(x: list[float] | None) -> str:
+        return "–" if not x else f"{100 * x[0]:.1f}–{100 * x[1]:.1f}%"
+
+    def flag(r: dict[str, Any]) -> str:
+        return "…" if r["contaminated"] is None else (f"flagged ({r['contaminated_items']})" if r["contaminated"] else "clean")
+
     for r in rows:
-        table.add_row(str(r["rank"] or "–"), r["benchmark"], r["agent_name"], r["status"], pct(r["initial_score"]), pct(r["final_score"]),
-                      pct(r["reference_score"]), pct(r["gap_closed"]), str(r["n"] or "–"), str(r["validation_evaluations"]),
-                      f"{r['spent_usd']:.4f}", f"{r['elapsed_hours']:.2f}")
+        table.add_row(str(r["rank"] or "–"), r["benchmark"], r["agent_name"], r["status"], pct(r["initial_score"]), pct(r["final_score"]), ci(r["final_ci"]),
+                      pct(r["reference_score"]), pct(r["gap_closed"]), pct(r["rsi_index"]), str(r["n"] or "–"), str(r["validation_evaluations"]),
+                      f"{r['spent_usd']:.4f}", f"{r['elapsed_hours']:.2f}", flag(r))
+        if len(r["tasks"]) > 1:
+            for t in r["tasks"]:
+                table.add_row("", f"  {t['task']}", "", t["status"], pct(t["initial_score"]), pct(t["final_score"]), ci(t["final_ci"]),
+                              pct(t["reference_score"]), pct(t["gap_closed"]), "", str(t["n"] or "–"), "", "", "", flag(t))
     console.print(table)
 
 

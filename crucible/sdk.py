@@ -57,11 +57,12 @@ class CrucibleClient(_GatewayClient):
         return self._call("GET", "/v1/budget")
 
     # suite data
-    def train_sample(self, offset: int = 0, limit: int = 100) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/suite/train-sample", params={"offset": offset, "limit": limit})["data"]
+    # ``task``: the benchmark's task (see the run card); leave it out when the benchmark has one
+    def train_sample(self, offset: int = 0, limit: int = 100, task: str | None = None) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/suite/train-sample", params=_task({"offset": offset, "limit": limit}, task))["data"]
 
-    def validation_items(self) -> list[dict[str, Any]]:
-        return self._call("GET", "/v1/suite/validation")["data"]
+    def validation_items(self, task: str | None = None) -> list[dict[str, Any]]:
+        return self._call("GET", "/v1/suite/validation", params=_task({}, task))["data"]
 
     # datasets
     def upload_dataset(self, data: bytes | Path, name: str = "dataset.jsonl") -> dict[str, Any]:
@@ -103,13 +104,13 @@ class CrucibleClient(_GatewayClient):
         return self._call("POST", "/v1/chat/completions", json={"model": model, "messages": messages, **params})
 
     # evaluations
-    def create_evaluation(self, model: str, harness: dict[str, Any] | None = None, limit: int | None = None) -> dict[str, Any]:
+    def create_evaluation(self, model: str, harness: dict[str, Any] | None = None, limit: int | None = None, task: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model, "split": "validation"}
         if harness is not None:
             body["harness"] = harness
         if limit is not None:
             body["limit"] = limit
-        return self._call("POST", "/v1/evaluations", json=body)
+        return self._call("POST", "/v1/evaluations", json=body, params=_task({}, task))
 
     def evaluations(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/evaluations")["data"]
@@ -131,13 +132,13 @@ class CrucibleClient(_GatewayClient):
             time.sleep(poll_s)
 
     # submissions
-    def submit(self, model: str, harness: dict[str, Any] | None = None, note: str | None = None) -> dict[str, Any]:
+    def submit(self, model: str, harness: dict[str, Any] | None = None, note: str | None = None, task: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model}
         if harness is not None:
             body["harness"] = harness
         if note:
             body["note"] = note
-        return self._call("POST", "/v1/submissions", json=body)
+        return self._call("POST", "/v1/submissions", json=body, params=_task({}, task))
 
     def submission(self, sub_id: str) -> dict[str, Any]:
         return self._call("GET", f"/v1/submissions/{sub_id}")
@@ -192,3 +193,7 @@ class AdminClient(_GatewayClient):
 
     def leaderboard(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/leaderboard")["data"]
+
+
+def _task(params: dict[str, Any], task: str | None) -> dict[str, Any]:
+    return params | ({"task": task} if task else {})

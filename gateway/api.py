@@ -108,6 +108,8 @@ RunId = Annotated[str, Path(pattern=ID_PATTERN, description="`run_…`")]
 AGENT_ERRORS = problem_responses(Unauthorized, TooManyRequests, UpstreamUnavailable)  # 503: a service is restarting; retry
 MUTATING_ERRORS = problem_responses(Unauthorized, RunExpired, PaymentRequired)
 agent_router = APIRouter(prefix="/v1", responses=AGENT_ERRORS)
+TaskQuery = Query(None, min_length=1, max_length=64, examples=["math"],
+                  description="The benchmark's task (see `GET /v1/run`); may be left out when the benchmark has one task.")
 admin_router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(admin)], responses=problem_responses(Unauthorized))
 public_router = APIRouter(tags=["leaderboard"])
 
@@ -155,13 +157,16 @@ def get_dataset(dataset_id: DatasetId, caller: Caller = Depends(agent)) -> Datas
 
 
 @agent_router.get("/suite/train-sample", tags=["suite"], summary="Items of the suite's training pool")
-def train_sample(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=10_000), caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
-    """Question/answer pairs from the training generator (disjoint from validation and test by construction)."""
+def train_sample(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=10_000), task: str | None = TaskQuery,
+                 caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
+    """Question/answer pairs from the task's training generator (disjoint from validation and test by construction)."""
+    caller = service.for_task(caller, task)
     return Page[SuiteItemOut](**service.runtime().grader.get("/internal/suite/train-sample", ctx=caller.ctx, params={"offset": offset, "limit": limit}))
 
 
 @agent_router.get("/suite/validation", tags=["suite"], summary="The visible validation items")
-def validation_items(caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
+def validation_items(task: str | None = TaskQuery, caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
+    caller = service.for_task(caller, task)
     return Page[SuiteItemOut](**service.runtime().grader.get("/internal/suite/validation", ctx=caller.ctx))
 
 
@@ -243,13 +248,14 @@ def chat_completions(req: ChatCompletionRequest, caller: Caller = Depends(mutati
 @agent_router.post("/evaluations", status_code=201, tags=["evaluations"], summary="Evaluate a system on the validation split",
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PaymentRequired,
                                                EvaluationRateLimited, FailedEvaluationLimit))
-def create_evaluation(req: EvaluationCreate, caller: Caller = Depends(mutating_agent)) -> EvaluationOut:
+def create_evaluation(req: EvaluationCreate, task: str | None = TaskQuery, caller: Caller = Depends(mutating_agent)) -> EvaluationOut:
     """Queued; poll ``GET /v1/evaluations/{id}``, then read per-item trajectories. Charged as inference tokens.
 
     The benchmark's limits apply (``GET /v1/run`` shows them and what is left): per hour and per day, at once
     (429 ``evaluation_limit`` with ``Retry-After``), and failed or cancelled evaluations (403
     ``failed_evaluation_limit``).
     """
+    caller = service.for_task(caller, task)
     if req.harness is not None:
         service.check_editable(caller, "harness", "evaluating with a custom harness")
     limits = caller.benchmark.limits.evaluation_limits().model_dump(exclude_none=True)
@@ -274,8 +280,10 @@ def get_trajectories(eval_id: EvalId, caller: Caller = Depends(agent)) -> Page[T
 
 @agent_router.post("/submissions", status_code=201, tags=["submissions"], summary="Submit the final system for hidden-test grading",
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, SubmissionLimitReached))
-def create_submission(req: SubmissionCreate, caller: Caller = Depends(mutating_agent)) -> SubmissionOut:
-    """Graded once on the hidden test split, not charged to the run; only the aggregate score is ever returned."""
+def create_submission(req: SubmissionCreate, task: str | None = TaskQuery, caller: Caller = Depends(mutating_agent)) -> SubmissionOut:
+    """Graded once on the task's hidden test split, not charged to the run; only the aggregate score is ever returned.
+    ``final_submissions`` of the benchmark's limits is per task."""
+    caller = service.for_task(caller, task)
     if req.harness is not None:
         service.check_editable(caller, "harness", "submitting a custom harness")
     return SubmissionOut(**service.runtime().grader.post("/internal/submissions", ctx=caller.ctx, json=req.model_dump(mode="json"),

@@ -23,7 +23,12 @@ class Benchmark(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     name: Mapped[str] = mapped_column(String(200), unique=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
+    tasks: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)  # task name -> the grader's benchmark id of that task
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+    def task_ids(self) -> dict[str, str]:
+        """Task name → the grader's id for it (a one-task benchmark is graded under its own id)."""
+        return self.tasks or {"main": self.id}
 
 
 class Run(Base):

@@ -7,7 +7,7 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
 
-from services.common.contracts import TRAINING_FIELDS, EvaluationLimits, EvaluationSettings, SuiteSpec, SystemSpec
+from services.common.contracts import TRAINING_FIELDS, AuditSettings, EvaluationLimits, EvaluationSettings, SuiteSpec, SystemSpec
 
 Editable = Literal["data", "trainer", "harness"]
 TRACKS: dict[str, list[str]] = {
@@ -80,22 +80,16 @@ class LimitsSpec(BaseModel):
                                 concurrent=self.concurrent_evaluations, failed=self.failed_evaluations)
 
 
-class BenchmarkFile(BaseModel):
-    """A benchmark definition (YAML). The test split's seed is not here: it lives in the grader's configuration."""
+class TaskSpec(BaseModel):
+    """One task of a benchmark: a suite with its splits, the initial system and the reference."""
 
     model_config = ConfigDict(extra="forbid")
 
-    name: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9._-]*$")
-    description: str = ""
+    name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_-]*$", examples=["math"])
     suite: SuiteSpec
     initial_system: SystemSpec
     reference: ReferenceSpec
-    track: Literal["data", "trainer", "harness", "joint"] = "joint"
-    editable: list[Editable] | None = Field(None, description="Defaults to the track's preset.")
-    recipe: RecipePolicy = Field(default_factory=RecipePolicy)
-    budget: BudgetSpec
-    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
-    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    evaluation: EvaluationSettings | None = Field(None, description="This task's evaluation settings; null: the benchmark's.")
 
     @field_validator("suite")
     @classmethod
@@ -104,11 +98,59 @@ class BenchmarkFile(BaseModel):
             raise ValueError("splits.test.seed must not be in the benchmark file: the test seed lives only in the grader's configuration")
         return suite
 
+
+SINGLE_TASK = "main"  # the task name of a benchmark written with top-level suite/initial_system/reference
+
+
+class BenchmarkFile(BaseModel):
+    """A benchmark definition (YAML). The test split's seed is not here: it lives in the grader's configuration.
+
+    One task: top-level ``suite``, ``initial_system`` and ``reference`` (the task is called ``main``). Several
+    tasks (like RSIGym's): a ``tasks`` list of ``{name, suite, initial_system, reference}``; the run shares one
+    budget, one deadline and the evaluation limits over its tasks, submits a final system per task, and the
+    leaderboard shows each task's score, their mean and the RSI-Index.
+    """
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str = Field(min_length=1, max_length=200, pattern=r"^[a-z0-9][a-z0-9._-]*$")
+    description: str = ""
+    suite: SuiteSpec | None = None
+    initial_system: SystemSpec | None = None
+    reference: ReferenceSpec | None = None
+    tasks: list[TaskSpec] | None = Field(None, min_length=1, max_length=20)
+    track: Literal["data", "trainer", "harness", "joint"] = "joint"
+    editable: list[Editable] | None = Field(None, description="Defaults to the track's preset.")
+    recipe: RecipePolicy = Field(default_factory=RecipePolicy)
+    budget: BudgetSpec
+    evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
+    limits: LimitsSpec = Field(default_factory=LimitsSpec)
+    audit: AuditSettings = Field(default_factory=AuditSettings)
+
     @model_validator(mode="after")
     def _checks(self) -> BenchmarkFile:
+        single = [k for k in ("suite", "initial_system", "reference") if getattr(self, k) is not None]
+        if self.tasks is None:
+            missing = [k for k in ("suite", "initial_system", "reference") if k not in single]
+            if missing:
+                raise ValueError(f"give {', '.join(missing)} (one task) or a tasks list")
+            TaskSpec(name=SINGLE_TASK, suite=self.suite, initial_system=self.initial_system, reference=self.reference)  # type: ignore[arg-type]
+        else:
+            if single:
+                raise ValueError(f"with a tasks list, {', '.join(single)} belong inside each task")
+            names = [t.name for t in self.tasks]
+            if len(set(names)) != len(names):
+                raise ValueError(f"task names must be unique: {names}")
         if self.editable is None:
             self.editable = list(TRACKS[self.track])  # type: ignore[assignment]
         return self
+
+    def task_list(self) -> list[TaskSpec]:
+        """The benchmark's tasks (one called ``main`` for a single-task file), each with its evaluation settings."""
+        if self.tasks is not None:
+            return [t if t.evaluation else t.model_copy(update={"evaluation": self.evaluation}) for t in self.tasks]
+        return [TaskSpec(name=SINGLE_TASK, suite=self.suite, initial_system=self.initial_system, reference=self.reference,  # type: ignore[arg-type]
+                         evaluation=self.evaluation)]
 
 
 class BenchmarkOut(BaseModel):
@@ -128,6 +170,9 @@ class RunCreate(BaseModel):
     agent_name: str = Field(min_length=1, max_length=200)
     budget_usd: float | None = Field(None, gt=0, description="Override the benchmark's budget (USD).")
     wall_clock_hours: float | None = Field(None, gt=0, description="Override the benchmark's wall-clock limit (hours).")
+    track: Literal["data", "trainer", "harness", "joint"] | None = Field(
+        None, description="Run the benchmark on another track than its file's (RSIGym runs the same tasks as Data, Harness and Joint); "
+                          "the editable space is then that track's preset.")
 
 
 class RefundRequest(BaseModel):
@@ -188,21 +233,46 @@ class RunCard(BaseModel):
     limits: dict[str, Any]
 
 
-class LeaderboardRow(BaseModel):
-    """One graded (or pending) final submission. Scores are in [0, 1]."""
+class TaskScore(BaseModel):
+    """A run's final submission on one task of its benchmark. Scores are in [0, 1]."""
 
-    rank: int | None
-    run_id: str
-    benchmark: str
-    agent_name: str
-    submission_id: str
-    status: str
+    task: str
+    submission_id: str | None = Field(description="The run's latest final submission on this task (null: none yet).")
+    status: str = Field(description="queued | running | graded | failed | not submitted")
     initial_score: float | None
     final_score: float | None
     reference_score: float | None
     gap_closed: float | None = Field(description="(final − initial) / (reference − initial)")
     n: int | None
     final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap confidence interval of the final score (low, high).")
+    contaminated: bool | None = Field(None, description="The contamination audit found test items in the run's datasets (null: not audited yet).")
+    contaminated_items: int | None = Field(None, description="How many test items the audit flagged.")
+
+
+class LeaderboardRow(BaseModel):
+    """A run's final submissions: per task, and summed up over the benchmark's tasks. Scores are in [0, 1].
+
+    With one task the summary fields equal the task's. With several: ``final_score`` is Avg, the mean of the
+    tasks' final scores (set once every task is graded), ``gap_closed`` the mean of the tasks' gaps closed,
+    and ``rsi_index`` = mean over tasks of (final − initial) / (1 − initial), RSIGym's RSI-Index.
+    """
+
+    rank: int | None
+    run_id: str
+    benchmark: str
+    agent_name: str
+    status: str = Field(description="graded once every task's submission is graded; else the least advanced task's status")
+    tasks: list[TaskScore]
+    submission_id: str | None = Field(description="The submission of a one-task benchmark (null with several tasks).")
+    initial_score: float | None
+    final_score: float | None
+    reference_score: float | None
+    gap_closed: float | None = Field(description="mean over tasks of (final − initial) / (reference − initial)")
+    rsi_index: float | None = Field(None, description="mean over tasks of (final − initial) / (1 − initial)")
+    n: int | None = Field(description="Test items graded, over all tasks.")
+    final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap interval of the final score (one-task benchmarks; see each task otherwise).")
+    contaminated: bool | None = Field(None, description="The audit flagged test items of some task (null: not audited yet).")
+    contaminated_items: int | None = Field(None, description="Test items the audit flagged, over all tasks.")
     validation_evaluations: int
     spent_usd: float
     elapsed_hours: float

@@ -7,6 +7,7 @@ answers pass through unchanged.
 
 from __future__ import annotations
 
+import dataclasses
 import datetime as dt
 from dataclasses import dataclass
 from typing import Any
@@ -16,9 +17,10 @@ from sqlalchemy import select
 
 from gateway.models import AuditEvent, Benchmark, EpisodeEvent, Run
 from gateway.ratelimit import KeyRateLimiter
-from gateway.schemas import BenchmarkFile, BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut
+from gateway.schemas import TRACKS, BenchmarkFile, BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut, TaskScore
 from gateway.settings import GatewaySettings
 from services.common.auth import RunContext, hash_secret, new_secret
+from services.common.basemodels import BASE_MODELS
 from services.common.contracts import TRAINING_FIELDS, EvaluationUsage, GradingSpec, Recipe
 from services.common.db import Database, utcnow
 from services.common.errors import Conflict, NotFound, OutsideEditableSpace, RunExpired, Unauthorized, Unprocessable
@@ -53,11 +55,16 @@ def runtime() -> Runtime:
 
 @dataclass(frozen=True)
 class Caller:
-    """An authenticated agent call: its run, its benchmark file, and the context sent to services."""
+    """An authenticated agent call: its run, its benchmark file, and the context sent to services.
+
+    ``ctx.benchmark_id`` is the grader's id of one task: the benchmark's only task, or the one named by the
+    call (:func:`for_task`). ``tasks``: every task's name → grader id.
+    """
 
     run: Run
     benchmark: BenchmarkFile
     ctx: RunContext
+    tasks: dict[str, str]
 
 
 # --------------------------------------------------------------------------- benchmarks (operators)
@@ -70,11 +77,17 @@ def _benchmark_out(b: Benchmark) -> BenchmarkOut:
 def parse_benchmark(doc: Any) -> BenchmarkFile:
     """Validate a benchmark document; raises ``Unprocessable`` naming the key path and the reason."""
     try:
-        return BenchmarkFile.model_validate(doc)
+        spec = BenchmarkFile.model_validate(doc)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "(document)"
         raise Unprocessable(f"{field}: {err['msg']}", field=field) from exc
+    for i, task in enumerate(spec.task_list()):
+        model = BASE_MODELS.get(task.initial_system.model)
+        if task.evaluation and task.evaluation.thinking and model is not None and not model.thinking:
+            field = "evaluation.thinking" if spec.tasks is None or not spec.tasks[i].evaluation else f"tasks.{i}.evaluation.thinking"
+            raise Unprocessable(f"{field}: {model.name} has no thinking mode; leave it null or false", field=field)
+    return spec
 
 
 def load_benchmark(doc: Any) -> BenchmarkOut:
@@ -89,23 +102,37 @@ def load_benchmark(doc: Any) -> BenchmarkOut:
                 raise Conflict(f"benchmark {spec.name!r} exists with a different definition; choose a new name", field="name")
             return _benchmark_out(existing)
     bm_id = new_id("bm")
-    grading = GradingSpec(
-        benchmark_id=bm_id, suite=spec.suite, initial_system=spec.initial_system, reference_system=spec.reference.system,
-        reference_score=spec.reference.score, evaluation=spec.evaluation,
-    )
-    rt.grader.post("/internal/benchmarks", json=grading.model_dump(mode="json"))
+    tasks = spec.task_list()
+    ids = {t.name: bm_id if spec.tasks is None else new_id("bm") for t in tasks}  # the grader grades each task as its own benchmark
+    for t in tasks:
+        grading = GradingSpec(
+            benchmark_id=ids[t.name], task=t.name, suite=t.suite, initial_system=t.initial_system, reference_system=t.reference.system,
+            reference_score=t.reference.score, evaluation=t.evaluation, audit=spec.audit,
+        )
+        rt.grader.post("/internal/benchmarks", json=grading.model_dump(mode="json"))
     with rt.db.session() as s:
-        b = Benchmark(id=bm_id, name=spec.name, spec=spec.model_dump(mode="json"), created_at=utcnow())
+        b = Benchmark(id=bm_id, name=spec.name, spec=spec.model_dump(mode="json"), tasks=ids, created_at=utcnow())
         s.add(b)
         s.flush()
         return _benchmark_out(b)
 
 
 def benchmark_baselines(ref: str) -> dict[str, Any]:
-    """The grader's status of a benchmark (by id or name): split sizes and baseline test scores."""
+    """The grader's status of a benchmark (by id or name): split sizes and baseline test scores, per task under
+    ``tasks``; with one task also at the top level. ``initial_status``/``reference_status`` sum the tasks up:
+    ``succeeded`` once all have, ``failed`` if one has, else ``running``."""
     with runtime().db.session() as s:
-        bm_id = _find_benchmark(s, ref).id
-    return runtime().grader.get(f"/internal/benchmarks/{bm_id}")
+        ids = _find_benchmark(s, ref).task_ids()
+    tasks = {name: runtime().grader.get(f"/internal/benchmarks/{gid}") for name, gid in ids.items()}
+    if len(tasks) == 1:
+        return {**next(iter(tasks.values())), "tasks": tasks}
+
+    def overall(key: str) -> str | None:
+        states = {t[key] for t in tasks.values()}
+        done = {None, "declared", "succeeded"}
+        return "failed" if "failed" in states else ("succeeded" if states <= done else "running")
+
+    return {"tasks": tasks, "initial_status": overall("initial_status"), "reference_status": overall("reference_status")}
 
 
 def list_benchmarks() -> list[BenchmarkOut]:
@@ -141,7 +168,7 @@ def create_run(req: RunCreate) -> RunCreated:
     rt.ledger.post("/internal/accounts", json={"account_id": run_id, "budget_usd_micros": budget})
     now = utcnow()
     with rt.db.session() as s:
-        r = Run(id=run_id, benchmark_id=b.id, agent_name=req.agent_name, track=spec.track, key_hash=hash_secret(key), key_prefix=key[:8],
+        r = Run(id=run_id, benchmark_id=b.id, agent_name=req.agent_name, track=req.track or spec.track, key_hash=hash_secret(key), key_prefix=key[:8],
                 budget_usd_micros=budget, deadline_at=now + dt.timedelta(hours=hours), created_at=now)
         s.add(r)
         s.flush()
@@ -198,9 +225,23 @@ def authenticate(authorization: str | None) -> Caller:
             raise Unauthorized("unknown API key")
         if run.revoked_at is not None:
             raise Unauthorized("this API key has been revoked")
-        spec = BenchmarkFile.model_validate(s.get(Benchmark, run.benchmark_id).spec)  # type: ignore[union-attr]
-    ctx = RunContext(run_id=run.id, benchmark_id=run.benchmark_id, track=run.track, editable=list(spec.editable or []))
-    return Caller(run=run, benchmark=spec, ctx=ctx)
+        bm = s.get(Benchmark, run.benchmark_id)
+        spec, tasks = BenchmarkFile.model_validate(bm.spec), bm.task_ids()  # type: ignore[union-attr]
+    editable = list(spec.editable or []) if run.track == spec.track else list(TRACKS[run.track])  # a run on another track than the file's
+    ctx = RunContext(run_id=run.id, benchmark_id=next(iter(tasks.values())), track=run.track, editable=editable)
+    return Caller(run=run, benchmark=spec, ctx=ctx, tasks=tasks)
+
+
+def for_task(caller: Caller, task: str | None) -> Caller:
+    """The caller scoped to ``task`` (its grader id in ``ctx.benchmark_id``); ``task`` may be omitted when the
+    benchmark has one. ``Unprocessable`` (field ``task``) when it is unknown, or missing with several tasks."""
+    if task is None:
+        if len(caller.tasks) > 1:
+            raise Unprocessable(f"this benchmark has several tasks ({', '.join(caller.tasks)}): name one with ?task=", field="task")
+        return caller
+    if task not in caller.tasks:
+        raise Unprocessable(f"unknown task {task!r}; this benchmark's tasks: {', '.join(caller.tasks)}", field="task")
+    return dataclasses.replace(caller, ctx=caller.ctx.model_copy(update={"benchmark_id": caller.tasks[task]}))
 
 
 def check_deadline(caller: Caller) -> None:
@@ -246,36 +287,53 @@ def budget(caller: Caller) -> BudgetOut:
 
 
 def run_card(caller: Caller) -> RunCard:
+    """The run card: the benchmark (each task with its suite, split sizes, initial system and reference; a
+    one-task benchmark's task also at the top level), track, recipe policy, evaluation settings, deadline,
+    budget and every limit with what is left (``final_submissions`` counts per task)."""
+    rt = runtime()
     spec = caller.benchmark
-    subs = runtime().grader.get("/internal/submissions", ctx=caller.ctx)["data"]
-    grading = runtime().grader.get(f"/internal/benchmarks/{caller.run.benchmark_id}")
+    subs = rt.grader.get("/internal/submissions", ctx=caller.ctx)["data"]
+    tasks = []
+    for t in spec.task_list():
+        grading = rt.grader.get(f"/internal/benchmarks/{caller.tasks[t.name]}")
+        tasks.append({"name": t.name, "suite": t.suite.name, "params": t.suite.params, "validation_items": t.suite.splits.validation.size,
+                      "test_items": t.suite.splits.test.size, "initial_system": grading["initial_system"],
+                      "reference": t.reference.model_dump(exclude={"system"}), "evaluation": t.evaluation.model_dump()})
+    benchmark = {"id": caller.run.benchmark_id, "name": spec.name, "description": spec.description, "tasks": tasks}
+    if len(tasks) == 1:
+        benchmark |= {k: v for k, v in tasks[0].items() if k != "name"}
     left = int((caller.run.deadline_at - utcnow()).total_seconds())
+    usage = EvaluationUsage(**rt.grader.get("/internal/evaluations/usage", ctx=caller.ctx))
     return RunCard(
-        run_id=caller.run.id, agent_name=caller.run.agent_name,
-        benchmark={"id": caller.run.benchmark_id, "name": spec.name, "description": spec.description, "suite": spec.suite.name,
-                   "params": spec.suite.params, "validation_items": spec.suite.splits.validation.size, "test_items": spec.suite.splits.test.size,
-                   "initial_system": grading["initial_system"], "reference": spec.reference.model_dump(exclude={"system"})},
+        run_id=caller.run.id, agent_name=caller.run.agent_name, benchmark=benchmark,
         track=caller.run.track, editable=caller.ctx.editable, recipe=spec.recipe, evaluation=spec.evaluation,
         deadline_at=caller.run.deadline_at, seconds_left=max(0, left), budget=budget(caller),
-        limits=_limits_left(spec, len(subs), EvaluationUsage(**runtime().grader.get("/internal/evaluations/usage", ctx=caller.ctx))),
+        limits=_limits_left(spec, {t["name"]: sum(1 for x in subs if x["task"] == t["name"]) for t in tasks}, usage),
     )
 
 
-def _limits_left(spec: BenchmarkFile, submissions: int, usage: EvaluationUsage) -> dict[str, Any]:
-    """Each limit of the benchmark with what the run has used and has left (``None``: no limit)."""
+def _limits_left(spec: BenchmarkFile, submissions: dict[str, int], usage: EvaluationUsage) -> dict[str, Any]:
+    """Each limit of the benchmark with what the run has used and has left (``None``: no limit).
+
+    ``submissions``: final submissions made per task. With several tasks, ``final_submissions`` sums the
+    tasks up and ``final_submissions_by_task`` gives each task's own row."""
     lim = spec.limits
 
     def row(limit: int | None, used: int) -> dict[str, int | None]:
         return {"limit": limit, "used": used, "left": None if limit is None else max(0, limit - used)}
 
-    return {
-        "final_submissions": row(lim.final_submissions, submissions),
+    by_task = {task: row(lim.final_submissions, used) for task, used in submissions.items()}
+    out: dict[str, Any] = {
+        "final_submissions": row(lim.final_submissions * len(by_task), sum(submissions.values())),
         "validation_evaluations_per_hour": row(lim.validation_evaluations_per_hour, usage.last_hour),
         "validation_evaluations_per_day": row(lim.validation_evaluations_per_day, usage.last_day),
         "concurrent_evaluations": row(lim.concurrent_evaluations, usage.active),
         "failed_evaluations": row(lim.failed_evaluations, usage.failed),
         "validation_evaluations_total": usage.total,
     }
+    if len(by_task) > 1:
+        out["final_submissions_by_task"] = by_task
+    return out
 
 
 # --------------------------------------------------------------------------- episode log
@@ -310,44 +368,89 @@ def episode_log(run_id: str, after: int = 0, limit: int = 1000) -> list[dict[str
 
 
 def leaderboard() -> list[LeaderboardRow]:
-    """One row per final submission, ranked by final test score within each benchmark.
+    """One row per run with a final submission, ranked by final test score (Avg over tasks) within each benchmark.
 
-    gap closed = (final − initial) / (reference − initial), with initial and reference scored by the grader
-    on the same hidden split (or the reference score the benchmark declares).
+    Per task, the run's latest submission counts: gap closed = (final − initial) / (reference − initial), with
+    initial and reference scored by the grader on the same hidden split (or the reference score the benchmark
+    declares). Over tasks: Avg = mean of the finals, gap closed = mean of the tasks' gaps, RSI-Index = mean of
+    (final − initial) / (1 − initial) (RSIGym's definition).
     """
     rt = runtime()
     entries = rt.grader.get("/internal/leaderboard")["data"]
     with rt.db.session() as s:
         runs = {r.id: r for r in s.scalars(select(Run))}
         benchmarks = {b.id: b for b in s.scalars(select(Benchmark))}
+    latest: dict[str, dict[str, dict[str, Any]]] = {}  # run -> grader benchmark id (task) -> its latest submission
+    for e in entries:  # in submission order
+        latest.setdefault(e["run_id"], {})[e["benchmark_id"]] = e
     baselines: dict[str, dict[str, Any]] = {}
     rows: list[LeaderboardRow] = []
-    for e in entries:
-        run = runs.get(e["run_id"])
+    for run_id, by_task in latest.items():
+        run = runs.get(run_id)
         if run is None:
             continue
-        bm_id = e["benchmark_id"]
-        if bm_id not in baselines:
-            baselines[bm_id] = rt.grader.get(f"/internal/benchmarks/{bm_id}")
-        base = baselines[bm_id]
-        initial = base["initial"]["value"] if base.get("initial") else None
-        reference = base["reference"]["value"] if base.get("reference") else None
-        final = e["score"]["value"] if e.get("score") else None
-        gap = None
-        if None not in (initial, reference, final) and reference != initial:
-            gap = (final - initial) / (reference - initial)
-        spent = rt.ledger.get(f"/internal/accounts/{run.id}")["spent_usd_micros"]
-        end = dt.datetime.fromisoformat(e["graded_at"]) if e.get("graded_at") else utcnow()
+        bm = benchmarks[run.benchmark_id]
+        tasks = []
+        for name, gid in bm.task_ids().items():
+            if gid not in baselines:
+                baselines[gid] = rt.grader.get(f"/internal/benchmarks/{gid}")
+            tasks.append(_task_score(name, baselines[gid], by_task.get(gid)))
+        graded = [t for t in tasks if t.final_score is not None]
+        all_graded = len(graded) == len(tasks)
+        ends = [dt.datetime.fromisoformat(e["graded_at"]) for e in by_task.values() if e.get("graded_at")]
+        end = max(ends) if all_graded and ends else utcnow()
+        contamination = [t.contaminated for t in tasks if t.contaminated is not None]
+        one = tasks[0] if len(tasks) == 1 else None
         rows.append(LeaderboardRow(
-            rank=None, run_id=run.id, benchmark=benchmarks[bm_id].name, agent_name=run.agent_name, submission_id=e["submission_id"],
-            status=e["status"], initial_score=initial, final_score=final, reference_score=reference, gap_closed=gap,
-            n=e["score"]["n"] if e.get("score") else None, validation_evaluations=e["validation_evaluations"],
-            final_ci=(e["score"]["ci_low"], e["score"]["ci_high"]) if e.get("score") and e["score"].get("ci_low") is not None else None,
-            spent_usd=spent / 1_000_000, elapsed_hours=(end - run.created_at).total_seconds() / 3600,
+            rank=None, run_id=run.id, benchmark=bm.name, agent_name=run.agent_name, tasks=tasks,
+            status="graded" if all_graded else _least_advanced([t.status for t in tasks]),
+            submission_id=one.submission_id if one else None,
+            initial_score=_mean([t.initial_score for t in tasks]), final_score=_mean([t.final_score for t in tasks]) if all_graded else None,
+            reference_score=_mean([t.reference_score for t in tasks]), gap_closed=_mean([t.gap_closed for t in tasks]) if all_graded else None,
+            rsi_index=_mean([_rsi_term(t) for t in tasks]) if all_graded else None,
+            n=sum(t.n or 0 for t in tasks) if graded else None, final_ci=one.final_ci if one else None,
+            contaminated=any(contamination) if contamination else None,
+            contaminated_items=sum(t.contaminated_items or 0 for t in tasks) if contamination else None,
+            validation_evaluations=max(e["validation_evaluations"] for e in by_task.values()),
+            spent_usd=rt.ledger.get(f"/internal/accounts/{run.id}")["spent_usd_micros"] / 1_000_000,
+            elapsed_hours=(end - run.created_at).total_seconds() / 3600,
         ))
     for name in {r.benchmark for r in rows}:
-        graded = sorted((r for r in rows if r.benchmark == name and r.final_score is not None), key=lambda r: -r.final_score)  # type: ignore[operator]
-        for i, r in enumerate(graded, start=1):
+        ranked = sorted((r for r in rows if r.benchmark == name and r.final_score is not None), key=lambda r: -r.final_score)  # type: ignore[operator]
+        for i, r in enumerate(ranked, start=1):
             r.rank = i
     rows.sort(key=lambda r: (r.benchmark, r.rank or 10**9))
     return rows
+
+
+def _task_score(task: str, baseline: dict[str, Any], entry: dict[str, Any] | None) -> TaskScore:
+    """One task's line: baselines from the grader's benchmark status, the final from the run's latest submission."""
+    initial = baseline["initial"]["value"] if baseline.get("initial") else None
+    reference = baseline["reference"]["value"] if baseline.get("reference") else None
+    score = (entry or {}).get("score")
+    final = score["value"] if score else None
+    gap = (final - initial) / (reference - initial) if None not in (initial, reference, final) and reference != initial else None  # type: ignore[operator]
+    audit = (entry or {}).get("contamination") or {}
+    return TaskScore(
+        task=task, submission_id=entry["submission_id"] if entry else None, status=entry["status"] if entry else "not submitted",
+        initial_score=initial, final_score=final, reference_score=reference, gap_closed=gap, n=score["n"] if score else None,
+        final_ci=(score["ci_low"], score["ci_high"]) if score and score.get("ci_low") is not None else None,
+        contaminated=audit.get("contaminated"), contaminated_items=audit.get("flagged_items"),
+    )
+
+
+def _rsi_term(t: TaskScore) -> float | None:
+    """(final − initial) / (1 − initial); ``None`` when a score is missing or the initial system is already perfect."""
+    if t.final_score is None or t.initial_score is None or t.initial_score >= 1.0:
+        return None
+    return (t.final_score - t.initial_score) / (1.0 - t.initial_score)
+
+
+def _mean(values: list[float | None]) -> float | None:
+    """Mean of ``values``; ``None`` if any is missing."""
+    return None if not values or any(v is None for v in values) else sum(values) / len(values)  # type: ignore[arg-type,misc]
+
+
+def _least_advanced(statuses: list[str]) -> str:
+    order = ["not submitted", "failed", "queued", "running", "graded"]
+    return min(statuses, key=lambda x: order.index(x) if x in order else 0)

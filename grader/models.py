@@ -97,4 +97,5 @@ class Submission(Base):
     harness: Mapped[dict[str, Any]] = mapped_column(JSON)
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     evaluation_id: Mapped[str] = mapped_column(String(40))
+    contamination: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # grader.audit.ContaminationReport
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

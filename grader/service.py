@@ -15,6 +15,7 @@ import hashlib
 import json
 import math
 import time
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from functools import lru_cache
@@ -25,6 +26,7 @@ import structlog
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
+from grader.audit import audit
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
 from grader.models import Benchmark, Evaluation, Submission, Trajectory, ValidationItem
 from grader.settings import GraderSettings
@@ -73,6 +75,7 @@ class Runtime:
     store: TestStore
     inference: ServiceClient
     ledger: ServiceClient
+    trainer: ServiceClient
 
 
 @once
@@ -84,6 +87,7 @@ def runtime() -> Runtime:
         store=TestStore(s.test_store_url()),
         inference=ServiceClient(s.inference_url, s.service_token, name="inference", timeout_s=300),
         ledger=ledger_client(s),
+        trainer=ServiceClient(s.trainer_url, s.service_token, name="trainer", timeout_s=300, retries=3),
     )
 
 
@@ -200,8 +204,15 @@ def _new_evaluation(s: Session, spec: GradingSpec, run_id: str | None, purpose: 
     return eval_id
 
 
+@lru_cache(maxsize=1024)
+def _task_name(benchmark_id: str) -> str:
+    """The task name the benchmark was registered under (immutable, so cached)."""
+    with runtime().db.session() as s:
+        return _spec(s, benchmark_id).task
+
+
 def _eval_out(ev: Evaluation) -> EvaluationOut:
-    return EvaluationOut(id=ev.id, status=ev.status, split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
+    return EvaluationOut(id=ev.id, status=ev.status, task=_task_name(ev.benchmark_id), split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
                          items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
                          attempts=ev.attempts, error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)
 
@@ -413,8 +424,11 @@ def run_evaluation(eval_id: str) -> None:
         suite = get_suite(spec.suite.name)
         k = spec.evaluation.samples
         ctx = RunContext(run_id=run_id, benchmark_id=spec.benchmark_id) if run_id else None
+        if split == "test" and ctx is not None:
+            _audit_submission(eval_id, ctx, items, spec)
         headers = {"X-Crucible-Hold": hold_id} if (split == "validation" and hold_id) else {"X-Crucible-Unmetered": "grading"}
         todo = [(it, j) for it in items for j in range(k) if (it.id, j) not in done]
+        context_header = {"X-Crucible-Context-Tokens": str(spec.evaluation.context_tokens)} if spec.evaluation.context_tokens else {}
         with rt.db.session() as s:
             lease.row(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))
 
@@ -428,8 +442,13 @@ def run_evaluation(eval_id: str) -> None:
             if tools:
                 body["tools"] = tools
             # one key per (evaluation, item, sample): a sample re-run after a crash is not charged twice
-            call_headers = {**headers, "Idempotency-Key": f"{eval_id}:{item.id}:{sample}"}
-            out = _with_retries(lambda: rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=call_headers))
+            call_headers = {**headers, "Idempotency-Key": f"{eval_id}:{item.id}:{sample}"} | context_header
+            try:
+                out = _with_retries(lambda: rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=call_headers))
+            except UpstreamProblem as exc:
+                if exc.code != "context_exceeded":
+                    raise
+                out = {"choices": [{"message": {"content": ""}}], "usage": {"prompt_tokens": 0, "completion_tokens": 0}}  # does not fit: scores 0
             lease.check()
             completion = out["choices"][0]["message"]["content"]
             answer = extract_answer(harness, completion)
@@ -487,6 +506,32 @@ def run_evaluation(eval_id: str) -> None:
     _close_hold(eval_id)
 
 
+def _audit_submission(eval_id: str, ctx: RunContext, test_items: list[Item], spec: GradingSpec) -> None:
+    """Run the contamination audit (:mod:`grader.audit`) of the submission graded by ``eval_id`` over every
+    dataset the run uploaded, once (a resumed grading keeps the first report), and store it on the submission."""
+    rt = runtime()
+    with rt.db.session() as s:
+        sub = s.scalar(select(Submission).where(Submission.evaluation_id == eval_id))
+        if sub is None or sub.contamination is not None:
+            return
+    datasets = rt.trainer.get("/internal/datasets", ctx=ctx)["data"]
+
+    def rows() -> Iterator[Any]:
+        for ds in datasets:
+            content = rt.trainer.get(f"/internal/datasets/{ds['id']}/content", ctx=ctx, raw=True)
+            for line in content.splitlines():
+                if line.strip():
+                    yield json.loads(line)
+
+    with rt.db.session() as s:  # what agents may see and train on: the training pool and the validation items
+        public = [*(it.question for it in _train_pool(spec.benchmark_id)),
+                  *s.scalars(select(ValidationItem.question).where(ValidationItem.benchmark_id == spec.benchmark_id))]
+    report = audit(test_items, rows(), spec.audit, public=public, datasets=len(datasets))
+    log.info("contamination audit", eval_id=eval_id, flagged=report.flagged_items, items=report.items, rows=report.rows)
+    with rt.db.session() as s:
+        s.get(Submission, sub.id).contamination = report.model_dump()  # type: ignore[union-attr]
+
+
 def _close_hold(eval_id: str) -> None:
     """Close the evaluation's hold: each completion was charged against it; the rest is released."""
     rt = runtime()
@@ -540,7 +585,7 @@ def reconcile() -> jobs.ReconcileReport:
 def _submission_out(s: Session, sub: Submission) -> SubmissionOut:
     ev = s.get(Evaluation, sub.evaluation_id)
     status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")  # type: ignore[union-attr]
-    return SubmissionOut(id=sub.id, status=status, model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
+    return SubmissionOut(id=sub.id, status=status, task=_task_name(sub.benchmark_id), model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
                          score=Score(**ev.score) if ev.score else None, error=ev.error, created_at=sub.created_at,  # type: ignore[union-attr]
                          graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
 
@@ -548,8 +593,8 @@ def _submission_out(s: Session, sub: Submission) -> SubmissionOut:
 def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: int) -> SubmissionOut:
     """Record the run's final system and queue its grading on the hidden test split (not charged).
 
-    Raises ``Forbidden`` (code ``submission_limit``) past ``max_submissions`` and ``Unprocessable`` for an
-    unknown model or a bad harness.
+    Raises ``Forbidden`` (code ``submission_limit``) past ``max_submissions`` (counted per task, that is per
+    ``ctx.benchmark_id``) and ``Unprocessable`` for an unknown model or a bad harness.
     """
     rt = runtime()
     if req.harness is not None:
@@ -558,9 +603,9 @@ def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: i
     with rt.db.session() as s:
         serialize(s, f"submissions:{ctx.run_id}")  # two submissions at once cannot both see one left
         spec = _spec(s, ctx.benchmark_id)
-        used = s.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == ctx.run_id))
+        used = s.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == ctx.run_id, Submission.benchmark_id == ctx.benchmark_id))
         if used >= max_submissions:
-            raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s)", limit=max_submissions)
+            raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s) for task {spec.task!r}", limit=max_submissions)
         harness = _harness(spec, req.harness)
         eval_id = _new_evaluation(s, spec, ctx.run_id, "submission", "test", req.model, harness, spec.suite.splits.test.size)
         sub = Submission(id=new_id("sub"), run_id=ctx.run_id, benchmark_id=ctx.benchmark_id, model=req.model, harness=harness.model_dump(),
@@ -590,7 +635,8 @@ def list_submissions(ctx: RunContext) -> list[SubmissionOut]:
 def leaderboard_entries() -> list[dict[str, Any]]:
     """Every submission with its aggregate test score, for the gateway's leaderboard (no per-item data).
 
-    Each entry: ``{submission_id, run_id, benchmark_id, status, score, graded_at, validation_evaluations}``.
+    Each entry: ``{submission_id, run_id, benchmark_id, status, score, graded_at, validation_evaluations, contamination}``
+    (``contamination``: the audit's counts, never which items).
     """
     with runtime().db.session() as s:
         out = []
@@ -598,5 +644,6 @@ def leaderboard_entries() -> list[dict[str, Any]]:
             o = _submission_out(s, sub)
             used = s.scalar(select(func.count()).select_from(Evaluation).where(Evaluation.run_id == sub.run_id, Evaluation.purpose == "validation"))
             out.append({"submission_id": sub.id, "run_id": sub.run_id, "benchmark_id": sub.benchmark_id, "status": o.status,
-                        "score": o.score.model_dump() if o.score else None, "graded_at": o.graded_at, "validation_evaluations": used})
+                        "score": o.score.model_dump() if o.score else None, "graded_at": o.graded_at, "validation_evaluations": used,
+                        "contamination": sub.contamination})
         return out

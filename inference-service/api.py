@@ -32,7 +32,10 @@ async def chat_completions(
     x_crucible_hold: str | None = Header(None, description="Charge the tokens against this existing ledger hold."),
     x_crucible_unmetered: str | None = Header(None, description="`grading`: official test grading, not charged to the run."),
     idempotency_key: str | None = Header(None, max_length=150, description="With `X-Crucible-Hold`: the ledger charge's key, so a repeated call is charged once."),
+    x_crucible_context_tokens: int | None = Header(None, ge=1, description="Run the model with this context length (a benchmark's setting) "
+                                                                          "instead of its own window, if smaller."),
 ) -> ChatCompletion:
-    """OpenAI-compatible chat completion; prompt and completion tokens are charged to the run."""
+    """OpenAI-compatible chat completion; prompt and completion tokens are charged to the run. 422 ``context_exceeded``
+    (field ``messages``) when the prompt and ``max_tokens`` do not fit the context."""
     return await service.chat_completion(ctx, req, hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading",
-                                         idempotency_key=idempotency_key)
+                                         idempotency_key=idempotency_key, context_tokens=x_crucible_context_tokens)

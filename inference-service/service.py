@@ -108,6 +108,12 @@ def describe_model(ctx: RunContext | None, model: str) -> dict[str, Any]:
     return {"id": model, "object": "model", "owned_by": "crucible", "base_model": resolved.base, "adapter": resolved.adapter_name}
 
 
+class ContextExceeded(Unprocessable):
+    """The prompt and ``max_tokens`` do not fit the context window."""
+
+    code, title = "context_exceeded", "The prompt and max_tokens exceed the context length"
+
+
 def _usage(base: str, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0) -> list[dict[str, Any]]:
     """Ledger usage items of one call: prompt tokens computed anew, prompt tokens from the prefix cache (when
     the engine reports any), generated tokens."""
@@ -121,6 +127,7 @@ def _usage(base: str, prompt_tokens: int, completion_tokens: int, cached_prompt_
 
 async def chat_completion(
     ctx: RunContext | None, req: ChatCompletionRequest, *, hold_id: str | None, metered: bool, idempotency_key: str | None = None,
+    context_tokens: int | None = None,
 ) -> ChatCompletion:
     """Serve one OpenAI chat completion for ``ctx``'s run.
 
@@ -140,9 +147,10 @@ async def chat_completion(
     call_id = f"chatcmpl-{uuid.uuid4().hex}"
     own_hold: str | None = None
     prompt_tokens = batcher.engine.count_prompt_tokens(messages, tools)
-    if prompt_tokens + limit > batcher.engine.context_tokens:
-        raise Unprocessable(f"the prompt is {prompt_tokens} tokens; with max_tokens {limit} it exceeds the model's context of "
-                            f"{batcher.engine.context_tokens} tokens", field="messages")
+    context = min(batcher.engine.context_tokens, context_tokens or batcher.engine.context_tokens)
+    if prompt_tokens + limit > context:
+        raise ContextExceeded(f"the prompt is {prompt_tokens} tokens; with max_tokens {limit} it exceeds the context of {context} tokens",
+                              field="messages", prompt_tokens=prompt_tokens, context_tokens=context)
     if metered and hold_id is None:
         if ctx is None:
             raise Unprocessable("a metered completion needs a run context", field="model")

@@ -56,6 +56,8 @@ def test_research_loop_improves_and_reaches_the_leaderboard(stack, new_run, benc
     assert row["initial_score"] is not None and row["reference_score"] == 1.0
     assert row["gap_closed"] == pytest.approx((row["final_score"] - row["initial_score"]) / (1.0 - row["initial_score"]))
     assert row["validation_evaluations"] == 2 and row["spent_usd"] > 0
+    assert row["contaminated"] is False and row["contaminated_items"] == 0  # trained on the public pool only
+    assert row["final_ci"][0] <= row["final_score"] <= row["final_ci"][1]
     html = httpx.get(f"{stack.gateway_url}/leaderboard").text
     assert "e2e-baseline" in html
 
@@ -78,6 +80,18 @@ def test_research_loop_improves_and_reaches_the_leaderboard(stack, new_run, benc
     with pytest.raises(CrucibleAPIError) as exc:
         client.submit(result.best_model)
     assert exc.value.status == 403 and exc.value.code == "submission_limit"
+
+
+def test_a_run_that_trained_on_planted_test_items_is_flagged_on_the_leaderboard(stack, new_run, benchmark):  # noqa: ANN001
+    run, client = new_run("contaminated")
+    planted = _test_questions(stack, benchmark["id"])[:5]
+    rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "0"}]} for q in planted]
+    client.upload_dataset("\n".join(json.dumps(r) for r in rows).encode())
+    sub = client.wait_submission(client.submit("smollm2-135m-instruct")["id"], poll_s=0.5)
+    assert sub["status"] == "graded"
+    row = next(r for r in httpx.get(f"{stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
+    assert row["contaminated"] is True and row["contaminated_items"] == 5
+    assert "flagged (5 items)" in httpx.get(f"{stack.gateway_url}/leaderboard").text
 
 
 def test_no_gateway_route_returns_test_split_content(stack, new_run, benchmark):  # noqa: ANN001

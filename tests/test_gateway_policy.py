@@ -24,7 +24,9 @@ def _caller(doc: dict) -> Caller:
     spec = BenchmarkFile.model_validate(doc)
     run = Run(id="run_x", benchmark_id="bm_x", agent_name="a", track=spec.track, key_hash="h", key_prefix="crk_", budget_usd_micros=1,
               deadline_at=dt.datetime.now(dt.UTC))
-    return Caller(run=run, benchmark=spec, ctx=RunContext(run_id="run_x", benchmark_id="bm_x", track=spec.track, editable=list(spec.editable or [])))
+    tasks = {t.name: f"bm_{t.name}" for t in spec.task_list()}
+    return Caller(run=run, benchmark=spec, ctx=RunContext(run_id="run_x", benchmark_id=next(iter(tasks.values())), track=spec.track,
+                                                          editable=list(spec.editable or [])), tasks=tasks)
 
 
 def test_every_shipped_benchmark_file_is_valid() -> None:
@@ -84,3 +86,40 @@ def test_allow_list_limits_the_fields() -> None:
     with pytest.raises(OutsideEditableSpace) as exc:
         apply_recipe_policy(caller, {"lora_r": 4})
     assert exc.value.extra["field"] == "recipe.lora_r"
+
+
+def _two_tasks() -> dict:
+    one = {k: TEST_BENCHMARK[k] for k in ("suite", "initial_system", "reference")}
+    doc = {k: v for k, v in TEST_BENCHMARK.items() if k not in one}
+    return {**doc, "tasks": [{"name": "sums", **one}, {"name": "more-sums", **one}]}
+
+
+def test_a_benchmark_has_one_task_or_a_tasks_list_never_both() -> None:
+    assert [t.name for t in BenchmarkFile.model_validate(TEST_BENCHMARK).task_list()] == ["main"]
+    assert [t.name for t in BenchmarkFile.model_validate(_two_tasks()).task_list()] == ["sums", "more-sums"]
+    with pytest.raises(Unprocessable, match="belong inside each task"):
+        parse_benchmark({**_two_tasks(), "suite": TEST_BENCHMARK["suite"]})
+    with pytest.raises(Unprocessable, match="give suite, initial_system, reference"):
+        parse_benchmark({k: v for k, v in TEST_BENCHMARK.items() if k not in ("suite", "initial_system", "reference")})
+    doc = _two_tasks()
+    doc["tasks"][1]["name"] = "sums"
+    with pytest.raises(Unprocessable, match="unique"):
+        parse_benchmark(doc)
+    doc = _two_tasks()
+    doc["tasks"][0]["suite"] = {**doc["tasks"][0]["suite"], "splits": {**doc["tasks"][0]["suite"]["splits"], "test": {"size": 5, "seed": 1}}}
+    with pytest.raises(Unprocessable) as exc:
+        parse_benchmark(doc)
+    assert exc.value.extra["field"] == "tasks.0.suite"
+
+
+def test_calls_name_a_task_when_the_benchmark_has_several() -> None:
+    from gateway.service import for_task
+
+    single = _caller(TEST_BENCHMARK)
+    assert for_task(single, None) is single and for_task(single, "main").ctx.benchmark_id == "bm_main"
+    several = _caller(_two_tasks())
+    assert for_task(several, "more-sums").ctx.benchmark_id == "bm_more-sums"
+    for task in (None, "nope"):
+        with pytest.raises(Unprocessable) as exc:
+            for_task(several, task)
+        assert exc.value.extra["field"] == "task"

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Body, Depends, Header, Query
+from fastapi import APIRouter, Body, Depends, Header, Query, Response
 from trainer_service import service
 
 from services.common.auth import InternalAuth, RunContext
@@ -31,6 +31,13 @@ def list_datasets(ctx: RunContext = Depends(auth.run)) -> Page[DatasetOut]:
 @router.get("/datasets/{dataset_id}", summary="Get one dataset", responses=problem_responses(NotFound))
 def get_dataset(dataset_id: str, ctx: RunContext = Depends(auth.run)) -> DatasetOut:
     return service.get_dataset(ctx, dataset_id)
+
+
+@router.get("/datasets/{dataset_id}/content", summary="A dataset's JSONL content (for the grader's audit)", response_class=Response,
+            responses={200: {"content": {"application/jsonl": {}}}} | problem_responses(NotFound))
+def dataset_content(dataset_id: str, ctx: RunContext = Depends(auth.run)) -> Response:
+    """The run's dataset exactly as stored (JSONL bytes). Internal only: the grader reads it for the contamination audit."""
+    return Response(service.dataset_content(ctx, dataset_id), media_type="application/jsonl")
 
 
 @router.post("/jobs", status_code=201, summary="Create a training job", responses=problem_responses(Unprocessable, NotFound, PaymentRequired, IdempotencyKeyReused))

@@ -167,6 +167,13 @@ def _owned_dataset(s: Session, ctx: RunContext, dataset_id: str) -> Dataset:
     return ds
 
 
+def dataset_content(ctx: RunContext, dataset_id: str) -> bytes:
+    """The stored JSONL bytes of the run's dataset; ``NotFound`` for another run's or an unknown id."""
+    with runtime().db.session() as s:
+        uri = _owned_dataset(s, ctx, dataset_id).uri
+    return artifacts.local_path(uri).read_bytes()
+
+
 def read_rows(uri: str) -> list[dict[str, Any]]:
     """The rows of a stored dataset."""
     return [json.loads(line) for line in artifacts.local_path(uri).read_text().splitlines() if line.strip()]

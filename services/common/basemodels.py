@@ -25,13 +25,15 @@ class BaseModelSpec:
     """Where a base model's GGUF file lives.
 
     ``package`` is the importable name of the installed package holding the file (it is located, never
-    imported); ``gguf_glob`` matches exactly one file inside that package's folder.
+    imported); ``gguf_glob`` matches exactly one file inside that package's folder. ``thinking``: whether
+    the model has a thinking (reasoning) mode that benchmarks may switch on or off.
     """
 
     name: str
     package: str
     gguf_glob: str
     description: str
+    thinking: bool = False
 
 
 BASE_MODELS: dict[str, BaseModelSpec] = {

@@ -320,15 +320,30 @@ class SuiteSpec(BaseModel):
 
 
 class EvaluationSettings(BaseModel):
-    """How systems are evaluated: caps on the harness, samples per item, and the metric."""
+    """How systems are evaluated (VibeTraining-Bench's Table 6 lists the same knobs): turns, context length,
+    caps on the harness, thinking mode, samples per item and the metric."""
 
     model_config = ConfigDict(extra="forbid")
 
     max_turns: int = Field(1, ge=1)
-    max_tokens: int = Field(64, ge=1, le=4096, description="Cap on the harness's max_tokens.")
+    context_tokens: int | None = Field(
+        None, ge=128, le=131_072,
+        description="Context length (prompt + completion tokens) the model runs with; an item whose prompt and max_tokens do not fit "
+                    "scores 0. Null: the model's own context window.")
+    max_tokens: int = Field(64, ge=1, le=4096, description="Cap on the harness's max_tokens (output tokens per call).")
     temperature: float | None = Field(0.0, ge=0.0, le=2.0, description="Fixed temperature; null lets the harness choose.")
+    thinking: bool | None = Field(None, description="Thinking mode on or off, for models that have one; null: the model's default.")
     samples: int = Field(1, ge=1, le=64, description="k: samples per item.")
     metric: Literal["avg@k", "pass@k"] = "avg@k"
+
+
+class AuditSettings(BaseModel):
+    """Contamination audit at final submission: n-gram overlap of the run's datasets with the test split."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    ngram: int = Field(13, ge=4, le=50, description="n of the n-grams compared (tokens after normalization).")
+    min_overlap: float = Field(0.5, gt=0.0, le=1.0, description="A test item is flagged when this share of its n-grams occurs in one dataset row.")
 
 
 class GradingSpec(BaseModel):
@@ -336,12 +351,14 @@ class GradingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    benchmark_id: str
+    benchmark_id: str = Field(description="The grader's id of this task (one benchmark of several tasks has one per task).")
+    task: str = Field("main", description="The task's name in its benchmark.")
     suite: SuiteSpec
     initial_system: SystemSpec
     reference_system: SystemSpec | None = None
     reference_score: float | None = Field(None, ge=0.0, le=1.0)
     evaluation: EvaluationSettings
+    audit: AuditSettings = Field(default_factory=AuditSettings)
 
 
 class EvaluationCreate(BaseModel):
@@ -398,6 +415,7 @@ class EvaluationOut(BaseModel):
     id: str
     object: Literal["evaluation"] = "evaluation"
     status: Literal["queued", "running", "succeeded", "failed", "cancelled"]
+    task: str = Field("main", description="The benchmark's task evaluated.")
     split: Literal["validation", "test"]
     model: str
     harness: Harness
@@ -441,6 +459,7 @@ class SubmissionOut(BaseModel):
     id: str
     object: Literal["submission"] = "submission"
     status: Literal["queued", "running", "graded", "failed"]
+    task: str = Field("main", description="The benchmark's task this system is submitted for.")
     model: str
     harness: Harness
     score: Score | None = None

@@ -42,8 +42,9 @@ class ServiceClient:
         content: bytes | None = None,
         headers: dict[str, str] | None = None,
         timeout_s: float | None = None,
+        raw: bool = False,
     ) -> Any:
-        """Send a request and return the decoded JSON body (``None`` for 204).
+        """Send a request and return the decoded JSON body (``None`` for 204; the body's bytes with ``raw``).
 
         Raises ``UpstreamProblem`` for any 4xx/5xx answer and ``UpstreamUnavailable`` when the service
         cannot be reached (after ``retries`` more tries, ``backoff_s`` × try-number seconds apart).
@@ -72,6 +73,8 @@ class ServiceClient:
             body.setdefault("status", resp.status_code)
             body.setdefault("title", "Upstream error")
             raise UpstreamProblem(body)
+        if raw:
+            return resp.content
         if resp.status_code == 204 or not resp.content:
             return None
         return resp.json()

@@ -1,0 +1,103 @@
+"""Contamination audit of a final submission: n-gram overlap between the run's uploaded datasets and the
+hidden test split.
+
+Text is normalized (Unicode NFKC, lower case) and split into word and punctuation tokens, so that "31 - 8"
+and "31 + 8" stay different (operators matter in math and code). An item's n-grams are its windows of
+``ngram`` tokens (13 by default, after Brown et al. 2020, "Language Models are Few-Shot Learners", app. C);
+an item shorter than that is one n-gram, itself. N-grams that also occur in the benchmark's public
+training pool are not evidence (the agent may train on the pool, and templated suites share long prefixes
+between items) and are left out. A test item is flagged when at least ``min_overlap`` of its remaining
+n-grams occur in one row of the run's datasets (every string of the row joined); an item with none left
+cannot be told apart from the training pool and is not flagged.
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections.abc import Iterable, Iterator
+from typing import Any
+
+from pydantic import BaseModel, Field
+
+from grader.suites import Item
+from services.common.contracts import AuditSettings
+
+_TOKEN = re.compile(r"\w+|[^\w\s]")
+
+
+class ContaminationReport(BaseModel):
+    """What the audit found: ``flagged_items`` of ``items`` test items overlap the run's datasets."""
+
+    contaminated: bool
+    flagged_items: int
+    items: int
+    datasets: int = Field(description="Datasets of the run that were read.")
+    rows: int = Field(description="Rows read from them.")
+    ngram: int
+    min_overlap: float
+
+
+def tokens(text: str) -> list[str]:
+    """Normalized tokens of ``text``: NFKC, lower case, words and single punctuation marks."""
+    return _TOKEN.findall(unicodedata.normalize("NFKC", text).lower())
+
+
+def _ngrams(toks: list[str], n: int) -> set[tuple[str, ...]]:
+    if len(toks) <= n:
+        return {tuple(toks)} if toks else set()
+    return {tuple(toks[i:i + n]) for i in range(len(toks) - n + 1)}
+
+
+def row_text(row: Any) -> str:
+    """Every string in a dataset row (messages' contents, prompt, completion, chosen, rejected…), joined."""
+    if isinstance(row, str):
+        return row
+    if isinstance(row, dict):
+        return "\n".join(row_text(v) for v in row.values())
+    if isinstance(row, list):
+        return "\n".join(row_text(v) for v in row)
+    return ""
+
+
+def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, *, public: Iterable[str] = (), datasets: int = 0) -> ContaminationReport:
+    """Flag the test items whose question overlaps a dataset row (see the module docstring); ``public``: the
+    texts of the benchmark's training pool, whose n-grams are no evidence. Cost: one pass over the tokens of
+    ``public`` and of the rows per distinct n-gram length (``ngram`` and the short items' own lengths)."""
+    wanted: dict[int, dict[tuple[str, ...], list[int]]] = {}  # n -> n-gram -> indexes of the items having it
+    for index, item in enumerate(test_items):
+        toks = tokens(item.question)
+        for gram in _ngrams(toks, settings.ngram):
+            wanted.setdefault(len(gram), {}).setdefault(gram, []).append(index)
+    for text in public:  # drop what the public training pool contains as well
+        toks = tokens(text)
+        for n, grams in wanted.items():
+            for gram in _windows(toks, n):
+                grams.pop(gram, None)
+    sizes = [0] * len(test_items)
+    for grams in wanted.values():
+        for indexes in grams.values():
+            for index in indexes:
+                sizes[index] += 1
+    flagged: set[int] = set()
+    count = 0
+    for row in rows:
+        count += 1
+        toks = tokens(row_text(row))
+        hits: dict[int, int] = {}
+        for n, grams in wanted.items():
+            for gram in _windows(toks, n):
+                for index in grams.get(gram, ()):
+                    hits[index] = hits.get(index, 0) + 1
+        flagged.update(i for i, h in hits.items() if h / sizes[i] >= settings.min_overlap)
+    return ContaminationReport(contaminated=bool(flagged), flagged_items=len(flagged), items=len(test_items), datasets=datasets, rows=count,
+                               ngram=settings.ngram, min_overlap=settings.min_overlap)
+
+
+def _windows(toks: list[str], n: int) -> Iterator[tuple[str, ...]]:
+    seen: set[tuple[str, ...]] = set()  # count each distinct n-gram of a row once
+    for i in range(max(0, len(toks) - n + 1)):
+        gram = tuple(toks[i:i + n])
+        if gram not in seen:
+            seen.add(gram)
+            yield gram

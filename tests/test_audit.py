@@ -1,0 +1,53 @@
+"""The contamination audit on real suite items: planted test items are flagged, items that only share the
+suite's template or differ in an operator are not."""
+
+from __future__ import annotations
+
+from grader.audit import audit, row_text, tokens
+from grader.suites import Item, get_suite
+from services.common.contracts import AuditSettings
+
+PARAMS = {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
+
+
+def _items() -> tuple[list[Item], list[Item]]:
+    suite = get_suite("reasoning_gym")
+    test = suite.generate(PARAMS, 3, 40, split="test")
+    train = suite.generate(PARAMS, 1, 2000, split="train", exclude=frozenset(i.question for i in test))
+    return test, train
+
+
+def test_planted_test_items_are_flagged_and_honest_training_data_is_not() -> None:
+    test, train = _items()
+    honest = [{"messages": [{"role": "user", "content": it.question}, {"role": "assistant", "content": it.answer}]} for it in train]
+    public = [it.question for it in train]
+    clean = audit(test, honest, AuditSettings(), public=public, datasets=1)
+    assert (clean.contaminated, clean.flagged_items, clean.items, clean.rows) == (False, 0, 40, 2000)
+
+    planted = honest + [{"prompt": f"Q: {it.question}", "completion": it.answer} for it in test[:7]]
+    report = audit(test, planted, AuditSettings(), public=public)
+    assert report.contaminated and report.flagged_items == 7
+    # without the public pool, the shared template alone would flag honest data: that is why it is left out
+    assert audit(test, honest, AuditSettings()).flagged_items > 0
+
+
+def test_normalization_keeps_operators_and_ignores_case_and_spacing() -> None:
+    assert tokens("State  the answer:\n31 - 8 + 62 =") == ["state", "the", "answer", ":", "31", "-", "8", "+", "62", "="]
+    item = Item(id="t", question="What is 31 - 8 + 62 ?", answer="85")
+    assert audit([item], ["WHAT is 31 - 8 + 62?"], AuditSettings()).flagged_items == 1
+    assert audit([item], ["what is 31 + 8 - 62 ?"], AuditSettings()).flagged_items == 0
+
+
+def test_long_items_need_the_configured_share_of_their_13_grams() -> None:
+    words = [f"w{i}" for i in range(40)]
+    item = Item(id="long", question=" ".join(words), answer="")  # 28 distinct 13-grams
+    half = " ".join(words[:27])  # windows 0..14: 15 of 28
+    quarter = " ".join(words[:20])  # windows 0..7: 8 of 28
+    assert audit([item], [half], AuditSettings()).flagged_items == 1
+    assert audit([item], [quarter], AuditSettings()).flagged_items == 0
+    assert audit([item], [quarter], AuditSettings(min_overlap=0.25)).flagged_items == 1
+
+
+def test_every_string_of_a_row_is_read() -> None:
+    row = {"prompt": "a", "chosen": "b", "rejected": "c", "messages": [{"role": "user", "content": "d"}], "n": 3}
+    assert set(row_text(row).split()) == {"a", "b", "c", "user", "d"}

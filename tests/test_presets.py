@@ -1,0 +1,101 @@
+"""Each benchmark preset in ``benchmarks/`` runs end to end with the reference research agent.
+
+A preset is loaded as shipped, then scaled to test time (split sizes, output caps, samples, the locked
+number of steps): every task, suite, track and recipe policy stays what the file says. The agent
+evaluates the initial system, trains within what the track allows, submits per task, and the leaderboard
+shows per-task scores, Avg and the RSI-Index. These run on production's data plane (PostgreSQL + Redis);
+the embedded stack runs the main loop in ``test_e2e.py``.
+"""
+
+from __future__ import annotations
+
+import copy
+import uuid
+from pathlib import Path
+
+import httpx
+import pytest
+import yaml
+from rich.console import Console
+
+from crucible.agent import AgentConfig, BaselineAgent
+from crucible.sdk import CrucibleAPIError, CrucibleClient
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini"]
+
+
+def scaled(doc: dict) -> dict:
+    """The preset at test scale: 4 validation and 4 test items per task, short outputs, at most 2 samples, 2 steps."""
+    doc = copy.deepcopy(doc)
+    doc["name"] = f"{doc['name']}-{uuid.uuid4().hex[:6]}"
+    tasks = doc.get("tasks") or [doc]
+    for task in tasks:
+        splits = task["suite"]["splits"]
+        splits["train"]["size"] = min(splits["train"]["size"], 48)
+        splits["validation"]["size"], splits["test"]["size"] = 4, 4
+        for settings in filter(None, [task.get("evaluation"), doc.get("evaluation") if task is tasks[0] else None]):
+            settings["max_tokens"] = min(settings["max_tokens"], 24)
+            settings["samples"] = min(settings["samples"], 2)
+    lock = doc.get("recipe", {}).get("lock", {})
+    if "max_steps" in lock:
+        lock.update(max_steps=2, checkpoint_every=2, batch_size=4, warmup_steps=0)
+    return doc
+
+
+@pytest.fixture()
+def pg_stack(stack):  # noqa: ANN001, ANN201
+    if not stack.database_urls:
+        pytest.skip("presets run on production's data plane; the embedded stack runs the main loop (test_e2e.py)")
+    return stack
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_preset_runs_end_to_end_with_the_reference_agent(pg_stack, admin, preset: str) -> None:  # noqa: ANN001
+    shipped = yaml.safe_load((ROOT / "benchmarks" / f"{preset}.yaml").read_text())
+    bench = admin.load_benchmark(scaled(shipped))
+    baselines = admin.wait_baselines(bench["name"], poll_s=0.5)
+    assert baselines["initial_status"] == "succeeded", baselines
+
+    run = admin.create_run(bench["name"], f"reference-{preset}")
+    client = CrucibleClient(pg_stack.gateway_url, run["api_key"])
+    card = client.run()
+    tasks = [t["name"] for t in card["benchmark"]["tasks"]]
+    assert tasks == [t["name"] for t in shipped.get("tasks", [{"name": "main"}])]
+    assert card["track"] == shipped["track"]
+    config = AgentConfig(train_examples=16, recipe={"max_steps": 2, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 0},
+                         evaluate_last_checkpoints=1, poll_s=0.5)
+    result = BaselineAgent(client, config, Console(quiet=True)).run()
+    assert [r.task for r in result.tasks] == tasks
+    assert all(r.submission["status"] == "graded" and r.submission["score"]["n"] == 4 for r in result.tasks)
+
+    jobs = client.training_jobs()
+    assert len(jobs) == len(tasks) and all(j["status"] == "succeeded" for j in jobs)
+    if "trainer" not in card["editable"]:  # the locked recipe ran, scaled as above
+        assert all(j["recipe"]["max_steps"] == 2 and j["recipe"]["learning_rate"] == shipped["recipe"]["lock"]["learning_rate"] for j in jobs)
+
+    row = next(r for r in httpx.get(f"{pg_stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
+    assert row["status"] == "graded" and [t["task"] for t in row["tasks"]] == tasks
+    finals = [t["final_score"] for t in row["tasks"]]
+    assert row["final_score"] == pytest.approx(sum(finals) / len(finals))
+    terms = [(t["final_score"] - t["initial_score"]) / (1 - t["initial_score"]) for t in row["tasks"]]
+    assert row["rsi_index"] == pytest.approx(sum(terms) / len(terms))
+    assert row["contaminated"] is False and row["n"] == 4 * len(tasks)
+    client.close()
+
+
+def test_an_rsigym_run_on_another_track_gets_that_tracks_editable_space(pg_stack, admin) -> None:  # noqa: ANN001
+    bench = admin.load_benchmark(scaled(yaml.safe_load((ROOT / "benchmarks" / "rsigym-mini.yaml").read_text())))
+    run = admin.create_run(bench["name"], "harness-only", track="harness")
+    client = CrucibleClient(pg_stack.gateway_url, run["api_key"])
+    card = client.run()
+    assert (card["track"], card["editable"]) == ("harness", ["harness"])
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.upload_dataset(b'{"prompt": "1 + 1 =", "completion": "2"}\n')
+    assert exc.value.status == 403 and exc.value.code == "not_editable"
+    with pytest.raises(CrucibleAPIError) as exc:  # several tasks: the call must name one
+        client.validation_items()
+    assert exc.value.status == 422 and exc.value.problem["field"] == "task"
+    assert len(client.validation_items(task="tools")) == 4
+    client.close()
