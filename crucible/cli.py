@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import os
 import signal
 import sys
@@ -228,11 +229,39 @@ def admin_load_benchmark(path: Path, gateway: GatewayUrl = "http://127.0.0.1:800
     console.print(f"benchmark {bm['name']} loaded as {bm['id']}")
 
 
+@admin_app.command("check-benchmark")
+def admin_check_benchmark(path: Path) -> None:
+    """Validate a benchmark YAML file locally (no server): prints its tasks, or the offending key and why. (Suite
+    params are checked by the grader when the benchmark is loaded.)"""
+    from gateway.service import parse_benchmark
+    from services.common.errors import Unprocessable
+
+    try:
+        spec = parse_benchmark(yaml.safe_load(path.read_text()))
+    except (OSError, yaml.YAMLError) as exc:
+        console.print(f"[red]✗[/] {path}: {exc}")
+        raise typer.Exit(1) from None
+    except Unprocessable as exc:
+        console.print(f"[red]✗[/] {path}: {exc.detail}")
+        raise typer.Exit(1) from None
+    tasks = ", ".join(f"{t.name} ({t.suite.name})" for t in spec.task_list())
+    console.print(f"[green]✓[/] {spec.name}: track {spec.track}, tasks {tasks}")
+
+
+@admin_app.command("benchmark-schema")
+def admin_benchmark_schema() -> None:
+    """Print the JSON schema of benchmark files."""
+    from gateway.schemas import BenchmarkFile
+
+    print(json.dumps(BenchmarkFile.model_json_schema(), indent=2))
+
+
 @admin_app.command("create-run")
 def admin_create_run(benchmark: str, agent_name: Annotated[str, typer.Option("--agent")], budget_usd: float | None = None, hours: float | None = None,
+                     track: Annotated[str | None, typer.Option(help="Run on another track than the file's: data, trainer, harness or joint.")] = None,
                      gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
     """Create a run; prints its API key once."""
-    overrides = {k: v for k, v in {"budget_usd": budget_usd, "wall_clock_hours": hours}.items() if v is not None}
+    overrides = {k: v for k, v in {"budget_usd": budget_usd, "wall_clock_hours": hours, "track": track}.items() if v is not None}
     try:
         run = _admin(gateway, data_dir).create_run(benchmark, agent_name, **overrides)
     except CrucibleAPIError as exc:

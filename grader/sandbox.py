@@ -38,6 +38,8 @@ from functools import lru_cache
 from pathlib import Path
 from typing import IO
 
+import structlog
+
 _PYTHON = os.path.realpath(getattr(sys, "_base_executable", sys.executable))
 _FSIZE_BYTES = 16 * 1024 * 1024
 _TAIL_BYTES = 4096
@@ -108,7 +110,16 @@ def _run(work: Path, isolation: str, timeout_s: float, memory_mb: int, stdout: i
 
 @lru_cache(maxsize=1)
 def available_isolation() -> str:
-    """``"bwrap"`` if ``bwrap`` is on ``PATH`` and runs a trivial program here, else ``"rlimits"`` (cached)."""
+    """``"bwrap"`` if ``bwrap`` is on ``PATH`` and runs a trivial program here, else ``"rlimits"`` (cached; the
+    fallback is logged once as a warning, since it leaves the network reachable)."""
+    isolation = _probe()
+    if isolation == "rlimits":
+        structlog.get_logger("sandbox").warning("bubblewrap is missing or cannot run here: sandboxed programs get resource limits only, "
+                                                "with the network reachable", bwrap=shutil.which("bwrap"))
+    return isolation
+
+
+def _probe() -> str:
     if shutil.which("bwrap") is None:
         return "rlimits"
     with tempfile.TemporaryDirectory(prefix="crucible-sandbox-") as root:

@@ -24,7 +24,7 @@ from urllib.parse import quote
 
 import structlog
 from sqlalchemy import func, select
-from sqlalchemy.orm import Session
+from sqlalchemy.orm import Session, object_session
 
 from grader.audit import audit
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
@@ -204,15 +204,19 @@ def _new_evaluation(s: Session, spec: GradingSpec, run_id: str | None, purpose: 
     return eval_id
 
 
-@lru_cache(maxsize=1024)
-def _task_name(benchmark_id: str) -> str:
-    """The task name the benchmark was registered under (immutable, so cached)."""
-    with runtime().db.session() as s:
-        return _spec(s, benchmark_id).task
+_TASK_NAMES: dict[str, str] = {}  # benchmark id -> its task name (immutable once registered)
+
+
+def _task_name(s: Session, benchmark_id: str) -> str:
+    """The task name the benchmark was registered under, read in session ``s`` (a second session could wait
+    on ``s``'s own write lock on SQLite), then cached."""
+    if benchmark_id not in _TASK_NAMES:
+        _TASK_NAMES[benchmark_id] = _spec(s, benchmark_id).task
+    return _TASK_NAMES[benchmark_id]
 
 
 def _eval_out(ev: Evaluation) -> EvaluationOut:
-    return EvaluationOut(id=ev.id, status=ev.status, task=_task_name(ev.benchmark_id), split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
+    return EvaluationOut(id=ev.id, status=ev.status, task=_task_name(object_session(ev), ev.benchmark_id), split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
                          items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
                          attempts=ev.attempts, error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)
 
@@ -585,7 +589,7 @@ def reconcile() -> jobs.ReconcileReport:
 def _submission_out(s: Session, sub: Submission) -> SubmissionOut:
     ev = s.get(Evaluation, sub.evaluation_id)
     status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")  # type: ignore[union-attr]
-    return SubmissionOut(id=sub.id, status=status, task=_task_name(sub.benchmark_id), model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
+    return SubmissionOut(id=sub.id, status=status, task=_task_name(s, sub.benchmark_id), model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
                          score=Score(**ev.score) if ev.score else None, error=ev.error, created_at=sub.created_at,  # type: ignore[union-attr]
                          graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
 

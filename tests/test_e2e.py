@@ -8,9 +8,11 @@ import time
 
 import httpx
 import pytest
+import yaml
 
 from crucible.agent import AgentConfig, BaselineAgent
-from crucible.sdk import CrucibleAPIError
+from crucible.sdk import CrucibleAPIError, CrucibleClient
+from tests.conftest import TEST_BENCHMARK
 
 pytestmark = pytest.mark.e2e
 
@@ -92,6 +94,32 @@ def test_a_run_that_trained_on_planted_test_items_is_flagged_on_the_leaderboard(
     row = next(r for r in httpx.get(f"{stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
     assert row["contaminated"] is True and row["contaminated_items"] == 5
     assert "flagged (5 items)" in httpx.get(f"{stack.gateway_url}/leaderboard").text
+
+
+def test_the_same_system_evaluated_twice_gets_identical_scores_and_completions(stack, new_run):  # noqa: ANN001
+    _, client = new_run("twice")
+    first, second = (client.wait_evaluation(client.create_evaluation("smollm2-135m-instruct", limit=6)["id"], poll_s=0.5) for _ in range(2))
+    assert first["score"] == second["score"] and first["score"]["n"] == 6
+    assert first["score"]["ci_low"] <= first["score"]["value"] <= first["score"]["ci_high"]
+    completions = [[(t["item_id"], t["completion"], t["score"]) for t in client.trajectories(ev["id"])] for ev in (first, second)]
+    assert completions[0] == completions[1]
+
+
+def test_an_item_that_does_not_fit_the_benchmarks_context_length_scores_zero(stack, admin):  # noqa: ANN001
+    doc = yaml.safe_load(yaml.safe_dump(TEST_BENCHMARK))
+    doc["name"] = f"chain-sum-short-context-{stack.port_base}"
+    doc["suite"]["splits"]["test"]["size"] = 2
+    doc["evaluation"]["context_tokens"] = 128
+    admin.load_benchmark(doc)
+    run = admin.create_run(doc["name"], "short-context")
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
+    fits = client.wait_evaluation(client.create_evaluation("smollm2-135m-instruct", limit=2)["id"], poll_s=0.5)
+    assert fits["status"] == "succeeded" and all(t["completion"] for t in client.trajectories(fits["id"]))
+    long_prompt = {"system_prompt": "Think about the sum carefully. " * 30, "user_template": "{{ question }}", "answer_extraction": "first_line"}
+    too_long = client.wait_evaluation(client.create_evaluation("smollm2-135m-instruct", harness=long_prompt, limit=2)["id"], poll_s=0.5)
+    assert too_long["status"] == "succeeded" and too_long["score"]["value"] == 0.0
+    assert [(t["completion"], t["answer"], t["score"]) for t in client.trajectories(too_long["id"])] == [("", None, 0.0)] * 2
+    client.close()
 
 
 def test_no_gateway_route_returns_test_split_content(stack, new_run, benchmark):  # noqa: ANN001

@@ -44,6 +44,8 @@ def test_every_shipped_benchmark_file_is_valid() -> None:
     (lambda d: d["recipe"].update(lock={"lernrate": 1}), "recipe"),
     (lambda d: d.update(reference={}), "reference"),
     (lambda d: d.update(surprise=1), "surprise"),
+    (lambda d: d["evaluation"].update(thinking=True), "evaluation.thinking"),  # SmolLM2 has no thinking mode
+    (lambda d: d["evaluation"].update(context_tokens=64), "evaluation.context_tokens"),
 ])
 def test_bad_benchmark_file_names_the_key(mutate, field: str) -> None:  # noqa: ANN001
     doc = copy.deepcopy(TEST_BENCHMARK)
@@ -123,3 +125,39 @@ def test_calls_name_a_task_when_the_benchmark_has_several() -> None:
         with pytest.raises(Unprocessable) as exc:
             for_task(several, task)
         assert exc.value.extra["field"] == "task"
+
+
+def test_crucible_admin_check_benchmark_names_the_bad_key(tmp_path) -> None:  # noqa: ANN001
+    from typer.testing import CliRunner
+
+    from crucible.cli import app
+
+    good = CliRunner().invoke(app, ["admin", "check-benchmark", str(ROOT / "benchmarks" / "rsigym-mini.yaml")])
+    assert good.exit_code == 0 and "tasks sums (reasoning_gym), tools (bfcl), code (humaneval)" in good.output
+    doc = copy.deepcopy(TEST_BENCHMARK)
+    doc["evaluation"]["metric"] = "best@k"
+    (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
+    bad = CliRunner().invoke(app, ["admin", "check-benchmark", str(tmp_path / "bad.yaml")])
+    assert bad.exit_code == 1 and "evaluation.metric" in bad.output
+
+
+def test_the_leaderboard_page_renders_tasks_rsi_index_intervals_and_contamination() -> None:
+    from gateway.app import templates
+    from gateway.schemas import LeaderboardRow, TaskScore
+
+    def task(name: str, final: float | None, flagged: bool | None) -> TaskScore:
+        return TaskScore(task=name, submission_id="sub_x" if final is not None else None, status="graded" if final is not None else "not submitted",
+                         initial_score=0.1, final_score=final, reference_score=1.0, gap_closed=None, n=4 if final is not None else None,
+                         final_ci=(0.05, 0.6) if final is not None else None, contaminated=flagged, contaminated_items=2 if flagged else 0)
+
+    rows = [LeaderboardRow(rank=1, run_id="run_a", benchmark="rsigym-mini", agent_name="agent-a", status="graded",
+                           tasks=[task("sums", 0.5, True), task("tools", 0.3, False)], submission_id=None, initial_score=0.1, final_score=0.4,
+                           reference_score=1.0, gap_closed=0.33, rsi_index=0.333, n=8, validation_evaluations=3, spent_usd=0.5, elapsed_hours=1.5,
+                           contaminated=True, contaminated_items=2),
+            LeaderboardRow(rank=None, run_id="run_b", benchmark="chain-sum", agent_name="agent-b", status="queued", tasks=[task("main", None, None)],
+                           submission_id="sub_b", initial_score=0.1, final_score=None, reference_score=1.0, gap_closed=None, n=None,
+                           validation_evaluations=0, spent_usd=0.0, elapsed_hours=0.1)]
+    html = templates.env.get_template("leaderboard.html").render(rows=rows)
+    assert "RSI-Index" in html and "33.3%" in html and "5.0–60.0%" in html
+    assert "flagged (2 items)" in html and "&nbsp;&nbsp;tools" in html and "clean" in html
+    assert "&nbsp;&nbsp;main" not in html  # a one-task benchmark has no task lines
