@@ -118,6 +118,7 @@ def bench_service(url: str, seconds: float, clients: int, barrier) -> float:  # 
     try:
         return run_clients(clients, seconds, setup, pair, barrier)
     finally:
+        ledger.close()
         db.engine.dispose()
 
 

@@ -7,6 +7,7 @@ created and dropped here, skipped only if PostgreSQL is unreachable). Every test
 from __future__ import annotations
 
 import datetime as dt
+import json
 import random
 import secrets
 import threading
@@ -71,7 +72,9 @@ def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
 @pytest.fixture
 def ledger(db_url: str) -> Iterator[Ledger]:
     db = Database(db_url)
-    yield Ledger(db, load_prices())
+    ledger = Ledger(db, load_prices())
+    yield ledger
+    ledger.close()
     db.engine.dispose()
 
 
@@ -584,3 +587,26 @@ def test_http_refund_is_201_then_409_past_the_charge(client: TestClient) -> None
     assert again.json()["refundable_usd_micros"] == 0
     missing = client.post("/internal/refunds", json={**body, "entry_id": "ent_nope", "idempotency_key": "r3"}, headers=AUTH)
     assert missing.status_code == 404 and missing.json()["field"] == "entry_id"
+
+
+def test_on_postgresql_the_common_path_is_one_function_call_and_survives_a_dropped_connection(ledger: Ledger) -> None:
+    if ledger.db.engine.dialect.name != "postgresql":
+        pytest.skip("the one-call path exists on PostgreSQL only; SQLite runs the general path (every other test)")
+    calls: list[Any] = []
+    real = ledger._call
+    ledger._call = lambda stmt, params: calls.append(real(stmt, params)) or calls[-1]  # type: ignore[method-assign]
+    account_id = open_account(ledger, 10_000)
+    hold = ledger.create_hold(HoldCreate(account_id=account_id, usage=[decode(10_000)], purpose="p", idempotency_key="h"))
+    settled = ledger.settle_hold(hold.hold_id, HoldSettle(usage=[decode(2_500)], idempotency_key="s"))
+    assert calls[0] is True and json.loads(calls[1])["status"] == "settled" and len(calls) == 2  # no general-path fallback
+    assert (settled.charged_usd_micros, settled.released_usd_micros) == (1_000, 3_000)
+    assert ledger.settle_hold(hold.hold_id, HoldSettle(usage=[decode(2_500)], idempotency_key="s")) == settled  # replay: general path
+    assert_cached_balance_matches_entries(ledger, account_id)
+
+    admin = _postgres_admin()  # the server drops every connection of the ledger's pool (as a restart would)
+    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                  (ledger.db.engine.url.database,))
+    admin.close()
+    again = ledger.create_hold(HoldCreate(account_id=account_id, usage=[decode(1_000)], purpose="p", idempotency_key="h2"))
+    assert again.status == "open" and calls[-1] is True
+    assert_cached_balance_matches_entries(ledger, account_id)

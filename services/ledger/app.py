@@ -40,6 +40,7 @@ def create_app(settings: LedgerSettings | None = None) -> FastAPI:
             yield
         finally:
             sweep.stop()
+            ledger.close()
             db.engine.dispose()
 
     def health() -> dict[str, Any]:

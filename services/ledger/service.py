@@ -32,13 +32,13 @@ import json
 from collections import defaultdict
 from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TypeVar
+from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from sqlalchemy import ColumnElement, bindparam, case, func, insert, select, update
+from sqlalchemy import ColumnElement, TextClause, bindparam, case, create_engine, func, insert, select, text, update
 from sqlalchemy.dialects.postgresql import insert as postgresql_insert
 from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import IntegrityError
+from sqlalchemy.exc import DBAPIError, IntegrityError
 from sqlalchemy.orm import Session
 
 from services.common.db import Database, utcnow
@@ -137,6 +137,11 @@ class Ledger:
     def __init__(self, db: Database, prices: PriceBook) -> None:
         self.db = db
         self.prices = prices
+        # PostgreSQL: the common path of a hold and of a charge/settle/release is one call of a function the
+        # migrations create, in its own transaction (one round trip); anything else takes the general path.
+        self._postgres = db.engine.dialect.name == "postgresql"
+        # its own pool, without a ping per checkout: a connection found dead is retried once on a fresh one
+        self._autocommit = create_engine(db.engine.url, isolation_level="AUTOCOMMIT", pool_size=10, max_overflow=20) if self._postgres else None
 
     # -- accounts ---------------------------------------------------------------------------------
 
@@ -260,21 +265,37 @@ class Ledger:
         """Reserve the priced cost of ``body.usage``; ``PaymentRequired`` (402) if the free balance cannot cover it.
 
         Raises ``NotFound`` (no such account) and ``IdempotencyKeyReused`` (409: the key was used for another
-        request). Four statements in the common case: the conditional reservation, the hold, its entry and
-        the idempotency record.
+        request). Common path: one function call on PostgreSQL, four statements in one transaction otherwise
+        (the conditional reservation, the hold, its entry and the idempotency record).
         """
         priced = self.prices.price(body.usage)
         amount = sum(p.amount_usd_micros for p in priced)
         fingerprint = _fingerprint("hold.create", body.account_id, body)
 
-        def work(s: Session) -> tuple[str, Hold]:
-            now = utcnow()
-            self._reserve(s, body.account_id, amount, now, "held_usd_micros", "hold.create", body.idempotency_key)
-            hold = Hold(
+        def new_hold(now: dt.datetime) -> Hold:
+            return Hold(
                 hold_id=new_id("hold"), account_id=body.account_id, amount_usd_micros=amount, charged_usd_micros=0, released_usd_micros=0,
                 status=HoldStatus.open, purpose=body.purpose, price_version=self.prices.version, created_at=now,
                 expires_at=now + dt.timedelta(seconds=body.ttl_s) if body.ttl_s else None,
             )
+
+        if self._postgres:
+            hold = new_hold(utcnow())
+            try:
+                placed = self._call(SQL.pg_hold, {
+                    "account": body.account_id, "amount": amount, "hold": hold.hold_id, "entry": new_id("ent"), "purpose": body.purpose,
+                    "price_version": self.prices.version, "key": body.idempotency_key, "fingerprint": fingerprint,
+                    "response": hold.model_dump_json(), "now": hold.created_at, "expires": hold.expires_at})
+            except IntegrityError as exc:
+                _reraise_unless_key_taken(exc)
+                return self._replay(body.account_id, "hold.create", body.idempotency_key, fingerprint, Hold)
+            if placed:
+                return hold
+
+        def work(s: Session) -> tuple[str, Hold]:
+            now = utcnow()
+            self._reserve(s, body.account_id, amount, now, "held_usd_micros", "hold.create", body.idempotency_key)
+            hold = new_hold(now)
             s.execute(SQL.insert_hold, hold.model_dump() | {"status": hold.status.value})
             s.execute(SQL.insert_entry, [self._entry(body.account_id, EntryType.hold, amount, now, hold_id=hold.hold_id,
                                                      purpose=body.purpose, key=body.idempotency_key)])
@@ -322,6 +343,20 @@ class Ledger:
         total = sum(p.amount_usd_micros for p in priced)
         fingerprint = _fingerprint(operation, hold_id, body)
         key: str = body.idempotency_key  # type: ignore[attr-defined]
+        if self._postgres:
+            lines = [{"id": new_id("ent"), "amount": p.amount_usd_micros, "kind": p.kind.value, "quantity": p.quantity, "model": p.model} for p in priced]
+            try:
+                answer = self._call(SQL.pg_take, {
+                    "hold": hold_id, "total": total, "close_as": close_as.value if close_as else None, "lines": json.dumps(lines),
+                    "release_entry": new_id("ent"), "purpose": purpose, "price_version": self.prices.version, "key": key, "operation": operation,
+                    "fingerprint": fingerprint, "now": utcnow()})
+            except IntegrityError as exc:
+                _reraise_unless_key_taken(exc)
+                with self.db.session() as s:
+                    account_id = s.scalar(select(HOLDS.c.account_id).where(HOLDS.c.hold_id == hold_id))
+                return self._replay(account_id, operation, key, fingerprint, Hold)  # type: ignore[arg-type]
+            if answer is not None:
+                return Hold.model_validate_json(answer)
 
         def work(s: Session) -> tuple[str, Hold]:
             account_id = _lock_hold_account(s, hold_id)
@@ -476,12 +511,35 @@ class Ledger:
                     raise _Answered(account_id)
                 return out
         except _Answered as answered:
-            with self.db.session() as s:
-                rec = s.execute(SQL.answer, {"p_account": answered.account_id, "p_operation": operation, "p_key": key}).one()
-            if rec.fingerprint != fingerprint:
-                raise IdempotencyKeyReused(f"idempotency key {key!r} was already used for a different {operation} request",
-                                           field="idempotency_key") from None
-            return model.model_validate_json(rec.response)
+            return self._replay(answered.account_id, operation, key, fingerprint, model)
+
+    def _replay(self, account_id: str, operation: str, key: str, fingerprint: str, model: type[ResponseT]) -> ResponseT:
+        """The stored answer to (account, ``operation``, ``key``); ``IdempotencyKeyReused`` if it was for another request."""
+        with self.db.session() as s:
+            rec = s.execute(SQL.answer, {"p_account": account_id, "p_operation": operation, "p_key": key}).one()
+        if rec.fingerprint != fingerprint:
+            raise IdempotencyKeyReused(f"idempotency key {key!r} was already used for a different {operation} request", field="idempotency_key")
+        return model.model_validate_json(rec.response)
+
+    def _call(self, statement: TextClause, params: dict) -> Any:
+        """Run one statement in its own transaction (PostgreSQL's autocommit); its scalar result.
+
+        A pooled connection that turns out dead (the server restarted) invalidates the pool and the call is
+        made once more on a new connection: nothing was applied, since the statement never reached the server
+        or died with its transaction."""
+        try:
+            with self._autocommit.connect() as conn:  # type: ignore[union-attr]
+                return conn.execute(statement, params).scalar()
+        except DBAPIError as exc:
+            if not exc.connection_invalidated:
+                raise
+        with self._autocommit.connect() as conn:  # type: ignore[union-attr]
+            return conn.execute(statement, params).scalar()
+
+    def close(self) -> None:
+        """Close the ledger's own connection pool (the database's is the caller's)."""
+        if self._autocommit is not None:
+            self._autocommit.dispose()
 
     def _entry(
         self, account_id: str, type_: EntryType, amount: int, now: dt.datetime, *,
@@ -535,6 +593,11 @@ class SQL:
               IDEMPOTENCY.c.key == bindparam("p_key"))
     answered = select(IDEMPOTENCY.c.id).where(*_scope)
     answer = select(IDEMPOTENCY.c.fingerprint, IDEMPOTENCY.c.response).where(*_scope)
+    # PostgreSQL's common path (functions created by the migration 7b1e2c9d4f10)
+    pg_hold = text("SELECT crucible_ledger_hold(:account, :amount, :hold, :entry, :purpose, :price_version, :key, :fingerprint, :response, "
+                   ":now, :expires)")
+    pg_take = text("SELECT crucible_ledger_take(:hold, :total, :close_as, CAST(:lines AS jsonb), :release_entry, :purpose, :price_version, "
+                   ":key, :operation, :fingerprint, :now)")
 
 
 class _Answered(Exception):  # noqa: N818 - control flow, never leaves the Ledger
@@ -542,6 +605,12 @@ class _Answered(Exception):  # noqa: N818 - control flow, never leaves the Ledge
 
     def __init__(self, account_id: str) -> None:
         self.account_id = account_id
+
+
+def _reraise_unless_key_taken(exc: IntegrityError) -> None:
+    """Re-raise ``exc`` unless it is the idempotency record's unique key (a concurrent request with the same key won)."""
+    if "uq_idempotency_records_scope" not in str(exc.orig):
+        raise exc
 
 
 def _raise_if_answered(s: Session, account_id: str, operation: str, key: str) -> None:
