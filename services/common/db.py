@@ -62,7 +62,7 @@ def make_engine(url: str) -> Engine:
             conn.exec_driver_sql("BEGIN IMMEDIATE")
 
         return engine
-    return create_engine(url, pool_pre_ping=True, pool_size=10, max_overflow=20)
+    return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)  # ≤ 15 connections per process: many processes share one server
 
 
 def append_only_ddl(dialect: str, table: str) -> list[str]:

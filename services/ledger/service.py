@@ -141,7 +141,7 @@ class Ledger:
         # migrations create, in its own transaction (one round trip); anything else takes the general path.
         self._postgres = db.engine.dialect.name == "postgresql"
         # its own pool, without a ping per checkout: a connection found dead is retried once on a fresh one
-        self._autocommit = create_engine(db.engine.url, isolation_level="AUTOCOMMIT", pool_size=10, max_overflow=20) if self._postgres else None
+        self._autocommit = create_engine(db.engine.url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=5) if self._postgres else None
 
     # -- accounts ---------------------------------------------------------------------------------
 
