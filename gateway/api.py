@@ -157,7 +157,7 @@ def get_dataset(dataset_id: DatasetId, caller: Caller = Depends(agent)) -> Datas
 
 
 @agent_router.get("/suite/train-sample", tags=["suite"], summary="Items of the suite's training pool")
-def train_sample(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=10_000), task: str | None = TaskQuery,
+def train_sample(offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000), task: str | None = TaskQuery,
                  caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
     """Question/answer pairs from the task's training generator (disjoint from validation and test by construction)."""
     caller = service.for_task(caller, task)
@@ -209,7 +209,7 @@ def get_training_job(job_id: JobId, caller: Caller = Depends(agent)) -> Training
 
 
 @agent_router.get("/training/jobs/{job_id}/events", tags=["training"], summary="A job's events (loss, step, tokens/s)", responses=problem_responses(NotFound))
-def training_job_events(job_id: JobId, after: int = Query(0, ge=0, description="Only events with seq > after"), limit: int = Query(500, ge=1, le=5000),
+def training_job_events(job_id: JobId, after: int = Query(0, ge=0, le=2**62, description="Only events with seq > after"), limit: int = Query(500, ge=1, le=5000),
                         caller: Caller = Depends(agent)) -> Page[JobEventOut]:
     return Page[JobEventOut](**service.runtime().trainer.get(f"/internal/jobs/{job_id}/events", ctx=caller.ctx, params={"after": after, "limit": limit}))
 
@@ -353,12 +353,12 @@ def revoke(run_id: RunId) -> RunOut:
 
 
 @admin_router.get("/runs/{run_id}/episode", summary="A run's episode log (every agent call)")
-def episode(run_id: RunId, after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+def episode(run_id: RunId, after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     return {"object": "list", "data": service.episode_log(run_id, after, limit)}
 
 
 @admin_router.get("/audit", summary="The audit log (operator actions and refused credentials)")
-def audit(after: int = Query(0, ge=0), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+def audit(after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     """Append-only: ``{seq, actor (admin|anonymous), key_prefix, method, path, status, client, created_at}``, oldest first."""
     return {"object": "list", "data": service.audit_log(after, limit)}
 

@@ -5,9 +5,9 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
-from services.common.contracts import TRAINING_FIELDS, AuditSettings, EvaluationLimits, EvaluationSettings, SuiteSpec, SystemSpec
+from services.common.contracts import TRAINING_FIELDS, AuditSettings, EvaluationLimits, EvaluationSettings, Recipe, SuiteSpec, SystemSpec
 
 Editable = Literal["data", "trainer", "harness"]
 TRACKS: dict[str, list[str]] = {
@@ -47,6 +47,11 @@ class RecipePolicy(BaseModel):
         for name in list(self.lock) + ([] if self.allow == "all" else list(self.allow)):
             if name not in TRAINING_FIELDS:
                 raise ValueError(f"unknown recipe field {name!r}")
+        try:  # a locked value must be one the trainer accepts
+            Recipe(**self.lock)
+        except ValidationError as exc:
+            err = exc.errors()[0]
+            raise ValueError(f"lock.{'.'.join(str(p) for p in err['loc'])}: {err['msg']}") from None
         return self
 
 
@@ -168,8 +173,8 @@ class RunCreate(BaseModel):
 
     benchmark: str = Field(description="Benchmark id (`bm_…`) or name.")
     agent_name: str = Field(min_length=1, max_length=200)
-    budget_usd: float | None = Field(None, gt=0, description="Override the benchmark's budget (USD).")
-    wall_clock_hours: float | None = Field(None, gt=0, description="Override the benchmark's wall-clock limit (hours).")
+    budget_usd: float | None = Field(None, ge=0.000001, le=1_000_000, description="Override the benchmark's budget (USD, at least one micro-USD).")
+    wall_clock_hours: float | None = Field(None, gt=0, le=24 * 365, description="Override the benchmark's wall-clock limit (hours).")
     track: Literal["data", "trainer", "harness", "joint"] | None = Field(
         None, description="Run the benchmark on another track than its file's (RSIGym runs the same tasks as Data, Harness and Joint); "
                           "the editable space is then that track's preset.")

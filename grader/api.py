@@ -47,7 +47,7 @@ def benchmark_status(benchmark_id: str, _caller: RunContext | None = Depends(aut
 
 
 @router.get("/suite/train-sample", summary="Items of the training pool")
-def train_sample(offset: int = Query(0, ge=0), limit: int = Query(100, ge=1, le=10_000), ctx: RunContext = Depends(auth.run)) -> Page[SuiteItemOut]:
+def train_sample(offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000), ctx: RunContext = Depends(auth.run)) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=service.train_sample(ctx, offset, limit))
 
 

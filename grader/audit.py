@@ -4,8 +4,9 @@ hidden test split.
 Text is normalized (Unicode NFKC, lower case) and split into word and punctuation tokens, so that "31 - 8"
 and "31 + 8" stay different (operators matter in math and code). An item's n-grams are its windows of
 ``ngram`` tokens (13 by default, after Brown et al. 2020, "Language Models are Few-Shot Learners", app. C);
-an item shorter than that is one n-gram, itself. N-grams that also occur in the benchmark's public
-training pool are not evidence (the agent may train on the pool, and templated suites share long prefixes
+an item shorter than that is one n-gram, itself. An item's question is compared, and its reference answer
+too when that is at least ``ngram`` tokens long (a HumanEval solution without its docstring is still the
+test item). N-grams that also occur in the benchmark's public training pool are not evidence (the agent may train on the pool, and templated suites share long prefixes
 between items) and are left out. A test item is flagged when at least ``min_overlap`` of its remaining
 n-grams occur in one row of the run's datasets (every string of the row joined); an item with none left
 cannot be told apart from the training pool and is not flagged.
@@ -61,12 +62,12 @@ def row_text(row: Any) -> str:
 
 
 def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, *, public: Iterable[str] = (), datasets: int = 0) -> ContaminationReport:
-    """Flag the test items whose question overlaps a dataset row (see the module docstring); ``public``: the
-    texts of the benchmark's training pool, whose n-grams are no evidence. Cost: one pass over the tokens of
+    """Flag the test items whose question (or long answer) overlaps a dataset row (see the module docstring);
+    ``public``: the texts (questions and answers) of what agents may see, whose n-grams are no evidence. Cost: one pass over the tokens of
     ``public`` and of the rows per distinct n-gram length (``ngram`` and the short items' own lengths)."""
-    wanted: dict[int, dict[tuple[str, ...], list[int]]] = {}  # n -> n-gram -> indexes of the items having it
-    for index, item in enumerate(test_items):
-        toks = tokens(item.question)
+    units = _units(test_items, settings.ngram)
+    wanted: dict[int, dict[tuple[str, ...], list[int]]] = {}  # n -> n-gram -> indexes of the units having it
+    for index, (_item, toks) in enumerate(units):
         for gram in _ngrams(toks, settings.ngram):
             wanted.setdefault(len(gram), {}).setdefault(gram, []).append(index)
     for text in public:  # drop what the public training pool contains as well
@@ -74,7 +75,7 @@ def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, 
         for n, grams in wanted.items():
             for gram in _windows(toks, n):
                 grams.pop(gram, None)
-    sizes = [0] * len(test_items)
+    sizes = [0] * len(units)
     for grams in wanted.values():
         for indexes in grams.values():
             for index in indexes:
@@ -89,9 +90,21 @@ def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, 
             for gram in _windows(toks, n):
                 for index in grams.get(gram, ()):
                     hits[index] = hits.get(index, 0) + 1
-        flagged.update(i for i, h in hits.items() if h / sizes[i] >= settings.min_overlap)
+        flagged.update(units[i][0] for i, h in hits.items() if h / sizes[i] >= settings.min_overlap)
     return ContaminationReport(contaminated=bool(flagged), flagged_items=len(flagged), items=len(test_items), datasets=datasets, rows=count,
                                ngram=settings.ngram, min_overlap=settings.min_overlap)
+
+
+def _units(test_items: list[Item], ngram: int) -> list[tuple[int, list[str]]]:
+    """What is compared, as ``(item index, tokens)``: each item's question, and its reference answer when that is
+    at least ``ngram`` tokens long (a code solution, a proof; a short answer such as ``-9`` is no evidence)."""
+    units = []
+    for index, item in enumerate(test_items):
+        units.append((index, tokens(item.question)))
+        answer = tokens(item.answer)
+        if len(answer) >= ngram:
+            units.append((index, answer))
+    return units
 
 
 def _windows(toks: list[str], n: int) -> Iterator[tuple[str, ...]]:

@@ -5,6 +5,7 @@ from __future__ import annotations
 import re
 from functools import lru_cache
 
+import regex
 from jinja2 import StrictUndefined, TemplateError, nodes
 from jinja2.sandbox import SandboxedEnvironment
 
@@ -12,6 +13,7 @@ from services.common.contracts import EvaluationSettings, Harness
 from services.common.errors import Unprocessable
 
 _ENV = SandboxedEnvironment(undefined=StrictUndefined, autoescape=False)
+REGEX_TIMEOUT_S = 0.5  # seconds an answer_regex may run on one completion; past it nothing is extracted (score 0)
 _NUMBER = re.compile(r"-?\d+(?:\.\d+)?")
 # A Markdown fence: ``` and an optional info string (``python``, ``py``…) on its own line; the body runs to the
 # closing fence, or to the end when the completion was cut before it.
@@ -55,8 +57,8 @@ def check_harness(harness: Harness) -> None:
         if not harness.answer_regex:
             raise Unprocessable("answer_extraction 'regex' needs answer_regex", field="harness.answer_regex")
         try:
-            re.compile(harness.answer_regex)
-        except re.error as exc:
+            regex.compile(harness.answer_regex)
+        except regex.error as exc:
             raise Unprocessable(f"harness.answer_regex is invalid: {exc}", field="harness.answer_regex") from exc
 
 
@@ -108,6 +110,9 @@ def extract_answer(harness: Harness, completion: str) -> str | None:
         numbers = _NUMBER.findall(text)
         answer = numbers[-1] if numbers else ""
     else:
-        match = re.search(harness.answer_regex or "", text)
+        try:  # an agent's pattern: bounded in time, since backtracking can take forever ("(.|.)*X")
+            match = regex.search(harness.answer_regex or "", text, timeout=REGEX_TIMEOUT_S)
+        except TimeoutError:
+            match = None
         answer = (match.group(1) if match and match.groups() else match.group(0) if match else "").strip()
     return answer or None

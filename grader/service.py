@@ -85,7 +85,7 @@ def runtime() -> Runtime:
         settings=s,
         db=Database(s.database_url_for("grader")),
         store=TestStore(s.test_store_url()),
-        inference=ServiceClient(s.inference_url, s.service_token, name="inference", timeout_s=300),
+        inference=ServiceClient(s.inference_url, s.service_token, name="inference", timeout_s=s.inference_timeout_s),
         ledger=ledger_client(s),
         trainer=ServiceClient(s.trainer_url, s.service_token, name="trainer", timeout_s=300, retries=3),
     )
@@ -528,8 +528,9 @@ def _audit_submission(eval_id: str, ctx: RunContext, test_items: list[Item], spe
                     yield json.loads(line)
 
     with rt.db.session() as s:  # what agents may see and train on: the training pool and the validation items
-        public = [*(it.question for it in _train_pool(spec.benchmark_id)),
-                  *s.scalars(select(ValidationItem.question).where(ValidationItem.benchmark_id == spec.benchmark_id))]
+        public = [text for it in _train_pool(spec.benchmark_id) for text in (it.question, it.answer)]
+        for question, answer in s.execute(select(ValidationItem.question, ValidationItem.answer).where(ValidationItem.benchmark_id == spec.benchmark_id)):
+            public += [question, answer]
     report = audit(test_items, rows(), spec.audit, public=public, datasets=len(datasets))
     log.info("contamination audit", eval_id=eval_id, flagged=report.flagged_items, items=report.items, rows=report.rows)
     with rt.db.session() as s:

@@ -51,3 +51,18 @@ def test_long_items_need_the_configured_share_of_their_13_grams() -> None:
 def test_every_string_of_a_row_is_read() -> None:
     row = {"prompt": "a", "chosen": "b", "rejected": "c", "messages": [{"role": "user", "content": "d"}], "n": 3}
     assert set(row_text(row).split()) == {"a", "b", "c", "user", "d"}
+
+
+def test_a_long_reference_answer_planted_without_its_question_is_flagged_too() -> None:
+    from grader.suites import get_suite
+
+    suite = get_suite("humaneval")
+    test = suite.generate({}, 3, 20, split="test")
+    public = suite.generate({}, 1, 40, split="train", exclude=frozenset(i.question for i in test))
+    honest = [{"prompt": it.question, "completion": it.answer} for it in public]
+    settings = AuditSettings()
+    public_texts = [t for it in public for t in (it.question, it.answer)]
+    assert audit(test, honest, settings, public=public_texts).flagged_items == 0
+    long_answers = [it for it in test if len(tokens(it.answer)) >= settings.ngram][:3]
+    solutions_only = honest + [{"prompt": "write the function", "completion": it.answer} for it in long_answers]
+    assert audit(test, solutions_only, settings, public=public_texts).flagged_items == 3

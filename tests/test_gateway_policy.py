@@ -161,3 +161,29 @@ def test_the_leaderboard_page_renders_tasks_rsi_index_intervals_and_contaminatio
     assert "RSI-Index" in html and "33.3%" in html and "5.0–60.0%" in html
     assert "flagged (2 items)" in html and "&nbsp;&nbsp;tools" in html and "clean" in html
     assert "&nbsp;&nbsp;main" not in html  # a one-task benchmark has no task lines
+
+
+def test_a_chunked_body_over_the_limit_is_refused_before_the_app_reads_it() -> None:
+    from fastapi import Body
+    from fastapi.testclient import TestClient
+
+    from services.common.app import create_service_app
+
+    app = create_service_app("t", title="t", description="t", max_body_bytes=1000)
+    seen: list[int] = []
+
+    @app.post("/echo")
+    def echo(body: bytes = Body(..., media_type="application/octet-stream")) -> dict:
+        seen.append(len(body))
+        return {"bytes": len(body)}
+
+    def chunks(n: int):  # no Content-Length: sent chunked
+        for _ in range(n):
+            yield b"x" * 100
+
+    with TestClient(app) as client:
+        assert client.post("/echo", content=chunks(5)).json() == {"bytes": 500}
+        big = client.post("/echo", content=chunks(50))
+        assert big.status_code == 413 and big.headers["content-type"] == "application/problem+json"
+        assert client.post("/echo", content=b"x" * 2000).status_code == 413  # with Content-Length
+    assert seen == [500]

@@ -156,3 +156,13 @@ def test_evaluation_limits_refuse_with_the_limit_named_and_when_to_retry() -> No
         check_evaluation_limits(_usage(last_day=3), day, EvaluationLimits(per_day=3), now)
     assert exc.value.extra["retry_after_s"] == 3600
     check_evaluation_limits(_usage(last_hour=99, last_day=99, active=99, failed=99), [], EvaluationLimits(concurrent=None, failed=None), now)
+
+
+def test_an_answer_regex_that_backtracks_forever_is_stopped_and_extracts_nothing() -> None:
+    import time
+
+    harness = Harness(answer_extraction="regex", answer_regex=r"(x+x+)+y")  # exponential backtracking on "xxx…x"
+    start = time.monotonic()
+    assert extract_answer(harness, "x" * 40) is None
+    assert time.monotonic() - start < 5
+    assert extract_answer(Harness(answer_extraction="regex", answer_regex=r"answer is (\d+)"), "the answer is 42") == "42"

@@ -61,7 +61,7 @@ def get_job(job_id: str, ctx: RunContext = Depends(auth.run)) -> TrainingJobOut:
 
 
 @router.get("/jobs/{job_id}/events", summary="A training job's events", responses=problem_responses(NotFound))
-def job_events(job_id: str, after: int = Query(0, ge=0, description="Return events with seq > after"), limit: int = Query(500, ge=1, le=5000),
+def job_events(job_id: str, after: int = Query(0, ge=0, le=2**62, description="Return events with seq > after"), limit: int = Query(500, ge=1, le=5000),
                ctx: RunContext = Depends(auth.run)) -> Page[JobEventOut]:
     return Page[JobEventOut](data=service.list_events(ctx, job_id, after, limit))
 

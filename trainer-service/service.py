@@ -107,7 +107,7 @@ def validate_jsonl(data: bytes) -> tuple[str, int]:
         raise Unprocessable("the file is not UTF-8", field="file") from exc
     fmt: str | None = None
     rows = 0
-    for lineno, raw in enumerate(text.splitlines(), start=1):
+    for lineno, raw in enumerate(text.split("\n"), start=1):  # JSON Lines ends lines at \n only (U+2028 may sit in a string)
         if not raw.strip():
             continue
         try:
@@ -116,6 +116,13 @@ def validate_jsonl(data: bytes) -> tuple[str, int]:
             raise Unprocessable(f"line {lineno}: not valid JSON ({exc.msg})", field="(row)", line=lineno) from exc
         except RecursionError as exc:
             raise Unprocessable(f"line {lineno}: JSON nested too deeply", field="(row)", line=lineno) from exc
+        except ValueError as exc:  # e.g. an integer of more than 4,300 digits
+            raise Unprocessable(f"line {lineno}: {exc}", field="(row)", line=lineno) from exc
+        try:
+            json.dumps(row, ensure_ascii=False).encode("utf-8")
+        except UnicodeEncodeError as exc:
+            raise Unprocessable(f"line {lineno}: a string holds an unpaired surrogate (\\u{ord(exc.object[exc.start]):04x}), not text",
+                                field="(row)", line=lineno) from exc
         row_fmt = _row_format(row, lineno)
         if fmt is None:
             fmt = row_fmt
@@ -176,7 +183,7 @@ def dataset_content(ctx: RunContext, dataset_id: str) -> bytes:
 
 def read_rows(uri: str) -> list[dict[str, Any]]:
     """The rows of a stored dataset."""
-    return [json.loads(line) for line in artifacts.local_path(uri).read_text().splitlines() if line.strip()]
+    return [json.loads(line) for line in artifacts.local_path(uri).read_text().split("\n") if line.strip()]
 
 
 # --------------------------------------------------------------------------- jobs

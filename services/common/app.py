@@ -13,7 +13,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.db import migrate
-from services.common.errors import PROBLEM_JSON, CrucibleError, PayloadTooLarge
+from services.common.errors import PROBLEM_JSON, CrucibleError, PayloadTooLarge, Unprocessable
 from services.common.logging import configure_logging
 from services.common.metrics import instrument
 from services.common.periodic import Periodic
@@ -64,7 +64,8 @@ def create_service_app(
 ) -> FastAPI:
     """Build a service app with the shared error handlers, ``GET /healthz``, ``GET /metrics`` and a body limit.
 
-    ``max_body_bytes`` (bytes) is enforced from ``Content-Length``; larger bodies get 413 problem+json.
+    ``max_body_bytes`` (bytes) is enforced from ``Content-Length``, or while reading a chunked body (which is
+    buffered up to the limit first); larger bodies get 413 problem+json (:class:`BodyLimit`).
     ``migrations`` = ``(database URL getter, Alembic folder)``: applied at start-up, then ``on_startup`` runs.
     ``background()`` builds a :class:`Periodic` loop (e.g. a reconciler) that runs while the app is up.
     """
@@ -96,6 +97,11 @@ def create_service_app(
         log.exception("unhandled error", path=request.url.path)
         return problem_response(CrucibleError(f"unexpected {exc.__class__.__name__}; the error is logged"))
 
+    @app.exception_handler(UnicodeEncodeError)
+    async def _not_text(_request: Request, exc: UnicodeEncodeError) -> JSONResponse:
+        # JSON may escape an unpaired surrogate ("\ud800"); it is not text, so it cannot be sent on or tokenized
+        return problem_response(Unprocessable(f"the request holds an unpaired surrogate (\\u{ord(exc.object[exc.start]):04x}), which is not text"))
+
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
         return JSONResponse(_validation_problem(exc), status_code=422, media_type=PROBLEM_JSON)
@@ -106,12 +112,7 @@ def create_service_app(
         body = {"type": f"urn:crucible:problem:{code}", "title": str(exc.detail), "status": exc.status_code, "detail": str(exc.detail), "code": code}
         return JSONResponse(body, status_code=exc.status_code, media_type=PROBLEM_JSON)
 
-    @app.middleware("http")
-    async def _limit_body(request: Request, call_next):  # noqa: ANN001, ANN202
-        length = request.headers.get("content-length")
-        if length is not None and length.isdigit() and int(length) > max_body_bytes:
-            return problem_response(PayloadTooLarge(f"request body is {length} bytes; the limit is {max_body_bytes}"))
-        return await call_next(request)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
     instrument(app, name)
 
@@ -121,3 +122,47 @@ def create_service_app(
         return {"status": "ok", "service": name, **(health() if health else {})}
 
     return app
+
+
+class BodyLimit:
+    """ASGI middleware: refuse request bodies over ``max_bytes`` with 413 problem+json before the app reads them.
+
+    A ``Content-Length`` over the limit is refused at once. A body without one (chunked) is read here up to
+    the limit and then handed to the app whole, so a client cannot make the service hold more than the limit
+    by leaving the length out (whatever the route would have answered, authentication included)."""
+
+    def __init__(self, app: Any, max_bytes: int) -> None:
+        self.app, self.max_bytes = app, max_bytes
+
+    async def __call__(self, scope: dict, receive: Callable, send: Callable) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        length = dict(scope["headers"]).get(b"content-length")
+        if length is not None:
+            if length.isdigit() and int(length) > self.max_bytes:
+                return await self._refuse(scope, receive, send, f"request body is {int(length)} bytes")
+            return await self.app(scope, receive, send)
+        chunks, size, more = [], 0, True
+        while more:
+            message = await receive()
+            if message["type"] == "http.disconnect":
+                return None
+            chunk = message.get("body", b"")
+            size += len(chunk)
+            if size > self.max_bytes:
+                return await self._refuse(scope, receive, send, f"request body is over {self.max_bytes} bytes")
+            chunks.append(chunk)
+            more = message.get("more_body", False)
+        body, replayed = b"".join(chunks), False
+
+        async def replay() -> dict:
+            nonlocal replayed
+            if replayed:
+                return await receive()
+            replayed = True
+            return {"type": "http.request", "body": body, "more_body": False}
+
+        return await self.app(scope, replay, send)
+
+    async def _refuse(self, scope: dict, receive: Callable, send: Callable, what: str) -> None:
+        await problem_response(PayloadTooLarge(f"{what}; the limit is {self.max_bytes}"))(scope, receive, send)

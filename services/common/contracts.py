@@ -34,7 +34,8 @@ class Recipe(BaseModel):
     lora_r: int = Field(16, ge=1, le=256)
     lora_alpha: int = Field(32, ge=1, le=1024)
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: Literal["all-linear"] | list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]] = Field(
+    target_modules: Literal["all-linear"] | Annotated[list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]],
+                                                      Field(min_length=1, max_length=7)] = Field(
         "all-linear", description="`all-linear` or a non-empty list of the model's projection layers.")
     learning_rate: float = Field(1e-3, gt=0, le=1.0)
     batch_size: int = Field(8, ge=1, le=256)
