@@ -122,11 +122,12 @@ def ledger(stack: Stack) -> httpx.Client:
 
 
 def ledger_state(stack: Stack, run_id: str) -> tuple[dict, list[dict], list[dict]]:
-    """``(balance, entries, open holds)`` of the run's account, read from the ledger."""
+    """``(balance, entries, open holds)`` of the run's account, read from the ledger. The open holds are read
+    first: once there are none, a balance read after them cannot predate the last settle."""
     with ledger(stack) as lc:
+        holds = lc.get(f"/internal/accounts/{run_id}/holds", params={"status": "open"}).json()
         bal = lc.get(f"/internal/accounts/{run_id}").json()
         entries = lc.get(f"/internal/accounts/{run_id}/entries").json()
-        holds = lc.get(f"/internal/accounts/{run_id}/holds", params={"status": "open"}).json()
     unwrap = lambda x: x["data"] if isinstance(x, dict) else x  # noqa: E731
     return bal, unwrap(entries), unwrap(holds)
 
