@@ -13,5 +13,6 @@ app = create_service_app(
     migrations=(lambda: service.runtime().db.url, Path(__file__).parent / "migrations"), on_startup=service.load_engines,
     description="Model registry (base models and run checkpoints) and OpenAI-compatible chat completions, metered on the ledger.",
     health=lambda: {"models": sorted(service.runtime().batchers)},
+    docs_auth=api.auth.caller,
 )
 app.include_router(api.router)

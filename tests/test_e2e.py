@@ -418,3 +418,21 @@ def test_internal_services_accept_only_the_callers_they_trust(stack, new_run):  
     assert get("trainer", "/internal/datasets", tokens["gateway"], **run_headers(ctx, tokens["gateway"])) == 200
     forged = run_headers(ctx, tokens["inference"])  # signed by another service than the one calling
     assert get("trainer", "/internal/datasets", tokens["gateway"], **forged) == 401
+
+
+def test_internal_api_docs_answer_only_service_tokens(stack, new_run):  # noqa: ANN001
+    """An internal service's OpenAPI document and Swagger page are not served to whoever reaches its port."""
+    from crucible.stack import service_token
+
+    run, _client = new_run("docs-prober")
+    gateway_token = service_token(stack.data_dir, "gateway")
+    for offset, service in ((1, "ledger"), (2, "trainer"), (3, "inference"), (4, "grader")):
+        base = f"http://127.0.0.1:{stack.port_base + offset}"
+        for path in ("/openapi.json", "/docs", "/redoc"):
+            for headers in ({}, {"Authorization": f"Bearer {run['api_key']}"}):
+                r = httpx.get(base + path, headers=headers, timeout=30)
+                assert r.status_code in (401, 404) and r.headers["content-type"].startswith("application/problem+json"), (service, path, r.status_code)
+        spec = httpx.get(base + "/openapi.json", headers={"Authorization": f"Bearer {gateway_token}"}, timeout=30)
+        assert spec.status_code == 200 and any(p.startswith("/internal/") for p in spec.json()["paths"]), service
+        assert httpx.get(base + "/docs", headers={"Authorization": f"Bearer {gateway_token}"}, timeout=30).text.count("swagger-ui") > 0
+    assert httpx.get(f"{stack.gateway_url}/openapi.json", timeout=30).status_code == 200  # the agent-facing API stays documented

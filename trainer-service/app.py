@@ -12,6 +12,7 @@ from services.common.periodic import Periodic
 app = create_service_app(
     "trainer", title="Crucible trainer", migrations=(lambda: service.runtime().db.url, Path(__file__).parent / "migrations"),
     description="Datasets, training jobs, job events and checkpoints. Internal: reached through the gateway.",
+    docs_auth=api.auth.caller,
     background=lambda: Periodic("trainer.reconcile", service.runtime().settings.reconcile_interval_s, service.reconcile),
 )
 app.include_router(api.router)

@@ -9,7 +9,8 @@ from typing import Any
 
 from fastapi import FastAPI, Request
 from fastapi.exceptions import RequestValidationError
-from fastapi.responses import JSONResponse
+from fastapi.openapi.docs import get_swagger_ui_html
+from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.db import migrate
@@ -61,6 +62,7 @@ def create_service_app(
     max_body_bytes: int = 64 * 1024 * 1024,
     log_level: str = "INFO",
     health: Callable[[], dict[str, Any]] | None = None,
+    docs_auth: Callable[[Request], Any] | None = None,
 ) -> FastAPI:
     """Build a service app with the shared error handlers, ``GET /healthz``, ``GET /metrics`` and a body limit.
 
@@ -68,6 +70,9 @@ def create_service_app(
     buffered up to the limit first); larger bodies get 413 problem+json (:class:`BodyLimit`).
     ``migrations`` = ``(database URL getter, Alembic folder)``: applied at start-up, then ``on_startup`` runs.
     ``background()`` builds a :class:`Periodic` loop (e.g. a reconciler) that runs while the app is up.
+    ``docs_auth(request)``: for an internal service, the check of a service token (raises ``Unauthorized``);
+    ``GET /openapi.json`` and ``GET /docs`` then answer only callers it accepts (401 problem+json otherwise),
+    so an internal API's shape is not served to whoever reaches its port. ``None``: public docs (the gateway).
     """
     log = configure_logging(name, log_level)
     if lifespan is None and (migrations or on_startup or background):
@@ -86,7 +91,10 @@ def create_service_app(
                 if loop:
                     loop.stop()
 
-    app = FastAPI(title=title, description=description, version=version, lifespan=lifespan)
+    docs = {"openapi_url": None, "docs_url": None, "redoc_url": None} if docs_auth else {}
+    app = FastAPI(title=title, description=description, version=version, lifespan=lifespan, **docs)
+    if docs_auth:
+        _guarded_docs(app, docs_auth)
 
     @app.exception_handler(CrucibleError)
     async def _crucible_error(_request: Request, exc: CrucibleError) -> JSONResponse:
@@ -122,6 +130,20 @@ def create_service_app(
         return {"status": "ok", "service": name, **(health() if health else {})}
 
     return app
+
+
+def _guarded_docs(app: FastAPI, check: Callable[[Request], Any]) -> None:
+    """``GET /openapi.json`` and ``GET /docs`` (Swagger UI) behind ``check`` (a service-token check)."""
+
+    @app.get("/openapi.json", include_in_schema=False)
+    def openapi(request: Request) -> JSONResponse:
+        check(request)
+        return JSONResponse(app.openapi())
+
+    @app.get("/docs", include_in_schema=False)
+    def swagger(request: Request) -> HTMLResponse:
+        check(request)
+        return get_swagger_ui_html(openapi_url="/openapi.json", title=f"{app.title} (internal)")
 
 
 class BodyLimit:

@@ -16,7 +16,7 @@ from fastapi import FastAPI
 from services.common.app import create_service_app
 from services.common.db import Database, migrate
 from services.common.periodic import Periodic
-from services.ledger.api import router
+from services.ledger.api import require_service_token, router
 from services.ledger.pricing import load_prices
 from services.ledger.service import Ledger
 from services.ledger.settings import LedgerSettings
@@ -54,6 +54,7 @@ def create_app(settings: LedgerSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         log_level=settings.log_level,
         health=health,
+        docs_auth=require_service_token,
     )
     app.state.settings = settings
     app.include_router(router)
