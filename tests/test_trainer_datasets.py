@@ -1,45 +1,313 @@
-"""JSONL validation of dataset uploads: formats, and errors that name the line and the field."""
+"""What the upload accepts, the trainer trains: dataset rows through the trainer app, on a real database.
+
+The trainer app runs in-process (TestClient) on SQLite and on PostgreSQL, with the real ledger app behind it
+(its own database) and the real base model's tokenizer. Every kind of row the trainer cannot train is a 422
+at upload naming its ``line`` and ``field``; a row whose answer is cut away at ``max_seq_len`` is a 422 at job
+creation with nothing held or charged.
+"""
 
 from __future__ import annotations
 
+import json
+import secrets
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
 import pytest
-from trainer_service.service import validate_jsonl
+from fastapi.testclient import TestClient
+from hypothesis import given, settings
+from hypothesis import strategies as st
+from trainer_service import service
+from trainer_service.schemas import ChatRow, parse_row
+from trainer_service.training import IGNORE_INDEX, NoSupervisedTokens, _render_pair, tokenize_examples
 
+from services.common.auth import RunContext, run_headers
+from services.common.db import Database
 from services.common.errors import Unprocessable
+from services.common.http import ServiceClient
+from services.common.ids import new_id
+from services.common.settings import ServiceSettings
+from services.ledger.app import create_app as create_ledger_app
+from services.ledger.settings import LedgerSettings
+from tests.conftest import prepared_models
+
+GATEWAY_TOKEN = "gateway-test-token"
+TRAINER_TOKEN = "trainer-test-token"
+MODEL = "smollm2-135m-instruct"
+PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
 
-def test_accepts_the_three_formats() -> None:
-    assert validate_jsonl(b'{"messages": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "yo"}]}\n') == ("messages", 1)
-    assert validate_jsonl(b'{"prompt": "a", "completion": "b"}\n\n{"prompt": "c", "completion": "d"}\n') == ("prompt_completion", 2)
-    assert validate_jsonl(b'{"prompt": "a", "chosen": "b", "rejected": "c"}') == ("preference", 1)
+def chat(*turns: tuple[str, Any]) -> dict[str, Any]:
+    return {"messages": [{"role": role, "content": content} for role, content in turns]}
 
 
-@pytest.mark.parametrize(("data", "line", "field"), [
-    (b"{bad json\n", 1, "(row)"),
-    (b'{"prompt": "a", "completion": "b"}\n[1, 2]\n', 2, "(row)"),
-    (b'{"messages": []}\n', 1, "messages"),
-    (b'{"messages": [{"role": "robot", "content": "x"}]}\n', 1, "messages[0].role"),
-    (b'{"messages": [{"role": "user", "content": 5}]}\n', 1, "messages[0].content"),
-    (b'{"messages": [{"role": "user", "content": "x"}]}\n', 1, "messages[0].role"),
-    (b'{"prompt": "a", "completion": ""}\n', 1, "completion"),
-    (b'{"prompt": "a", "completion": "b"}\n{"messages": [{"role": "assistant", "content": "x"}]}\n', 2, "(row)"),
-    (b'{"text": "a"}\n', 1, "messages"),
+def jsonl(*rows: Any) -> bytes:
+    return "".join(json.dumps(r) + "\n" for r in rows).encode()
+
+
+GOOD = chat(("user", "What is 2 + 2?"), ("assistant", "4"))
+
+
+@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
+def database_urls(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
+    """``{"trainer": url, "ledger": url}``: two fresh databases of the backend."""
+    if request.param == "sqlite":
+        folder = tmp_path_factory.mktemp("trainer-db")
+        yield {name: f"sqlite:///{folder / name}.sqlite" for name in ("trainer", "ledger")}
+        return
+    import psycopg
+
+    names = {name: f"crucible_{name}_test_{secrets.token_hex(6)}" for name in ("trainer", "ledger")}
+    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+        for db in names.values():
+            admin.execute(f'CREATE DATABASE "{db}"')
+    try:
+        yield {name: f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}" for name, db in names.items()}
+    finally:
+        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
+            for db in names.values():
+                admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+@dataclass
+class Trainer:
+    """The trainer app (``http``, called as the gateway) and the ledger app it holds budget on (``ledger``)."""
+
+    http: TestClient
+    ledger: TestClient
+    enqueued: list[str]
+
+    def new_run(self, budget_usd_micros: int = 1_000_000) -> RunContext:
+        ctx = RunContext(run_id=new_id("run"), benchmark_id=new_id("bm"))
+        self.ledger.post("/internal/accounts", json={"account_id": ctx.run_id, "budget_usd_micros": budget_usd_micros}).raise_for_status()
+        return ctx
+
+    def call(self, method: str, path: str, ctx: RunContext, **kw: Any) -> httpx.Response:
+        headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}", **run_headers(ctx, GATEWAY_TOKEN), **kw.pop("headers", {})}
+        return self.http.request(method, path, headers=headers, **kw)
+
+    def upload(self, ctx: RunContext, data: bytes) -> httpx.Response:
+        return self.call("POST", "/internal/datasets", ctx, content=data, headers={"Content-Type": "application/jsonl"})
+
+    def create_job(self, ctx: RunContext, datasets: list[str], **recipe: Any) -> httpx.Response:
+        return self.call("POST", "/internal/jobs", ctx, json={"model": MODEL, "datasets": datasets, "recipe": {"max_steps": 2, "batch_size": 2, **recipe}})
+
+    def books(self, ctx: RunContext) -> tuple[dict[str, Any], list[dict[str, Any]], list[dict[str, Any]]]:
+        """``(balance, entries, holds)`` of the run's ledger account."""
+        balance = self.ledger.get(f"/internal/accounts/{ctx.run_id}").json()
+        entries = self.ledger.get(f"/internal/accounts/{ctx.run_id}/entries").json()
+        holds = self.ledger.get(f"/internal/accounts/{ctx.run_id}/holds").json()
+        return balance, entries, holds
+
+
+@pytest.fixture(scope="module")
+def trainer(database_urls: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trainer]:
+    data_dir = tmp_path_factory.mktemp("trainer-data")
+    (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
+    ledger_app = create_ledger_app(LedgerSettings(database_url=database_urls["ledger"], service_token="ledger-test-token",
+                                                  trusted_tokens={"trainer": TRAINER_TOKEN}))
+    enqueued: list[str] = []
+    with pytest.MonkeyPatch.context() as mp, TestClient(ledger_app, base_url="http://ledger", headers={"Authorization": f"Bearer {TRAINER_TOKEN}"}) as ledger:
+        mp.setenv("CRUCIBLE_DATA_DIR", str(data_dir))
+        settings_ = ServiceSettings(data_dir=data_dir, database_url=database_urls["trainer"], service_token=TRAINER_TOKEN,
+                                    trusted_tokens={"gateway": GATEWAY_TOKEN})
+        ledger_client = ServiceClient("http://ledger", TRAINER_TOKEN, name="ledger")
+        ledger_client.client = ledger  # the trainer's calls go to the ledger app in this process
+        rt = service.Runtime(settings=settings_, db=Database(settings_.database_url_for("trainer")), ledger=ledger_client)
+        mp.setattr(service, "runtime", lambda: rt)
+        import trainer_service.tasks
+
+        mp.setattr(trainer_service.tasks, "enqueue_training", enqueued.append)  # the queue is the worker's side, not tested here
+        from trainer_service.app import app
+
+        with TestClient(app) as http:
+            yield Trainer(http=http, ledger=ledger, enqueued=enqueued)
+        rt.db.engine.dispose()
+
+
+def assert_refused(resp: httpx.Response, field: str, line: int | None) -> dict[str, Any]:
+    assert resp.status_code == 422, resp.text
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    problem = resp.json()
+    assert (problem["field"], problem.get("line")) == (field, line), problem
+    return problem
+
+
+# --------------------------------------------------------------------------- upload
+
+
+def test_the_three_formats_are_accepted_and_counted(trainer: Trainer) -> None:
+    ctx = trainer.new_run()
+    cases = {
+        "messages": jsonl(GOOD, chat(("system", "Be brief."), ("user", "hi"), ("assistant", "yo"), ("user", "and?"), ("assistant", "done"))),
+        "prompt_completion": b'{"prompt": "a", "completion": "b"}\n\n{"prompt": "c", "completion": "d"}\n',
+        "preference": b'{"prompt": "a", "chosen": "b", "rejected": "c"}',
+    }
+    for fmt, data in cases.items():
+        resp = trainer.upload(ctx, data)
+        assert resp.status_code == 201, resp.text
+        assert (resp.json()["format"], resp.json()["rows"]) == (fmt, 2 if fmt != "preference" else 1)
+
+
+REFUSED_ROWS = [
+    # the regression: an answer with nothing before it (accepted once, then job creation answered 500)
+    ("assistant turn with nothing before it", chat(("assistant", "42")), "messages"),
+    ("assistant turn after only another assistant turn", chat(("assistant", "hi"), ("assistant", "42")), "messages"),
+    ("no assistant turn to supervise", chat(("user", "x")), "messages[0].role"),
+    ("assistant turn not last", chat(("user", "x"), ("assistant", "y"), ("user", "z")), "messages[2].role"),
+    ("unknown role", chat(("robot", "x"), ("assistant", "y")), "messages[0].role"),
+    ("tool role the trainer does not render", chat(("user", "x"), ("tool", "{}"), ("assistant", "y")), "messages[1].role"),
+    ("content not a string", chat(("user", 5), ("assistant", "y")), "messages[0].content"),
+    ("content as OpenAI parts", chat(("user", [{"type": "text", "text": "x"}]), ("assistant", "y")), "messages[0].content"),
+    ("content null", chat(("user", "x"), ("assistant", None)), "messages[1].content"),
+    ("empty answer", chat(("user", "x"), ("assistant", "")), "messages[1].content"),
+    ("blank prompt", chat(("user", " \n\t"), ("assistant", "y")), "messages[0].content"),
+    ("empty messages", {"messages": []}, "messages"),
+    ("messages not a list", {"messages": "hi"}, "messages"),
+    ("message not an object", {"messages": ["hi", {"role": "assistant", "content": "y"}]}, "messages[0]"),
+    ("message without role", {"messages": [{"content": "x"}, {"role": "assistant", "content": "y"}]}, "messages[0].role"),
+    ("unknown key in a message", {"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y", "weight": 0}]}, "messages[1].weight"),
+    ("unknown key in a chat row", {**GOOD, "id": 7}, "id"),
+    ("prompt/completion with empty completion", {"prompt": "a", "completion": ""}, "completion"),
+    ("prompt/completion with empty prompt", {"prompt": "", "completion": "b"}, "prompt"),
+    ("prompt/completion without completion", {"prompt": "a"}, "completion"),
+    ("completion not a string", {"prompt": "a", "completion": 2}, "completion"),
+    ("unknown key in a prompt/completion row", {"prompt": "a", "completion": "b", "label": 1}, "label"),
+    ("chat and prompt keys in one row", {**GOOD, "prompt": "a"}, "prompt"),
+    ("preference with chosen == rejected", {"prompt": "a", "chosen": "b", "rejected": "b"}, "rejected"),
+    ("preference with empty chosen", {"prompt": "a", "chosen": "", "rejected": "b"}, "chosen"),
+    ("preference without rejected", {"prompt": "a", "chosen": "b"}, "rejected"),
+    ("preference with a completion key too", {"prompt": "a", "chosen": "b", "rejected": "c", "completion": "d"}, "completion"),
+    ("no format's keys", {"text": "a"}, "messages"),
+    ("not an object", [1, 2], "(row)"),
+    ("a bare string", "hello", "(row)"),
+]
+
+
+@pytest.mark.parametrize(("row", "field"), [pytest.param(row, field, id=name) for name, row, field in REFUSED_ROWS])
+def test_a_row_the_trainer_cannot_train_is_refused_at_upload_naming_line_and_field(trainer: Trainer, row: Any, field: str) -> None:
+    ctx = trainer.new_run()
+    data = b"\n  \n" + jsonl(row)  # blank lines count: the row is line 3
+    problem = assert_refused(trainer.upload(ctx, data), field, 3)
+    assert problem["detail"].startswith("line 3: ")
+    assert trainer.call("GET", "/internal/datasets", ctx).json()["data"] == []
+
+
+def test_rows_of_two_formats_in_one_file_are_refused_at_the_first_row_of_the_other_format(trainer: Trainer) -> None:
+    ctx = trainer.new_run()
+    data = jsonl({"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}, GOOD)
+    problem = assert_refused(trainer.upload(ctx, data), "(row)", 3)
+    assert "messages" in problem["detail"] and "prompt_completion" in problem["detail"]
+
+
+@pytest.mark.parametrize(("data", "line"), [
+    pytest.param(b"", None, id="0-byte file"),
+    pytest.param(b"\n\n  \n", None, id="only blank lines"),
+    pytest.param(jsonl(GOOD) + b"\xff\xfe\n", 2, id="not UTF-8"),
+    pytest.param(b"question,answer\n1+1,2\n", 1, id="CSV, not JSONL"),
+    pytest.param(json.dumps(GOOD, indent=2).encode(), 1, id="pretty-printed JSON, not JSONL"),
+    pytest.param(jsonl(GOOD) + b"{bad json\n", 2, id="a line that is not JSON"),
 ])
-def test_rejects_bad_rows_naming_line_and_field(data: bytes, line: int, field: str) -> None:
-    with pytest.raises(Unprocessable) as exc:
-        validate_jsonl(data)
-    assert exc.value.extra["line"] == line
-    assert exc.value.extra["field"] == field
+def test_a_file_that_is_not_a_jsonl_dataset_is_refused_naming_the_file(trainer: Trainer, data: bytes, line: int | None) -> None:
+    ctx = trainer.new_run()
+    assert_refused(trainer.upload(ctx, data), "file", line)
 
 
-def test_rejects_empty_and_non_utf8_files() -> None:
-    for data in (b"", b"\n\n", b"\xff\xfe"):
-        with pytest.raises(Unprocessable) as exc:
-            validate_jsonl(data)
-        assert exc.value.extra["field"] == "file"
+def test_deeply_nested_json_is_a_422_not_a_crash(trainer: Trainer) -> None:
+    ctx = trainer.new_run()
+    assert trainer.upload(ctx, b"[" * 100_000 + b"\n").json()["line"] == 1
 
 
-def test_deeply_nested_json_is_a_422_not_a_crash() -> None:
-    with pytest.raises(Unprocessable) as exc:
-        validate_jsonl(b"[" * 100_000 + b"\n")
-    assert exc.value.extra["line"] == 1
+# --------------------------------------------------------------------------- the trainer's side of the same rules
+
+
+@pytest.fixture(scope="module")
+def tokenizer() -> Any:
+    from transformers import AutoTokenizer
+
+    return AutoTokenizer.from_pretrained(prepared_models() / MODEL)
+
+
+_texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)
+
+
+@settings(max_examples=150, deadline=None)
+@given(turns=st.lists(st.tuples(st.sampled_from(["system", "user", "assistant"]), _texts), min_size=1, max_size=5))
+def test_every_chat_row_the_upload_accepts_trains_on_its_answer_and_end_of_turn(tokenizer: Any, turns: list[tuple[str, str]]) -> None:
+    try:
+        row = parse_row(chat(*turns), 1)
+    except Unprocessable:
+        return
+    assert isinstance(row, ChatRow)
+    [example] = tokenize_examples(tokenizer, [row], max_seq_len=100_000)
+    supervised = [t for t, label in zip(example.input_ids, example.labels, strict=True) if label != IGNORE_INDEX]
+    assert example.num_supervised == len(supervised) > 0
+    answer = tokenizer.decode(tokenizer(turns[-1][1], add_special_tokens=False)["input_ids"])  # as the tokenizer sees it (lossy for a few code points)
+    assert tokenizer.decode(supervised) == answer + "<|im_end|>\n"  # the answer and the template's end of turn, nothing else
+
+
+def test_the_answer_survives_truncation_exactly_while_max_seq_len_exceeds_the_prompt(tokenizer: Any) -> None:
+    row = parse_row(GOOD, 1)
+    prefix, _ = _render_pair(tokenizer, *row.sft_turns())
+    prompt_len = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
+    [example] = tokenize_examples(tokenizer, [row], max_seq_len=prompt_len + 1)
+    assert example.num_supervised == 1
+    with pytest.raises(NoSupervisedTokens) as exc:
+        tokenize_examples(tokenizer, [row, parse_row(GOOD, 2), row], max_seq_len=prompt_len)
+    assert exc.value.indices == [0, 1, 2]
+
+
+# --------------------------------------------------------------------------- job creation
+
+
+def long_prompt_row(words: int) -> dict[str, Any]:
+    return chat(("user", " ".join(["tell me about the weather"] * words)), ("assistant", "sunny"))
+
+
+def test_rows_truncated_to_nothing_are_refused_at_job_creation_with_nothing_held_or_charged(trainer: Trainer) -> None:
+    ctx = trainer.new_run()
+    data = jsonl(GOOD, long_prompt_row(40)) + b"\n" + jsonl(GOOD, long_prompt_row(60))  # the long rows are lines 2 and 5
+    ds = trainer.upload(ctx, data).json()
+    queued_before = list(trainer.enqueued)
+
+    problem = assert_refused(trainer.create_job(ctx, [ds["id"]], max_seq_len=64), "datasets", 2)
+    assert (problem["rows"], problem["dataset"]) == (2, ds["id"])
+    assert "2 row(s)" in problem["detail"] and "max_seq_len=64" in problem["detail"]
+    balance, entries, holds = trainer.books(ctx)
+    assert (balance["held_usd_micros"], balance["spent_usd_micros"], holds) == (0, 0, [])
+    assert [e["type"] for e in entries] == ["grant"]  # the budget, and nothing after it
+    assert trainer.call("GET", "/internal/jobs", ctx).json()["data"] == [] and trainer.enqueued == queued_before
+
+    # the same rows with room for their answers: the job is held for and queued (the books above could have moved)
+    resp = trainer.create_job(ctx, [ds["id"]], max_seq_len=1024)
+    assert resp.status_code == 201, resp.text
+    balance, _, holds = trainer.books(ctx)
+    assert [h["status"] for h in holds] == ["open"] and balance["held_usd_micros"] > 0
+    assert trainer.enqueued == [*queued_before, resp.json()["id"]]
+
+
+def test_a_stored_dataset_that_breaks_the_rules_is_refused_at_job_creation_not_a_500(trainer: Trainer) -> None:
+    """A dataset stored before a rule existed is validated again when a job reads it."""
+    from services.common import artifacts
+
+    ctx = trainer.new_run()
+    ds = trainer.upload(ctx, jsonl(GOOD, GOOD)).json()
+    with service.runtime().db.session() as s:
+        uri = s.get(service.Dataset, ds["id"]).uri
+    stored = Path(artifacts.local_path(uri))
+    stored.chmod(0o644)
+    stored.write_bytes(jsonl(GOOD, chat(("assistant", "42"))))  # as the upload accepted it once
+    problem = assert_refused(trainer.create_job(ctx, [ds["id"]]), "messages", 2)
+    assert problem["dataset"] == ds["id"]
+    assert trainer.books(ctx)[2] == []
+
+
+def test_preference_rows_are_refused_for_sft_naming_the_dataset(trainer: Trainer) -> None:
+    ctx = trainer.new_run()
+    ds = trainer.upload(ctx, b'{"prompt": "a", "chosen": "b", "rejected": "c"}\n').json()
+    problem = assert_refused(trainer.create_job(ctx, [ds["id"]]), "datasets", None)
+    assert problem["dataset"] == ds["id"] and "preference" in problem["detail"]
+    assert trainer.books(ctx)[2] == []

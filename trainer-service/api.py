@@ -15,11 +15,12 @@ router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized)
 
 @router.post("/datasets", status_code=201, summary="Upload a JSONL dataset", responses=problem_responses(Unprocessable))
 def upload_dataset(
-    body: bytes = Body(..., media_type="application/jsonl", description="JSONL file content"),
+    body: bytes = Body(b"", media_type="application/jsonl", description="JSONL file content (an empty body is an empty file: 422 on `file`)"),
     name: str = Query("dataset.jsonl", max_length=200),
     ctx: RunContext = Depends(auth.run),
 ) -> DatasetOut:
-    """Validate and store a JSONL file for the run; 422 names the first bad ``line`` and ``field``."""
+    """Validate and store a JSONL file for the run; 422 names the first bad ``line`` and ``field`` (``file`` for
+    the file as a whole: empty, not UTF-8, not JSON Lines)."""
     return service.create_dataset(ctx, name, body)
 
 

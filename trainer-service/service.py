@@ -6,19 +6,19 @@ No HTTP here. Errors are ``services.common.errors`` exceptions; ``api.py`` maps 
 from __future__ import annotations
 
 import hashlib
-import json
 import shutil
 import tempfile
 from dataclasses import dataclass
 from functools import cache
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import structlog
 from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from trainer_service.models import Checkpoint, Dataset, JobEvent, TrainingJob
+from trainer_service.schemas import ParsedDataset, SFTRow, parse_dataset
 
 from services.common import artifacts, jobs
 from services.common.auth import RunContext
@@ -32,9 +32,10 @@ from services.common.lazy import once
 from services.common.settings import ServiceSettings
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
-ROLES = frozenset({"system", "user", "assistant"})
-MAX_DATASET_ROWS = 200_000
 log = structlog.get_logger("trainer")
+
+if TYPE_CHECKING:
+    from trainer_service.training import Example
 
 
 @dataclass
@@ -59,91 +60,19 @@ def runtime() -> Runtime:
 # --------------------------------------------------------------------------- datasets
 
 
-def _check_message(msg: Any, line: int, field: str) -> None:
-    if not isinstance(msg, dict):
-        raise Unprocessable(f"line {line}: {field} must be an object", field=field, line=line)
-    if msg.get("role") not in ROLES:
-        raise Unprocessable(f"line {line}: {field}.role must be one of system, user, assistant", field=f"{field}.role", line=line)
-    if not isinstance(msg.get("content"), str):
-        raise Unprocessable(f"line {line}: {field}.content must be a string", field=f"{field}.content", line=line)
-
-
-def _row_format(row: Any, line: int) -> str:
-    """Validate one JSONL row and return its format; raises ``Unprocessable`` naming line and field."""
-    if not isinstance(row, dict):
-        raise Unprocessable(f"line {line}: each line must be a JSON object", field="(row)", line=line)
-    if "messages" in row:
-        messages = row["messages"]
-        if not isinstance(messages, list) or not messages:
-            raise Unprocessable(f"line {line}: messages must be a non-empty list", field="messages", line=line)
-        for i, msg in enumerate(messages):
-            _check_message(msg, line, f"messages[{i}]")
-        if messages[-1]["role"] != "assistant":
-            raise Unprocessable(f"line {line}: the last message must be the assistant's (the training target)", field=f"messages[{len(messages) - 1}].role", line=line)
-        return "messages"
-    if "chosen" in row or "rejected" in row:
-        for key in ("prompt", "chosen", "rejected"):
-            if not isinstance(row.get(key), str) or not row[key]:
-                raise Unprocessable(f"line {line}: {key} must be a non-empty string", field=key, line=line)
-        return "preference"
-    if "prompt" in row or "completion" in row:
-        for key in ("prompt", "completion"):
-            if not isinstance(row.get(key), str) or not row[key]:
-                raise Unprocessable(f"line {line}: {key} must be a non-empty string", field=key, line=line)
-        return "prompt_completion"
-    raise Unprocessable(f"line {line}: a row needs `messages`, or `prompt`+`completion`, or `prompt`+`chosen`+`rejected`", field="messages", line=line)
-
-
-def validate_jsonl(data: bytes) -> tuple[str, int]:
-    """Validate a JSONL upload; return ``(format, rows)``.
-
-    Every non-empty line must be one JSON object of the same format: chat ``messages`` (last message from
-    the assistant), ``prompt``/``completion``, or ``prompt``/``chosen``/``rejected``. Raises
-    ``Unprocessable`` with ``line`` (1-based) and ``field`` for the first bad line.
-    """
-    try:
-        text = data.decode("utf-8")
-    except UnicodeDecodeError as exc:
-        raise Unprocessable("the file is not UTF-8", field="file") from exc
-    fmt: str | None = None
-    rows = 0
-    for lineno, raw in enumerate(text.split("\n"), start=1):  # JSON Lines ends lines at \n only (U+2028 may sit in a string)
-        if not raw.strip():
-            continue
-        try:
-            row = json.loads(raw)
-        except json.JSONDecodeError as exc:
-            raise Unprocessable(f"line {lineno}: not valid JSON ({exc.msg})", field="(row)", line=lineno) from exc
-        except RecursionError as exc:
-            raise Unprocessable(f"line {lineno}: JSON nested too deeply", field="(row)", line=lineno) from exc
-        except ValueError as exc:  # e.g. an integer of more than 4,300 digits
-            raise Unprocessable(f"line {lineno}: {exc}", field="(row)", line=lineno) from exc
-        try:
-            json.dumps(row, ensure_ascii=False).encode("utf-8")
-        except UnicodeEncodeError as exc:
-            raise Unprocessable(f"line {lineno}: a string holds an unpaired surrogate (\\u{ord(exc.object[exc.start]):04x}), not text",
-                                field="(row)", line=lineno) from exc
-        row_fmt = _row_format(row, lineno)
-        if fmt is None:
-            fmt = row_fmt
-        elif row_fmt != fmt:
-            raise Unprocessable(f"line {lineno}: row is {row_fmt} but earlier rows are {fmt}", field="(row)", line=lineno)
-        rows += 1
-        if rows > MAX_DATASET_ROWS:
-            raise Unprocessable(f"more than {MAX_DATASET_ROWS} rows", field="file", line=lineno)
-    if fmt is None:
-        raise Unprocessable("the file has no rows", field="file")
-    return fmt, rows
-
-
 def _dataset_out(ds: Dataset) -> DatasetOut:
     return DatasetOut(id=ds.id, name=ds.name, format=ds.format, rows=ds.rows, bytes=ds.bytes, sha256=ds.sha256, created_at=ds.created_at)  # type: ignore[arg-type]
 
 
 def create_dataset(ctx: RunContext, name: str, data: bytes) -> DatasetOut:
-    """Validate and store a JSONL upload for the run; the same content uploaded twice returns the first dataset."""
+    """Validate and store a JSONL upload for the run; the same content uploaded twice returns the first dataset.
+
+    Raises ``Unprocessable`` naming the ``line`` and ``field`` of the first row the trainer could not train
+    on (see ``trainer_service.schemas.parse_dataset``).
+    """
     rt = runtime()
-    fmt, rows = validate_jsonl(data)
+    parsed = parse_dataset(data)
+    fmt, rows = parsed.format, len(parsed.rows)
     digest = hashlib.sha256(data).hexdigest()
     uri = artifacts.put_bytes(rt.settings.artifacts_dir, f"datasets/{digest}.jsonl", data)
     with rt.db.session() as s:
@@ -181,9 +110,13 @@ def dataset_content(ctx: RunContext, dataset_id: str) -> bytes:
     return artifacts.local_path(uri).read_bytes()
 
 
-def read_rows(uri: str) -> list[dict[str, Any]]:
-    """The rows of a stored dataset."""
-    return [json.loads(line) for line in artifacts.local_path(uri).read_text().split("\n") if line.strip()]
+def read_dataset(ds: Dataset) -> ParsedDataset:
+    """A stored dataset's rows, validated again by the upload's rules; ``Unprocessable`` naming the dataset,
+    ``line`` and ``field`` if it no longer passes them."""
+    try:
+        return parse_dataset(artifacts.local_path(ds.uri).read_bytes())
+    except Unprocessable as exc:
+        raise Unprocessable(f"dataset {ds.id}: {exc.detail}", dataset=ds.id, **exc.extra) from None
 
 
 # --------------------------------------------------------------------------- jobs
@@ -211,11 +144,33 @@ def _resolve_model(s: Session, ctx: RunContext, model: str) -> tuple[str, Checkp
     return model, None
 
 
-def estimate_tokens(base_model: str, rows: list[dict[str, Any]], recipe: Recipe) -> int:
-    """Upper bound of the training tokens the job will process (billed unit: tokens)."""
-    from trainer_service.training import count_training_tokens
+def training_examples(base_model: str, datasets: list[Dataset], recipe: Recipe) -> list[Example]:
+    """The datasets' rows tokenized as training will (``training.tokenize_examples``), with ``base_model``'s
+    tokenizer (loaded once per process).
 
-    return count_training_tokens(_tokenizer(base_model), rows, sft_config(recipe))
+    Raises ``Unprocessable``: ``field="datasets"`` for a dataset whose format the method does not train;
+    ``field="datasets"`` with ``rows`` (how many), ``dataset`` and ``line`` (the first of them) when rows have
+    no supervised token left after truncation at ``recipe.max_seq_len``; a row's ``field`` and ``line`` for a
+    stored row that fails validation.
+    """
+    from trainer_service.training import NoSupervisedTokens, tokenize_examples
+
+    rows: list[SFTRow] = []
+    where: list[tuple[str, int]] = []  # (dataset id, 1-based line) of each row
+    for ds in datasets:
+        parsed = read_dataset(ds)
+        if parsed.format not in ("messages", "prompt_completion"):
+            raise Unprocessable(f"dataset {ds.id} is {parsed.format}; sft needs messages or prompt_completion rows", field="datasets", dataset=ds.id)
+        rows += parsed.rows  # type: ignore[arg-type]
+        where += [(ds.id, line) for line in parsed.lines]
+    try:
+        return tokenize_examples(_tokenizer(base_model), rows, recipe.max_seq_len)
+    except NoSupervisedTokens as exc:
+        dataset_id, line = where[exc.indices[0]]
+        raise Unprocessable(
+            f"{len(exc.indices)} row(s) have no answer token left after truncation at recipe.max_seq_len={recipe.max_seq_len} tokens "
+            f"(the prompt alone fills it), so they would train on nothing; the first is line {line} of dataset {dataset_id}. "
+            "Shorten their prompts or raise max_seq_len.", field="datasets", rows=len(exc.indices), dataset=dataset_id, line=line) from None
 
 
 @cache
@@ -236,13 +191,16 @@ def sft_config(recipe: Recipe):  # noqa: ANN201 - avoids importing torch in the 
 def create_job(ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:
     """Validate a job, place its budget hold, record it as ``queued`` and return it.
 
-    Raises ``Unprocessable`` (unsupported method, unknown model/checkpoint, dataset format), ``NotFound``
+    Raises ``Unprocessable`` (unsupported method, unknown model/checkpoint, dataset format, rows with no
+    answer token left after truncation at ``max_seq_len``: see :func:`training_examples`), ``NotFound``
     (a dataset that is not the run's), ``Conflict`` (``idempotency_key`` used before with another request)
     and passes the ledger's 402 through. The job row is written only after the hold succeeded, and the hold
     is released if writing fails: nothing is half-written. With ``idempotency_key`` the call is safe to
     repeat: the ledger hold carries a key derived from it (a retry after a lost answer finds the same hold)
     and a repeat returns the job created first.
     """
+    from trainer_service.training import count_training_tokens
+
     rt = runtime()
     recipe = req.recipe
     fingerprint = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
@@ -255,11 +213,8 @@ def create_job(ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | N
     with rt.db.session() as s:
         base_model, parent = _resolve_model(s, ctx, req.model)
         datasets = [_owned_dataset(s, ctx, d) for d in req.datasets]
-    for ds in datasets:
-        if ds.format not in ("messages", "prompt_completion"):
-            raise Unprocessable(f"dataset {ds.id} is {ds.format}; sft needs messages or prompt_completion rows", field="datasets")
-    rows = [row for ds in datasets for row in read_rows(ds.uri)]
-    tokens = estimate_tokens(base_model, rows, recipe)
+    examples = training_examples(base_model, datasets, recipe)
+    tokens = count_training_tokens(examples, sft_config(recipe))
     job_id = new_id("job")
     request = f"(Idempotency-Key {idempotency_key})" if idempotency_key else job_id
     hold_key = f"hold:job:{hashlib.sha256(idempotency_key.encode()).hexdigest()[:32]}" if idempotency_key else f"hold:{job_id}"
@@ -286,8 +241,8 @@ def create_job(ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | N
             )
             s.add(job)
             s.flush()
-            _event(s, job.id, "info", "validated", f"validated {len(rows)} examples from {len(datasets)} dataset(s); "
-                   f"estimated ≤{tokens} training tokens, hold {hold['amount_usd_micros']} µUSD", {"rows": len(rows), "estimated_tokens": tokens, "hold_usd_micros": hold["amount_usd_micros"]})
+            _event(s, job.id, "info", "validated", f"validated {len(examples)} examples from {len(datasets)} dataset(s); "
+                   f"estimated ≤{tokens} training tokens, hold {hold['amount_usd_micros']} µUSD", {"rows": len(examples), "estimated_tokens": tokens, "hold_usd_micros": hold["amount_usd_micros"]})
             out = _job_out(s, job)
     except IntegrityError:  # the same key was used concurrently and the other request wrote its job first
         if idempotency_key and (existing := _job_by_key(ctx, idempotency_key, fingerprint)) is not None:
@@ -424,7 +379,6 @@ def run_job(job_id: str) -> None:
         return
     recipe_d, dataset_ids, base_model, parent_id = job_snapshot
     with rt.db.session() as s:
-        rows = [row for d in dataset_ids for row in read_rows(s.get(Dataset, d).uri)]  # type: ignore[union-attr]
         parent_dir = artifacts.local_path(s.get(Checkpoint, parent_id).uri) if parent_id else None  # type: ignore[union-attr]
     recipe = Recipe(**recipe_d)
     workdir = Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=rt.settings.data_dir))
@@ -458,6 +412,8 @@ def run_job(job_id: str) -> None:
 
     try:
         with lease:
+            with rt.db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
+                rows = [row for d in dataset_ids for row in read_dataset(s.get(Dataset, d)).rows]  # type: ignore[arg-type]
             result = train_sft(
                 base_model_dir(base_model, rt.settings.models_dir), rows, sft_config(recipe), workdir,
                 init_adapter=parent_dir, resume=resume, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,

@@ -30,6 +30,7 @@ from typing import Any
 
 import torch
 import torch.nn.functional as F
+from trainer_service.schemas import SFTRow
 
 from services.common.basemodels import cpu_has_native_bf16
 
@@ -86,8 +87,8 @@ class Example:
 
     @property
     def num_supervised(self) -> int:
-        """Number of tokens that carry loss."""
-        return sum(label != IGNORE_INDEX for label in self.labels)
+        """Number of tokens that carry loss (position 0 never does: no token comes before it to predict it from)."""
+        return sum(label != IGNORE_INDEX for label in self.labels[1:])
 
 
 @dataclass
@@ -127,40 +128,40 @@ def _render_pair(tokenizer: Any, prompt: list[dict[str, str]], answer: dict[str,
     return prefix, full[len(prefix) :]
 
 
-def _split_row(row: dict[str, Any], index: int) -> tuple[list[dict[str, str]], dict[str, str]]:
-    """The prompt messages and the supervised assistant message of a dataset row."""
-    if "messages" in row:
-        messages = row["messages"]
-        last = max((i for i, m in enumerate(messages) if m.get("role") == "assistant"), default=None)
-        if last is None or last == 0:
-            raise ValueError(f"row {index}: needs an assistant message preceded by at least one message")
-        return list(messages[:last]), messages[last]
-    if isinstance(row.get("prompt"), str) and isinstance(row.get("completion"), str):
-        return [{"role": "user", "content": row["prompt"]}], {"role": "assistant", "content": row["completion"]}
-    raise ValueError(f"row {index}: expected {{'messages': [...]}} or {{'prompt': str, 'completion': str}}")
+class NoSupervisedTokens(ValueError):
+    """Rows whose answer is cut away entirely at ``max_seq_len`` (their prompt fills it): such a row would train
+    with loss 0 while its tokens are billed. ``indices``: their 0-based positions in the rows given."""
+
+    def __init__(self, indices: list[int], max_seq_len: int) -> None:
+        super().__init__(f"{len(indices)} row(s) have no supervised token left after truncation at {max_seq_len} tokens")
+        self.indices, self.max_seq_len = indices, max_seq_len
 
 
-def tokenize_examples(tokenizer: Any, rows: Sequence[dict[str, Any]], max_seq_len: int) -> list[Example]:
+def tokenize_examples(tokenizer: Any, rows: Sequence[SFTRow], max_seq_len: int) -> list[Example]:
     """Tokenize dataset rows into :class:`Example` s with loss on the answer only.
 
-    A row is ``{"messages": [{"role", "content"}, ...]}`` (the LAST assistant message is the answer; messages
-    after it are ignored, earlier ones are prompt) or ``{"prompt": str, "completion": str}`` (the prompt becomes
-    one user message, the completion the assistant answer). Both are rendered with the tokenizer's chat
-    template; the answer's tokens (its text and the end-of-turn token) are supervised, everything else is
-    ``IGNORE_INDEX``. Prompt and answer are tokenized separately, so the prompt tokens are exactly those the
-    model sees at inference after ``add_generation_prompt``. Sequences are cut to ``max_seq_len`` tokens.
+    Each row gives its prompt messages and its answer (``sft_turns``, see ``trainer_service.schemas``: the
+    last message of a ``messages`` row is the answer and the earlier ones the prompt; a ``prompt_completion``
+    row is one user message and the answer). Both are rendered with the tokenizer's chat template; the
+    answer's tokens (its text and the template's end-of-turn tokens, ``<|im_end|>`` and ``\\n`` for ChatML)
+    are supervised, everything else is ``IGNORE_INDEX``. Prompt and answer are tokenized separately, so the
+    prompt tokens are exactly those the model sees at inference after ``add_generation_prompt``. Sequences
+    are cut to ``max_seq_len`` tokens.
 
-    Raises ``ValueError`` naming the 0-based row index for a malformed row.
+    Raises :class:`NoSupervisedTokens` if a row has no supervised token left after the cut, and ``ValueError``
+    if the chat template does not render a prompt as a prefix of its conversation.
     """
     examples = []
-    for index, row in enumerate(rows):
-        prompt, answer = _split_row(row, index)
+    for row in rows:
+        prompt, answer = row.sft_turns()
         prefix, answer_text = _render_pair(tokenizer, prompt, answer)
         prompt_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
         answer_ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
         input_ids = (prompt_ids + answer_ids)[:max_seq_len]
         labels = ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_seq_len]
         examples.append(Example(input_ids=input_ids, labels=labels))
+    if empty := [index for index, example in enumerate(examples) if example.num_supervised == 0]:
+        raise NoSupervisedTokens(empty, max_seq_len)
     return examples
 
 
@@ -178,15 +179,16 @@ def _batch_indices(step: int, n_rows: int, batch_size: int, seed: int) -> list[i
     return indices
 
 
-def count_training_tokens(tokenizer: Any, rows: Sequence[dict[str, Any]], config: SFTConfig) -> int:
-    """Exact number of non-pad input tokens a full run of ``config.max_steps`` steps will process (and bill).
+def count_training_tokens(examples: Sequence[Example], config: SFTConfig) -> int:
+    """Exact number of non-pad input tokens a full run of ``config.max_steps`` steps over ``examples`` (from
+    :func:`tokenize_examples` with ``config.max_seq_len``) will process and bill.
 
-    Uses the same tokenization and data order as :func:`train_sft`, so it is an upper bound for any run of
-    that job (stopped or resumed runs process fewer). Raises ``ValueError`` for malformed or empty ``rows``.
+    Uses the data order of :func:`train_sft`, so it is an upper bound for any run of that job (stopped or
+    resumed runs process fewer). Raises ``ValueError`` for no examples.
     """
-    if not rows:
+    if not examples:
         raise ValueError("no training rows")
-    lengths = [len(e.input_ids) for e in tokenize_examples(tokenizer, rows, config.max_seq_len)]
+    lengths = [len(e.input_ids) for e in examples]
     return sum(
         lengths[i]
         for step in range(1, config.max_steps + 1)
@@ -288,7 +290,7 @@ def _load_model(base_dir: Path, config: SFTConfig, init_adapter: Path | None, re
 
 def train_sft(
     base_dir: Path,
-    rows: Sequence[dict[str, Any]],
+    rows: Sequence[SFTRow],
     config: SFTConfig,
     out_dir: Path,
     *,
@@ -311,8 +313,9 @@ def train_sft(
     are written atomically to ``out_dir/step-<N>/`` and ``on_checkpoint(N, folder)`` is called. ``on_step``
     receives :class:`StepMetrics` after every step. Uses every CPU this process may run on.
 
-    Raises ``ValueError`` for malformed or empty rows, or a ``resume`` state from a different seed, batch size
-    or dataset size.
+    ``rows`` are validated dataset rows (``trainer_service.schemas``). Raises :class:`NoSupervisedTokens` before
+    any step if a row's answer is cut away at ``config.max_seq_len``, and ``ValueError`` for no rows or a
+    ``resume`` state from a different seed, batch size or dataset size.
     """
     from transformers import AutoTokenizer, get_scheduler
 
