@@ -227,25 +227,43 @@ def admin_load_benchmark(path: Path, gateway: GatewayUrl = "http://127.0.0.1:800
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from exc
     console.print(f"benchmark {bm['name']} loaded as {bm['id']}")
+    for warning in bm.get("warnings", []):
+        console.print(f"[yellow]warning:[/] {warning}")
 
 
 @admin_app.command("check-benchmark")
 def admin_check_benchmark(path: Path) -> None:
-    """Validate a benchmark YAML file locally (no server): prints its tasks, or the offending key and why. (Suite
-    params are checked by the grader when the benchmark is loaded.)"""
-    from gateway.service import parse_benchmark
+    """Check a benchmark YAML file locally (no server, no hidden seed): the file, each task's suite params and split
+    sizes, and what the operator should know of its splits: the task's item space, its public items, the share of
+    natural test draws that are public (left out of the hidden split), and warnings (a task small enough to
+    enumerate cannot keep its test split secret; see ``grader/splits.py``)."""
+    from gateway.service import grading_spec, parse_benchmark
+    from grader.splits import split_report
+    from grader.suites import get_suite
     from services.common.errors import Unprocessable
 
     try:
         spec = parse_benchmark(yaml.safe_load(path.read_text()))
+        reports = []
+        for task in spec.task_list():
+            get_suite(task.suite.name).check_params(task.suite.params)
+            reports.append(split_report(grading_spec(spec, task, "bm_check")))
     except (OSError, yaml.YAMLError) as exc:
         console.print(f"[red]✗[/] {path}: {exc}")
         raise typer.Exit(1) from None
     except Unprocessable as exc:
-        console.print(f"[red]✗[/] {path}: {exc.detail}")
+        console.print(f"[red]✗[/] {path}: {exc.field}: {exc.detail}" if exc.field else f"[red]✗[/] {path}: {exc.detail}")
         raise typer.Exit(1) from None
     tasks = ", ".join(f"{t.name} ({t.suite.name})" for t in spec.task_list())
     console.print(f"[green]✓[/] {spec.name}: track {spec.track}, tasks {tasks}")
+    table = Table("task", "suite", "distinct items", "split items", "public items", "public share of test draws")
+    for r in reports:
+        table.add_row(r.task, r.suite, f"{'' if r.item_space.exact else '~'}{r.item_space.count}", str(r.split_items), str(r.public_items),
+                      f"{r.public_share_of_draws:.1%}")
+    console.print(table)
+    for r in reports:
+        for warning in r.warnings:
+            console.print(f"[yellow]warning:[/] {warning}")
 
 
 @admin_app.command("benchmark-schema")

@@ -164,6 +164,8 @@ class BenchmarkOut(BaseModel):
     name: str
     spec: BenchmarkFile
     created_at: dt.datetime
+    warnings: list[str] = Field(default_factory=list, description="What the operator should know, on the first load only: e.g. a task whose "
+                                "items are few enough to enumerate, so that its test split cannot stay secret.")
 
 
 class RunCreate(BaseModel):
@@ -242,7 +244,8 @@ class TaskScore(BaseModel):
     """A run's final submission on one task of its benchmark. Scores are in [0, 1]."""
 
     task: str
-    submission_id: str | None = Field(description="The run's latest final submission on this task (null: none yet).")
+    submission_id: str | None = Field(description="The submission that counts on this task: the run's latest graded one, or while none "
+                                                  "is graded its latest one (null: none yet).")
     status: str = Field(description="queued | running | graded | failed | not submitted")
     initial_score: float | None
     final_score: float | None

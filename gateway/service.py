@@ -17,7 +17,20 @@ from sqlalchemy import select
 
 from gateway.models import AuditEvent, Benchmark, EpisodeEvent, Run
 from gateway.ratelimit import KeyRateLimiter
-from gateway.schemas import TRACKS, BenchmarkFile, BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut, TaskScore
+from gateway.schemas import (
+    TRACKS,
+    BenchmarkFile,
+    BenchmarkOut,
+    BudgetOut,
+    LeaderboardRow,
+    RefundRequest,
+    RunCard,
+    RunCreate,
+    RunCreated,
+    RunOut,
+    TaskScore,
+    TaskSpec,
+)
 from gateway.settings import GatewaySettings
 from services.common.auth import RunContext, hash_secret, new_secret
 from services.common.basemodels import BASE_MODELS
@@ -70,8 +83,8 @@ class Caller:
 # --------------------------------------------------------------------------- benchmarks (operators)
 
 
-def _benchmark_out(b: Benchmark) -> BenchmarkOut:
-    return BenchmarkOut(id=b.id, name=b.name, spec=BenchmarkFile.model_validate(b.spec), created_at=b.created_at)
+def _benchmark_out(b: Benchmark, warnings: list[str] | None = None) -> BenchmarkOut:
+    return BenchmarkOut(id=b.id, name=b.name, spec=BenchmarkFile.model_validate(b.spec), created_at=b.created_at, warnings=warnings or [])
 
 
 def parse_benchmark(doc: Any) -> BenchmarkFile:
@@ -90,9 +103,16 @@ def parse_benchmark(doc: Any) -> BenchmarkFile:
     return spec
 
 
+def grading_spec(spec: BenchmarkFile, task: TaskSpec, benchmark_id: str) -> GradingSpec:
+    """What the grader is told of one task of ``spec``: it grades each task as a benchmark of its own."""
+    return GradingSpec(benchmark_id=benchmark_id, task=task.name, suite=task.suite, initial_system=task.initial_system,
+                       reference_system=task.reference.system, reference_score=task.reference.score, evaluation=task.evaluation, audit=spec.audit)
+
+
 def load_benchmark(doc: Any) -> BenchmarkOut:
     """Register a benchmark: validate, have the grader build its splits, store it. Same name and same
-    document → the existing benchmark; same name, different document → ``Conflict``."""
+    document → the existing benchmark; same name, different document → ``Conflict``. The answer's ``warnings``
+    (first load only) are the grader's, e.g. a task whose items are few enough to enumerate."""
     rt = runtime()
     spec = parse_benchmark(doc)
     with rt.db.session() as s:
@@ -104,17 +124,15 @@ def load_benchmark(doc: Any) -> BenchmarkOut:
     bm_id = new_id("bm")
     tasks = spec.task_list()
     ids = {t.name: bm_id if spec.tasks is None else new_id("bm") for t in tasks}  # the grader grades each task as its own benchmark
+    warnings: list[str] = []
     for t in tasks:
-        grading = GradingSpec(
-            benchmark_id=ids[t.name], task=t.name, suite=t.suite, initial_system=t.initial_system, reference_system=t.reference.system,
-            reference_score=t.reference.score, evaluation=t.evaluation, audit=spec.audit,
-        )
-        rt.grader.post("/internal/benchmarks", json=grading.model_dump(mode="json"))
+        grading = grading_spec(spec, t, ids[t.name])
+        warnings += rt.grader.post("/internal/benchmarks", json=grading.model_dump(mode="json")).get("warnings", [])
     with rt.db.session() as s:
         b = Benchmark(id=bm_id, name=spec.name, spec=spec.model_dump(mode="json"), tasks=ids, created_at=utcnow())
         s.add(b)
         s.flush()
-        return _benchmark_out(b)
+        return _benchmark_out(b, warnings)
 
 
 def benchmark_baselines(ref: str) -> dict[str, Any]:
@@ -289,7 +307,8 @@ def budget(caller: Caller) -> BudgetOut:
 def run_card(caller: Caller) -> RunCard:
     """The run card: the benchmark (each task with its suite, split sizes, initial system and reference; a
     one-task benchmark's task also at the top level), track, recipe policy, evaluation settings, deadline,
-    budget and every limit with what is left (``final_submissions`` counts per task)."""
+    budget and every limit with what is left (``final_submissions`` counts per task the submissions that are used up:
+    all but those whose grading failed by the platform's fault)."""
     rt = runtime()
     spec = caller.benchmark
     subs = rt.grader.get("/internal/submissions", ctx=caller.ctx)["data"]
@@ -308,14 +327,14 @@ def run_card(caller: Caller) -> RunCard:
         run_id=caller.run.id, agent_name=caller.run.agent_name, benchmark=benchmark,
         track=caller.run.track, editable=caller.ctx.editable, recipe=spec.recipe, evaluation=spec.evaluation,
         deadline_at=caller.run.deadline_at, seconds_left=max(0, left), budget=budget(caller),
-        limits=_limits_left(spec, {t["name"]: sum(1 for x in subs if x["task"] == t["name"]) for t in tasks}, usage),
+        limits=_limits_left(spec, {t["name"]: sum(1 for x in subs if x["task"] == t["name"] and x["counted"]) for t in tasks}, usage),
     )
 
 
 def _limits_left(spec: BenchmarkFile, submissions: dict[str, int], usage: EvaluationUsage) -> dict[str, Any]:
     """Each limit of the benchmark with what the run has used and has left (``None``: no limit).
 
-    ``submissions``: final submissions made per task. With several tasks, ``final_submissions`` sums the
+    ``submissions``: final submissions used up per task. With several tasks, ``final_submissions`` sums the
     tasks up and ``final_submissions_by_task`` gives each task's own row."""
     lim = spec.limits
 
@@ -370,9 +389,10 @@ def episode_log(run_id: str, after: int = 0, limit: int = 1000) -> list[dict[str
 def leaderboard() -> list[LeaderboardRow]:
     """One row per run with a final submission, ranked by final test score (Avg over tasks) within each benchmark.
 
-    Per task, the run's latest submission counts: gap closed = (final − initial) / (reference − initial), with
-    initial and reference scored by the grader on the same hidden split (or the reference score the benchmark
-    declares). Over tasks: Avg = mean of the finals, gap closed = mean of the tasks' gaps, RSI-Index = mean of
+    Per task, the run's latest graded submission counts (a later one queued, running or failed leaves the row as it
+    was; until one is graded, the latest one shows its status; the grader picks it, ``leaderboard_entries``).
+    Gap closed = (final − initial) / (reference − initial), with initial and reference scored by the grader on
+    the same hidden split (or the reference score the benchmark declares). Over tasks: Avg = mean of the finals, gap closed = mean of the tasks' gaps, RSI-Index = mean of
     (final − initial) / (1 − initial) (RSIGym's definition).
     """
     rt = runtime()
@@ -380,12 +400,12 @@ def leaderboard() -> list[LeaderboardRow]:
     with rt.db.session() as s:
         runs = {r.id: r for r in s.scalars(select(Run))}
         benchmarks = {b.id: b for b in s.scalars(select(Benchmark))}
-    latest: dict[str, dict[str, dict[str, Any]]] = {}  # run -> grader benchmark id (task) -> its latest submission
-    for e in entries:  # in submission order
-        latest.setdefault(e["run_id"], {})[e["benchmark_id"]] = e
+    counting: dict[str, dict[str, dict[str, Any]]] = {}  # run -> grader benchmark id (task) -> the submission that counts
+    for e in entries:
+        counting.setdefault(e["run_id"], {})[e["benchmark_id"]] = e
     baselines: dict[str, dict[str, Any]] = {}
     rows: list[LeaderboardRow] = []
-    for run_id, by_task in latest.items():
+    for run_id, by_task in counting.items():
         run = runs.get(run_id)
         if run is None:
             continue
@@ -424,7 +444,7 @@ def leaderboard() -> list[LeaderboardRow]:
 
 
 def _task_score(task: str, baseline: dict[str, Any], entry: dict[str, Any] | None) -> TaskScore:
-    """One task's line: baselines from the grader's benchmark status, the final from the run's latest submission."""
+    """One task's line: baselines from the grader's benchmark status, the final from the submission that counts."""
     initial = baseline["initial"]["value"] if baseline.get("initial") else None
     reference = baseline["reference"]["value"] if baseline.get("reference") else None
     score = (entry or {}).get("score")

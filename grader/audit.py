@@ -10,21 +10,24 @@ test item). N-grams that also occur in the benchmark's public training pool are 
 between items) and are left out. A test item is flagged when at least ``min_overlap`` of its remaining
 n-grams occur in one row of the run's datasets (every string of the row joined); an item with none left
 cannot be told apart from the training pool and is not flagged.
+
+N-grams miss a copy whose instruction text was reworded ("Compute 15 - 43 - 75." for "State the final answer to
+the following arithmetic problem: 15 - 43 - 75 ="). So a test item is flagged as well when its **canonical
+form** (:mod:`grader.canonical`, given by the suite: the expression of an arithmetic item, the statement without
+its instruction, a function's ``def`` line) occurs contiguously in a row read in the form's view. A canonical form
+that occurs in a public text read the same way is no evidence either, and is left out like a public n-gram.
 """
 
 from __future__ import annotations
 
-import re
-import unicodedata
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from typing import Any
 
 from pydantic import BaseModel, Field
 
+from grader.canonical import VIEWS, Canonical, text_tokens
 from grader.suites import Item
 from services.common.contracts import AuditSettings
-
-_TOKEN = re.compile(r"\w+|[^\w\s]")
 
 
 class ContaminationReport(BaseModel):
@@ -37,11 +40,10 @@ class ContaminationReport(BaseModel):
     rows: int = Field(description="Rows read from them.")
     ngram: int
     min_overlap: float
+    flagged_by_canonical_form: int = Field(0, description="Flagged items whose canonical form (not only their n-grams) occurs in a row.")
 
 
-def tokens(text: str) -> list[str]:
-    """Normalized tokens of ``text``: NFKC, lower case, words and single punctuation marks."""
-    return _TOKEN.findall(unicodedata.normalize("NFKC", text).lower())
+tokens = text_tokens  # the audit's normalization: NFKC, lower case, words and single punctuation marks
 
 
 def _ngrams(toks: list[str], n: int) -> set[tuple[str, ...]]:
@@ -61,38 +63,59 @@ def row_text(row: Any) -> str:
     return ""
 
 
-def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, *, public: Iterable[str] = (), datasets: int = 0) -> ContaminationReport:
-    """Flag the test items whose question (or long answer) overlaps a dataset row (see the module docstring);
-    ``public``: the texts (questions and answers) of what agents may see, whose n-grams are no evidence. Cost: one pass over the tokens of
-    ``public`` and of the rows per distinct n-gram length (``ngram`` and the short items' own lengths)."""
+def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, *, public: Iterable[str] = (), datasets: int = 0,
+          canonical: Callable[[Item], Canonical | None] | None = None) -> ContaminationReport:
+    """Flag the test items whose question (or long answer) overlaps a dataset row, or whose canonical form occurs in
+    one (see the module docstring). ``public``: the texts (questions and answers) of what agents may see, whose
+    n-grams and canonical forms are no evidence; ``canonical``: the suite's canonical form of an item (``None``: n-grams
+    only). Cost: one pass over the tokens of ``public`` and of the rows per distinct n-gram or form length and view."""
     units = _units(test_items, settings.ngram)
     wanted: dict[int, dict[tuple[str, ...], list[int]]] = {}  # n -> n-gram -> indexes of the units having it
     for index, (_item, toks) in enumerate(units):
         for gram in _ngrams(toks, settings.ngram):
             wanted.setdefault(len(gram), {}).setdefault(gram, []).append(index)
+    forms: dict[str, dict[int, dict[tuple[str, ...], list[int]]]] = {}  # view -> length -> form -> test item indexes
+    for index, item in enumerate(test_items):
+        form = canonical(item) if canonical else None
+        if form is not None:
+            forms.setdefault(form.view, {}).setdefault(len(form.tokens), {}).setdefault(form.tokens, []).append(index)
+    public = list(public)
     for text in public:  # drop what the public training pool contains as well
         toks = tokens(text)
         for n, grams in wanted.items():
             for gram in _windows(toks, n):
                 grams.pop(gram, None)
+        for view, by_length in forms.items():
+            view_toks = VIEWS[view](text)
+            for n, found in by_length.items():
+                for gram in _windows(view_toks, n):
+                    found.pop(gram, None)
     sizes = [0] * len(units)
     for grams in wanted.values():
         for indexes in grams.values():
             for index in indexes:
                 sizes[index] += 1
     flagged: set[int] = set()
+    by_form: set[int] = set()
     count = 0
     for row in rows:
         count += 1
-        toks = tokens(row_text(row))
+        text = row_text(row)
+        toks = tokens(text)
         hits: dict[int, int] = {}
         for n, grams in wanted.items():
             for gram in _windows(toks, n):
                 for index in grams.get(gram, ()):
                     hits[index] = hits.get(index, 0) + 1
         flagged.update(units[i][0] for i, h in hits.items() if h / sizes[i] >= settings.min_overlap)
+        for view, by_length in forms.items():
+            view_toks = toks if view == "text" else VIEWS[view](text)
+            for n, found in by_length.items():
+                for gram in _windows(view_toks, n):
+                    by_form.update(found.get(gram, ()))
+    flagged |= by_form
     return ContaminationReport(contaminated=bool(flagged), flagged_items=len(flagged), items=len(test_items), datasets=datasets, rows=count,
-                               ngram=settings.ngram, min_overlap=settings.min_overlap)
+                               ngram=settings.ngram, min_overlap=settings.min_overlap, flagged_by_canonical_form=len(by_form))
 
 
 def _units(test_items: list[Item], ngram: int) -> list[tuple[int, list[str]]]:

@@ -23,7 +23,7 @@ from typing import Any
 from urllib.parse import quote
 
 import structlog
-from sqlalchemy import func, select
+from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, object_session
 
 from grader.audit import audit
@@ -64,6 +64,7 @@ from services.common.lazy import once
 log = structlog.get_logger("grader")
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+AGENT, PLATFORM = "agent", "platform"  # whose fault a failed evaluation is (Evaluation.failure_cause)
 PROMPT_OVERHEAD_TOKENS = 64  # chat-template tokens added around the rendered messages (upper bound)
 TOOLS_OVERHEAD_TOKENS = 256  # tokens a chat template (or inference's tools system message) adds around the tools' JSON (upper bound)
 
@@ -240,14 +241,14 @@ def _prompt_upper_bound(harness: Harness, question: str, tools: list[dict[str, A
 def evaluation_usage(s: Session, run_id: str, now: dt.datetime | None = None) -> tuple[EvaluationUsage, list[dt.datetime]]:
     """The run's use of its evaluation allowance, and the start times of its counted evaluations (newest first)."""
     now = now or utcnow()
-    rows = s.execute(select(Evaluation.status, Evaluation.created_at)
+    rows = s.execute(select(Evaluation.status, Evaluation.created_at, Evaluation.failure_cause)
                      .where(Evaluation.run_id == run_id, Evaluation.purpose == "validation")).all()
-    counted = sorted((created for status, created in rows if status not in ("failed", "cancelled")), reverse=True)
+    counted = sorted((created for status, created, _ in rows if status not in ("failed", "cancelled")), reverse=True)
     usage = EvaluationUsage(
         last_hour=sum(1 for c in counted if c > now - dt.timedelta(hours=1)),
         last_day=sum(1 for c in counted if c > now - dt.timedelta(days=1)),
-        active=sum(1 for status, _ in rows if status in ("queued", "running")),
-        failed=sum(1 for status, _ in rows if status in ("failed", "cancelled")),
+        active=sum(1 for status, _, _ in rows if status in ("queued", "running")),
+        failed=sum(1 for status, _, cause in rows if status in ("failed", "cancelled") and cause != PLATFORM),
         total=len(rows),
     )
     return usage, counted
@@ -451,11 +452,13 @@ def run_evaluation(eval_id: str) -> None:
                 out = _with_retries(lambda: rt.inference.post("/internal/chat/completions", json=body, ctx=ctx, headers=call_headers))
             except UpstreamProblem as exc:
                 if exc.code != "context_exceeded":
+                    if (refused := _refusal(exc)) is not None:
+                        raise refused from exc
                     raise
                 out = {"choices": [{"message": {"content": ""}}], "usage": {"prompt_tokens": 0, "completion_tokens": 0}}  # does not fit: scores 0
             lease.check()
             completion = out["choices"][0]["message"]["content"]
-            answer = extract_answer(harness, completion)
+            answer = extract_answer(harness, completion, entry_point=item.entry.get("entry_point"))
             score = suite.score(answer, item)
             if split == "test":
                 rt.store.record(eval_id, item.id, sample, completion, answer, score)
@@ -487,7 +490,7 @@ def run_evaluation(eval_id: str) -> None:
             outcome = ("queued", f"{exc.__class__.__name__}: {exc}")
         else:  # the evaluation fails; the worker lives on
             log.exception("evaluation failed", eval_id=eval_id)
-            outcome = ("failed", f"{exc.__class__.__name__}: {exc}")
+            outcome = ("failed", failure_of(exc))
     finally:
         lease.stop()
     if outcome is None or lease.lost.is_set():
@@ -505,7 +508,7 @@ def run_evaluation(eval_id: str) -> None:
             score, n = outcome[1]
             ev.score, ev.items_done = score.model_dump(), n
         else:
-            ev.error = outcome[1]
+            ev.failure_cause, ev.error = outcome[1]
         ev.status, ev.worker_id, ev.finished_at = outcome[0], None, utcnow()
     _close_hold(eval_id)
 
@@ -548,6 +551,35 @@ def _close_hold(eval_id: str) -> None:
             s.get(Evaluation, eval_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
 
 
+class SystemRefused(Exception):
+    """Inference refused the evaluated system: its model, or a request its harness makes. The agent's fault."""
+
+
+SYSTEM_REFUSAL_STATUSES = frozenset({400, 413, 422})  # inference's answers about the request itself (not auth, budget, rate, conflicts)
+
+
+def _refusal(exc: UpstreamProblem) -> SystemRefused | None:
+    """The :class:`SystemRefused` (naming the refused field) to raise when inference answered a completion call
+    with the problem ``exc`` because the request, that is the evaluated model or harness, is at fault; else ``None``."""
+    if exc.status not in SYSTEM_REFUSAL_STATUSES:
+        return None
+    field = exc.problem.get("field")
+    return SystemRefused(f"inference refused the evaluated system{f' (field {field})' if field else ''}: {exc.detail}")
+
+
+def failure_of(exc: BaseException) -> tuple[str, str]:
+    """``(failure_cause, reason)`` of an evaluation that ended with ``exc``.
+
+    ``agent`` for :class:`SystemRefused` (the system cannot be evaluated: it uses up a final submission);
+    ``platform`` for anything else, an error in the grader's own code or another service's (it does not).
+    The reason is stored in the evaluation's ``error``; a submission shows an agent's reason as is, never a
+    platform's (its text may quote a test item).
+    """
+    if isinstance(exc, SystemRefused):
+        return AGENT, str(exc)
+    return PLATFORM, f"{exc.__class__.__name__}: {exc}"
+
+
 def _unavailable(exc: BaseException) -> bool:
     """A service is away (unreachable, or it answered 503 because one it needs is): worth retrying later."""
     return isinstance(exc, UpstreamUnavailable) or (isinstance(exc, UpstreamProblem) and exc.status == 503)
@@ -577,8 +609,8 @@ def reconcile() -> jobs.ReconcileReport:
 
     rt = runtime()
 
-    def failed(_s: Session, ev: Evaluation, reason: str) -> None:
-        ev.error, ev.finished_at = reason, utcnow()
+    def failed(_s: Session, ev: Evaluation, reason: str) -> None:  # the worker was lost too often, or grading ran too long
+        ev.error, ev.failure_cause, ev.finished_at = reason, PLATFORM, utcnow()
 
     return jobs.reconcile(rt.db, Evaluation, rt.settings.reconcile_policy(rt.settings.eval_time_limit_s),
                           send=enqueue_evaluation, on_requeue=lambda _s, _ev: None, on_fail=failed, after_fail=_close_hold)
@@ -588,18 +620,31 @@ def reconcile() -> jobs.ReconcileReport:
 
 
 def _submission_out(s: Session, sub: Submission) -> SubmissionOut:
+    """The wire form of ``sub``. A failure says whose fault it was; a platform failure's own text (which may quote a
+    test item) stays in the grader's records and the agent reads that the submission was given back."""
     ev = s.get(Evaluation, sub.evaluation_id)
     status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")  # type: ignore[union-attr]
+    cause = ev.failure_cause if status == "failed" else None  # type: ignore[union-attr]
+    error = ev.error if cause == AGENT else (  # type: ignore[union-attr]
+        "grading failed on the platform's side; this submission does not count against the task's final submissions" if status == "failed" else None)
     return SubmissionOut(id=sub.id, status=status, task=_task_name(s, sub.benchmark_id), model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
-                         score=Score(**ev.score) if ev.score else None, error=ev.error, created_at=sub.created_at,  # type: ignore[union-attr]
-                         graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
+                         score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=cause != PLATFORM,  # type: ignore[union-attr, arg-type]
+                         created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
+
+
+def counted_submissions(s: Session, run_id: str, benchmark_id: str) -> int:
+    """How many of the run's final submissions for the task (``benchmark_id``) are used up: every submission
+    except those whose grading failed by the platform's fault (queued, running, graded, failed by the agent's)."""
+    return s.scalar(select(func.count()).select_from(Submission).join(Evaluation, Evaluation.id == Submission.evaluation_id)
+                    .where(Submission.run_id == run_id, Submission.benchmark_id == benchmark_id,
+                           or_(Evaluation.failure_cause.is_(None), Evaluation.failure_cause != PLATFORM))) or 0
 
 
 def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: int) -> SubmissionOut:
     """Record the run's final system and queue its grading on the hidden test split (not charged).
 
-    Raises ``Forbidden`` (code ``submission_limit``) past ``max_submissions`` (counted per task, that is per
-    ``ctx.benchmark_id``) and ``Unprocessable`` for an unknown model or a bad harness.
+    Raises ``Forbidden`` (code ``submission_limit``) when ``max_submissions`` of the task (``ctx.benchmark_id``)
+    are used up (see :func:`counted_submissions`) and ``Unprocessable`` for an unknown model or a bad harness.
     """
     rt = runtime()
     if req.harness is not None:
@@ -608,9 +653,9 @@ def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: i
     with rt.db.session() as s:
         serialize(s, f"submissions:{ctx.run_id}")  # two submissions at once cannot both see one left
         spec = _spec(s, ctx.benchmark_id)
-        used = s.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == ctx.run_id, Submission.benchmark_id == ctx.benchmark_id))
-        if used >= max_submissions:
-            raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s) for task {spec.task!r}", limit=max_submissions)
+        if counted_submissions(s, ctx.run_id, ctx.benchmark_id) >= max_submissions:
+            raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s) for task {spec.task!r} "
+                                         "(a grading that failed by the platform's fault is given back)", limit=max_submissions)
         harness = _harness(spec, req.harness)
         eval_id = _new_evaluation(s, spec, ctx.run_id, "submission", "test", req.model, harness, spec.suite.splits.test.size)
         sub = Submission(id=new_id("sub"), run_id=ctx.run_id, benchmark_id=ctx.benchmark_id, model=req.model, harness=harness.model_dump(),
@@ -638,14 +683,22 @@ def list_submissions(ctx: RunContext) -> list[SubmissionOut]:
 
 
 def leaderboard_entries() -> list[dict[str, Any]]:
-    """Every submission with its aggregate test score, for the gateway's leaderboard (no per-item data).
+    """Per run and task, the submission that counts on the leaderboard, with its aggregate test score (no per-item data).
 
-    Each entry: ``{submission_id, run_id, benchmark_id, status, score, graded_at, validation_evaluations, contamination}``
-    (``contamination``: the audit's counts, never which items).
+    The run's latest graded submission counts (EvalAI's default): a later one that is queued, running or failed
+    leaves the row as it was. Until one is graded, the latest submission stands in (its status shows progress).
+    Each entry: ``{submission_id, run_id, benchmark_id, status, score, graded_at, validation_evaluations,
+    contamination}`` (``contamination``: the audit's counts, never which items).
     """
     with runtime().db.session() as s:
+        counting: dict[tuple[str, str], tuple[Submission, Evaluation]] = {}
+        for sub, ev in s.execute(select(Submission, Evaluation).join(Evaluation, Evaluation.id == Submission.evaluation_id)
+                                 .order_by(Submission.created_at, Submission.id)):
+            key = (sub.run_id, sub.benchmark_id)
+            if key not in counting or ev.status == "succeeded" or counting[key][1].status != "succeeded":
+                counting[key] = (sub, ev)
         out = []
-        for sub in s.scalars(select(Submission).order_by(Submission.id)):
+        for sub, _ev in counting.values():
             o = _submission_out(s, sub)
             used = s.scalar(select(func.count()).select_from(Evaluation).where(Evaluation.run_id == sub.run_id, Evaluation.purpose == "validation"))
             out.append({"submission_id": sub.id, "run_id": sub.run_id, "benchmark_id": sub.benchmark_id, "status": o.status,

@@ -72,10 +72,6 @@ class TestStore:
             rows = s.scalars(select(TestItem).where(TestItem.benchmark_id == benchmark_id).order_by(TestItem.position))
             return [Item(id=r.item_id, question=r.question, answer=r.answer, entry=r.entry) for r in rows]
 
-    def questions(self, benchmark_id: str) -> set[str]:
-        with self.db.session() as s:
-            return set(s.scalars(select(TestItem.question).where(TestItem.benchmark_id == benchmark_id)))
-
     def done(self, evaluation_id: str) -> dict[tuple[str, int], float]:
         """Scores already recorded for the evaluation, by (item id, sample)."""
         with self.db.session() as s:

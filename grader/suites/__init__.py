@@ -6,9 +6,12 @@ here and listing it in :data:`SUITES`.
 
 from __future__ import annotations
 
+from collections import Counter
+from collections.abc import Iterable
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
+from grader.canonical import Canonical
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
@@ -29,6 +32,8 @@ class Suite(Protocol):
 
     A suite whose tasks offer the model functions also has ``tools(item) -> list[dict] | None``: the OpenAI
     ``tools`` sent with the item's chat completion (read through :func:`suite_tools`; other suites need nothing).
+    A suite whose items wrap a task in instruction text also has ``canonical(item) -> Canonical | None``: what
+    stays of the item when its wording changes (:mod:`grader.canonical`; read through :func:`suite_canonical`).
     """
 
     name: str
@@ -40,8 +45,23 @@ class Suite(Protocol):
     def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
         """``size`` items generated deterministically from ``seed``, none whose question is in ``exclude``."""
 
+    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """``(distinct items the params allow, whether that count is exact)``: exact for a fixed dataset, an estimate
+        (:func:`chao1` over draws from a public seed) for a generator."""
+
     def score(self, answer: str | None, item: Item) -> float:
         """Score in [0, 1] of an extracted answer (``None``: nothing extracted) with the suite's official scorer."""
+
+
+def chao1(samples: Iterable[str]) -> int:
+    """Estimated number of distinct values in the population ``samples`` were drawn from: the bias-corrected
+    Chao1 estimator (Chao 1984; Chao 1987, "Estimating the population size for capture-recapture data with
+    unequal catchability"), ``S = d + f1 (f1 − 1) / (2 (f2 + 1))`` with ``d`` values seen, ``f1`` seen once and
+    ``f2`` seen twice. A lower-bound estimator: with no repeats at all it gives about ``n² / 2``."""
+    counts = Counter(Counter(samples).values())
+    distinct = sum(counts.values())
+    f1, f2 = counts.get(1, 0), counts.get(2, 0)
+    return distinct + (f1 * (f1 - 1)) // (2 * (f2 + 1))
 
 
 def suite_tools(suite: Suite, item: Item) -> list[dict[str, Any]] | None:
@@ -49,6 +69,13 @@ def suite_tools(suite: Suite, item: Item) -> list[dict[str, Any]] | None:
     to the model for ``item``: the suite's optional ``tools(item)``; ``None`` when the suite has none."""
     tools = getattr(suite, "tools", None)
     return tools(item) if tools else None
+
+
+def suite_canonical(suite: Suite, item: Item) -> Canonical | None:
+    """The item's canonical form (:mod:`grader.canonical`): the suite's optional ``canonical(item)``; ``None`` when
+    the suite has none (its items are compared by n-grams only)."""
+    canonical = getattr(suite, "canonical", None)
+    return canonical(item) if canonical else None
 
 
 def get_suite(name: str) -> Suite:

@@ -317,3 +317,7 @@ class BfclSuite:
         except Exception:  # noqa: BLE001 - undecodable or unexpected output scores 0
             return 0.0
         return 1.0 if result["valid"] else 0.0
+
+    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """Distinct questions of the chosen categories (exact)."""
+        return len({e["question"][0][-1]["content"] for c in _categories(params) for e in load_category(c)}), True

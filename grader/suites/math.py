@@ -73,7 +73,9 @@ from reasoning_gym.factory import DATASETS
 from sympy import Basic
 from sympy.core.function import AppliedUndef
 
-from grader.suites import Item
+from grader.canonical import Canonical
+from grader.suites import Item, chao1
+from grader.suites.reasoning_gym import SPACE_DRAWS, canonical_form
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
@@ -310,3 +312,18 @@ class MathSuite:
             return float(dataset.score_answer(answer, entry))
         except Exception:  # a model's malformed answer must not fail the evaluation
             return 0.0
+
+    def canonical(self, item: Item) -> Canonical | None:
+        """A reasoning-gym item's statement without its family's instruction text; ``None`` for CHAMP, whose
+        questions carry no instruction (the harness adds it), so the n-gram audit reads them whole."""
+        return None if item.entry["source"] == "champ" else canonical_form(item)
+
+    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """CHAMP: the kept problems of the chosen categories (exact). reasoning-gym: the sum over the families of a
+        :func:`grader.suites.chao1` estimate over ``SPACE_DRAWS`` draws of each with seed 0."""
+        if params["source"] == "champ":
+            categories = params.get("categories")
+            return sum(1 for p in champ_problems() if categories is None or p["category"] in categories), True
+        configs = params.get("config", {})
+        return sum(chao1(e["question"] for e in reasoning_gym.create_dataset(f, seed=0, size=SPACE_DRAWS, **configs.get(f, {})))
+                   for f in params["tasks"]), False

@@ -9,15 +9,35 @@ family's official ``score_answer``).
 from __future__ import annotations
 
 import json
+from functools import lru_cache
 from typing import Any
 
 import reasoning_gym
 
-from grader.suites import Item
+from grader.canonical import Canonical, canonical_statement, template_clauses
+from grader.suites import Item, chao1
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
 _MAX_GENERATION_ROUNDS = 8
+SPACE_DRAWS = 2000  # draws behind an item-space estimate
+
+
+@lru_cache(maxsize=256)
+def family_template(family: str) -> frozenset[str]:
+    """The instruction clauses of a reasoning-gym family: those recurring across 200 of its items drawn with its
+    default config and seed 0 (:func:`grader.canonical.template_clauses`); empty if the family cannot be drawn so."""
+    try:
+        return template_clauses(entry["question"] for entry in reasoning_gym.create_dataset(family, seed=0, size=200))
+    except Exception:  # noqa: BLE001 - a family that needs a config: no clause is known to be instruction text
+        return frozenset()
+
+
+def canonical_form(item: Item) -> Canonical | None:
+    """The canonical form (:mod:`grader.canonical`) of a reasoning-gym item: its question without its family's
+    instruction clauses, read as math when it holds an expression."""
+    family = item.entry.get("metadata", {}).get("source_dataset")
+    return canonical_statement(item.question, family_template(family) if family else frozenset())
 
 
 def _jsonable(value: Any) -> Any:
@@ -70,3 +90,12 @@ class ReasoningGymSuite:
             return 0.0
         scorer = reasoning_gym.get_score_answer_fn(item.entry["metadata"]["source_dataset"])
         return float(scorer(answer, item.entry))
+
+    def canonical(self, item: Item) -> Canonical | None:
+        """The item's statement without its family's instruction text (:func:`canonical_form`)."""
+        return canonical_form(item)
+
+    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """Estimated distinct questions: :func:`grader.suites.chao1` over ``SPACE_DRAWS`` draws with seed 0."""
+        config = {k: v for k, v in params.items() if k != "task"}
+        return chao1(e["question"] for e in reasoning_gym.create_dataset(params["task"], seed=0, size=SPACE_DRAWS, **config)), False

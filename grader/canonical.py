@@ -1,0 +1,105 @@
+"""Canonical forms of items: what stays of a task when its wording changes.
+
+A suite's item is usually a fixed instruction wrapped around the task proper ("State the final answer to the
+following arithmetic problem: 15 - 43 - 75 ="). A copy of a hidden test item with the instruction reworded
+("Compute 15 - 43 - 75.") shares almost no 13-gram with it, so the n-gram audit alone misses it. A suite
+therefore gives each item a **canonical form**: a short token sequence in one of the :data:`VIEWS` that any
+copy of the item contains, contiguously, when the copy is read in the same view:
+
+- ``"math"`` (:func:`math_tokens`): numbers, operators and the one-letter variables next to them, nothing else:
+  the expression of an arithmetic item, whatever sentence surrounds it.
+- ``"text"`` (:func:`text_tokens`): normalized words and punctuation (the audit's tokens): a problem statement
+  without its instruction text, a function's ``def`` line.
+
+The instruction text of a generated family is learned from the family itself (:func:`template_clauses`):
+the clauses that recur verbatim across many of its items. Canonical forms are used by the contamination audit
+(:mod:`grader.audit`) and by the operator's split report (:mod:`grader.splits`); a form too short to be
+evidence (fewer than two numbers or :data:`MIN_DIGITS` digits in the math view, fewer than
+:data:`MIN_TEXT_TOKENS` tokens in the text view) is no form at all (``None``).
+"""
+
+from __future__ import annotations
+
+import re
+import unicodedata
+from collections import Counter
+from collections.abc import Callable, Iterable
+from typing import NamedTuple
+
+MIN_DIGITS = 4  # "4 + 3" is no evidence of copying (every pool holds it); "760, 368" is
+MIN_TEXT_TOKENS = 6
+_TEXT_TOKEN = re.compile(r"\w+|[^\w\s]")
+# A number (thousands separators and a decimal part allowed: 1,234,567.5), an operator, or a word.
+_MATH_TOKEN = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?|[-+*/^%()<>]|[^\W\d_]+")
+_MATH_SYMBOLS = str.maketrans({"−": "-", "–": "-", "×": "*", "·": "*", "÷": "/", "∗": "*"})
+_OPERATORS = frozenset("-+*/^%()<>")
+# Clause ends: sentence punctuation followed by white space, or line breaks.
+_CLAUSE_END = re.compile(r"(?<=[.?!:;])\s+|\n+")
+
+
+class Canonical(NamedTuple):
+    """An item's canonical form: the view it is read in and its tokens in that view."""
+
+    view: str
+    tokens: tuple[str, ...]
+
+
+def text_tokens(text: str) -> list[str]:
+    """Normalized tokens: Unicode NFKC, lower case, words and single punctuation marks."""
+    return _TEXT_TOKEN.findall(unicodedata.normalize("NFKC", text).lower())
+
+
+def math_tokens(text: str) -> list[str]:
+    """The math of ``text``: numbers (thousands separators dropped: ``1,234`` → ``1234``), the operators
+    ``+ - * / ^ % ( ) < >`` (``−``, ``×``, ``÷`` read as ``-``, ``*``, ``/``) and one-letter words next to a number or
+    an operator (variables: ``3 x + 5``). Other words, ``=``, ``?`` and sentence punctuation are dropped."""
+    raw = _MATH_TOKEN.findall(unicodedata.normalize("NFKC", text.translate(_MATH_SYMBOLS)).lower())
+    out = []
+    for i, tok in enumerate(raw):
+        if tok[0].isdigit():
+            out.append(tok.replace(",", ""))
+        elif tok in _OPERATORS or len(tok) == 1 and any(0 <= j < len(raw) and (raw[j][0].isdigit() or raw[j] in _OPERATORS) for j in (i - 1, i + 1)):
+            out.append(tok)
+    return out
+
+
+VIEWS: dict[str, Callable[[str], list[str]]] = {"text": text_tokens, "math": math_tokens}
+
+
+def clauses(text: str) -> list[str]:
+    """``text`` cut into clauses at sentence punctuation followed by white space, and at line breaks."""
+    return [c.strip() for c in _CLAUSE_END.split(text) if c.strip()]
+
+
+def template_clauses(texts: Iterable[str], min_share: float = 0.05, min_count: int = 3) -> frozenset[str]:
+    """The clauses that occur in at least ``min_share`` of ``texts`` (and at least ``min_count`` of them): the
+    instruction text a generator wraps around each task."""
+    counts: Counter[str] = Counter()
+    total = 0
+    for text in texts:
+        total += 1
+        counts.update(set(clauses(text)))
+    return frozenset(c for c, n in counts.items() if n >= max(min_count, min_share * total))
+
+
+def statement(text: str, template: frozenset[str]) -> str:
+    """``text`` without its ``template`` clauses: the problem statement."""
+    return "\n".join(c for c in clauses(text) if c not in template)
+
+
+def canonical_statement(text: str, template: frozenset[str] = frozenset()) -> Canonical | None:
+    """The canonical form of a generated task: its statement (``text`` minus ``template``) in the math view
+    when that holds an expression (two numbers, ``MIN_DIGITS`` digits in all), else in the text view when it is
+    long enough to be evidence; ``None`` otherwise."""
+    body = statement(text, template)
+    math = math_tokens(body)
+    numbers = [t for t in math if t[0].isdigit()]
+    if len(numbers) >= 2 and sum(c.isdigit() for t in numbers for c in t) >= MIN_DIGITS:
+        return Canonical("math", tuple(math))
+    words = text_tokens(body)
+    return Canonical("text", tuple(words)) if len(words) >= MIN_TEXT_TOKENS else None
+
+
+def canonical_key(form: Canonical | None, question: str) -> str:
+    """A string identifying an item up to its wording: its canonical form, or its question when it has none."""
+    return f"{form.view}:{' '.join(form.tokens)}" if form else f"question:{question}"
