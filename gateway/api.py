@@ -305,7 +305,8 @@ def get_submission(sub_id: SubId, caller: Caller = Depends(agent)) -> Submission
 
 @public_router.get("/v1/leaderboard", summary="The leaderboard (JSON)")
 def leaderboard_json() -> Page[LeaderboardRow]:
-    """Every final submission: initial and final hidden-test scores, gap closed, validation evaluations, spend, hours."""
+    """One row per run: per task its latest graded final submission (a later one still grading or failed leaves the row as it
+    was), initial and final hidden-test scores, gap closed, validation evaluations, spend, hours."""
     return Page[LeaderboardRow](data=service.leaderboard())
 
 

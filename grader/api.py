@@ -98,6 +98,6 @@ def get_submission(sub_id: str, ctx: RunContext = Depends(auth.run)) -> Submissi
     return service.get_submission(ctx, sub_id)
 
 
-@router.get("/leaderboard", summary="Aggregate test scores of every submission")
+@router.get("/leaderboard", summary="Per run and task, the submission that counts (latest graded) with its aggregate test score")
 def leaderboard(_caller: RunContext | None = Depends(auth.caller)) -> dict[str, Any]:
     return {"object": "list", "data": service.leaderboard_entries()}

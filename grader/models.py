@@ -60,6 +60,8 @@ class Evaluation(JobColumns, Base):
     hold_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
+    # whose fault a failure is: "agent" (the evaluated system) or "platform" (grader, services, workers); None unless failed
+    failure_cause: Mapped[str | None] = mapped_column(String(20), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
     finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)

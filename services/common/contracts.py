@@ -455,7 +455,13 @@ class SubmissionCreate(BaseModel):
 
 
 class SubmissionOut(BaseModel):
-    """A final submission. ``score`` is the aggregate on the hidden test split (no per-item results, ever)."""
+    """A final submission. ``score`` is the aggregate on the hidden test split (no per-item results, ever).
+
+    A failed grading says whose fault it was (``failure_cause``): ``agent`` when the submitted system cannot be
+    evaluated (inference refuses its model or the requests its harness makes), ``platform`` otherwise (an error
+    in the grader, a worker lost past its retries, grading past its time limit). Only a platform failure gives
+    the submission back (``counted`` false).
+    """
 
     id: str
     object: Literal["submission"] = "submission"
@@ -464,7 +470,11 @@ class SubmissionOut(BaseModel):
     model: str
     harness: Harness
     score: Score | None = None
-    error: str | None = None
+    error: str | None = Field(None, description="Why grading failed (never a test item or a per-item result).")
+    failure_cause: Literal["agent", "platform"] | None = Field(
+        None, description="Whose fault a failed grading is: 'agent' (the submitted system) or 'platform'; null unless failed.")
+    counted: bool = Field(True, description="Uses up one of the task's final submissions: every submission except one whose grading "
+                                            "failed by the platform's fault.")
     created_at: dt.datetime
     graded_at: dt.datetime | None = None
 

@@ -1,0 +1,356 @@
+"""Final submissions and the leaderboard, in process: the grader's real service and API on a SQLite database
+(migrated), its real test store, and the gateway's real leaderboard routes reading the grader's API. Inference,
+the trainer and the ledger answer over HTTP from stand-ins; :class:`Inference` plays the completions, refusals
+and errors that decide whose fault a failed grading is. The queue is a list: a test runs the evaluation that
+was sent, as a worker would.
+
+The rules (README, "Submission rules"): a submission uses up one of the task's final submissions unless its
+grading failed by the platform's fault; a failure says whose fault it is; per task the run's latest graded
+submission counts on the leaderboard.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from sqlalchemy import select
+
+from services.common.auth import RunContext, hash_secret
+from services.common.contracts import GradingSpec, SubmissionCreate, SubmissionOut
+from services.common.db import Database, migrate, utcnow
+from services.common.errors import SubmissionLimitReached
+from services.common.http import ServiceClient
+from tests.conftest import TEST_BENCHMARK
+
+ROOT = Path(__file__).resolve().parent.parent
+BASE = "smollm2-135m-instruct"
+GATEWAY_TOKEN = "gateway-token-for-tests"
+RUN_KEY = "crk_submission-rules-test-key"
+UNKNOWN_MODEL = {"type": "urn:crucible:problem:invalid_input", "title": "Invalid input", "status": 422, "code": "invalid_input",
+                 "detail": "unknown model 'ckpt_gone'", "field": "model"}
+INTERNAL_ERROR = {"type": "urn:crucible:problem:internal_error", "title": "Internal error", "status": 500, "code": "internal_error",
+                  "detail": "unexpected RuntimeError; the error is logged"}
+
+
+@dataclass
+class Inference:
+    """Inference as the grader reaches it. With ``problem`` set, every completion is answered with that
+    problem+json (``{prompt}`` in its detail is replaced by the prompt); else ``answer(prompt)`` is the completion."""
+
+    problem: dict[str, Any] | None = None
+    answer: Callable[[str], str] = lambda _prompt: "0"
+    calls: int = 0
+
+    def __call__(self, request: httpx.Request) -> httpx.Response:
+        if request.method == "GET" and request.url.path.startswith("/internal/models/"):
+            return httpx.Response(200, json={"id": request.url.path.rsplit("/", 1)[1], "object": "model", "owned_by": "crucible"})
+        assert (request.method, request.url.path) == ("POST", "/internal/chat/completions")
+        self.calls += 1
+        prompt = json.loads(request.content)["messages"][-1]["content"]
+        if self.problem is not None:
+            return httpx.Response(self.problem["status"], json={**self.problem, "detail": self.problem["detail"].replace("{prompt}", prompt)})
+        return httpx.Response(200, json={"choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer(prompt)}}],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+
+
+def _client(name: str, handler: Callable[[httpx.Request], httpx.Response]) -> ServiceClient:
+    client = ServiceClient(f"http://{name}", "grader-token", name=name)
+    client.client = httpx.Client(base_url=f"http://{name}", transport=httpx.MockTransport(handler))
+    return client
+
+
+@dataclass
+class Grader:
+    inference: Inference
+    benchmark_id: str
+    tmp: Path
+    queue: list[str] = field(default_factory=list)
+
+    def ctx(self, run_id: str = "run_a") -> RunContext:
+        return RunContext(run_id=run_id, benchmark_id=self.benchmark_id)
+
+    def submit(self, max_submissions: int = 1) -> SubmissionOut:
+        from grader import service
+
+        return service.create_submission(self.ctx(), SubmissionCreate(model=BASE), max_submissions)
+
+    def evaluation_of(self, sub: SubmissionOut) -> str:
+        from grader import service
+        from grader.models import Submission
+
+        with service.runtime().db.session() as s:
+            return s.get(Submission, sub.id).evaluation_id  # type: ignore[union-attr]
+
+    def grade(self, sub: SubmissionOut) -> SubmissionOut:
+        """Run the submission's grading to its end, as the eval worker does with the message it got."""
+        from grader import service
+
+        eval_id = self.evaluation_of(sub)
+        assert eval_id in self.queue
+        service.run_evaluation(eval_id)
+        return self.get(sub)
+
+    def get(self, sub: SubmissionOut) -> SubmissionOut:
+        from grader import service
+
+        return service.get_submission(self.ctx(), sub.id)
+
+    def test_items(self) -> dict[str, str]:
+        """Question → reference answer of the hidden test split, in its order."""
+        from grader import service
+
+        return {it.question: it.answer for it in service.runtime().store.items(self.benchmark_id)}
+
+    def answer_right(self, n: int) -> None:
+        """Inference answers the first ``n`` test items right and every other one wrong."""
+        right = dict(list(self.test_items().items())[:n])
+        self.inference.problem = None
+        self.inference.answer = lambda prompt: next((a for q, a in right.items() if q in prompt), "no idea")
+
+
+@pytest.fixture
+def grader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Grader]:
+    from grader import service, tasks
+    from grader.settings import GraderSettings
+    from grader.teststore import TestStore
+    from services.common.ids import new_id
+
+    url = f"sqlite:///{tmp_path / 'grader.sqlite'}"
+    migrate(url, ROOT / "grader" / "migrations")
+    settings = GraderSettings(data_dir=tmp_path, grader_test_seed=1234, service_token="grader-token", trusted_tokens={"gateway": GATEWAY_TOKEN},
+                              eval_concurrency=2)
+    inference = Inference()
+    rt = service.Runtime(settings=settings, db=Database(url), store=TestStore(f"sqlite:///{tmp_path / 'teststore.sqlite'}"),
+                         inference=_client("inference", inference),
+                         ledger=_client("ledger", lambda _r: httpx.Response(503, json={"status": 503, "detail": "test grading holds nothing"})),
+                         trainer=_client("trainer", lambda _r: httpx.Response(200, json={"object": "list", "data": []})))  # no datasets to audit
+    g = Grader(inference, new_id("bm"), tmp_path)
+    monkeypatch.setattr(service, "runtime", lambda: rt)
+    monkeypatch.setattr(tasks, "enqueue_evaluation", g.queue.append)
+    splits = {"train": {"seed": 11, "size": 40}, "validation": {"seed": 22, "size": 4}, "test": {"size": 6}}
+    service.register_benchmark(GradingSpec(benchmark_id=g.benchmark_id, suite={**TEST_BENCHMARK["suite"], "splits": splits},
+                                           initial_system=TEST_BENCHMARK["initial_system"], reference_score=1.0,
+                                           evaluation=TEST_BENCHMARK["evaluation"]))
+    for baseline in list(g.queue):  # the initial system answers every item wrong
+        inference.answer = lambda _prompt: "no idea"
+        service.run_evaluation(baseline)
+    yield g
+    rt.db.engine.dispose()
+    rt.store.db.engine.dispose()
+
+
+# --------------------------------------------------------------------------- whose fault, and what it costs
+
+
+def test_a_system_that_inference_refuses_is_the_agents_failure_and_uses_up_the_submission(grader: Grader) -> None:
+    grader.inference.problem = UNKNOWN_MODEL
+    sub = grader.grade(grader.submit())
+    assert (sub.status, sub.failure_cause, sub.counted) == ("failed", "agent", True)
+    assert sub.error == "inference refused the evaluated system (field model): unknown model 'ckpt_gone'"
+    with pytest.raises(SubmissionLimitReached):
+        grader.submit()
+
+
+def _inference_errs(grader: Grader, sub: SubmissionOut) -> None:
+    grader.inference.problem = INTERNAL_ERROR
+    grader.grade(sub)
+
+
+def _grader_code_raises(grader: Grader, sub: SubmissionOut) -> None:
+    from grader import service
+
+    def broken(*_args: object) -> None:
+        raise ZeroDivisionError("a bug in the grader")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(service, "aggregate", broken)
+        grader.grade(sub)
+
+
+def _reconciled(grader: Grader, sub: SubmissionOut, *, attempts: int, started_at: dt.datetime) -> None:
+    """The grading runs on a worker elsewhere whose heartbeat stopped an hour ago; the reconciler runs a round."""
+    from grader import service
+    from grader.models import Evaluation
+
+    with service.runtime().db.session() as s:
+        ev = s.get(Evaluation, grader.evaluation_of(sub))
+        ev.status, ev.worker_id, ev.attempts, ev.started_at = "running", "elsewhere:1", attempts, started_at  # type: ignore[union-attr]
+        ev.heartbeat_at = utcnow() - dt.timedelta(hours=1)  # type: ignore[union-attr]
+    report = service.reconcile()
+    assert report.gave_up + report.timed_out == [grader.evaluation_of(sub)]
+
+
+def _worker_lost_past_its_retries(grader: Grader, sub: SubmissionOut) -> None:
+    _reconciled(grader, sub, attempts=grader_settings().job_max_attempts, started_at=utcnow())
+
+
+def _past_the_time_limit(grader: Grader, sub: SubmissionOut) -> None:
+    _reconciled(grader, sub, attempts=1, started_at=utcnow() - dt.timedelta(seconds=grader_settings().eval_time_limit_s + 60))
+
+
+def grader_settings():  # noqa: ANN201
+    from grader import service
+
+    return service.runtime().settings
+
+
+@pytest.mark.parametrize("fault", [_inference_errs, _grader_code_raises, _worker_lost_past_its_retries, _past_the_time_limit])
+def test_a_grading_that_fails_by_the_platforms_fault_gives_the_submission_back(grader: Grader, fault: Callable[[Grader, SubmissionOut], None]) -> None:
+    first = grader.submit()
+    fault(grader, first)
+    first = grader.get(first)
+    assert (first.status, first.failure_cause, first.counted) == ("failed", "platform", False)
+    assert "does not count" in (first.error or "")
+    grader.answer_right(6)
+    second = grader.grade(grader.submit())  # the one final submission is still there
+    assert (second.status, second.failure_cause, second.counted, second.score.value) == ("graded", None, True, 1.0)  # type: ignore[union-attr]
+    with pytest.raises(SubmissionLimitReached):
+        grader.submit()
+
+
+def test_a_platform_failure_shows_the_agent_nothing_of_its_message(grader: Grader) -> None:
+    from grader import service
+    from grader.models import Evaluation
+
+    grader.inference.problem = {**INTERNAL_ERROR, "detail": "could not answer {prompt}"}  # a message that quotes the test item
+    sub = grader.grade(grader.submit())
+    with service.runtime().db.session() as s:
+        kept = s.scalar(select(Evaluation.error).where(Evaluation.id == grader.evaluation_of(sub)))
+    assert any(question in kept for question in grader.test_items())  # the operator's record keeps it
+    assert sub.failure_cause == "platform"
+    assert not any(question in sub.model_dump_json() for question in grader.test_items())
+
+
+def test_a_platform_failed_validation_evaluation_does_not_count_against_failed_evaluations(grader: Grader) -> None:
+    from grader import service
+    from grader.models import Evaluation
+
+    with service.runtime().db.session() as s:
+        for i, (status, cause) in enumerate([("failed", "platform"), ("failed", "agent"), ("cancelled", None)]):
+            s.add(Evaluation(id=f"eval_{i}", run_id="run_a", benchmark_id=grader.benchmark_id, purpose="validation", split="validation",
+                             model=BASE, harness={}, status=status, failure_cause=cause, items_total=4))
+    with service.runtime().db.session() as s:
+        usage, _ = service.evaluation_usage(s, "run_a")
+    assert (usage.failed, usage.total) == (2, 3)
+
+
+def test_the_run_lists_whose_fault_each_failure_was_and_what_is_used_up(grader: Grader) -> None:
+    from grader import service
+
+    grader.inference.problem = INTERNAL_ERROR
+    grader.grade(grader.submit(max_submissions=3))
+    grader.inference.problem = UNKNOWN_MODEL
+    grader.grade(grader.submit(max_submissions=3))
+    grader.submit(max_submissions=3)
+    subs = service.list_submissions(grader.ctx())
+    assert [(s.status, s.failure_cause, s.counted) for s in subs] == [("failed", "platform", False), ("failed", "agent", True), ("queued", None, True)]
+    with service.runtime().db.session() as s:
+        assert service.counted_submissions(s, "run_a", grader.benchmark_id) == 2
+
+
+# --------------------------------------------------------------------------- the leaderboard
+
+
+@pytest.fixture
+def gateway(grader: Grader, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
+    """The gateway's app (its real leaderboard routes) reading the grader's real API, both in process."""
+    from gateway import service as gw
+    from gateway.app import app as gateway_app
+    from gateway.models import Benchmark, Run
+    from gateway.ratelimit import KeyRateLimiter
+    from gateway.settings import GatewaySettings
+    from grader.app import app as grader_app
+
+    url = f"sqlite:///{grader.tmp / 'gateway.sqlite'}"
+    migrate(url, ROOT / "gateway" / "migrations")
+    settings = GatewaySettings(data_dir=grader.tmp, admin_key="admin-key-for-the-tests", service_token=GATEWAY_TOKEN, rate_limits="")
+    to_grader = ServiceClient("http://grader", GATEWAY_TOKEN, name="grader")
+    to_grader.client = TestClient(grader_app, base_url="http://grader", headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"})
+    refuse = lambda _r: httpx.Response(500, json={"status": 500, "detail": "not called"})  # noqa: E731
+    account = {"budget_usd_micros": 1_000_000, "remaining_usd_micros": 750_000, "held_usd_micros": 0, "spent_usd_micros": 250_000,
+               "spent_by_kind": {}, "usage_by_kind": {}}
+    rt = gw.Runtime(settings=settings, db=Database(url), grader=to_grader, trainer=_client("trainer", refuse), inference=_client("inference", refuse),
+                    ledger=_client("ledger", lambda _r: httpx.Response(200, json=account)), limiter=KeyRateLimiter(""))
+    monkeypatch.setattr(gw, "runtime", lambda: rt)
+    with rt.db.session() as s:
+        s.add(Benchmark(id=grader.benchmark_id, name="chain-sum-rules", spec=TEST_BENCHMARK))
+        s.flush()
+        s.add(Run(id="run_a", benchmark_id=grader.benchmark_id, agent_name="agent-a", track="joint", key_hash=hash_secret(RUN_KEY), key_prefix=RUN_KEY[:8],
+                  budget_usd_micros=1_000_000, deadline_at=utcnow() + dt.timedelta(hours=1)))
+    yield TestClient(gateway_app)
+    rt.db.engine.dispose()
+
+
+def _row(gateway: TestClient) -> dict[str, Any]:
+    rows = [r for r in gateway.get("/v1/leaderboard").json()["data"] if r["run_id"] == "run_a"]
+    assert len(rows) == 1
+    return rows[0]
+
+
+def _shown(gateway: TestClient) -> tuple[Any, ...]:
+    row = _row(gateway)
+    return row["submission_id"], row["status"], row["final_score"], row["gap_closed"], row["rank"]
+
+
+def test_the_leaderboard_keeps_the_latest_graded_submission_while_a_later_one_is_queued_or_fails(grader: Grader, gateway: TestClient) -> None:
+    grader.answer_right(3)
+    a = grader.grade(grader.submit(max_submissions=5))
+    assert a.score is not None and a.score.value == 0.5
+    shows_a = (a.id, "graded", 0.5, 0.5, 1)  # the initial system scored 0, the reference 1
+    assert _shown(gateway) == shows_a
+
+    b = grader.submit(max_submissions=5)
+    assert b.status == "queued" and _shown(gateway) == shows_a
+    grader.inference.problem = UNKNOWN_MODEL
+    assert grader.grade(b).failure_cause == "agent" and _shown(gateway) == shows_a
+    grader.inference.problem = INTERNAL_ERROR
+    assert grader.grade(grader.submit(max_submissions=5)).failure_cause == "platform" and _shown(gateway) == shows_a
+    html = gateway.get("/leaderboard").text
+    assert "agent-a" in html and "<td>graded</td>" in html and "<td>50.0%</td>" in html
+
+    grader.answer_right(6)
+    d = grader.grade(grader.submit(max_submissions=5))
+    assert _shown(gateway) == (d.id, "graded", 1.0, 1.0, 1)
+    assert "<td>100.0%</td>" in gateway.get("/leaderboard").text
+
+    grader.answer_right(0)  # a later graded submission counts even when it scores lower
+    e = grader.grade(grader.submit(max_submissions=5))
+    assert _shown(gateway) == (e.id, "graded", 0.0, 0.0, 1)
+
+
+def test_a_run_without_a_graded_submission_shows_its_latest_ones_status(grader: Grader, gateway: TestClient) -> None:
+    sub = grader.submit(max_submissions=2)
+    assert _shown(gateway) == (sub.id, "queued", None, None, None)
+    grader.inference.problem = UNKNOWN_MODEL
+    grader.grade(sub)
+    assert _shown(gateway) == (sub.id, "failed", None, None, None)
+
+
+def test_the_run_card_counts_the_submissions_used_up_and_the_gateway_refuses_past_them(grader: Grader, gateway: TestClient) -> None:
+    agent = {"Authorization": f"Bearer {RUN_KEY}"}
+
+    def used() -> dict[str, int]:
+        return gateway.get("/v1/run", headers=agent).json()["limits"]["final_submissions"]
+
+    grader.inference.problem = INTERNAL_ERROR
+    first = grader.grade(SubmissionOut(**gateway.post("/v1/submissions", headers=agent, json={"model": BASE}).json()))
+    seen = gateway.get(f"/v1/submissions/{first.id}", headers=agent).json()
+    assert (seen["status"], seen["failure_cause"], seen["counted"]) == ("failed", "platform", False)
+    assert used() == {"limit": 1, "used": 0, "left": 1}
+
+    grader.inference.problem = UNKNOWN_MODEL
+    second = grader.grade(SubmissionOut(**gateway.post("/v1/submissions", headers=agent, json={"model": BASE}).json()))
+    seen = gateway.get(f"/v1/submissions/{second.id}", headers=agent).json()
+    assert (seen["status"], seen["failure_cause"], seen["counted"]) == ("failed", "agent", True)
+    assert "unknown model 'ckpt_gone'" in seen["error"]
+    assert used() == {"limit": 1, "used": 1, "left": 0}
+    refused = gateway.post("/v1/submissions", headers=agent, json={"model": BASE})
+    assert (refused.status_code, refused.json()["code"]) == (403, "submission_limit")
