@@ -266,10 +266,14 @@ class Harness(BaseModel):
     """A declarative harness: how the system turns a task into a prompt and a completion into an answer.
 
     ``user_template`` is a Jinja2 template (sandboxed) with ``question`` in scope. ``answer_extraction``:
-    ``strip`` (whole completion), ``first_line``, ``last_number`` (the last integer/decimal in the text),
-    ``regex`` (first group of ``answer_regex``, else the whole match), ``code`` (the body of the first
-    fenced code block, else the whole completion; leading blank lines and trailing whitespace dropped,
-    indentation kept) or ``boxed`` (the content of the last complete ``\\boxed{…}``, braces balanced).
+    ``strip`` (whole completion), ``first_line``, ``last_number`` (the last number in the text, written plainly:
+    ``1,234.`` → ``1234``, ``−3/4`` → ``-3/4``, ``\\frac{3}{4}`` → ``3/4``, ``.5`` → ``0.5``, ``50%`` → ``50``,
+    ``1.5e3`` kept), ``regex`` (first group of ``answer_regex``, else the whole match), ``code`` (among fenced
+    blocks, the first that defines the task's entry point, keeping only its imports and the definitions the entry
+    point uses, as evalplus sanitizes; else the first block defining a function, else the first block; without a
+    fence the whole completion; leading blank lines and trailing whitespace dropped, indentation kept) or
+    ``boxed`` (the last ``\\boxed{…}``, ``\\boxed …$`` or ``\\fbox{…}``, as MATH's ``last_boxed_only_string`` and
+    ``remove_boxed`` read it; a last box cut off before its closing brace gives nothing).
     """
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {
@@ -440,6 +444,9 @@ class TrajectoryOut(BaseModel):
     answer: str | None
     expected: str
     score: float
+    score_error: str | None = Field(None, description="Why the suite's scorer could not score the answer (it raised, ran past its time "
+                                                      "limit, or its process died), as '<error type>: <message>'; the score is then 0. "
+                                                      "Null when the answer was scored.")
     prompt_tokens: int
     completion_tokens: int
 
