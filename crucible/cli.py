@@ -252,7 +252,8 @@ def admin_check_benchmark(path: Path) -> None:
         console.print(f"[red]✗[/] {path}: {exc}")
         raise typer.Exit(1) from None
     except Unprocessable as exc:
-        console.print(f"[red]✗[/] {path}: {exc.field}: {exc.detail}" if exc.field else f"[red]✗[/] {path}: {exc.detail}")
+        field = exc.extra.get("field")
+        console.print(f"[red]✗[/] {path}: {field}: {exc.detail}" if field else f"[red]✗[/] {path}: {exc.detail}")
         raise typer.Exit(1) from None
     tasks = ", ".join(f"{t.name} ({t.suite.name})" for t in spec.task_list())
     console.print(f"[green]✓[/] {spec.name}: track {spec.track}, tasks {tasks}")

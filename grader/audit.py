@@ -14,7 +14,8 @@ cannot be told apart from the training pool and is not flagged.
 N-grams miss a copy whose instruction text was reworded ("Compute 15 - 43 - 75." for "State the final answer to
 the following arithmetic problem: 15 - 43 - 75 ="). So a test item is flagged as well when its **canonical
 form** (:mod:`grader.canonical`, given by the suite: the expression of an arithmetic item, the statement without
-its instruction, a function's ``def`` line) occurs contiguously in a row read in the form's view. A canonical form
+its instruction, a function's ``def`` line) occurs contiguously in a row read in the form's view (an expression
+as a whole one: :func:`grader.canonical.occurrences`). A canonical form
 that occurs in a public text read the same way is no evidence either, and is left out like a public n-gram.
 """
 
@@ -25,7 +26,7 @@ from typing import Any
 
 from pydantic import BaseModel, Field
 
-from grader.canonical import VIEWS, Canonical, text_tokens
+from grader.canonical import VIEWS, Canonical, occurrences, text_tokens
 from grader.suites import Item
 from services.common.contracts import AuditSettings
 
@@ -88,7 +89,7 @@ def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, 
         for view, by_length in forms.items():
             view_toks = VIEWS[view](text)
             for n, found in by_length.items():
-                for gram in _windows(view_toks, n):
+                for gram in occurrences(view, view_toks, n):
                     found.pop(gram, None)
     sizes = [0] * len(units)
     for grams in wanted.values():
@@ -111,7 +112,7 @@ def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, 
         for view, by_length in forms.items():
             view_toks = toks if view == "text" else VIEWS[view](text)
             for n, found in by_length.items():
-                for gram in _windows(view_toks, n):
+                for gram in occurrences(view, view_toks, n):
                     by_form.update(found.get(gram, ()))
     flagged |= by_form
     return ContaminationReport(contaminated=bool(flagged), flagged_items=len(flagged), items=len(test_items), datasets=datasets, rows=count,

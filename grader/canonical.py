@@ -4,7 +4,8 @@ A suite's item is usually a fixed instruction wrapped around the task proper ("S
 following arithmetic problem: 15 - 43 - 75 ="). A copy of a hidden test item with the instruction reworded
 ("Compute 15 - 43 - 75.") shares almost no 13-gram with it, so the n-gram audit alone misses it. A suite
 therefore gives each item a **canonical form**: a short token sequence in one of the :data:`VIEWS` that any
-copy of the item contains, contiguously, when the copy is read in the same view:
+copy of the item contains, contiguously (and, in the math view, as a whole expression: :func:`occurrences`),
+when the copy is read in the same view:
 
 - ``"math"`` (:func:`math_tokens`): numbers, operators and the one-letter variables next to them, nothing else:
   the expression of an arithmetic item, whatever sentence surrounds it.
@@ -23,16 +24,18 @@ from __future__ import annotations
 import re
 import unicodedata
 from collections import Counter
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
 MIN_DIGITS = 4  # "4 + 3" is no evidence of copying (every pool holds it); "760, 368" is
 MIN_TEXT_TOKENS = 6
 _TEXT_TOKEN = re.compile(r"\w+|[^\w\s]")
 # A number (thousands separators and a decimal part allowed: 1,234,567.5), an operator, or a word.
-_MATH_TOKEN = re.compile(r"\d+(?:,\d{3})*(?:\.\d+)?|[-+*/^%()<>]|[^\W\d_]+")
+# A minus sign stuck to the digits after it, where no operand ends just before it, is the number's sign ("= -27").
+_MATH_TOKEN = re.compile(r"(?:(?<![\w).])-)?\d+(?:,\d{3})*(?:\.\d+)?|[-+*/^%()<>]|[^\W\d_]+")
 _MATH_SYMBOLS = str.maketrans({"−": "-", "–": "-", "×": "*", "·": "*", "÷": "/", "∗": "*"})
 _OPERATORS = frozenset("-+*/^%()<>")
+_BINARY = _OPERATORS - {"(", ")"}  # what continues an expression past a window (brackets may close around a whole one)
 # Clause ends: sentence punctuation followed by white space, or line breaks.
 _CLAUSE_END = re.compile(r"(?<=[.?!:;])\s+|\n+")
 
@@ -50,20 +53,35 @@ def text_tokens(text: str) -> list[str]:
 
 
 def math_tokens(text: str) -> list[str]:
-    """The math of ``text``: numbers (thousands separators dropped: ``1,234`` → ``1234``), the operators
+    """The math of ``text``: numbers (thousands separators dropped: ``1,234`` → ``1234``; a ``-`` stuck to the digits
+    after it and to no operand before it is their sign: ``-27`` in ``= -27``, an operator in ``4-1``), the operators
     ``+ - * / ^ % ( ) < >`` (``−``, ``×``, ``÷`` read as ``-``, ``*``, ``/``) and one-letter words next to a number or
     an operator (variables: ``3 x + 5``). Other words, ``=``, ``?`` and sentence punctuation are dropped."""
     raw = _MATH_TOKEN.findall(unicodedata.normalize("NFKC", text.translate(_MATH_SYMBOLS)).lower())
     out = []
     for i, tok in enumerate(raw):
-        if tok[0].isdigit():
+        if tok.lstrip("-")[:1].isdigit():
             out.append(tok.replace(",", ""))
-        elif tok in _OPERATORS or len(tok) == 1 and any(0 <= j < len(raw) and (raw[j][0].isdigit() or raw[j] in _OPERATORS) for j in (i - 1, i + 1)):
+        elif tok in _OPERATORS or len(tok) == 1 and any(0 <= j < len(raw) and (raw[j].lstrip("-")[:1].isdigit() or raw[j] in _OPERATORS) for j in (i - 1, i + 1)):
             out.append(tok)
     return out
 
 
 VIEWS: dict[str, Callable[[str], list[str]]] = {"text": text_tokens, "math": math_tokens}
+
+
+def occurrences(view: str, toks: list[str], n: int) -> Iterator[tuple[str, ...]]:
+    """The distinct windows of ``n`` tokens of ``toks`` (read in ``view``) that could be a whole canonical form. In the
+    math view a window must be a whole expression, not part of a longer one: no binary operator just before or after
+    it (``14 + 73`` occurs in ``Compute 14 + 73.`` and in ``gcd(14, 73)``, not in ``14 + 73 - 85``)."""
+    seen: set[tuple[str, ...]] = set()
+    for i in range(max(0, len(toks) - n + 1)):
+        if view == "math" and ((i > 0 and toks[i - 1] in _BINARY) or (i + n < len(toks) and toks[i + n] in _BINARY)):
+            continue
+        gram = tuple(toks[i:i + n])
+        if gram not in seen:
+            seen.add(gram)
+            yield gram
 
 
 def clauses(text: str) -> list[str]:
@@ -88,14 +106,14 @@ def statement(text: str, template: frozenset[str]) -> str:
 
 
 def canonical_statement(text: str, template: frozenset[str] = frozenset()) -> Canonical | None:
-    """The canonical form of a generated task: its statement (``text`` minus ``template``) in the math view
-    when that holds an expression (two numbers, ``MIN_DIGITS`` digits in all), else in the text view when it is
-    long enough to be evidence; ``None`` otherwise."""
+    """The canonical form of a generated task: its statement (``text`` minus ``template``) in the math view when
+    that holds an expression (two numbers or more; ``None`` if it has under ``MIN_DIGITS`` digits in all), else in
+    the text view when that is long enough to be evidence; ``None`` otherwise."""
     body = statement(text, template)
     math = math_tokens(body)
-    numbers = [t for t in math if t[0].isdigit()]
-    if len(numbers) >= 2 and sum(c.isdigit() for t in numbers for c in t) >= MIN_DIGITS:
-        return Canonical("math", tuple(math))
+    numbers = [t for t in math if t.lstrip("-")[:1].isdigit()]
+    if len(numbers) >= 2:  # an expression: too short to be evidence, or its math
+        return Canonical("math", tuple(math)) if sum(c.isdigit() for t in numbers for c in t) >= MIN_DIGITS else None
     words = text_tokens(body)
     return Canonical("text", tuple(words)) if len(words) >= MIN_TEXT_TOKENS else None
 

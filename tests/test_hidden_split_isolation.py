@@ -1,0 +1,205 @@
+"""No public answer depends on the hidden split: a differential test over two deployments.
+
+Every preset in ``benchmarks/`` is loaded into two embedded deployments that differ only in the grader's secret
+test seed (so their hidden test splits differ). A run on each makes the same calls an outsider would: every
+agent ``GET`` route of the OpenAPI document (once per task where a route takes one), the whole training pool
+page by page, a validation evaluation and its trajectories, a chat completion, refused requests, a final
+submission, and the public leaderboard. Apart from identifiers and timestamps (which differ between any two
+deployments) and the final grades themselves, the answers must be byte-identical. The hidden splits are then
+read from the two test stores (the test plays the auditor) to show they differed, so the test could fail.
+
+Presets are scaled for test time in what costs inference (test and validation items graded, output caps,
+samples); the training pools, where the leak was, keep the sizes the files give.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import re
+import threading
+import time
+from collections.abc import Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+
+from crucible.sdk import AdminClient, CrucibleClient
+from tests.conftest import PORT_BASE, prepared_models
+
+pytestmark = pytest.mark.e2e
+ROOT = Path(__file__).resolve().parent.parent
+PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
+SEEDS = (1111, 2222)
+GRADES = frozenset({"score", "initial_score", "final_score", "reference_score", "gap_closed", "rsi_index", "ci_low", "ci_high", "n",
+                    "contaminated", "contamination"})
+_ID = re.compile(r"\b(?:run|ds|job|ckpt|eval|sub|bm|crk|req|chatcmpl|ent|hold)[_-][0-9A-Za-z_-]{6,}")
+_TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
+
+
+def scaled(doc: dict) -> dict:
+    """The preset with few graded items and short outputs; training pools as shipped."""
+    doc = copy.deepcopy(doc)
+    doc["name"] = f"{doc['name']}-differential"
+    for task in doc.get("tasks") or [doc]:
+        splits = task["suite"]["splits"]
+        splits["test"]["size"] = 6
+        for settings in filter(None, [task.get("evaluation"), doc.get("evaluation")]):
+            settings["max_tokens"] = min(settings["max_tokens"], 6)
+            settings["samples"] = 1
+            settings["metric"] = "avg@k"
+    return doc
+
+
+@pytest.fixture(scope="module")
+def deployments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]:
+    """Two embedded stacks whose graders hold different secret test seeds (and nothing else differs)."""
+    from crucible.stack import Stack, ensure_secrets
+
+    stacks = []
+    for i, seed in enumerate(SEEDS):
+        data_dir = tmp_path_factory.mktemp(f"differential-{i}")
+        (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
+        grader_env = ensure_secrets(data_dir)[2]
+        (data_dir / "secrets" / "grader.env").write_text(
+            f"CRUCIBLE_GRADER_TEST_SEED={seed}\nCRUCIBLE_GRADER_TEST_STORE_URL={grader_env['CRUCIBLE_GRADER_TEST_STORE_URL']}\n")
+        stacks.append(Stack(data_dir, PORT_BASE + 60 + 10 * i))
+    errors: list[BaseException] = []
+
+    def start(s: Any) -> None:
+        try:
+            s.start(timeout_s=300)
+        except BaseException as exc:  # noqa: BLE001 - reported below
+            errors.append(exc)
+
+    threads = [threading.Thread(target=start, args=(s,)) for s in stacks]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    try:
+        if errors:
+            raise errors[0]
+        yield stacks
+    finally:
+        for s in stacks:
+            s.stop()
+
+
+def _mask(value: Any) -> Any:
+    """``value`` with its final grades replaced by a placeholder (recursively)."""
+    if isinstance(value, dict):
+        return {k: ("<grade>" if k in GRADES and v is not None else _mask(v)) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_mask(v) for v in value]
+    return value
+
+
+class Transcript:
+    """What one deployment answered, normalized: ids numbered by first appearance, timestamps and the
+    run's remaining seconds blanked, final grades masked."""
+
+    def __init__(self) -> None:
+        self.ids: dict[str, str] = {}
+        self.lines: list[str] = []
+
+    def add(self, call: str, response: httpx.Response, *, grades: bool = False) -> Any:
+        """Record ``response``; ``grades``: it may hold final grades (submissions, the leaderboard), which are masked."""
+        try:
+            body: Any = response.json()
+            body = _mask(body) if grades else body
+            text = json.dumps(body, sort_keys=True)
+        except ValueError:
+            body, text = None, response.text
+        text = _ID.sub(lambda m: self.ids.setdefault(m.group(0), f"<id{len(self.ids)}>"), text)
+        text = _TIME.sub("<time>", text)
+        text = re.sub(r'"seconds_left": \d+', '"seconds_left": "<s>"', text)
+        self.lines.append(f"{call} -> {response.status_code} {response.headers.get('content-type', '')}\n{text}")
+        return body
+
+
+def _session(stack: Any, doc: dict) -> Transcript:
+    """Load ``doc``, make one run and walk every public route as an outsider would."""
+    from crucible.stack import admin_key
+
+    admin = AdminClient(stack.gateway_url, admin_key(stack.data_dir))
+    bench = admin.load_benchmark(doc)
+    admin.wait_baselines(bench["name"], poll_s=0.5)  # the hidden split's baseline grading is done before the run starts
+    run = admin.create_run(bench["name"], "differential-agent")
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
+    log = Transcript()
+
+    class Paced:  # a polite client: a 429 is waited out (Retry-After) and the call made again, unrecorded
+        def __getattr__(self, method: str) -> Any:
+            def call(*args: Any, **kwargs: Any) -> httpx.Response:
+                while (r := getattr(client.http, method)(*args, **kwargs)).status_code == 429:
+                    time.sleep(float(r.headers.get("retry-after", "1")))
+                return r
+            return call
+
+    http = Paced()
+    tasks = [t["name"] for t in doc.get("tasks", [])] or [None]
+
+    spec = httpx.get(f"{stack.gateway_url}/openapi.json", timeout=30).json()
+    for path, ops in sorted(spec["paths"].items()):
+        if "get" not in ops or path.startswith("/admin") or "{" in path or path in ("/v1/leaderboard", "/leaderboard"):  # graded: below
+            continue
+        takes_task = any(p["name"] == "task" for p in ops["get"].get("parameters", []))
+        for task in ([None, *tasks] if takes_task else [None]):
+            log.add(f"GET {path} task={task}", http.get(path, params={"task": task} if task else {}))
+    for task in tasks:
+        params = {"task": task} if task else {}
+        offset = 0
+        while True:  # the whole training pool, where hidden items used to be skipped
+            page = log.add(f"GET train-sample {task} {offset}", http.get("/v1/suite/train-sample", params={**params, "offset": offset, "limit": 10_000}))
+            assert "data" in page, page
+            if not page["data"]:
+                break
+            offset += len(page["data"])
+        question = http.get("/v1/suite/validation", params=params).json()["data"][0]["question"]
+        log.add("POST chat", http.post("/v1/chat/completions", json={"model": "smollm2-135m-instruct", "max_tokens": 4, "temperature": 0,
+                                                                       "messages": [{"role": "user", "content": question}]}))
+        eval_id = log.add(f"POST evaluation {task}", http.post("/v1/evaluations", params=params, json={"model": "smollm2-135m-instruct", "limit": 2}))["id"]
+        client.wait_evaluation(eval_id, 0.5)
+        log.add(f"GET evaluation {task}", http.get(f"/v1/evaluations/{eval_id}"))
+        log.add(f"GET trajectories {task}", http.get(f"/v1/evaluations/{eval_id}/trajectories"))
+        log.add(f"POST bad evaluation {task}", http.post("/v1/evaluations", params=params, json={"model": "no-such-model"}))
+        log.add(f"GET train-sample past the end {task}", http.get("/v1/suite/train-sample", params={**params, "offset": 10**6}))
+        sub = log.add(f"POST submission {task}", http.post("/v1/submissions", params=params, json={"model": "smollm2-135m-instruct"}), grades=True)
+        client.wait_submission(sub["id"], 0.5)
+        log.add(f"POST second submission {task}", http.post("/v1/submissions", params=params, json={"model": "smollm2-135m-instruct"}), grades=True)
+    for path in ("/v1/run", "/v1/budget", "/v1/evaluations"):
+        log.add(f"GET {path} at the end", http.get(path))
+    log.add("GET /v1/submissions at the end", http.get("/v1/submissions"), grades=True)
+    rows = httpx.get(f"{stack.gateway_url}/v1/leaderboard", timeout=30).json()["data"]
+    log.add("leaderboard row", httpx.Response(200, json=[r for r in rows if r["run_id"] == run["id"]]), grades=True)
+    client.close()
+    return log
+
+
+def _hidden_questions(stack: Any, name: str) -> set[str]:
+    """The hidden test questions of benchmark ``name`` in ``stack``, read from its test store (the test plays the auditor)."""
+    from sqlalchemy import select
+
+    from crucible.stack import admin_key, ensure_secrets
+    from grader.teststore import TestItem, TestStore
+
+    ids = [t["benchmark_id"] for t in AdminClient(stack.gateway_url, admin_key(stack.data_dir)).baselines(name)["tasks"].values()]
+    store = TestStore(ensure_secrets(stack.data_dir)[2]["CRUCIBLE_GRADER_TEST_STORE_URL"])
+    with store.db.session() as s:
+        return set(s.scalars(select(TestItem.question).where(TestItem.benchmark_id.in_(ids))))
+
+
+@pytest.mark.parametrize("preset", PRESETS)
+def test_two_deployments_with_different_hidden_seeds_answer_every_agent_route_identically(deployments, preset: str) -> None:  # noqa: ANN001
+    doc = scaled(yaml.safe_load((ROOT / "benchmarks" / f"{preset}.yaml").read_text()))
+    logs = [_session(stack, doc) for stack in deployments]
+    first, second = logs
+    assert len(first.lines) == len(second.lines) > 10
+    for a, b in zip(first.lines, second.lines, strict=True):
+        assert a == b
+    hidden = [_hidden_questions(stack, doc["name"]) for stack in deployments]
+    assert hidden[0] != hidden[1]  # the hidden splits did differ: what was compared could have told them apart
