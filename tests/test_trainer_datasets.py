@@ -311,3 +311,20 @@ def test_preference_rows_are_refused_for_sft_naming_the_dataset(trainer: Trainer
     problem = assert_refused(trainer.create_job(ctx, [ds["id"]]), "datasets", None)
     assert problem["dataset"] == ds["id"] and "preference" in problem["detail"]
     assert trainer.books(ctx)[2] == []
+
+
+def test_an_accepted_dataset_trains_with_loss_at_every_step_and_is_charged_what_it_trained(trainer: Trainer) -> None:
+    """The worker's side of the same rules: the rows the upload accepted train, each step has loss, the hold
+    is settled with the tokens trained."""
+    ctx = trainer.new_run()
+    ds = trainer.upload(ctx, jsonl(GOOD, chat(("system", "Be brief."), ("user", "3 + 3?"), ("assistant", "6"), ("user", "and 4 + 4?"), ("assistant", "8")))).json()
+    job = trainer.create_job(ctx, [ds["id"]], max_seq_len=64, warmup_steps=0).json()
+    service.run_job(job["id"])
+    done = trainer.call("GET", f"/internal/jobs/{job['id']}", ctx).json()
+    assert done["status"] == "succeeded", done["error"]
+    steps = [e["data"] for e in trainer.call("GET", f"/internal/jobs/{job['id']}/events", ctx).json()["data"] if e["type"] == "step"]
+    assert len(steps) == 2 and all(step["loss"] > 0 for step in steps)
+    balance, entries, holds = trainer.books(ctx)
+    assert [h["status"] for h in holds] == ["settled"] and balance["held_usd_micros"] == 0
+    charged = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens")
+    assert charged == done["trained_tokens"] == done["estimated_tokens"] > 0
