@@ -17,6 +17,7 @@ from fastapi.responses import HTMLResponse
 from gateway import service
 from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut
 from gateway.service import Caller
+from services.common.auth import hash_secret
 from services.common.contracts import (
     ChatCompletion,
     ChatCompletionRequest,
@@ -55,16 +56,19 @@ from services.common.errors import (
 # --------------------------------------------------------------------------- dependencies
 
 
-def agent(request: Request, authorization: str | None = Header(None, description="`Bearer <run API key>`")) -> Caller:
-    """The calling run (401 if the key is missing, unknown or revoked; 429 past the key's rate limits);
-    marks the call for the episode log."""
-    caller = service.authenticate(authorization)
+async def agent(request: Request, authorization: str | None = Header(None, description="`Bearer <run API key>`")) -> Caller:
+    """The calling run (401 if the key is missing, unknown or revoked); marks the call for the episode log.
+
+    429 past the key's rate limits, counted as the request arrives, before it waits for a thread or the database."""
+    key = service.bearer_key(authorization)
+    if key:
+        await service.runtime().limiter.check(hash_secret(key))
+    caller = await run_in_threadpool(service.authenticate, authorization)
     request.state.run_id = caller.run.id
-    service.runtime().limiter.check(caller.run.id)
     return caller
 
 
-def mutating_agent(caller: Caller = Depends(agent)) -> Caller:
+async def mutating_agent(caller: Caller = Depends(agent)) -> Caller:
     """The calling run, for calls that change state: refused with 403 ``run_expired`` past the deadline."""
     service.check_deadline(caller)
     return caller
@@ -117,15 +121,15 @@ public_router = APIRouter(tags=["leaderboard"])
 
 
 @agent_router.get("/run", tags=["run"], summary="The run card")
-def get_run(caller: Caller = Depends(agent)) -> RunCard:
+async def get_run(caller: Caller = Depends(agent)) -> RunCard:
     """Benchmark card, track and editable space, recipe policy, evaluation settings, deadline, budget, limits."""
-    return service.run_card(caller)
+    return await service.run_card(caller)
 
 
 @agent_router.get("/budget", tags=["run"], summary="Budget remaining and spent by kind")
-def get_budget(caller: Caller = Depends(agent)) -> BudgetOut:
+async def get_budget(caller: Caller = Depends(agent)) -> BudgetOut:
     """Micro-USD: ``budget = remaining + held + spent``; ``spent_by_kind`` per usage kind. Works after exhaustion."""
-    return service.budget(caller)
+    return await service.budget(caller)
 
 
 # --------------------------------------------------------------------------- datasets and suite data
@@ -141,33 +145,33 @@ async def upload_dataset(file: UploadFile = File(..., description="JSONL: chat `
     data = await file.read(limit + 1)
     if len(data) > limit:
         raise PayloadTooLarge(f"the file is larger than {limit} bytes", field="file")
-    out = await run_in_threadpool(service.runtime().trainer.post, "/internal/datasets", ctx=caller.ctx, content=data,
-                                  params={"name": name or file.filename or "dataset.jsonl"}, headers={"Content-Type": "application/jsonl"})
+    out = await service.runtime().trainer.post("/internal/datasets", ctx=caller.ctx, content=data,
+                                               params={"name": name or file.filename or "dataset.jsonl"}, headers={"Content-Type": "application/jsonl"})
     return DatasetOut(**out)
 
 
 @agent_router.get("/datasets", tags=["datasets"], summary="List the run's datasets")
-def list_datasets(caller: Caller = Depends(agent)) -> Page[DatasetOut]:
-    return Page[DatasetOut](**service.runtime().trainer.get("/internal/datasets", ctx=caller.ctx))
+async def list_datasets(caller: Caller = Depends(agent)) -> Page[DatasetOut]:
+    return Page[DatasetOut](**await service.runtime().trainer.get("/internal/datasets", ctx=caller.ctx))
 
 
 @agent_router.get("/datasets/{dataset_id}", tags=["datasets"], summary="Get a dataset", responses=problem_responses(NotFound))
-def get_dataset(dataset_id: DatasetId, caller: Caller = Depends(agent)) -> DatasetOut:
-    return DatasetOut(**service.runtime().trainer.get(f"/internal/datasets/{dataset_id}", ctx=caller.ctx))
+async def get_dataset(dataset_id: DatasetId, caller: Caller = Depends(agent)) -> DatasetOut:
+    return DatasetOut(**await service.runtime().trainer.get(f"/internal/datasets/{dataset_id}", ctx=caller.ctx))
 
 
 @agent_router.get("/suite/train-sample", tags=["suite"], summary="Items of the suite's training pool")
-def train_sample(offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000), task: str | None = TaskQuery,
-                 caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
+async def train_sample(offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000), task: str | None = TaskQuery,
+                       caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
     """Question/answer pairs from the task's training generator (disjoint from validation and test by construction)."""
     caller = service.for_task(caller, task)
-    return Page[SuiteItemOut](**service.runtime().grader.get("/internal/suite/train-sample", ctx=caller.ctx, params={"offset": offset, "limit": limit}))
+    return Page[SuiteItemOut](**await service.runtime().grader.get("/internal/suite/train-sample", ctx=caller.ctx, params={"offset": offset, "limit": limit}))
 
 
 @agent_router.get("/suite/validation", tags=["suite"], summary="The visible validation items")
-def validation_items(task: str | None = TaskQuery, caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
+async def validation_items(task: str | None = TaskQuery, caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
     caller = service.for_task(caller, task)
-    return Page[SuiteItemOut](**service.runtime().grader.get("/internal/suite/validation", ctx=caller.ctx))
+    return Page[SuiteItemOut](**await service.runtime().grader.get("/internal/suite/validation", ctx=caller.ctx))
 
 
 # --------------------------------------------------------------------------- training
@@ -176,7 +180,7 @@ def validation_items(task: str | None = TaskQuery, caller: Caller = Depends(agen
 @agent_router.post("/training/jobs", status_code=201, tags=["training"], summary="Start a training job",
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, NotFound, PaymentRequired,
                                                IdempotencyKeyReused))
-def create_training_job(
+async def create_training_job(
     req: TrainingJobCreate,
     caller: Caller = Depends(mutating_agent),
     idempotency_key: str | None = Header(
@@ -195,51 +199,51 @@ def create_training_job(
     recipe = Recipe(**service.apply_recipe_policy(caller, req.recipe.model_dump(exclude_unset=True)))
     body = req.model_copy(update={"recipe": recipe}).model_dump(mode="json")
     headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-    return TrainingJobOut(**service.runtime().trainer.post("/internal/jobs", ctx=caller.ctx, json=body, headers=headers))
+    return TrainingJobOut(**await service.runtime().trainer.post("/internal/jobs", ctx=caller.ctx, json=body, headers=headers))
 
 
 @agent_router.get("/training/jobs", tags=["training"], summary="List training jobs")
-def list_training_jobs(caller: Caller = Depends(agent)) -> Page[TrainingJobOut]:
-    return Page[TrainingJobOut](**service.runtime().trainer.get("/internal/jobs", ctx=caller.ctx))
+async def list_training_jobs(caller: Caller = Depends(agent)) -> Page[TrainingJobOut]:
+    return Page[TrainingJobOut](**await service.runtime().trainer.get("/internal/jobs", ctx=caller.ctx))
 
 
 @agent_router.get("/training/jobs/{job_id}", tags=["training"], summary="Get a training job", responses=problem_responses(NotFound))
-def get_training_job(job_id: JobId, caller: Caller = Depends(agent)) -> TrainingJobOut:
-    return TrainingJobOut(**service.runtime().trainer.get(f"/internal/jobs/{job_id}", ctx=caller.ctx))
+async def get_training_job(job_id: JobId, caller: Caller = Depends(agent)) -> TrainingJobOut:
+    return TrainingJobOut(**await service.runtime().trainer.get(f"/internal/jobs/{job_id}", ctx=caller.ctx))
 
 
 @agent_router.get("/training/jobs/{job_id}/events", tags=["training"], summary="A job's events (loss, step, tokens/s)", responses=problem_responses(NotFound))
-def training_job_events(job_id: JobId, after: int = Query(0, ge=0, le=2**62, description="Only events with seq > after"), limit: int = Query(500, ge=1, le=5000),
-                        caller: Caller = Depends(agent)) -> Page[JobEventOut]:
-    return Page[JobEventOut](**service.runtime().trainer.get(f"/internal/jobs/{job_id}/events", ctx=caller.ctx, params={"after": after, "limit": limit}))
+async def training_job_events(job_id: JobId, after: int = Query(0, ge=0, le=2**62, description="Only events with seq > after"), limit: int = Query(500, ge=1, le=5000),
+                              caller: Caller = Depends(agent)) -> Page[JobEventOut]:
+    return Page[JobEventOut](**await service.runtime().trainer.get(f"/internal/jobs/{job_id}/events", ctx=caller.ctx, params={"after": after, "limit": limit}))
 
 
 @agent_router.get("/training/jobs/{job_id}/checkpoints", tags=["training"], summary="A job's checkpoints", responses=problem_responses(NotFound))
-def training_job_checkpoints(job_id: JobId, caller: Caller = Depends(agent)) -> Page[CheckpointOut]:
-    return Page[CheckpointOut](**service.runtime().trainer.get(f"/internal/jobs/{job_id}/checkpoints", ctx=caller.ctx))
+async def training_job_checkpoints(job_id: JobId, caller: Caller = Depends(agent)) -> Page[CheckpointOut]:
+    return Page[CheckpointOut](**await service.runtime().trainer.get(f"/internal/jobs/{job_id}/checkpoints", ctx=caller.ctx))
 
 
 @agent_router.post("/training/jobs/{job_id}/cancel", tags=["training"], summary="Cancel a training job",
                    responses=problem_responses(Unauthorized, RunExpired, NotFound, Conflict))
-def cancel_training_job(job_id: JobId, caller: Caller = Depends(mutating_agent)) -> TrainingJobOut:
+async def cancel_training_job(job_id: JobId, caller: Caller = Depends(mutating_agent)) -> TrainingJobOut:
     """A running job stops after its current step; the tokens it processed are charged, the rest released."""
-    return TrainingJobOut(**service.runtime().trainer.post(f"/internal/jobs/{job_id}/cancel", ctx=caller.ctx))
+    return TrainingJobOut(**await service.runtime().trainer.post(f"/internal/jobs/{job_id}/cancel", ctx=caller.ctx))
 
 
 # --------------------------------------------------------------------------- inference
 
 
 @agent_router.get("/models", tags=["inference"], summary="List base models")
-def list_models(caller: Caller = Depends(agent)) -> dict:
+async def list_models(caller: Caller = Depends(agent)) -> dict:
     """OpenAI-style model list of servable base models; checkpoints (``ckpt_…``) are served too."""
-    return service.runtime().inference.get("/internal/models", ctx=caller.ctx)
+    return await service.runtime().inference.get("/internal/models", ctx=caller.ctx)
 
 
 @agent_router.post("/chat/completions", tags=["inference"], summary="Create a chat completion (OpenAI-compatible)",
                    responses=problem_responses(Unauthorized, RunExpired, Unprocessable, PaymentRequired))
-def chat_completions(req: ChatCompletionRequest, caller: Caller = Depends(mutating_agent)) -> ChatCompletion:
+async def chat_completions(req: ChatCompletionRequest, caller: Caller = Depends(mutating_agent)) -> ChatCompletion:
     """``model`` is a base model name or one of the run's ``ckpt_…``. Prompt and completion tokens are charged."""
-    return ChatCompletion(**service.runtime().inference.post("/internal/chat/completions", ctx=caller.ctx, json=req.model_dump(mode="json", exclude_none=True)))
+    return ChatCompletion(**await service.runtime().inference.post("/internal/chat/completions", ctx=caller.ctx, json=req.model_dump(mode="json", exclude_none=True)))
 
 
 # --------------------------------------------------------------------------- evaluations and submissions
@@ -248,7 +252,7 @@ def chat_completions(req: ChatCompletionRequest, caller: Caller = Depends(mutati
 @agent_router.post("/evaluations", status_code=201, tags=["evaluations"], summary="Evaluate a system on the validation split",
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PaymentRequired,
                                                EvaluationRateLimited, FailedEvaluationLimit))
-def create_evaluation(req: EvaluationCreate, task: str | None = TaskQuery, caller: Caller = Depends(mutating_agent)) -> EvaluationOut:
+async def create_evaluation(req: EvaluationCreate, task: str | None = TaskQuery, caller: Caller = Depends(mutating_agent)) -> EvaluationOut:
     """Queued; poll ``GET /v1/evaluations/{id}``, then read per-item trajectories. Charged as inference tokens.
 
     The benchmark's limits apply (``GET /v1/run`` shows them and what is left): per hour and per day, at once
@@ -259,71 +263,71 @@ def create_evaluation(req: EvaluationCreate, task: str | None = TaskQuery, calle
     if req.harness is not None:
         service.check_editable(caller, "harness", "evaluating with a custom harness")
     limits = caller.benchmark.limits.evaluation_limits().model_dump(exclude_none=True)
-    return EvaluationOut(**service.runtime().grader.post("/internal/evaluations", ctx=caller.ctx, json=req.model_dump(mode="json"), params=limits))
+    return EvaluationOut(**await service.runtime().grader.post("/internal/evaluations", ctx=caller.ctx, json=req.model_dump(mode="json"), params=limits))
 
 
 @agent_router.get("/evaluations", tags=["evaluations"], summary="List validation evaluations")
-def list_evaluations(caller: Caller = Depends(agent)) -> Page[EvaluationOut]:
-    return Page[EvaluationOut](**service.runtime().grader.get("/internal/evaluations", ctx=caller.ctx))
+async def list_evaluations(caller: Caller = Depends(agent)) -> Page[EvaluationOut]:
+    return Page[EvaluationOut](**await service.runtime().grader.get("/internal/evaluations", ctx=caller.ctx))
 
 
 @agent_router.get("/evaluations/{eval_id}", tags=["evaluations"], summary="Get a validation evaluation", responses=problem_responses(NotFound))
-def get_evaluation(eval_id: EvalId, caller: Caller = Depends(agent)) -> EvaluationOut:
-    return EvaluationOut(**service.runtime().grader.get(f"/internal/evaluations/{eval_id}", ctx=caller.ctx))
+async def get_evaluation(eval_id: EvalId, caller: Caller = Depends(agent)) -> EvaluationOut:
+    return EvaluationOut(**await service.runtime().grader.get(f"/internal/evaluations/{eval_id}", ctx=caller.ctx))
 
 
 @agent_router.get("/evaluations/{eval_id}/trajectories", tags=["evaluations"], summary="Per-item validation trajectories", responses=problem_responses(NotFound))
-def get_trajectories(eval_id: EvalId, caller: Caller = Depends(agent)) -> Page[TrajectoryOut]:
+async def get_trajectories(eval_id: EvalId, caller: Caller = Depends(agent)) -> Page[TrajectoryOut]:
     """Prompt, completion, extracted answer and score of every validation item."""
-    return Page[TrajectoryOut](**service.runtime().grader.get(f"/internal/evaluations/{eval_id}/trajectories", ctx=caller.ctx))
+    return Page[TrajectoryOut](**await service.runtime().grader.get(f"/internal/evaluations/{eval_id}/trajectories", ctx=caller.ctx))
 
 
 @agent_router.post("/submissions", status_code=201, tags=["submissions"], summary="Submit the final system for hidden-test grading",
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, SubmissionLimitReached))
-def create_submission(req: SubmissionCreate, task: str | None = TaskQuery, caller: Caller = Depends(mutating_agent)) -> SubmissionOut:
+async def create_submission(req: SubmissionCreate, task: str | None = TaskQuery, caller: Caller = Depends(mutating_agent)) -> SubmissionOut:
     """Graded once on the task's hidden test split, not charged to the run; only the aggregate score is ever returned.
     ``final_submissions`` of the benchmark's limits is per task."""
     caller = service.for_task(caller, task)
     if req.harness is not None:
         service.check_editable(caller, "harness", "submitting a custom harness")
-    return SubmissionOut(**service.runtime().grader.post("/internal/submissions", ctx=caller.ctx, json=req.model_dump(mode="json"),
-                                                         params={"max_submissions": caller.benchmark.limits.final_submissions}))
+    return SubmissionOut(**await service.runtime().grader.post("/internal/submissions", ctx=caller.ctx, json=req.model_dump(mode="json"),
+                                                               params={"max_submissions": caller.benchmark.limits.final_submissions}))
 
 
 @agent_router.get("/submissions", tags=["submissions"], summary="List the run's submissions")
-def list_submissions(caller: Caller = Depends(agent)) -> Page[SubmissionOut]:
-    return Page[SubmissionOut](**service.runtime().grader.get("/internal/submissions", ctx=caller.ctx))
+async def list_submissions(caller: Caller = Depends(agent)) -> Page[SubmissionOut]:
+    return Page[SubmissionOut](**await service.runtime().grader.get("/internal/submissions", ctx=caller.ctx))
 
 
 @agent_router.get("/submissions/{sub_id}", tags=["submissions"], summary="Get a submission", responses=problem_responses(NotFound))
-def get_submission(sub_id: SubId, caller: Caller = Depends(agent)) -> SubmissionOut:
-    return SubmissionOut(**service.runtime().grader.get(f"/internal/submissions/{sub_id}", ctx=caller.ctx))
+async def get_submission(sub_id: SubId, caller: Caller = Depends(agent)) -> SubmissionOut:
+    return SubmissionOut(**await service.runtime().grader.get(f"/internal/submissions/{sub_id}", ctx=caller.ctx))
 
 
 # --------------------------------------------------------------------------- leaderboard (public)
 
 
 @public_router.get("/v1/leaderboard", summary="The leaderboard (JSON)")
-def leaderboard_json() -> Page[LeaderboardRow]:
+async def leaderboard_json() -> Page[LeaderboardRow]:
     """One row per run: per task its latest graded final submission (a later one still grading or failed leaves the row as it
     was), initial and final hidden-test scores, gap closed, validation evaluations, spend, hours."""
-    return Page[LeaderboardRow](data=service.leaderboard())
+    return Page[LeaderboardRow](data=await service.leaderboard())
 
 
 @public_router.get("/leaderboard", summary="The leaderboard (HTML)", response_class=HTMLResponse)
-def leaderboard_html(request: Request) -> HTMLResponse:
+async def leaderboard_html(request: Request) -> HTMLResponse:
     from gateway.app import templates
 
-    return templates.TemplateResponse(request, "leaderboard.html", {"rows": service.leaderboard()})
+    return templates.TemplateResponse(request, "leaderboard.html", {"rows": await service.leaderboard()})
 
 
 # --------------------------------------------------------------------------- operators
 
 
 @admin_router.post("/benchmarks", status_code=201, summary="Load a benchmark", responses=problem_responses(Unprocessable, Conflict))
-def load_benchmark(doc: dict[str, Any]) -> BenchmarkOut:
+async def load_benchmark(doc: dict[str, Any]) -> BenchmarkOut:
     """The benchmark file's content as JSON (the CLI reads the YAML). 422 names the offending key."""
-    return service.load_benchmark(doc)
+    return await service.load_benchmark(doc)
 
 
 @admin_router.get("/benchmarks", summary="List benchmarks")
@@ -332,15 +336,15 @@ def list_benchmarks() -> Page[BenchmarkOut]:
 
 
 @admin_router.get("/benchmarks/{benchmark_id}/baselines", summary="A benchmark's baseline test scores", responses=problem_responses(NotFound))
-def benchmark_baselines(benchmark_id: str) -> dict[str, Any]:
+async def benchmark_baselines(benchmark_id: str) -> dict[str, Any]:
     """The grader's view: split sizes, the initial (and reference) system's hidden-test score and status."""
-    return service.benchmark_baselines(benchmark_id)
+    return await service.benchmark_baselines(benchmark_id)
 
 
 @admin_router.post("/runs", status_code=201, summary="Create a run and its API key", responses=problem_responses(NotFound))
-def create_run(req: RunCreate) -> RunCreated:
+async def create_run(req: RunCreate) -> RunCreated:
     """The ``api_key`` is in this answer only; it is stored as a hash."""
-    return service.create_run(req)
+    return await service.create_run(req)
 
 
 @admin_router.get("/runs", summary="List runs")
@@ -365,23 +369,23 @@ def audit(after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, 
 
 
 @admin_router.get("/runs/{run_id}/entries", summary="A run's ledger entries", responses=problem_responses(NotFound))
-def entries(run_id: RunId, after: str | None = Query(None, description="Entries appended after this entry id."),
-            limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+async def entries(run_id: RunId, after: str | None = Query(None, description="Entries appended after this entry id."),
+                  limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     """The run's append-only ledger entries in order: ``{id, type (grant|hold|release|charge|refund), amount_usd_micros,
     kind, quantity, model, hold_id, purpose, price_version, idempotency_key, refund_of, created_at}``."""
-    return {"object": "list", "data": service.ledger_entries(run_id, after, limit)}
+    return {"object": "list", "data": await service.ledger_entries(run_id, after, limit)}
 
 
 @admin_router.post("/runs/{run_id}/refunds", status_code=201, summary="Refund a charge to a run",
                    responses=problem_responses(NotFound, Conflict, Unprocessable))
-def refund(run_id: RunId, req: RefundRequest) -> dict:
+async def refund(run_id: RunId, req: RefundRequest) -> dict:
     """Give back (part of) one of the run's charges, e.g. work lost to a platform fault: a ``refund`` entry in the
     ledger (append-only; the charge stays) that lowers the run's spent total. ``amount_usd_micros`` omitted:
     everything of the charge not refunded yet. Repeating ``idempotency_key`` returns the first answer.
     Answers ``{entry_id, account_id, refund_of, amount_usd_micros, reason, remaining_usd_micros, created_at}``."""
-    return service.refund(run_id, req)
+    return await service.refund(run_id, req)
 
 
 @admin_router.get("/accounts", summary="Every ledger account")
-def accounts() -> Any:
-    return service.runtime().ledger.get("/internal/accounts")
+async def accounts() -> Any:
+    return await service.runtime().ledger.get("/internal/accounts")

@@ -14,6 +14,7 @@ from typing import Any
 
 from pydantic import ValidationError
 from sqlalchemy import select
+from starlette.concurrency import run_in_threadpool
 
 from gateway.models import AuditEvent, Benchmark, EpisodeEvent, Run
 from gateway.ratelimit import KeyRateLimiter
@@ -37,30 +38,33 @@ from services.common.basemodels import BASE_MODELS
 from services.common.contracts import TRAINING_FIELDS, EvaluationUsage, GradingSpec, Recipe
 from services.common.db import Database, utcnow
 from services.common.errors import Conflict, NotFound, OutsideEditableSpace, RunExpired, Unauthorized, Unprocessable
-from services.common.http import ServiceClient, ledger_client
+from services.common.http import AsyncServiceClient, ledger_client
 from services.common.ids import has_prefix, new_id
 from services.common.lazy import once
 
 
 @dataclass
 class Runtime:
+    """The gateway's settings, database, limits and clients. Its calls to other services are async
+    (:class:`AsyncServiceClient`): a request waiting for a busy service holds no worker thread."""
+
     settings: GatewaySettings
     db: Database
-    ledger: ServiceClient
-    trainer: ServiceClient
-    inference: ServiceClient
-    grader: ServiceClient
+    ledger: AsyncServiceClient
+    trainer: AsyncServiceClient
+    inference: AsyncServiceClient
+    grader: AsyncServiceClient
     limiter: KeyRateLimiter
 
 
 @once
 def runtime() -> Runtime:
     s = GatewaySettings()
-    def client(url: str, name: str, timeout_s: float | None = None) -> ServiceClient:
-        return ServiceClient(url, s.service_token, name=name, timeout_s=timeout_s or s.http_timeout_s)
+    def client(url: str, name: str, timeout_s: float | None = None) -> AsyncServiceClient:
+        return AsyncServiceClient(url, s.service_token, name=name, timeout_s=timeout_s or s.http_timeout_s)
     return Runtime(
         settings=s, db=Database(s.database_url_for("gateway")),
-        ledger=ledger_client(s), trainer=client(s.trainer_url, "trainer", 120),
+        ledger=ledger_client(s, AsyncServiceClient), trainer=client(s.trainer_url, "trainer", 120),
         inference=client(s.inference_url, "inference", 300), grader=client(s.grader_url, "grader", 300),
         limiter=KeyRateLimiter(s.rate_limits, s.rate_limit_storage),
     )
@@ -109,39 +113,49 @@ def grading_spec(spec: BenchmarkFile, task: TaskSpec, benchmark_id: str) -> Grad
                        reference_system=task.reference.system, reference_score=task.reference.score, evaluation=task.evaluation, audit=spec.audit)
 
 
-def load_benchmark(doc: Any) -> BenchmarkOut:
+async def load_benchmark(doc: Any) -> BenchmarkOut:
     """Register a benchmark: validate, have the grader build its splits, store it. Same name and same
     document → the existing benchmark; same name, different document → ``Conflict``. The answer's ``warnings``
     (first load only) are the grader's, e.g. a task whose items are few enough to enumerate."""
     rt = runtime()
     spec = parse_benchmark(doc)
-    with rt.db.session() as s:
-        existing = s.scalar(select(Benchmark).where(Benchmark.name == spec.name))
-        if existing is not None:
-            if BenchmarkFile.model_validate(existing.spec) != spec:
+
+    def existing() -> BenchmarkOut | None:
+        with rt.db.session() as s:
+            b = s.scalar(select(Benchmark).where(Benchmark.name == spec.name))
+            if b is not None and BenchmarkFile.model_validate(b.spec) != spec:
                 raise Conflict(f"benchmark {spec.name!r} exists with a different definition; choose a new name", field="name")
-            return _benchmark_out(existing)
+            return None if b is None else _benchmark_out(b)
+
+    if (out := await run_in_threadpool(existing)) is not None:
+        return out
     bm_id = new_id("bm")
     tasks = spec.task_list()
     ids = {t.name: bm_id if spec.tasks is None else new_id("bm") for t in tasks}  # the grader grades each task as its own benchmark
     warnings: list[str] = []
     for t in tasks:
         grading = grading_spec(spec, t, ids[t.name])
-        warnings += rt.grader.post("/internal/benchmarks", json=grading.model_dump(mode="json")).get("warnings", [])
-    with rt.db.session() as s:
-        b = Benchmark(id=bm_id, name=spec.name, spec=spec.model_dump(mode="json"), tasks=ids, created_at=utcnow())
-        s.add(b)
-        s.flush()
-        return _benchmark_out(b, warnings)
+        warnings += (await rt.grader.post("/internal/benchmarks", json=grading.model_dump(mode="json"))).get("warnings", [])
+
+    def store() -> BenchmarkOut:
+        with rt.db.session() as s:
+            b = Benchmark(id=bm_id, name=spec.name, spec=spec.model_dump(mode="json"), tasks=ids, created_at=utcnow())
+            s.add(b)
+            s.flush()
+            return _benchmark_out(b, warnings)
+
+    return await run_in_threadpool(store)
 
 
-def benchmark_baselines(ref: str) -> dict[str, Any]:
+async def benchmark_baselines(ref: str) -> dict[str, Any]:
     """The grader's status of a benchmark (by id or name): split sizes and baseline test scores, per task under
     ``tasks``; with one task also at the top level. ``initial_status``/``reference_status`` sum the tasks up:
     ``succeeded`` once all have, ``failed`` if one has, else ``running``."""
-    with runtime().db.session() as s:
-        ids = _find_benchmark(s, ref).task_ids()
-    tasks = {name: runtime().grader.get(f"/internal/benchmarks/{gid}") for name, gid in ids.items()}
+    def task_ids() -> dict[str, str]:
+        with runtime().db.session() as s:
+            return _find_benchmark(s, ref).task_ids()
+
+    tasks = {name: await runtime().grader.get(f"/internal/benchmarks/{gid}") for name, gid in (await run_in_threadpool(task_ids)).items()}
     if len(tasks) == 1:
         return {**next(iter(tasks.values())), "tasks": tasks}
 
@@ -173,24 +187,32 @@ def _run_out(r: Run) -> RunOut:
                   budget_usd_micros=r.budget_usd_micros, deadline_at=r.deadline_at, revoked=r.revoked_at is not None, created_at=r.created_at)
 
 
-def create_run(req: RunCreate) -> RunCreated:
+async def create_run(req: RunCreate) -> RunCreated:
     """Create a run with a ledger account and a fresh API key (returned once; only its hash is stored)."""
     rt = runtime()
-    with rt.db.session() as s:
-        b = _find_benchmark(s, req.benchmark)
-        spec = BenchmarkFile.model_validate(b.spec)
+
+    def find() -> tuple[Benchmark, BenchmarkFile]:
+        with rt.db.session() as s:
+            b = _find_benchmark(s, req.benchmark)
+            return b, BenchmarkFile.model_validate(b.spec)
+
+    b, spec = await run_in_threadpool(find)
     budget = round(req.budget_usd * 1_000_000) if req.budget_usd else spec.budget.usd_micros
     hours = req.wall_clock_hours or spec.budget.wall_clock_hours
     run_id = new_id("run")
     key = new_secret("crk")
-    rt.ledger.post("/internal/accounts", json={"account_id": run_id, "budget_usd_micros": budget})
-    now = utcnow()
-    with rt.db.session() as s:
-        r = Run(id=run_id, benchmark_id=b.id, agent_name=req.agent_name, track=req.track or spec.track, key_hash=hash_secret(key), key_prefix=key[:8],
-                budget_usd_micros=budget, deadline_at=now + dt.timedelta(hours=hours), created_at=now)
-        s.add(r)
-        s.flush()
-        return RunCreated(**_run_out(r).model_dump(), api_key=key)
+    await rt.ledger.post("/internal/accounts", json={"account_id": run_id, "budget_usd_micros": budget})
+
+    def store() -> RunCreated:
+        now = utcnow()
+        with rt.db.session() as s:
+            r = Run(id=run_id, benchmark_id=b.id, agent_name=req.agent_name, track=req.track or spec.track, key_hash=hash_secret(key),
+                    key_prefix=key[:8], budget_usd_micros=budget, deadline_at=now + dt.timedelta(hours=hours), created_at=now)
+            s.add(r)
+            s.flush()
+            return RunCreated(**_run_out(r).model_dump(), api_key=key)
+
+    return await run_in_threadpool(store)
 
 
 def list_runs() -> list[RunOut]:
@@ -214,31 +236,37 @@ def _require_run(run_id: str) -> None:
             raise NotFound(f"run {run_id} not found", field="run_id")
 
 
-def ledger_entries(run_id: str, after: str | None, limit: int) -> list[dict]:
+async def ledger_entries(run_id: str, after: str | None, limit: int) -> list[dict]:
     """Run ``run_id``'s ledger entries (``NotFound`` for an unknown run or ``after`` entry)."""
-    _require_run(run_id)
-    return runtime().ledger.get(f"/internal/accounts/{run_id}/entries", params={"limit": limit} | ({"after": after} if after else {}))
+    await run_in_threadpool(_require_run, run_id)
+    return await runtime().ledger.get(f"/internal/accounts/{run_id}/entries", params={"limit": limit} | ({"after": after} if after else {}))
 
 
-def refund(run_id: str, req: RefundRequest) -> dict:
+async def refund(run_id: str, req: RefundRequest) -> dict:
     """Refund (part of) charge ``req.entry_id`` of run ``run_id`` through the ledger; the ledger's refund.
 
     ``NotFound`` for an unknown run (or a charge that is not the run's); the ledger's 409s pass through.
     """
-    _require_run(run_id)
-    return runtime().ledger.post("/internal/refunds", json={"account_id": run_id, **req.model_dump(exclude_none=True)})
+    await run_in_threadpool(_require_run, run_id)
+    return await runtime().ledger.post("/internal/refunds", json={"account_id": run_id, **req.model_dump(exclude_none=True)})
 
 
 # --------------------------------------------------------------------------- agent authorization
 
 
-def authenticate(authorization: str | None) -> Caller:
-    """The caller behind ``Authorization: Bearer <run key>``; ``Unauthorized`` if missing, unknown or revoked."""
+def bearer_key(authorization: str | None) -> str | None:
+    """The key of an ``Authorization: Bearer <key>`` header; ``None`` for another scheme or no key."""
     scheme, _, key = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not key:
+    return (key.strip() or None) if scheme.lower() == "bearer" else None
+
+
+def authenticate(authorization: str | None) -> Caller:
+    """The caller behind ``Authorization: Bearer <run key>``; ``Unauthorized`` if missing, unknown or revoked (blocking: a database read)."""
+    key = bearer_key(authorization)
+    if key is None:
         raise Unauthorized("send the run's API key as `Authorization: Bearer <key>`")
     with runtime().db.session() as s:
-        run = s.scalar(select(Run).where(Run.key_hash == hash_secret(key.strip())))
+        run = s.scalar(select(Run).where(Run.key_hash == hash_secret(key)))
         if run is None:
             raise Unauthorized("unknown API key")
         if run.revoked_at is not None:
@@ -299,22 +327,22 @@ def apply_recipe_policy(caller: Caller, sent: dict[str, Any]) -> dict[str, Any]:
 # --------------------------------------------------------------------------- run card, budget
 
 
-def budget(caller: Caller) -> BudgetOut:
-    bal = runtime().ledger.get(f"/internal/accounts/{caller.run.id}")
+async def budget(caller: Caller) -> BudgetOut:
+    bal = await runtime().ledger.get(f"/internal/accounts/{caller.run.id}")
     return BudgetOut(**{k: bal[k] for k in BudgetOut.model_fields})
 
 
-def run_card(caller: Caller) -> RunCard:
+async def run_card(caller: Caller) -> RunCard:
     """The run card: the benchmark (each task with its suite, split sizes, initial system and reference; a
     one-task benchmark's task also at the top level), track, recipe policy, evaluation settings, deadline,
     budget and every limit with what is left (``final_submissions`` counts per task the submissions that are used up:
     all but those whose grading failed by the platform's fault)."""
     rt = runtime()
     spec = caller.benchmark
-    subs = rt.grader.get("/internal/submissions", ctx=caller.ctx)["data"]
+    subs = (await rt.grader.get("/internal/submissions", ctx=caller.ctx))["data"]
     tasks = []
     for t in spec.task_list():
-        grading = rt.grader.get(f"/internal/benchmarks/{caller.tasks[t.name]}")
+        grading = await rt.grader.get(f"/internal/benchmarks/{caller.tasks[t.name]}")
         tasks.append({"name": t.name, "suite": t.suite.name, "params": t.suite.params, "validation_items": t.suite.splits.validation.size,
                       "test_items": t.suite.splits.test.size, "initial_system": grading["initial_system"],
                       "reference": t.reference.model_dump(exclude={"system"}), "evaluation": t.evaluation.model_dump()})
@@ -322,11 +350,11 @@ def run_card(caller: Caller) -> RunCard:
     if len(tasks) == 1:
         benchmark |= {k: v for k, v in tasks[0].items() if k != "name"}
     left = int((caller.run.deadline_at - utcnow()).total_seconds())
-    usage = EvaluationUsage(**rt.grader.get("/internal/evaluations/usage", ctx=caller.ctx))
+    usage = EvaluationUsage(**await rt.grader.get("/internal/evaluations/usage", ctx=caller.ctx))
     return RunCard(
         run_id=caller.run.id, agent_name=caller.run.agent_name, benchmark=benchmark,
         track=caller.run.track, editable=caller.ctx.editable, recipe=spec.recipe, evaluation=spec.evaluation,
-        deadline_at=caller.run.deadline_at, seconds_left=max(0, left), budget=budget(caller),
+        deadline_at=caller.run.deadline_at, seconds_left=max(0, left), budget=await budget(caller),
         limits=_limits_left(spec, {t["name"]: sum(1 for x in subs if x["task"] == t["name"] and x["counted"]) for t in tasks}, usage),
     )
 
@@ -386,7 +414,7 @@ def episode_log(run_id: str, after: int = 0, limit: int = 1000) -> list[dict[str
 # --------------------------------------------------------------------------- leaderboard
 
 
-def leaderboard() -> list[LeaderboardRow]:
+async def leaderboard() -> list[LeaderboardRow]:
     """One row per run with a final submission, ranked by final test score (Avg over tasks) within each benchmark.
 
     Per task, the run's latest graded submission counts (a later one queued, running or failed leaves the row as it
@@ -396,10 +424,13 @@ def leaderboard() -> list[LeaderboardRow]:
     (final − initial) / (1 − initial) (RSIGym's definition).
     """
     rt = runtime()
-    entries = rt.grader.get("/internal/leaderboard")["data"]
-    with rt.db.session() as s:
-        runs = {r.id: r for r in s.scalars(select(Run))}
-        benchmarks = {b.id: b for b in s.scalars(select(Benchmark))}
+    entries = (await rt.grader.get("/internal/leaderboard"))["data"]
+
+    def read() -> tuple[dict[str, Run], dict[str, Benchmark]]:
+        with rt.db.session() as s:
+            return {r.id: r for r in s.scalars(select(Run))}, {b.id: b for b in s.scalars(select(Benchmark))}
+
+    runs, benchmarks = await run_in_threadpool(read)
     counting: dict[str, dict[str, dict[str, Any]]] = {}  # run -> grader benchmark id (task) -> the submission that counts
     for e in entries:
         counting.setdefault(e["run_id"], {})[e["benchmark_id"]] = e
@@ -413,7 +444,7 @@ def leaderboard() -> list[LeaderboardRow]:
         tasks = []
         for name, gid in bm.task_ids().items():
             if gid not in baselines:
-                baselines[gid] = rt.grader.get(f"/internal/benchmarks/{gid}")
+                baselines[gid] = await rt.grader.get(f"/internal/benchmarks/{gid}")
             tasks.append(_task_score(name, baselines[gid], by_task.get(gid)))
         graded = [t for t in tasks if t.final_score is not None]
         all_graded = len(graded) == len(tasks)
@@ -432,7 +463,7 @@ def leaderboard() -> list[LeaderboardRow]:
             contaminated=any(contamination) if contamination else None,
             contaminated_items=sum(t.contaminated_items or 0 for t in tasks) if contamination else None,
             validation_evaluations=max(e["validation_evaluations"] for e in by_task.values()),
-            spent_usd=rt.ledger.get(f"/internal/accounts/{run.id}")["spent_usd_micros"] / 1_000_000,
+            spent_usd=(await rt.ledger.get(f"/internal/accounts/{run.id}"))["spent_usd_micros"] / 1_000_000,
             elapsed_hours=(end - run.created_at).total_seconds() / 3600,
         ))
     for name in {r.benchmark for r in rows}:

@@ -12,8 +12,8 @@ class GatewaySettings(ServiceSettings):
     max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest dataset upload, bytes.")
     rate_limits: str = Field(
         "30/second;1200/minute",
-        description="Per run key, `;`-separated limits in the `limits` library's notation (e.g. `30/second;1200/minute`); "
-                    "past one the key gets 429 with Retry-After. Empty: no limit.",
+        description="Per run key, `;`-separated limits in the `limits` library's notation (e.g. `30/second;1200/minute`), counted "
+                    "in a moving window as each request arrives; past one the key gets 429 with Retry-After. Empty: no limit.",
     )
     rate_limit_storage: str = Field(
         "memory://",

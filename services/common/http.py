@@ -1,16 +1,26 @@
-"""HTTP client for service-to-service calls (httpx) that turns error answers into exceptions.
+"""HTTP clients for service-to-service calls (httpx) that turn error answers into exceptions.
 
 A problem+json answer becomes :class:`UpstreamProblem` carrying the body unchanged, so the gateway can
 pass a ledger 402 or a trainer 422 through to the agent as it was; a refused connection or a timeout
 becomes :class:`UpstreamUnavailable` (503, retryable). A client built with ``retries`` tries again on that,
 which is only right for services whose every call is idempotent: the ledger's mutating calls all carry
 idempotency keys (see :func:`ledger_client`).
+
+Every call has a deadline: ``timeout_s`` bounds the whole call, every retry and back-off included. Each
+attempt connects within ``connect_timeout_s`` and may wait for the service what is left of the deadline, so
+a service that accepts connections and never answers costs its caller ``timeout_s`` once, then a 503 (not one
+full timeout per retry). :class:`AsyncServiceClient` also cuts an attempt off at the deadline however the
+service trickles its answer; :class:`ServiceClient` applies it to each connect, write and read.
+
+:class:`ServiceClient` is for code that runs in threads (services' sync routes, Celery workers);
+:class:`AsyncServiceClient` for an event loop, where a slow service must not hold a thread (the gateway).
 """
 
 from __future__ import annotations
 
+import asyncio
 import time
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import structlog
@@ -22,47 +32,54 @@ from services.common.settings import ServiceSettings
 _log = structlog.get_logger("http")
 
 
-class ServiceClient:
-    """Calls one internal service with the service token and, optionally, a signed run context."""
+class _Deadline:
+    """The attempts of one call: each one's httpx timeouts, and the pause before the next (or the 503)."""
 
-    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0, name: str = "", retries: int = 0, backoff_s: float = 0.5) -> None:
-        self.name = name or base_url
-        self.token = token
-        self.retries, self.backoff_s = retries, backoff_s
-        self.client = httpx.Client(base_url=base_url, timeout=timeout_s, headers={"Authorization": f"Bearer {token}"})
+    def __init__(self, name: str, timeout_s: float, connect_timeout_s: float, retries: int, backoff_s: float) -> None:
+        self.name, self.connect_timeout_s, self.retries, self.backoff_s = name, connect_timeout_s, retries, backoff_s
+        self.timeout_s = timeout_s
+        self.end = time.monotonic() + timeout_s
+        self.attempt = 0
 
-    def request(
-        self,
-        method: str,
-        path: str,
-        *,
-        ctx: RunContext | None = None,
-        json: Any = None,
-        params: dict[str, Any] | None = None,
-        content: bytes | None = None,
-        headers: dict[str, str] | None = None,
-        timeout_s: float | None = None,
-        raw: bool = False,
-    ) -> Any:
-        """Send a request and return the decoded JSON body (``None`` for 204; the body's bytes with ``raw``).
+    def left_s(self) -> float:
+        return max(self.end - time.monotonic(), 0.001)
 
-        Raises ``UpstreamProblem`` for any 4xx/5xx answer and ``UpstreamUnavailable`` when the service
-        cannot be reached (after ``retries`` more tries, ``backoff_s`` × try-number seconds apart).
+    def timeout(self) -> httpx.Timeout:
+        """This attempt's timeouts: connect within ``connect_timeout_s``, everything else within the time left."""
+        left = self.left_s()
+        return httpx.Timeout(left, connect=min(self.connect_timeout_s, left))
+
+    def pause_s(self, exc: Exception) -> float:
+        """Seconds to wait before the next attempt: ``backoff_s`` × attempt number, cut to the time left.
+
+        Raises ``UpstreamUnavailable`` (from ``exc``) when no attempt or no time is left.
         """
+        self.attempt += 1
+        left = self.end - time.monotonic()
+        if self.attempt > self.retries or left <= 0:
+            tries = f"{self.attempt} attempt{'s' if self.attempt > 1 else ''}"
+            raise UpstreamUnavailable(f"{self.name} unavailable: {exc.__class__.__name__} ({tries} in {self.timeout_s:g} s at most)") from exc
+        return min(self.backoff_s * self.attempt, left)
+
+
+class _BaseClient:
+    def __init__(self, base_url: str, token: str, *, timeout_s: float = 30.0, connect_timeout_s: float = 3.0, name: str = "",
+                 retries: int = 0, backoff_s: float = 0.5) -> None:
+        self.name, self.token = name or base_url, token
+        self.timeout_s, self.connect_timeout_s, self.retries, self.backoff_s = timeout_s, connect_timeout_s, retries, backoff_s
+
+    def _deadline(self, timeout_s: float | None) -> _Deadline:
+        return _Deadline(self.name, timeout_s or self.timeout_s, self.connect_timeout_s, self.retries, self.backoff_s)
+
+    def _build(self, client: httpx.Client | httpx.AsyncClient, method: str, path: str, ctx: RunContext | None, json: Any,
+               params: dict[str, Any] | None, content: bytes | None, headers: dict[str, str] | None) -> httpx.Request:
         hdrs = dict(headers or {})
         if ctx is not None:
             hdrs.update(run_headers(ctx, self.token))
-        kwargs: dict[str, Any] = {"json": json, "params": params, "headers": hdrs, "content": content}
-        if timeout_s is not None:
-            kwargs["timeout"] = timeout_s
-        for attempt in range(self.retries + 1):
-            try:
-                resp = self.client.request(method, path, **kwargs)
-                break
-            except httpx.TransportError as exc:  # refused, reset, timed out, cut off mid-answer
-                if attempt == self.retries:
-                    raise UpstreamUnavailable(f"{self.name} unavailable: {exc.__class__.__name__}") from exc
-                time.sleep(self.backoff_s * (attempt + 1))
+        return client.build_request(method, path, json=json, params=params, content=content, headers=hdrs)
+
+    @staticmethod
+    def _answer(resp: httpx.Response, raw: bool) -> Any:
         if resp.status_code >= 400:
             try:
                 body = resp.json()
@@ -79,6 +96,35 @@ class ServiceClient:
             return None
         return resp.json()
 
+
+class ServiceClient(_BaseClient):
+    """Calls one internal service with the service token and, optionally, a signed run context (blocking).
+
+    ``timeout_s``: seconds a call may take in all (every retry and back-off included); ``connect_timeout_s``:
+    seconds an attempt may take to connect; ``retries``: more attempts after a transport error (refused,
+    reset, timed out), ``backoff_s`` × attempt number seconds apart, while the deadline allows.
+    """
+
+    def __init__(self, base_url: str, token: str, **kw: Any) -> None:
+        super().__init__(base_url, token, **kw)
+        self.client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
+
+    def request(self, method: str, path: str, *, ctx: RunContext | None = None, json: Any = None, params: dict[str, Any] | None = None,
+                content: bytes | None = None, headers: dict[str, str] | None = None, timeout_s: float | None = None, raw: bool = False) -> Any:
+        """Send a request and return the decoded JSON body (``None`` for 204; the body's bytes with ``raw``).
+
+        ``timeout_s`` replaces the client's deadline for this call. Raises ``UpstreamProblem`` for any
+        4xx/5xx answer and ``UpstreamUnavailable`` when the service cannot be reached within the deadline.
+        """
+        request = self._build(self.client, method, path, ctx, json, params, content, headers)
+        deadline = self._deadline(timeout_s)
+        while True:
+            request.extensions["timeout"] = deadline.timeout().as_dict()
+            try:
+                return self._answer(self.client.send(request), raw)
+            except httpx.TransportError as exc:  # refused, reset, timed out, cut off mid-answer
+                time.sleep(deadline.pause_s(exc))
+
     def get(self, path: str, **kw: Any) -> Any:
         return self.request("GET", path, **kw)
 
@@ -89,13 +135,53 @@ class ServiceClient:
         self.client.close()
 
 
-def ledger_client(settings: ServiceSettings, retries: int = 6) -> ServiceClient:
-    """A client of the ledger that retries while it is unreachable (a restart takes a few seconds).
+class AsyncServiceClient(_BaseClient):
+    """:class:`ServiceClient` for an event loop: the same arguments, answers and errors; ``await client.get(…)``.
+
+    A call waiting for its service holds no thread, only a connection of the pool (``max_connections``, 100).
+    """
+
+    def __init__(self, base_url: str, token: str, **kw: Any) -> None:
+        super().__init__(base_url, token, **kw)
+        self.client = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {token}"},
+                                        limits=httpx.Limits(max_connections=100, max_keepalive_connections=20))
+
+    async def request(self, method: str, path: str, *, ctx: RunContext | None = None, json: Any = None, params: dict[str, Any] | None = None,
+                      content: bytes | None = None, headers: dict[str, str] | None = None, timeout_s: float | None = None,
+                      raw: bool = False) -> Any:
+        """As :meth:`ServiceClient.request`; an attempt still running at the deadline is cancelled (``UpstreamUnavailable``)."""
+        request = self._build(self.client, method, path, ctx, json, params, content, headers)
+        deadline = self._deadline(timeout_s)
+        while True:
+            request.extensions["timeout"] = deadline.timeout().as_dict()
+            try:
+                async with asyncio.timeout(deadline.left_s()):
+                    resp = await self.client.send(request)
+                return self._answer(resp, raw)
+            except (httpx.TransportError, TimeoutError) as exc:
+                await asyncio.sleep(deadline.pause_s(exc))
+
+    async def get(self, path: str, **kw: Any) -> Any:
+        return await self.request("GET", path, **kw)
+
+    async def post(self, path: str, **kw: Any) -> Any:
+        return await self.request("POST", path, **kw)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
+
+Client = TypeVar("Client", ServiceClient, AsyncServiceClient)
+
+
+def ledger_client(settings: ServiceSettings, client: type[Client] = ServiceClient) -> Client:  # type: ignore[assignment]
+    """A client of the ledger that retries while it is unreachable (a restart takes a few seconds), for at
+    most ``settings.ledger_timeout_s`` seconds in all; then ``UpstreamUnavailable`` (503).
 
     Safe because every mutating ledger call is idempotent: holds, charges, settles and releases carry
     idempotency keys, and opening an existing account with the same budget returns it.
     """
-    return ServiceClient(settings.ledger_url, settings.service_token, name="ledger", timeout_s=settings.http_timeout_s, retries=retries)
+    return client(settings.ledger_url, settings.service_token, name="ledger", timeout_s=settings.ledger_timeout_s, retries=6)
 
 
 def settle_hold(ledger: ServiceClient, hold_id: str, usage: list[dict[str, Any]], idempotency_key: str) -> None:

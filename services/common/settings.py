@@ -37,7 +37,9 @@ class ServiceSettings(BaseSettings):
     grader_url: str = "http://127.0.0.1:8004"
     broker_url: str | None = Field(None, description="Celery broker; default is the embedded SQLite broker in data_dir.")
     database_url: str | None = Field(None, description="This service's database; default is a SQLite file in data_dir.")
-    http_timeout_s: float = 30.0
+    http_timeout_s: float = Field(30.0, gt=0, description="Seconds a call to another service may take by default, retries included.")
+    ledger_timeout_s: float = Field(
+        10.0, gt=0, description="Seconds a call to the ledger may take in all: retries while it is unreachable, then 503.")
     job_heartbeat_s: float = Field(10.0, gt=0, description="Seconds between a worker's heartbeats on the job it runs.")
     job_lease_s: float = Field(60.0, gt=0, description="A running job whose heartbeat is older than this (seconds) lost its worker.")
     job_resend_after_s: float = Field(120.0, gt=0, description="Seconds a job may stay queued before its message is sent again (doubling each time).")
