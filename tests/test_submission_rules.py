@@ -74,6 +74,12 @@ class Grader:
     tmp: Path
     queue: list[str] = field(default_factory=list)
 
+    @property
+    def settings(self) -> Any:  # noqa: ANN401 - grader.settings.GraderSettings
+        from grader import service
+
+        return service.runtime().settings
+
     def ctx(self, run_id: str = "run_a") -> RunContext:
         return RunContext(run_id=run_id, benchmark_id=self.benchmark_id)
 
@@ -189,17 +195,11 @@ def _reconciled(grader: Grader, sub: SubmissionOut, *, attempts: int, started_at
 
 
 def _worker_lost_past_its_retries(grader: Grader, sub: SubmissionOut) -> None:
-    _reconciled(grader, sub, attempts=grader_settings().job_max_attempts, started_at=utcnow())
+    _reconciled(grader, sub, attempts=grader.settings.job_max_attempts, started_at=utcnow())
 
 
 def _past_the_time_limit(grader: Grader, sub: SubmissionOut) -> None:
-    _reconciled(grader, sub, attempts=1, started_at=utcnow() - dt.timedelta(seconds=grader_settings().eval_time_limit_s + 60))
-
-
-def grader_settings():  # noqa: ANN201
-    from grader import service
-
-    return service.runtime().settings
+    _reconciled(grader, sub, attempts=1, started_at=utcnow() - dt.timedelta(seconds=grader.settings.eval_time_limit_s + 60))
 
 
 @pytest.mark.parametrize("fault", [_inference_errs, _grader_code_raises, _worker_lost_past_its_retries, _past_the_time_limit])
@@ -261,24 +261,23 @@ def test_the_run_lists_whose_fault_each_failure_was_and_what_is_used_up(grader: 
 
 @pytest.fixture
 def gateway(grader: Grader, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    """The gateway's app (its real leaderboard routes) reading the grader's real API, both in process."""
+    """The gateway's app (its real leaderboard and run routes, its runtime built as it builds it) reading the
+    grader's real API in process; the ledger answers the run's account, the trainer and inference are not called."""
     from gateway import service as gw
     from gateway.app import app as gateway_app
     from gateway.models import Benchmark, Run
-    from gateway.ratelimit import KeyRateLimiter
-    from gateway.settings import GatewaySettings
     from grader.app import app as grader_app
 
-    url = f"sqlite:///{grader.tmp / 'gateway.sqlite'}"
-    migrate(url, ROOT / "gateway" / "migrations")
-    settings = GatewaySettings(data_dir=grader.tmp, admin_key="admin-key-for-the-tests", service_token=GATEWAY_TOKEN, rate_limits="")
-    to_grader = ServiceClient("http://grader", GATEWAY_TOKEN, name="grader")
-    to_grader.client = TestClient(grader_app, base_url="http://grader", headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"})
-    refuse = lambda _r: httpx.Response(500, json={"status": 500, "detail": "not called"})  # noqa: E731
+    for name, value in {"DATA_DIR": str(grader.tmp), "ADMIN_KEY": "admin-key-for-the-tests", "SERVICE_TOKEN": GATEWAY_TOKEN, "RATE_LIMITS": ""}.items():
+        monkeypatch.setenv(f"CRUCIBLE_{name}", value)
+    rt = gw.runtime.__wrapped__()  # a fresh runtime, not the process's
+    migrate(rt.db.url, ROOT / "gateway" / "migrations")
     account = {"budget_usd_micros": 1_000_000, "remaining_usd_micros": 750_000, "held_usd_micros": 0, "spent_usd_micros": 250_000,
                "spent_by_kind": {}, "usage_by_kind": {}}
-    rt = gw.Runtime(settings=settings, db=Database(url), grader=to_grader, trainer=_client("trainer", refuse), inference=_client("inference", refuse),
-                    ledger=_client("ledger", lambda _r: httpx.Response(200, json=account)), limiter=KeyRateLimiter(""))
+    refuse = httpx.MockTransport(lambda _r: httpx.Response(500, json={"status": 500, "detail": "not called"}))
+    for client, transport in ((rt.grader, httpx.ASGITransport(app=grader_app)), (rt.trainer, refuse), (rt.inference, refuse),
+                              (rt.ledger, httpx.MockTransport(lambda _r: httpx.Response(200, json=account)))):
+        client.client = httpx.AsyncClient(base_url=client.client.base_url, headers=client.client.headers, transport=transport)
     monkeypatch.setattr(gw, "runtime", lambda: rt)
     with rt.db.session() as s:
         s.add(Benchmark(id=grader.benchmark_id, name="chain-sum-rules", spec=TEST_BENCHMARK))
