@@ -68,7 +68,8 @@ class Evaluation(JobColumns, Base):
 
 
 class Trajectory(Base):
-    """One sample of one validation item: prompt, completion, extracted answer, score."""
+    """One sample of one validation item: prompt, completion, extracted answer, score (and why it is 0 when the
+    suite's scorer raised on the answer: ``grader.service.score_item``)."""
 
     __tablename__ = "trajectories"
     __table_args__ = (UniqueConstraint("evaluation_id", "item_id", "sample"),)
@@ -83,6 +84,7 @@ class Trajectory(Base):
     answer: Mapped[str | None] = mapped_column(Text, nullable=True)
     expected: Mapped[str] = mapped_column(Text)
     score: Mapped[float] = mapped_column(Float)
+    score_error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why the scorer could not score the answer (score 0)
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
 

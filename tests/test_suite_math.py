@@ -17,6 +17,7 @@ import sympy
 from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
 from grader.harness import check_harness, extract_answer
+from grader.service import score_item
 from grader.suites import Item, get_suite
 from grader.suites.math import MathSuite, champ_problems, math_families
 from services.common.errors import Unprocessable
@@ -137,12 +138,12 @@ def test_reasoning_gym_scores_match_each_familys_own_scorer() -> None:
         reference = item.answer
         answers = [reference, f"\\boxed{{{reference}}}", f" {reference} ", *_number_variants(reference), "0", "wrong", "", None]
         for answer in answers:
-            ours = SUITE.score(answer, item)
+            ours = score_item(SUITE, answer, item)[0]  # as the grader scores: 0.0 where the scorer raises
             for official in scorers:
                 try:
                     expected = float(official(answer, entry))
                     official_scores[expected if expected in (0.0, 1.0) else "partial"] += 1
-                except ValueError:  # prime_factorization's scorer raises on a non-integer factor; ours scores 0.0
+                except ValueError:  # prime_factorization's scorer raises on a non-integer factor; the grader scores 0.0
                     expected = 0.0
                     official_scores["raised"] += 1
                 total += 1
@@ -204,15 +205,15 @@ def test_scores_are_the_same_from_worker_threads() -> None:
     items = SUITE.generate(CHAMP, 4, 30, split="validation") + SUITE.generate(GYM, 4, 30, split="validation")
     tasks = [(answer, item) for item in items for answer in (item.answer, "0", "\\frac{1}{2}")]
     with ThreadPoolExecutor(8) as pool:
-        threaded = list(pool.map(lambda task: SUITE.score(*task), tasks))
-    assert threaded == [SUITE.score(*task) for task in tasks]
-    assert threaded.count(1.0) >= len(items)
+        threaded = list(pool.map(lambda task: score_item(SUITE, *task), tasks))
+    assert threaded == [score_item(SUITE, *task) for task in tasks]
+    assert threaded.count((1.0, None)) >= len(items)
 
 
 def test_an_answer_that_keeps_sympy_busy_is_stopped_and_the_checker_recovers() -> None:
     suite = MathSuite(check_timeout_s=2.0)
     item = next(i for i in SUITE.generate(CHAMP, 0, len(champ_problems()), split="validation") if i.id == "P_Combinatorics_12")  # (n+1)^(n-1)
     started = time.monotonic()
-    assert suite.score("(n+1)^{10000}", item) == 0.0  # math-verify alone runs for minutes on this
+    assert score_item(suite, "(n+1)^{10000}", item) == (0.0, "ScorerTimeout: the scorer ran past its 2 s limit")  # math-verify alone runs for minutes
     assert time.monotonic() - started < 10.0
     assert suite.score("(n+1)^{n-1}", item) == 1.0

@@ -9,7 +9,8 @@ The model is offered the item's functions as OpenAI ``tools``, converted as BFCL
 (:func:`openai_tools`), and answers in BFCL's prompting format, a Python-like list of calls
 ``[func(a=1, b="x")]``. The answer is decoded into calls (:func:`decode_calls`, BFCL's decoder without its
 ``eval``) and checked by BFCL's own ``ast_checker`` against the item's possible answers: score 1.0 if valid,
-else 0.0.
+else 0.0. An answer that does not decode raises (the grader scores it 0.0 and records why, as BFCL records a
+decoding error).
 """
 
 from __future__ import annotations
@@ -306,16 +307,14 @@ class BfclSuite:
         return openai_tools(item.entry["function"])
 
     def score(self, answer: str | None, item: Item) -> float:
-        """1.0 if the decoded calls pass BFCL's ``ast_checker`` for the item's category, else 0.0 (also when the
-        answer does not decode, or the checker raises on an odd value: a model's output never fails the evaluation)."""
+        """1.0 if the decoded calls pass BFCL's ``ast_checker`` for the item's category, else 0.0 (also for ``None``).
+        Raises what :func:`decode_calls` raises on an answer that is not a list of calls, and what the checker raises
+        on an odd value (the grader scores such an answer 0.0 and records why)."""
         if answer is None:
             return 0.0
-        try:
-            calls = decode_calls(answer)
-            result = ast_checker(item.entry["function"], calls, item.entry["possible_answer"], Language.PYTHON,
-                                 BFCL_CATEGORY[item.entry["category"]], CHECKER_MODEL)
-        except Exception:  # noqa: BLE001 - undecodable or unexpected output scores 0
-            return 0.0
+        calls = decode_calls(answer)
+        result = ast_checker(item.entry["function"], calls, item.entry["possible_answer"], Language.PYTHON,
+                             BFCL_CATEGORY[item.entry["category"]], CHECKER_MODEL)
         return 1.0 if result["valid"] else 0.0
 
     def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:

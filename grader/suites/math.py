@@ -11,15 +11,17 @@ dataclass other than ``seed`` and ``size``, which the suite sets. A split of ``s
 …)``, skipping questions in ``exclude`` or already taken, and gives up after ``max(1000, 20 × its items)`` draws.
 (reasoning-gym's ``CompositeDataset`` picks a family at random for each index, so its families are not spread
 evenly; it is not used to draw.) ``Item.id`` is ``<split>-<n:05d>``, ``answer`` the family's answer and ``entry``
-the reasoning-gym entry (``question``, ``answer``, ``metadata``; tuples and sets become lists, other values JSON
-cannot hold become strings: ``gsm_symbolic``'s ``Fraction`` variables, which its scorer does not read) plus
-``source``, ``config`` and ``seed`` (the family's draw seed; ``metadata.source_index`` is the index). Score: the
-family's ``score_answer`` on a dataset built with the item's config, as ``CompositeDataset.score_answer`` forwards
-it (reasoning_gym/composite.py). With a default config that is ``reasoning_gym.get_score_answer_fn(family)``;
-``decimal_arithmetic`` (its tolerance), ``time_intervals`` and ``polynomial_equations`` read their config when
-scoring, so for them only the configured dataset gives the official score. ``None`` goes to the scorer too (some
-give it 0.01, like a wrong answer); an answer on which the scorer raises instead of scoring scores 0.0
-(``prime_factorization``'s raises ``ValueError`` on a non-integer factor).
+the reasoning-gym entry (``question``, ``answer``, ``metadata``) as
+:func:`grader.suites.reasoning_gym.encode_entry` writes it (JSON that decodes to an equal entry: tuples, sets and
+``gsm_symbolic``'s ``Fraction`` variables included) plus ``source``, ``config`` and ``seed`` (the family's draw
+seed; ``metadata.source_index`` is the index). Score: the family's ``score_answer`` on a dataset built with the
+item's config, given the decoded entry, as ``CompositeDataset.score_answer`` forwards it
+(reasoning_gym/composite.py), in a child process (:func:`grader.suites.reasoning_gym.score_entry`). With a default
+config that is ``reasoning_gym.get_score_answer_fn(family)``; ``decimal_arithmetic`` (its tolerance),
+``time_intervals`` and ``polynomial_equations`` read their config when scoring, so for them only the configured
+dataset gives the official score. ``None`` goes to the scorer too (some give it 0.01, like a wrong answer). An
+answer on which the scorer raises (``prime_factorization``'s raises ``ValueError`` on the factor ``3.``) or runs
+past ``check_timeout_s`` raises: the grader scores it 0.0 and records why.
 
 **CHAMP**: ``{"source": "champ"}``, optionally ``"categories": ["Number-Theory", …]``. The 270 problems of CHAMP
 (Mao, Kim and Zhou, 2024, "CHAMP: A Competition-level Dataset for Fine-Grained Analyses of LLMs' Mathematical
@@ -39,47 +41,35 @@ Score (CHAMP): math-verify (HuggingFace), ``verify(parse(gold), parse(answer))``
 LaTeX only between math delimiters (bare ``2^{n-1}`` reads as ``2``), so an answer with none of ``$``, ``\\(``,
 ``\\[``, ``\\boxed`` is passed as ``\\boxed{<answer>}``: what math-verify reads in the completion the default
 harness took it from (given several boxes, math-verify reads them all together; the harness takes the last).
-``None`` scores 0.0. The check runs in a child process (:class:`_Checker`) with math-verify's timeouts off
-(``parsing_timeout=None``, ``timeout_seconds=None``: they use ``SIGALRM``, which only the main thread can set,
-and the grader scores from worker threads) and one wall-clock limit instead (``check_timeout_s``, default 10 s):
-answers such as ``2^{2^{30}}`` or ``(n+1)^{10000}`` keep sympy busy for minutes (and gigabytes), partly inside
-C calls that no signal interrupts. Past the limit the child is killed, the answer scores 0.0 and the next check
-starts a new child. The child's address space is capped at 2 GiB (a check that needs more fails: 0.0). Checks go
-through the one child one at a time (a check takes milliseconds).
+``None`` scores 0.0. The check runs in a child process (:mod:`grader.suites.isolated`: address space capped at
+2 GiB) with math-verify's timeouts off (``parsing_timeout=None``, ``timeout_seconds=None``: they use ``SIGALRM``)
+and one wall-clock limit instead (``check_timeout_s``, default 10 s): answers such as ``2^{2^{30}}`` or
+``(n+1)^{10000}`` keep sympy busy for minutes (and gigabytes), partly inside C calls that no signal interrupts.
+Past the limit the child is killed and the check raises ``isolated.ScorerTimeout`` (the grader scores the answer
+0.0 and records why).
 """
 
 from __future__ import annotations
 
 import hashlib
-import json
-import os
 import random
 import re
-import select
-import subprocess
-import sys
-import threading
-import time
-from functools import cache, lru_cache
+from functools import lru_cache
 from itertools import zip_longest
 from typing import Any
 
 import champ_dataset
 import math_verify
 import reasoning_gym
-import structlog
-from reasoning_gym.dataset import ProceduralDataset
 from reasoning_gym.factory import DATASETS
 from sympy import Basic
 from sympy.core.function import AppliedUndef
 
 from grader.canonical import Canonical
-from grader.suites import Item, chao1
-from grader.suites.reasoning_gym import SPACE_DRAWS, canonical_form
+from grader.suites import Item, chao1, isolated
+from grader.suites.reasoning_gym import SPACE_DRAWS, canonical_form, encode_entry, score_entry
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
-
-log = structlog.get_logger("grader")
 
 SOURCES = ("reasoning_gym", "champ")
 MATH_CATEGORIES = frozenset({"arithmetic", "algebra", "geometry", "probability"})
@@ -89,30 +79,6 @@ _MIN_DRAWS = 1000
 _SINGLE_EXPRESSION = re.compile(r"\s*(?:@@([^@]+)@@|(-?\d+))\s*")
 _VARIABLE_LETTERS = re.compile(r"[A-Za-z]+(?![A-Za-z(])")  # letter runs not naming a function (sqrt(, C(, floor()
 _MATH_DELIMITERS = re.compile(r"\$|\\\(|\\\[|\\boxed")
-_CHILD_MEMORY_BYTES = 2 * 1024**3
-_CHILD_START_TIMEOUT_S = 120.0
-
-# Run by the checker's child (``python -I -c``): argv[1] = address-space limit in bytes. Requests on stdin and
-# replies on stdout are one line each: ``["<gold>", "<answer>"]`` → ``1`` (verified) or ``0``.
-_SERVER = """\
-import json, resource, sys
-from functools import cache, lru_cache
-import math_verify
-resource.setrlimit(resource.RLIMIT_AS, (int(sys.argv[1]), int(sys.argv[1])))
-replies, sys.stdout = sys.stdout, sys.stderr  # whatever the libraries print goes to stderr, not into the replies
-gold = lru_cache(maxsize=4096)(lambda text: math_verify.parse(text, parsing_timeout=None))
-replies.write("ready\\n")
-replies.flush()
-for line in sys.stdin:
-    gold_text, answer = json.loads(line)
-    verdict = math_verify.verify(gold(gold_text), math_verify.parse(answer, parsing_timeout=None), timeout_seconds=None)
-    replies.write("1\\n" if verdict else "0\\n")
-    replies.flush()
-"""
-
-
-def _jsonable(value: Any) -> Any:
-    return json.loads(json.dumps(value, default=lambda v: list(v) if isinstance(v, tuple | set | frozenset) else str(v)))
 
 
 @lru_cache(maxsize=1)
@@ -145,65 +111,14 @@ def _family_seed(seed: int, family: str) -> int:
     return int.from_bytes(hashlib.sha256(f"{seed}/{family}".encode()).digest()[:8], "big")
 
 
-@lru_cache(maxsize=64)
-def _family_dataset(family: str, config_json: str) -> ProceduralDataset:
-    """The family's dataset with ``config_json`` (a JSON object), whose ``score_answer`` scores its items."""
-    return reasoning_gym.create_dataset(family, **json.loads(config_json))
+@lru_cache(maxsize=4096)
+def _gold(text: str) -> list[Any]:
+    return math_verify.parse(text, parsing_timeout=None)
 
 
-def _read_line(fd: int, timeout_s: float) -> bytes:
-    """Bytes read from ``fd`` up to and including a newline; fewer (maybe none) if ``timeout_s`` passed or the stream ended."""
-    deadline = time.monotonic() + timeout_s
-    data = b""
-    while not data.endswith(b"\n"):
-        left = deadline - time.monotonic()
-        if left <= 0 or not select.select([fd], [], [], left)[0]:
-            break
-        chunk = os.read(fd, 4096)
-        if not chunk:
-            break
-        data += chunk
-    return data
-
-
-class _Checker:
-    """math-verify in one child process (``_SERVER``), shared by this process's threads: one check at a time."""
-
-    def __init__(self, timeout_s: float) -> None:
-        self.timeout_s = timeout_s
-        self._lock = threading.Lock()
-        self._child: subprocess.Popen[bytes] | None = None
-
-    def verify(self, gold: str, answer: str) -> bool:
-        """math-verify's verdict on ``answer`` against ``gold``; ``False`` when the check overran ``timeout_s`` or killed
-        the child (which is then replaced). Raises ``RuntimeError`` if a child does not start."""
-        with self._lock:
-            if self._child is None or self._child.poll() is not None:
-                self._child = self._start()
-            self._child.stdin.write(json.dumps([gold, answer]).encode() + b"\n")
-            reply = _read_line(self._child.stdout.fileno(), self.timeout_s)
-            if reply in (b"0\n", b"1\n"):
-                return reply == b"1\n"
-            log.warning("math_verify_check_stopped", timeout_s=self.timeout_s, answer=answer[:200], exit_code=self._child.poll())
-            self._child.kill()
-            self._child.wait()
-            self._child = None
-            return False
-
-    @staticmethod
-    def _start() -> subprocess.Popen[bytes]:
-        child = subprocess.Popen([sys.executable, "-I", "-c", _SERVER, str(_CHILD_MEMORY_BYTES)],
-                                 stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, bufsize=0)
-        if _read_line(child.stdout.fileno(), _CHILD_START_TIMEOUT_S) != b"ready\n":
-            child.kill()
-            child.wait()
-            raise RuntimeError("the math-verify child process did not start")
-        return child
-
-
-@cache
-def _checker(timeout_s: float) -> _Checker:
-    return _Checker(timeout_s)
+def _verify(gold: str, answer: str) -> bool:
+    """math-verify's verdict on ``answer`` against ``gold`` (run in a child process: :meth:`MathSuite.score`)."""
+    return bool(math_verify.verify(_gold(gold), math_verify.parse(answer, parsing_timeout=None), timeout_seconds=None))
 
 
 class MathSuite:
@@ -219,7 +134,7 @@ class MathSuite:
     )
 
     def __init__(self, *, check_timeout_s: float = 10.0) -> None:
-        """``check_timeout_s``: wall-clock seconds for one math-verify check of a CHAMP answer."""
+        """``check_timeout_s``: wall-clock seconds for one scoring call (a family's scorer, or math-verify's check of a CHAMP answer)."""
         self.check_timeout_s = check_timeout_s
 
     def check_params(self, params: dict[str, Any]) -> None:
@@ -279,7 +194,7 @@ class MathSuite:
                     break
                 if entry["question"] not in seen:
                     seen.add(entry["question"])
-                    picked.append({**_jsonable(entry), "source": "reasoning_gym", "config": config, "seed": family_seed})
+                    picked.append({**encode_entry(entry), "source": "reasoning_gym", "config": config, "seed": family_seed})
             if len(picked) < quota:
                 raise Unprocessable(f"{family}: only {len(picked)} of the {quota} distinct {split} items it owes were found outside the excluded set; "
                                     "ask for fewer or widen its config", field=f"suite.splits.{split}.size")
@@ -299,19 +214,16 @@ class MathSuite:
                      entry={"source": "champ", "problem_id": p["problem_id"], "category": p["category"], "gold": p["gold"]}) for p in left[:size]]
 
     def score(self, answer: str | None, item: Item) -> float:
-        """Score in [0, 1]: the family's reasoning-gym scorer (0.0 where it raises), or math-verify's verdict for CHAMP,
-        1.0 or 0.0 (module docstring)."""
+        """Score in [0, 1]: the family's reasoning-gym scorer, or math-verify's verdict for CHAMP, 1.0 or 0.0 (module
+        docstring). Raises what the scorer raises, ``isolated.ScorerTimeout`` past ``check_timeout_s`` or
+        ``isolated.ScorerDied``."""
         entry = item.entry
         if entry["source"] == "champ":
             if answer is None:
                 return 0.0
             text = answer if _MATH_DELIMITERS.search(answer) else f"\\boxed{{{answer}}}"
-            return 1.0 if _checker(self.check_timeout_s).verify(entry["gold"], text) else 0.0
-        dataset = _family_dataset(entry["metadata"]["source_dataset"], json.dumps(entry["config"], sort_keys=True))
-        try:
-            return float(dataset.score_answer(answer, entry))
-        except Exception:  # a model's malformed answer must not fail the evaluation
-            return 0.0
+            return 1.0 if isolated.call(_verify, entry["gold"], text, timeout_s=self.check_timeout_s) else 0.0
+        return score_entry(answer, entry, timeout_s=self.check_timeout_s)
 
     def canonical(self, item: Item) -> Canonical | None:
         """A reasoning-gym item's statement without its family's instruction text; ``None`` for CHAMP, whose
