@@ -257,6 +257,25 @@ def test_a_scorer_that_raises_scores_zero_with_the_reason() -> None:
     assert score_item(suite, "3.\x00", item) == (0.0, "ValueError: invalid literal for int() with base 10: '3.\\x00'")  # the message's repr
 
 
+class _Returns:
+    """A suite whose scorer returns ``value`` (what no suite of ours should: the grader must not average it in)."""
+
+    name = "returns"
+
+    def __init__(self, value: Any) -> None:
+        self.value = value
+
+    def score(self, answer: str | None, item: Item) -> Any:
+        return self.value
+
+
+@pytest.mark.parametrize("value", [float("nan"), 1.5, -0.1, True, "1.0", None])
+def test_a_score_outside_zero_to_one_is_zero_with_the_reason(value: Any) -> None:
+    item = Item(id="i", question="q", answer="a")
+    assert score_item(_Returns(value), "a", item) == (0.0, f"the scorer returned {value!r}, not a number in [0, 1]")
+    assert score_item(_Returns(1), "a", item) == (1.0, None)
+
+
 # --------------------------------------------------------------------------- an evaluation end to end, in process
 
 BASE = "smollm2-135m-instruct"

@@ -35,7 +35,7 @@ from services.common.lazy import once
 T = TypeVar("T")
 
 MEMORY_BYTES = 2 * 1024**3
-WORKERS = min(4, os.cpu_count() or 1)
+WORKERS = min(4, len(os.sched_getaffinity(0)))  # the CPUs this process may use (a container's, not the host's)
 
 
 class ScorerTimeout(Exception):
