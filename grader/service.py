@@ -1,9 +1,7 @@
 """Grader logic: benchmark splits, validation evaluations, final submissions on the hidden test split.
 
-Splits are disjoint by construction: validation items come from the validation seed; test items (seed
-from the grader's configuration only) exclude validation questions; the training pool (train seed)
-excludes both, so held-out splits keep the task's natural distribution and the training data is what
-gets decontaminated.
+Splits (:mod:`grader.splits`): validation and the training pool are drawn from public seeds alone; the hidden
+test split (seed from the grader's configuration only) is drawn around them, so no public answer depends on it.
 Validation evaluations are charged to the run (a hold for the worst case, each completion charged
 against it, the rest released); official test grading is not charged.
 """
@@ -11,7 +9,6 @@ against it, the rest released); official test grading is not charged.
 from __future__ import annotations
 
 import datetime as dt
-import hashlib
 import json
 import math
 import re
@@ -27,11 +24,12 @@ import structlog
 from sqlalchemy import func, or_, select
 from sqlalchemy.orm import Session, object_session
 
+from grader import splits
 from grader.audit import audit
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
 from grader.models import Benchmark, Evaluation, Submission, Trajectory, ValidationItem
 from grader.settings import GraderSettings
-from grader.suites import Item, Suite, get_suite, suite_tools
+from grader.suites import Item, Suite, get_suite, suite_canonical, suite_tools
 from grader.teststore import TestStore
 from services.common import jobs
 from services.common.auth import RunContext
@@ -96,29 +94,21 @@ def runtime() -> Runtime:
 # --------------------------------------------------------------------------- benchmarks and splits
 
 
-def _test_seed(spec: GradingSpec) -> int:
-    """The hidden test seed: the grader's secret seed mixed with the suite spec (never stored elsewhere)."""
-    material = f"{runtime().settings.grader_test_seed}:{spec.suite.model_dump_json()}".encode()
-    return int.from_bytes(hashlib.sha256(material).digest()[:4], "big")
-
-
 @lru_cache(maxsize=16)
 def _train_pool(benchmark_id: str) -> list[Item]:
-    """The benchmark's training pool: generated from the train seed, minus every validation and test question.
-
-    Held-out splits keep their natural distribution; it is the training data that is decontaminated.
-    """
-    rt = runtime()
-    with rt.db.session() as s:
+    """The benchmark's public training pool (:func:`grader.splits.training_pool`): a function of the benchmark
+    file alone, never of the test split."""
+    with runtime().db.session() as s:
         spec = _spec(s, benchmark_id)
-        held_out = set(s.scalars(select(ValidationItem.question).where(ValidationItem.benchmark_id == benchmark_id)))
-    held_out |= rt.store.questions(benchmark_id)
-    train = spec.suite.splits.train
-    return get_suite(spec.suite.name).generate(spec.suite.params, train.seed or 0, train.size, split="train", exclude=frozenset(held_out))
+        validation = [Item(id=r.item_id, question=r.question, answer=r.answer, entry=r.entry)
+                      for r in s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == benchmark_id).order_by(ValidationItem.position))]
+    return splits.training_pool(spec, validation)
 
 
 def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
-    """Create the benchmark's splits and queue the baseline evaluations; idempotent on ``benchmark_id``.
+    """Create the benchmark's splits (:mod:`grader.splits`) and queue the baseline evaluations; idempotent on
+    ``benchmark_id``. Returns :func:`benchmark_status` plus ``warnings`` for the operator (a task small enough to
+    enumerate), which depend on public inputs only.
 
     Raises ``Unprocessable`` naming the field for an unknown suite, bad suite params, a bad harness, or a
     split larger than the task space allows.
@@ -132,11 +122,12 @@ def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
     for system in (spec.initial_system, spec.reference_system):
         if system and system.harness:
             check_harness(system.harness)
-    val = spec.suite.splits.validation
-    validation = suite.generate(spec.suite.params, val.seed or 1, val.size, split="validation")
-    test = suite.generate(spec.suite.params, _test_seed(spec), spec.suite.splits.test.size, split="test",
-                          exclude=frozenset(it.question for it in validation))
+    validation = splits.validation_split(spec)
+    test = splits.test_split(spec, splits.test_seed(rt.settings.grader_test_seed, spec), validation + splits.training_pool(spec, validation))
     rt.store.put_items(spec.benchmark_id, test)
+    warning = splits.enumerable_warning(spec, splits.item_space(spec))
+    if warning:
+        log.warning("enumerable task", benchmark_id=spec.benchmark_id, warning=warning)
     with rt.db.session() as s:
         s.add(Benchmark(id=spec.benchmark_id, spec=spec.model_dump(mode="json"), created_at=utcnow()))
         s.flush()
@@ -151,7 +142,7 @@ def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
 
     for eval_id in queued:
         enqueue_evaluation(eval_id)
-    return benchmark_status(spec.benchmark_id)
+    return {**benchmark_status(spec.benchmark_id), "warnings": [warning] if warning else []}
 
 
 def _spec(s: Session, benchmark_id: str) -> GradingSpec:
@@ -578,7 +569,8 @@ def _audit_submission(eval_id: str, ctx: RunContext, test_items: list[Item], spe
         public = [text for it in _train_pool(spec.benchmark_id) for text in (it.question, it.answer)]
         for question, answer in s.execute(select(ValidationItem.question, ValidationItem.answer).where(ValidationItem.benchmark_id == spec.benchmark_id)):
             public += [question, answer]
-    report = audit(test_items, rows(), spec.audit, public=public, datasets=len(datasets))
+    suite = get_suite(spec.suite.name)
+    report = audit(test_items, rows(), spec.audit, public=public, datasets=len(datasets), canonical=lambda item: suite_canonical(suite, item))
     log.info("contamination audit", eval_id=eval_id, flagged=report.flagged_items, items=report.items, rows=report.rows)
     with rt.db.session() as s:
         s.get(Submission, sub.id).contamination = report.model_dump()  # type: ignore[union-attr]
@@ -664,24 +656,53 @@ def reconcile() -> jobs.ReconcileReport:
 
 
 def _submission_out(s: Session, sub: Submission) -> SubmissionOut:
-    """The wire form of ``sub``. A failure says whose fault it was; a platform failure's own text (which may quote a
-    test item) stays in the grader's records and the agent reads that the submission was given back."""
+    """The wire form of ``sub``. A failure says whose fault it was. Its text is never a function of the test split:
+    an agent failure shows what inference refused (:func:`_public_refusal`), a platform failure only that the
+    submission was given back; both stay whole in the grader's records."""
     ev = s.get(Evaluation, sub.evaluation_id)
     status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")  # type: ignore[union-attr]
     cause = ev.failure_cause if status == "failed" else None  # type: ignore[union-attr]
-    error = ev.error if cause == AGENT else (  # type: ignore[union-attr]
-        "grading failed on the platform's side; this submission does not count against the task's final submissions" if status == "failed" else None)
+    counted = cause != PLATFORM or _platform_failures(s, sub.run_id, sub.benchmark_id, up_to=sub.id) > FREE_PLATFORM_FAILURES
+    if cause == AGENT:
+        error = _public_refusal(ev.error or "")  # type: ignore[union-attr]
+    elif cause == PLATFORM:
+        error = "grading failed on the platform's side; " + ("this submission does not count against the task's final submissions" if not counted else
+                                                             f"it counts: the task had more than {FREE_PLATFORM_FAILURES} such failures")
+    else:
+        error = None
     return SubmissionOut(id=sub.id, status=status, task=_task_name(s, sub.benchmark_id), model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
-                         score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=cause != PLATFORM,  # type: ignore[union-attr, arg-type]
+                         score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=counted,  # type: ignore[union-attr, arg-type]
                          created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
+
+
+def _public_refusal(error: str) -> str:
+    """What a submission shows of inference's refusal: the whole of it when it concerns the submitted ``model`` (the
+    same for every item), else only which field was refused, not inference's detail (which may count or quote a
+    test prompt)."""
+    head, _, _detail = error.partition(": ")
+    return error if head.endswith("(field model)") else head
+
+
+FREE_PLATFORM_FAILURES = 3  # per run and task: platform-failed gradings given back; later ones count (no free oracle)
+
+
+def _platform_failures(s: Session, run_id: str, benchmark_id: str, up_to: str | None = None) -> int:
+    """The run's submissions for the task whose grading failed by the platform's fault (those up to id ``up_to``)."""
+    query = (select(func.count()).select_from(Submission).join(Evaluation, Evaluation.id == Submission.evaluation_id)
+             .where(Submission.run_id == run_id, Submission.benchmark_id == benchmark_id, Evaluation.status == "failed",
+                    Evaluation.failure_cause == PLATFORM))
+    return s.scalar(query.where(Submission.id <= up_to) if up_to else query) or 0
 
 
 def counted_submissions(s: Session, run_id: str, benchmark_id: str) -> int:
     """How many of the run's final submissions for the task (``benchmark_id``) are used up: every submission
-    except those whose grading failed by the platform's fault (queued, running, graded, failed by the agent's)."""
-    return s.scalar(select(func.count()).select_from(Submission).join(Evaluation, Evaluation.id == Submission.evaluation_id)
-                    .where(Submission.run_id == run_id, Submission.benchmark_id == benchmark_id,
-                           or_(Evaluation.failure_cause.is_(None), Evaluation.failure_cause != PLATFORM))) or 0
+    except those whose grading failed by the platform's fault (queued, running, graded, failed by the agent's),
+    and those too past the first :data:`FREE_PLATFORM_FAILURES` (were a platform failure ever triggered by what a
+    system answers, each free retry would tell the agent something about the hidden split)."""
+    others = s.scalar(select(func.count()).select_from(Submission).join(Evaluation, Evaluation.id == Submission.evaluation_id)
+                      .where(Submission.run_id == run_id, Submission.benchmark_id == benchmark_id,
+                             or_(Evaluation.failure_cause.is_(None), Evaluation.failure_cause != PLATFORM))) or 0
+    return others + max(0, _platform_failures(s, run_id, benchmark_id) - FREE_PLATFORM_FAILURES)
 
 
 def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: int) -> SubmissionOut:

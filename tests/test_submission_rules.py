@@ -165,6 +165,14 @@ def test_a_system_that_inference_refuses_is_the_agents_failure_and_uses_up_the_s
         grader.submit()
 
 
+def test_a_refusal_of_what_the_harness_sent_shows_the_field_but_not_inferences_detail(grader: Grader) -> None:
+    """A refusal about the messages may count or quote a hidden test prompt: the agent reads which field, not the detail."""
+    grader.inference.problem = {**UNKNOWN_MODEL, "status": 413, "detail": "the prompt 'Hidden question 17' is 9000 bytes", "field": "messages"}
+    sub = grader.grade(grader.submit())
+    assert (sub.status, sub.failure_cause, sub.counted) == ("failed", "agent", True)
+    assert sub.error == "inference refused the evaluated system (field messages)"
+
+
 def _inference_errs(grader: Grader, sub: SubmissionOut) -> None:
     grader.inference.problem = INTERNAL_ERROR
     grader.grade(sub)
@@ -212,6 +220,19 @@ def test_a_grading_that_fails_by_the_platforms_fault_gives_the_submission_back(g
     grader.answer_right(6)
     second = grader.grade(grader.submit())  # the one final submission is still there
     assert (second.status, second.failure_cause, second.counted, second.score.value) == ("graded", None, True, 1.0)  # type: ignore[union-attr]
+    with pytest.raises(SubmissionLimitReached):
+        grader.submit()
+
+
+def test_platform_failures_are_given_back_a_few_times_per_task_then_count(grader: Grader) -> None:
+    """A free retry after every platform failure would be an oracle if a system's answers could cause one."""
+    from grader.service import FREE_PLATFORM_FAILURES
+
+    grader.inference.problem = INTERNAL_ERROR
+    subs = [grader.grade(grader.submit()) for _ in range(FREE_PLATFORM_FAILURES)]
+    assert [s.counted for s in subs] == [False] * FREE_PLATFORM_FAILURES
+    last = grader.grade(grader.submit())  # the limit of 1 is still free: the failures so far were given back
+    assert (last.failure_cause, last.counted) == ("platform", True) and "it counts" in (last.error or "")
     with pytest.raises(SubmissionLimitReached):
         grader.submit()
 
