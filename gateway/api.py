@@ -163,7 +163,8 @@ async def get_dataset(dataset_id: DatasetId, caller: Caller = Depends(agent)) ->
 @agent_router.get("/suite/train-sample", tags=["suite"], summary="Items of the suite's training pool")
 async def train_sample(offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000), task: str | None = TaskQuery,
                        caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
-    """Question/answer pairs from the task's training generator (disjoint from validation and test by construction)."""
+    """Question/answer pairs of the task's public training pool, drawn from its train seed without the validation
+    items; a function of the benchmark file alone (the hidden test split is drawn around it, never the reverse)."""
     caller = service.for_task(caller, task)
     return Page[SuiteItemOut](**await service.runtime().grader.get("/internal/suite/train-sample", ctx=caller.ctx, params={"offset": offset, "limit": limit}))
 
