@@ -138,13 +138,12 @@ class ServiceClient(_BaseClient):
 class AsyncServiceClient(_BaseClient):
     """:class:`ServiceClient` for an event loop: the same arguments, answers and errors; ``await client.get(…)``.
 
-    A call waiting for its service holds no thread, only a connection of the pool (``max_connections``, 100).
+    A call waiting for its service holds no thread, only one of the client's pooled connections (httpx's 100).
     """
 
     def __init__(self, base_url: str, token: str, **kw: Any) -> None:
         super().__init__(base_url, token, **kw)
-        self.client = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {token}"},
-                                        limits=httpx.Limits(max_connections=100, max_keepalive_connections=20))
+        self.client = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
 
     async def request(self, method: str, path: str, *, ctx: RunContext | None = None, json: Any = None, params: dict[str, Any] | None = None,
                       content: bytes | None = None, headers: dict[str, str] | None = None, timeout_s: float | None = None,
