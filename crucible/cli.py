@@ -16,6 +16,7 @@ import typer
 import yaml
 from rich.console import Console
 from rich.table import Table
+from rich.text import Text
 
 from crucible.sdk import AdminClient, CrucibleAPIError, CrucibleClient
 
@@ -243,17 +244,18 @@ def admin_check_benchmark(path: Path) -> None:
     from services.common.errors import Unprocessable
 
     try:
-        spec = parse_benchmark(yaml.safe_load(path.read_text()))
+        spec = parse_benchmark(yaml.safe_load(path.read_text(encoding="utf-8")))
         reports = []
         for task in spec.task_list():
             get_suite(task.suite.name).check_params(task.suite.params)
             reports.append(split_report(grading_spec(spec, task, "bm_check")))
-    except (OSError, yaml.YAMLError) as exc:
-        console.print(f"[red]✗[/] {path}: {exc}")
+    except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
+        console.print(Text.assemble(("✗ ", "red"), f"{path}: not a readable YAML file: {exc}"))
         raise typer.Exit(1) from None
     except Unprocessable as exc:
         field = exc.extra.get("field")
-        console.print(f"[red]✗[/] {path}: {field}: {exc.detail}" if field else f"[red]✗[/] {path}: {exc.detail}")
+        detail = exc.detail if not field or exc.detail.startswith(field) else f"{field}: {exc.detail}"
+        console.print(Text.assemble(("✗ ", "red"), f"{path}: {detail}"))
         raise typer.Exit(1) from None
     tasks = ", ".join(f"{t.name} ({t.suite.name})" for t in spec.task_list())
     console.print(f"[green]✓[/] {spec.name}: track {spec.track}, tasks {tasks}")

@@ -13,6 +13,7 @@ templates = Jinja2Templates(directory=Path(__file__).parent / "templates")
 
 app = create_service_app(
     "gateway", title="Crucible", migrations=(lambda: service.runtime().db.url, Path(__file__).parent / "migrations"),
+    metrics_auth=lambda request: api.admin(request.headers.get("authorization")),
     description=(
         "The agent-facing API of Crucible. Research agents authenticate with their run's API key "
         "(`Authorization: Bearer crk_…`); operators use the admin key on `/admin`. Errors are RFC 9457 problem+json."

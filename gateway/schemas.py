@@ -253,8 +253,9 @@ class TaskScore(BaseModel):
     gap_closed: float | None = Field(description="(final − initial) / (reference − initial)")
     n: int | None
     final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap confidence interval of the final score (low, high).")
-    contaminated: bool | None = Field(None, description="The contamination audit found test items in the run's datasets (null: not audited yet).")
-    contaminated_items: int | None = Field(None, description="How many test items the audit flagged.")
+    contaminated: bool | None = Field(None, description="The contamination audit found test items in the run's datasets (null: not audited yet). "
+                                      "How many is the operator's to read (the grader's records): a public count would tell a run how many "
+                                      "of the items it uploaded are hidden ones.")
 
 
 class LeaderboardRow(BaseModel):
@@ -280,7 +281,6 @@ class LeaderboardRow(BaseModel):
     n: int | None = Field(description="Test items graded, over all tasks.")
     final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap interval of the final score (one-task benchmarks; see each task otherwise).")
     contaminated: bool | None = Field(None, description="The audit flagged test items of some task (null: not audited yet).")
-    contaminated_items: int | None = Field(None, description="Test items the audit flagged, over all tasks.")
     validation_evaluations: int
     spent_usd: float
     elapsed_hours: float

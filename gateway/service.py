@@ -92,7 +92,8 @@ def _benchmark_out(b: Benchmark, warnings: list[str] | None = None) -> Benchmark
 
 
 def parse_benchmark(doc: Any) -> BenchmarkFile:
-    """Validate a benchmark document; raises ``Unprocessable`` naming the key path and the reason."""
+    """Validate a benchmark document; raises ``Unprocessable`` naming the key path and the reason (also for an
+    initial or reference system whose model is no base model: a benchmark cannot start from a run's checkpoint)."""
     try:
         spec = BenchmarkFile.model_validate(doc)
     except ValidationError as exc:
@@ -100,6 +101,11 @@ def parse_benchmark(doc: Any) -> BenchmarkFile:
         field = ".".join(str(p) for p in err["loc"]) or "(document)"
         raise Unprocessable(f"{field}: {err['msg']}", field=field) from exc
     for i, task in enumerate(spec.task_list()):
+        prefix = "" if spec.tasks is None else f"tasks.{i}."
+        for key, system in (("initial_system", task.initial_system), ("reference.system", task.reference.system)):
+            if system is not None and system.model not in BASE_MODELS:
+                field = f"{prefix}{key}.model"
+                raise Unprocessable(f"{field}: unknown base model {system.model!r}; known: {', '.join(sorted(BASE_MODELS))}", field=field)
         model = BASE_MODELS.get(task.initial_system.model)
         if task.evaluation and task.evaluation.thinking and model is not None and not model.thinking:
             field = "evaluation.thinking" if spec.tasks is None or not spec.tasks[i].evaluation else f"tasks.{i}.evaluation.thinking"
@@ -461,7 +467,6 @@ async def leaderboard() -> list[LeaderboardRow]:
             rsi_index=_mean([_rsi_term(t) for t in tasks]) if all_graded else None,
             n=sum(t.n or 0 for t in tasks) if graded else None, final_ci=one.final_ci if one else None,
             contaminated=any(contamination) if contamination else None,
-            contaminated_items=sum(t.contaminated_items or 0 for t in tasks) if contamination else None,
             validation_evaluations=max(e["validation_evaluations"] for e in by_task.values()),
             spent_usd=(await rt.ledger.get(f"/internal/accounts/{run.id}"))["spent_usd_micros"] / 1_000_000,
             elapsed_hours=(end - run.created_at).total_seconds() / 3600,
@@ -486,7 +491,7 @@ def _task_score(task: str, baseline: dict[str, Any], entry: dict[str, Any] | Non
         task=task, submission_id=entry["submission_id"] if entry else None, status=entry["status"] if entry else "not submitted",
         initial_score=initial, final_score=final, reference_score=reference, gap_closed=gap, n=score["n"] if score else None,
         final_ci=(score["ci_low"], score["ci_high"]) if score and score.get("ci_low") is not None else None,
-        contaminated=audit.get("contaminated"), contaminated_items=audit.get("flagged_items"),
+        contaminated=audit.get("contaminated"),
     )
 
 

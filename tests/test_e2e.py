@@ -58,7 +58,7 @@ def test_research_loop_improves_and_reaches_the_leaderboard(stack, new_run, benc
     assert row["initial_score"] is not None and row["reference_score"] == 1.0
     assert row["gap_closed"] == pytest.approx((row["final_score"] - row["initial_score"]) / (1.0 - row["initial_score"]))
     assert row["validation_evaluations"] == 2 and row["spent_usd"] > 0
-    assert row["contaminated"] is False and row["contaminated_items"] == 0  # trained on the public pool only
+    assert row["contaminated"] is False and "contaminated_items" not in row  # trained on the public pool only; counts are the operator's
     assert row["final_ci"][0] <= row["final_score"] <= row["final_ci"][1]
     html = httpx.get(f"{stack.gateway_url}/leaderboard").text
     assert "e2e-baseline" in html
@@ -92,8 +92,13 @@ def test_a_run_that_trained_on_planted_test_items_is_flagged_on_the_leaderboard(
     sub = client.wait_submission(client.submit("smollm2-135m-instruct")["id"], poll_s=0.5)
     assert sub["status"] == "graded"
     row = next(r for r in httpx.get(f"{stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
-    assert row["contaminated"] is True and row["contaminated_items"] == 5
-    assert "flagged (5 items)" in httpx.get(f"{stack.gateway_url}/leaderboard").text
+    assert row["contaminated"] is True and "contaminated_items" not in row  # a public count would be a membership oracle
+    assert "flagged" in httpx.get(f"{stack.gateway_url}/leaderboard").text
+    from crucible.stack import service_token
+
+    entries = httpx.get(f"http://127.0.0.1:{stack.port_base + 4}/internal/leaderboard", timeout=30,
+                        headers={"Authorization": f"Bearer {service_token(stack.data_dir, 'gateway')}"}).json()["data"]
+    assert next(e for e in entries if e["run_id"] == run["id"])["contamination"]["flagged_items"] == 5  # the operator's record
 
 
 def test_the_same_system_evaluated_twice_gets_identical_scores_and_completions(stack, new_run):  # noqa: ANN001
@@ -420,19 +425,25 @@ def test_internal_services_accept_only_the_callers_they_trust(stack, new_run):  
     assert get("trainer", "/internal/datasets", tokens["gateway"], **forged) == 401
 
 
-def test_internal_api_docs_answer_only_service_tokens(stack, new_run):  # noqa: ANN001
-    """An internal service's OpenAPI document and Swagger page are not served to whoever reaches its port."""
+def test_internal_api_docs_and_metrics_answer_only_service_tokens(stack, new_run):  # noqa: ANN001
+    """An internal service's OpenAPI document, Swagger page and metrics are not served to whoever reaches its port;
+    the gateway's metrics (request counts per route, of every run) only to its operators."""
     from crucible.stack import service_token
 
     run, _client = new_run("docs-prober")
     gateway_token = service_token(stack.data_dir, "gateway")
     for offset, service in ((1, "ledger"), (2, "trainer"), (3, "inference"), (4, "grader")):
         base = f"http://127.0.0.1:{stack.port_base + offset}"
-        for path in ("/openapi.json", "/docs", "/redoc"):
+        for path in ("/openapi.json", "/docs", "/redoc", "/metrics"):
             for headers in ({}, {"Authorization": f"Bearer {run['api_key']}"}):
                 r = httpx.get(base + path, headers=headers, timeout=30)
                 assert r.status_code in (401, 404) and r.headers["content-type"].startswith("application/problem+json"), (service, path, r.status_code)
         spec = httpx.get(base + "/openapi.json", headers={"Authorization": f"Bearer {gateway_token}"}, timeout=30)
         assert spec.status_code == 200 and any(p.startswith("/internal/") for p in spec.json()["paths"]), service
         assert httpx.get(base + "/docs", headers={"Authorization": f"Bearer {gateway_token}"}, timeout=30).text.count("swagger-ui") > 0
+        assert "crucible_http_requests_total" in httpx.get(base + "/metrics", headers={"Authorization": f"Bearer {gateway_token}"}, timeout=30).text
     assert httpx.get(f"{stack.gateway_url}/openapi.json", timeout=30).status_code == 200  # the agent-facing API stays documented
+    from crucible.stack import admin_key
+
+    assert httpx.get(f"{stack.gateway_url}/metrics", headers={"Authorization": f"Bearer {run['api_key']}"}, timeout=30).status_code == 401
+    assert httpx.get(f"{stack.gateway_url}/metrics", headers={"Authorization": f"Bearer {admin_key(stack.data_dir)}"}, timeout=30).status_code == 200

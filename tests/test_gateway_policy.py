@@ -46,6 +46,8 @@ def test_every_shipped_benchmark_file_is_valid() -> None:
     (lambda d: d.update(surprise=1), "surprise"),
     (lambda d: d["evaluation"].update(thinking=True), "evaluation.thinking"),  # SmolLM2 has no thinking mode
     (lambda d: d["evaluation"].update(context_tokens=64), "evaluation.context_tokens"),
+    (lambda d: d["initial_system"].update(model="gpt-5"), "initial_system.model"),  # no base model of this deployment
+    (lambda d: d.update(reference={"system": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"}}), "reference.system.model"),
 ])
 def test_bad_benchmark_file_names_the_key(mutate, field: str) -> None:  # noqa: ANN001
     doc = copy.deepcopy(TEST_BENCHMARK)
@@ -139,6 +141,10 @@ def test_crucible_admin_check_benchmark_names_the_bad_key(tmp_path) -> None:  # 
     (tmp_path / "bad.yaml").write_text(yaml.safe_dump(doc))
     bad = CliRunner().invoke(app, ["admin", "check-benchmark", str(tmp_path / "bad.yaml")])
     assert bad.exit_code == 1 and "evaluation.metric" in bad.output
+    assert bad.output.count("evaluation.metric") == 1  # the key path once, then the reason
+    (tmp_path / "latin1.yaml").write_bytes("name: caf\xe9\n".encode("latin-1"))
+    unreadable = CliRunner().invoke(app, ["admin", "check-benchmark", str(tmp_path / "latin1.yaml")])
+    assert unreadable.exit_code == 1 and "not a readable YAML file" in unreadable.output and "Traceback" not in unreadable.output
 
 
 def test_the_leaderboard_page_renders_tasks_rsi_index_intervals_and_contamination() -> None:
@@ -148,18 +154,18 @@ def test_the_leaderboard_page_renders_tasks_rsi_index_intervals_and_contaminatio
     def task(name: str, final: float | None, flagged: bool | None) -> TaskScore:
         return TaskScore(task=name, submission_id="sub_x" if final is not None else None, status="graded" if final is not None else "not submitted",
                          initial_score=0.1, final_score=final, reference_score=1.0, gap_closed=None, n=4 if final is not None else None,
-                         final_ci=(0.05, 0.6) if final is not None else None, contaminated=flagged, contaminated_items=2 if flagged else 0)
+                         final_ci=(0.05, 0.6) if final is not None else None, contaminated=flagged)
 
     rows = [LeaderboardRow(rank=1, run_id="run_a", benchmark="rsigym-mini", agent_name="agent-a", status="graded",
                            tasks=[task("sums", 0.5, True), task("tools", 0.3, False)], submission_id=None, initial_score=0.1, final_score=0.4,
                            reference_score=1.0, gap_closed=0.33, rsi_index=0.333, n=8, validation_evaluations=3, spent_usd=0.5, elapsed_hours=1.5,
-                           contaminated=True, contaminated_items=2),
+                           contaminated=True),
             LeaderboardRow(rank=None, run_id="run_b", benchmark="chain-sum", agent_name="agent-b", status="queued", tasks=[task("main", None, None)],
                            submission_id="sub_b", initial_score=0.1, final_score=None, reference_score=1.0, gap_closed=None, n=None,
                            validation_evaluations=0, spent_usd=0.0, elapsed_hours=0.1)]
     html = templates.env.get_template("leaderboard.html").render(rows=rows)
     assert "RSI-Index" in html and "33.3%" in html and "5.0–60.0%" in html
-    assert "flagged (2 items)" in html and "&nbsp;&nbsp;tools" in html and "clean" in html
+    assert "<strong>flagged</strong>" in html and "items)" not in html and "&nbsp;&nbsp;tools" in html and "clean" in html
     assert "&nbsp;&nbsp;main" not in html  # a one-task benchmark has no task lines
 
 

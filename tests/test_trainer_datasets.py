@@ -145,11 +145,12 @@ def test_the_three_formats_are_accepted_and_counted(trainer: Trainer) -> None:
         "messages": jsonl(GOOD, chat(("system", "Be brief."), ("user", "hi"), ("assistant", "yo"), ("user", "and?"), ("assistant", "done"))),
         "prompt_completion": b'{"prompt": "a", "completion": "b"}\n\n{"prompt": "c", "completion": "d"}\n',
         "preference": b'{"prompt": "a", "chosen": "b", "rejected": "c"}',
+        "prompt_completion_with_bom": "\ufeff".encode() + b'{"prompt": "e", "completion": "f"}\r\n{"prompt": "g", "completion": "h"}\n',
     }
     for fmt, data in cases.items():
         resp = trainer.upload(ctx, data)
         assert resp.status_code == 201, resp.text
-        assert (resp.json()["format"], resp.json()["rows"]) == (fmt, 2 if fmt != "preference" else 1)
+        assert (resp.json()["format"], resp.json()["rows"]) == (fmt.removesuffix("_with_bom"), 2 if fmt != "preference" else 1)
 
 
 REFUSED_ROWS = [

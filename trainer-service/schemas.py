@@ -1,6 +1,6 @@
 """Dataset rows: the one definition of a JSONL line the trainer accepts, used by the upload and by training.
 
-A dataset is a JSON Lines file (UTF-8, one JSON object per line, lines end at ``\\n``, blank lines skipped)
+A dataset is a JSON Lines file (UTF-8, an optional byte-order mark, one JSON object per line, lines end at ``\\n``, blank lines skipped)
 whose rows all have one format:
 
 - ``messages``: ``{"messages": [{"role": ..., "content": ...}, ...]}``, roles ``system``, ``user`` and
@@ -190,7 +190,7 @@ def parse_dataset(data: bytes) -> ParsedDataset:
     for a row whose format differs from the first row's.
     """
     try:
-        text = data.decode("utf-8")
+        text = data.decode("utf-8").removeprefix("\ufeff")  # a byte-order mark, as spreadsheet and Windows exports write, is no content
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise Unprocessable(f"the file is not UTF-8 text (line {line}, byte {exc.start})", field="file", line=line) from exc

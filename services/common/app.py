@@ -63,6 +63,7 @@ def create_service_app(
     log_level: str = "INFO",
     health: Callable[[], dict[str, Any]] | None = None,
     docs_auth: Callable[[Request], Any] | None = None,
+    metrics_auth: Callable[[Request], Any] | None = None,
 ) -> FastAPI:
     """Build a service app with the shared error handlers, ``GET /healthz``, ``GET /metrics`` and a body limit.
 
@@ -73,6 +74,7 @@ def create_service_app(
     ``docs_auth(request)``: for an internal service, the check of a service token (raises ``Unauthorized``);
     ``GET /openapi.json`` and ``GET /docs`` then answer only callers it accepts (401 problem+json otherwise),
     so an internal API's shape is not served to whoever reaches its port. ``None``: public docs (the gateway).
+    ``metrics_auth(request)``: who may read ``GET /metrics`` (default: ``docs_auth``; the gateway: its operators).
     """
     log = configure_logging(name, log_level)
     if lifespan is None and (migrations or on_startup or background):
@@ -122,7 +124,7 @@ def create_service_app(
 
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
 
-    instrument(app, name)
+    instrument(app, name, metrics_auth or docs_auth)
 
     @app.get("/healthz", summary="Liveness and readiness", tags=["health"])
     def healthz() -> dict[str, Any]:

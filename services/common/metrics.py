@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 import time
+from collections.abc import Callable
+from typing import Any
 
 from fastapi import FastAPI, Request, Response
 from prometheus_client import CONTENT_TYPE_LATEST, Counter, Histogram, generate_latest
@@ -11,8 +13,10 @@ REQUESTS = Counter("crucible_http_requests_total", "HTTP requests", ["service", 
 LATENCY = Histogram("crucible_http_request_seconds", "HTTP request latency in seconds", ["service", "route", "method"])
 
 
-def instrument(app: FastAPI, service: str) -> None:
-    """Count and time every request of ``app`` and expose ``GET /metrics``."""
+def instrument(app: FastAPI, service: str, auth: Callable[[Request], Any] | None = None) -> None:
+    """Count and time every request of ``app`` and expose ``GET /metrics`` to callers ``auth(request)`` accepts (it
+    raises ``Unauthorized`` otherwise): request counts per route tell who is doing what (a grading's progress on
+    inference), so a Prometheus scraper sends a credential (``authorization`` in its scrape config)."""
 
     @app.middleware("http")
     async def _measure(request: Request, call_next):  # noqa: ANN001, ANN202
@@ -25,5 +29,7 @@ def instrument(app: FastAPI, service: str) -> None:
         return response
 
     @app.get("/metrics", include_in_schema=False)
-    def metrics() -> Response:
+    def metrics(request: Request) -> Response:
+        if auth is not None:
+            auth(request)
         return Response(generate_latest(), media_type=CONTENT_TYPE_LATEST)
