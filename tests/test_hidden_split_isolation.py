@@ -15,6 +15,7 @@ samples); the training pools, where the leak was, keep the sizes the files give.
 from __future__ import annotations
 
 import copy
+import difflib
 import json
 import re
 import threading
@@ -34,8 +35,10 @@ pytestmark = pytest.mark.e2e
 ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
 SEEDS = (1111, 2222)
+# What a final grade is made of (a submission's score; a leaderboard row's scores, intervals, audit result and the rank
+# they give), and the run's elapsed hours (a clock)
 GRADES = frozenset({"score", "initial_score", "final_score", "reference_score", "gap_closed", "rsi_index", "ci_low", "ci_high", "n",
-                    "contaminated", "contamination"})
+                    "final_ci", "contaminated", "contaminated_items", "contamination", "rank", "elapsed_hours"})
 _ID = re.compile(r"\b(?:run|ds|job|ckpt|eval|sub|bm|crk|req|chatcmpl|ent|hold)[_-][0-9A-Za-z_-]{6,}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
 
@@ -99,8 +102,8 @@ def _mask(value: Any) -> Any:
 
 
 class Transcript:
-    """What one deployment answered, normalized: ids numbered by first appearance, timestamps and the
-    run's remaining seconds blanked, final grades masked."""
+    """What one deployment answered, normalized: ids numbered by first appearance, timestamps (ISO 8601 and Unix)
+    and the run's remaining seconds blanked, final grades masked."""
 
     def __init__(self) -> None:
         self.ids: dict[str, str] = {}
@@ -116,7 +119,7 @@ class Transcript:
             body, text = None, response.text
         text = _ID.sub(lambda m: self.ids.setdefault(m.group(0), f"<id{len(self.ids)}>"), text)
         text = _TIME.sub("<time>", text)
-        text = re.sub(r'"seconds_left": \d+', '"seconds_left": "<s>"', text)
+        text = re.sub(r'"(seconds_left|created)": \d+', r'"\1": "<time>"', text)  # the run's clock; OpenAI's Unix-time stamp
         self.lines.append(f"{call} -> {response.status_code} {response.headers.get('content-type', '')}\n{text}")
         return body
 
@@ -200,6 +203,6 @@ def test_two_deployments_with_different_hidden_seeds_answer_every_agent_route_id
     first, second = logs
     assert len(first.lines) == len(second.lines) > 10
     for a, b in zip(first.lines, second.lines, strict=True):
-        assert a == b
+        assert a == b, "\n".join(difflib.unified_diff(a.split(", "), b.split(", "), lineterm="", n=1))
     hidden = [_hidden_questions(stack, doc["name"]) for stack in deployments]
     assert hidden[0] != hidden[1]  # the hidden splits did differ: what was compared could have told them apart
