@@ -20,6 +20,16 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 
 from crucible.sdk import CrucibleAPIError, CrucibleClient
 
+DEFAULT_MAX_SEQ_LEN = 256  # the trainer's default recipe.max_seq_len (tokens)
+LONG_MAX_SEQ_LEN = 1024  # what the baseline asks for when it may choose (tokens)
+PROMPT_OVERHEAD_BYTES = 64  # room for the chat template's tokens around the messages
+
+
+def prompt_bytes(messages: list[dict[str, str]]) -> int:
+    """UTF-8 bytes of every message but the answer: an upper bound of its prompt's tokens without the chat template's
+    (a BPE token is at least one byte)."""
+    return sum(len(m["content"].encode()) for m in messages[:-1])
+
 
 @dataclass
 class AgentConfig:
@@ -108,9 +118,11 @@ class BaselineAgent:
         self.step(f"validation {label}: {_pct(ev['score']['value'])} on n={ev['score']['n']}{example}")
         return float(ev["score"]["value"])
 
-    def build_training_set(self, harness: dict[str, Any], validation_questions: set[str], task: str | None = None) -> bytes:
+    def build_training_set(self, harness: dict[str, Any], validation_questions: set[str], task: str | None = None,
+                           max_prompt_bytes: int | None = None) -> bytes:
         """Chat rows (system prompt, the question as the harness renders it, answer) from the task's training pool;
-        validation questions removed."""
+        validation questions removed, and rows whose prompt is ``max_prompt_bytes`` bytes or more (:func:`prompt_bytes`)
+        left out, so that truncation at the recipe's ``max_seq_len`` always leaves their answer to train on."""
         template = jinja2.Environment(autoescape=False).from_string(harness.get("user_template") or "{{ question }}")
         rows, offset = [], 0
         while len(rows) < self.config.train_examples:
@@ -123,18 +135,28 @@ class BaselineAgent:
                     continue
                 messages = ([{"role": "system", "content": harness["system_prompt"]}] if harness.get("system_prompt") else [])
                 messages += [{"role": "user", "content": template.render(question=item["question"])}, {"role": "assistant", "content": item["answer"]}]
-                rows.append({"messages": messages})
+                if max_prompt_bytes is None or prompt_bytes(messages) < max_prompt_bytes:
+                    rows.append({"messages": messages})
         rows = rows[: self.config.train_examples]
         return "".join(json.dumps(r) + "\n" for r in rows).encode()
 
     def recipe_for(self, card: dict[str, Any]) -> dict[str, Any]:
         """The configured recipe as the run's policy lets it be sent: nothing if the trainer is not editable,
         else without the locked fields (the gateway sets them) and, with an allow list, only allowed fields."""
-        if "trainer" not in card["editable"]:
-            return {}
+        return {k: v for k, v in self.config.recipe.items() if self._may_set(card, k)}
+
+    @staticmethod
+    def _may_set(card: dict[str, Any], key: str) -> bool:
         policy = card["recipe"]
-        return {k: v for k, v in self.config.recipe.items()
-                if k not in policy["lock"] and (policy["allow"] == "all" or k in policy["allow"])}
+        return "trainer" in card["editable"] and key not in policy["lock"] and (policy["allow"] == "all" or key in policy["allow"])
+
+    def max_seq_len(self, card: dict[str, Any]) -> tuple[int, bool]:
+        """``(max_seq_len the job will use, whether the agent may choose it)``: the lock, the configured value, or the
+        trainer's default."""
+        locked = card["recipe"]["lock"].get("max_seq_len")
+        if locked is not None:
+            return int(locked), False
+        return int(self.config.recipe.get("max_seq_len", DEFAULT_MAX_SEQ_LEN)), self._may_set(card, "max_seq_len")
 
     def train(self, model: str, dataset_id: str, recipe: dict[str, Any]) -> dict[str, Any]:
         """Run one training job to its end, streaming its events into a progress bar."""
@@ -184,11 +206,16 @@ class BaselineAgent:
         job = None
         if {"data", "trainer"} & set(card["editable"]):
             validation_questions = {it["question"] for it in c.validation_items(task)}
-            data = self.build_training_set(harness, validation_questions, task)
+            recipe = self.recipe_for(card)
+            seq_len, choosable = self.max_seq_len(card)
+            if choosable:  # long prompts (code): room for them, up to what a CPU trains in reasonable time
+                seq_len = max(seq_len, LONG_MAX_SEQ_LEN)
+                recipe["max_seq_len"] = seq_len
+            data = self.build_training_set(harness, validation_questions, task, max_prompt_bytes=seq_len - PROMPT_OVERHEAD_BYTES)
             ds = c.upload_dataset(data, f"baseline-{spec['name']}.jsonl")
             self.step(f"{label}uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
             try:
-                job = self.train(base, ds["id"], self.recipe_for(card))
+                job = self.train(base, ds["id"], recipe)
             except CrucibleAPIError as exc:
                 if exc.status not in (402, 403):
                     raise
