@@ -148,6 +148,8 @@ def demo(
             admin = AdminClient(stack.gateway_url, _admin_key(data_dir))
             doc = yaml.safe_load(benchmark.read_text())
             bm = admin.load_benchmark(doc)
+            for warning in bm.get("warnings", []):
+                console.print(f"[yellow]warning:[/] {warning}")
             with console.status("grading the initial system on the hidden test split (once per benchmark)"):
                 baselines = admin.wait_baselines(bm["id"])
             initial = baselines["initial"]["value"] if baselines.get("initial") else None
