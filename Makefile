@@ -53,7 +53,7 @@ test: $(STAMP) $(DEPLOY_STAMP) services sandbox
 	$(PY) -m pytest -q --ignore=tests/test_hidden_split_isolation.py
 
 # The slower differential suite: every preset in two deployments whose secret test seeds differ must answer every
-# agent route alike (tests/test_hidden_split_isolation.py, about 10 minutes on 2 idle cores).
+# agent route alike (tests/test_hidden_split_isolation.py, about 4 minutes on 2 idle cores).
 test-isolation: $(STAMP) services sandbox
 	$(PY) -m pytest -q tests/test_hidden_split_isolation.py
 
