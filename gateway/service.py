@@ -106,8 +106,8 @@ def parse_benchmark(doc: Any) -> BenchmarkFile:
             if system is not None and system.model not in BASE_MODELS:
                 field = f"{prefix}{key}.model"
                 raise Unprocessable(f"{field}: unknown base model {system.model!r}; known: {', '.join(sorted(BASE_MODELS))}", field=field)
-        model = BASE_MODELS.get(task.initial_system.model)
-        if task.evaluation and task.evaluation.thinking and model is not None and not model.thinking:
+        model = BASE_MODELS[task.initial_system.model]
+        if task.evaluation and task.evaluation.thinking and not model.thinking:
             field = "evaluation.thinking" if spec.tasks is None or not spec.tasks[i].evaluation else f"tasks.{i}.evaluation.thinking"
             raise Unprocessable(f"{field}: {model.name} has no thinking mode; leave it null or false", field=field)
     return spec

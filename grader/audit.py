@@ -21,7 +21,7 @@ that occurs in a public text read the same way is no evidence either, and is lef
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable
 from typing import Any
 
 from pydantic import BaseModel, Field
@@ -84,10 +84,10 @@ def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, 
     for text in public:  # drop what the public training pool contains as well
         toks = tokens(text)
         for n, grams in wanted.items():
-            for gram in _windows(toks, n):
+            for gram in occurrences("text", toks, n):
                 grams.pop(gram, None)
         for view, by_length in forms.items():
-            view_toks = VIEWS[view](text)
+            view_toks = toks if view == "text" else VIEWS[view](text)
             for n, found in by_length.items():
                 for gram in occurrences(view, view_toks, n):
                     found.pop(gram, None)
@@ -105,7 +105,7 @@ def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, 
         toks = tokens(text)
         hits: dict[int, int] = {}
         for n, grams in wanted.items():
-            for gram in _windows(toks, n):
+            for gram in occurrences("text", toks, n):  # each distinct n-gram of a row once
                 for index in grams.get(gram, ()):
                     hits[index] = hits.get(index, 0) + 1
         flagged.update(units[i][0] for i, h in hits.items() if h / sizes[i] >= settings.min_overlap)
@@ -129,12 +129,3 @@ def _units(test_items: list[Item], ngram: int) -> list[tuple[int, list[str]]]:
         if len(answer) >= ngram:
             units.append((index, answer))
     return units
-
-
-def _windows(toks: list[str], n: int) -> Iterator[tuple[str, ...]]:
-    seen: set[tuple[str, ...]] = set()  # count each distinct n-gram of a row once
-    for i in range(max(0, len(toks) - n + 1)):
-        gram = tuple(toks[i:i + n])
-        if gram not in seen:
-            seen.add(gram)
-            yield gram

@@ -52,6 +52,10 @@ def text_tokens(text: str) -> list[str]:
     return _TEXT_TOKEN.findall(unicodedata.normalize("NFKC", text).lower())
 
 
+def _is_number(token: str) -> bool:
+    return token.lstrip("-")[:1].isdigit()
+
+
 def math_tokens(text: str) -> list[str]:
     """The math of ``text``: numbers (thousands separators dropped: ``1,234`` → ``1234``; a ``-`` stuck to the digits
     after it and to no operand before it is their sign: ``-27`` in ``= -27``, an operator in ``4-1``), the operators
@@ -60,9 +64,9 @@ def math_tokens(text: str) -> list[str]:
     raw = _MATH_TOKEN.findall(unicodedata.normalize("NFKC", text.translate(_MATH_SYMBOLS)).lower())
     out = []
     for i, tok in enumerate(raw):
-        if tok.lstrip("-")[:1].isdigit():
+        if _is_number(tok):
             out.append(tok.replace(",", ""))
-        elif tok in _OPERATORS or len(tok) == 1 and any(0 <= j < len(raw) and (raw[j].lstrip("-")[:1].isdigit() or raw[j] in _OPERATORS) for j in (i - 1, i + 1)):
+        elif tok in _OPERATORS or len(tok) == 1 and any(0 <= j < len(raw) and (_is_number(raw[j]) or raw[j] in _OPERATORS) for j in (i - 1, i + 1)):
             out.append(tok)
     return out
 
@@ -111,7 +115,7 @@ def canonical_statement(text: str, template: frozenset[str] = frozenset()) -> Ca
     the text view when that is long enough to be evidence; ``None`` otherwise."""
     body = statement(text, template)
     math = math_tokens(body)
-    numbers = [t for t in math if t.lstrip("-")[:1].isdigit()]
+    numbers = [t for t in math if _is_number(t)]
     if len(numbers) >= 2:  # an expression: too short to be evidence, or its math
         return Canonical("math", tuple(math)) if sum(c.isdigit() for t in numbers for c in t) >= MIN_DIGITS else None
     words = text_tokens(body)

@@ -21,7 +21,7 @@ from typing import Any
 from urllib.parse import quote
 
 import structlog
-from sqlalchemy import func, or_, select
+from sqlalchemy import func, select
 from sqlalchemy.orm import Session, object_session
 
 from grader import splits
@@ -699,10 +699,8 @@ def counted_submissions(s: Session, run_id: str, benchmark_id: str) -> int:
     except those whose grading failed by the platform's fault (queued, running, graded, failed by the agent's),
     and those too past the first :data:`FREE_PLATFORM_FAILURES` (were a platform failure ever triggered by what a
     system answers, each free retry would tell the agent something about the hidden split)."""
-    others = s.scalar(select(func.count()).select_from(Submission).join(Evaluation, Evaluation.id == Submission.evaluation_id)
-                      .where(Submission.run_id == run_id, Submission.benchmark_id == benchmark_id,
-                             or_(Evaluation.failure_cause.is_(None), Evaluation.failure_cause != PLATFORM))) or 0
-    return others + max(0, _platform_failures(s, run_id, benchmark_id) - FREE_PLATFORM_FAILURES)
+    made = s.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == run_id, Submission.benchmark_id == benchmark_id)) or 0
+    return made - min(_platform_failures(s, run_id, benchmark_id), FREE_PLATFORM_FAILURES)
 
 
 def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: int) -> SubmissionOut:

@@ -44,14 +44,17 @@ PROBES = 3  # natural test draws measured for the operator's report, with seeds 
 def test_seed(secret: int, spec: GradingSpec) -> int:
     """The hidden test seed: ``secret`` (the grader's configuration alone holds it) mixed with the suite spec, so
     two tasks of one deployment get unrelated test splits. First 4 bytes of SHA-256 of ``"<secret>:<suite JSON>"``."""
-    material = f"{secret}:{spec.suite.model_dump_json()}".encode()
-    return int.from_bytes(hashlib.sha256(material).digest()[:4], "big")
+    return _mixed_seed(str(secret), spec)
+
+
+def _mixed_seed(label: str, spec: GradingSpec) -> int:
+    return int.from_bytes(hashlib.sha256(f"{label}:{spec.suite.model_dump_json()}".encode()).digest()[:4], "big")
 
 
 def probe_seeds(spec: GradingSpec) -> list[int]:
     """:data:`PROBES` public seeds that stand in for the hidden one in the operator's report: the same mixing as
     :func:`test_seed` under the labels ``probe-0``, ``probe-1``… (unrelated to the files' small train and validation seeds)."""
-    return [int.from_bytes(hashlib.sha256(f"probe-{i}:{spec.suite.model_dump_json()}".encode()).digest()[:4], "big") for i in range(PROBES)]
+    return [_mixed_seed(f"probe-{i}", spec) for i in range(PROBES)]
 
 
 def validation_split(spec: GradingSpec) -> list[Item]:
@@ -116,13 +119,17 @@ class SplitReport(BaseModel):
 
 def enumerable_warning(spec: GradingSpec, space: ItemSpace) -> str | None:
     """The warning for a task whose item space is small enough to enumerate, ``None`` otherwise."""
-    splits = spec.suite.splits
-    total = splits.train.size + splits.validation.size + splits.test.size
+    total = _split_items(spec)
     if space.count >= ENUMERABLE_FACTOR * total:
         return None
     about = "" if space.exact else "about "
     return (f"task {spec.task!r}: {spec.suite.name} {spec.suite.params} has {about}{space.count} distinct items, under {ENUMERABLE_FACTOR}× its "
             f"{total} split items: an agent can enumerate them, so its test split cannot stay secret")
+
+
+def _split_items(spec: GradingSpec) -> int:
+    splits = spec.suite.splits
+    return splits.train.size + splits.validation.size + splits.test.size
 
 
 def split_report(spec: GradingSpec) -> SplitReport:
@@ -144,6 +151,5 @@ def split_report(spec: GradingSpec) -> SplitReport:
     if share >= SKEW_WARNING_SHARE:
         warnings.append(f"task {spec.task!r}: {share:.0%} of natural test draws are public items; the test split is drawn from the others, "
                         "so its distribution differs from the task's (smaller public splits or a wider config keep it closer)")
-    splits = spec.suite.splits
-    return SplitReport(task=spec.task, suite=spec.suite.name, item_space=space, split_items=splits.train.size + splits.validation.size + splits.test.size,
+    return SplitReport(task=spec.task, suite=spec.suite.name, item_space=space, split_items=_split_items(spec),
                        enumerable=enumerable is not None, public_items=len(keys), public_share_of_draws=share, warnings=warnings)

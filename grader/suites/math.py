@@ -66,8 +66,8 @@ from sympy import Basic
 from sympy.core.function import AppliedUndef
 
 from grader.canonical import Canonical
-from grader.suites import Item, chao1, isolated
-from grader.suites.reasoning_gym import SPACE_DRAWS, canonical_form, encode_entry, score_entry
+from grader.suites import Item, isolated
+from grader.suites.reasoning_gym import canonical_form, encode_entry, family_space, score_entry
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
@@ -105,6 +105,11 @@ def champ_problems() -> tuple[dict[str, str], ...]:
         if letters <= {str(s) for s in reading[0].free_symbols}:
             kept.append({"problem_id": problem.identifier, "category": problem.category, "question": problem.text, "answer": expression, "gold": gold})
     return tuple(kept)
+
+
+def _champ_chosen(categories: list[str] | None) -> list[dict[str, str]]:
+    """The kept CHAMP problems of ``categories`` (``None``: all), in file order."""
+    return [p for p in champ_problems() if categories is None or p["category"] in categories]
 
 
 def _family_seed(seed: int, family: str) -> int:
@@ -204,7 +209,7 @@ class MathSuite:
 
     @staticmethod
     def _champ_items(categories: list[str] | None, seed: int, size: int, split: str, exclude: frozenset[str]) -> list[Item]:
-        problems = [p for p in champ_problems() if categories is None or p["category"] in categories]
+        problems = _champ_chosen(categories)
         random.Random(seed).shuffle(problems)
         left = [p for p in problems if p["question"] not in exclude]
         if size > len(left):
@@ -231,11 +236,9 @@ class MathSuite:
         return None if item.entry["source"] == "champ" else canonical_form(item)
 
     def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
-        """CHAMP: the kept problems of the chosen categories (exact). reasoning-gym: the sum over the families of a
-        :func:`grader.suites.chao1` estimate over ``SPACE_DRAWS`` draws of each with seed 0."""
+        """CHAMP: the kept problems of the chosen categories (exact). reasoning-gym: the sum over the families of
+        their estimates (:func:`grader.suites.reasoning_gym.family_space`)."""
         if params["source"] == "champ":
-            categories = params.get("categories")
-            return sum(1 for p in champ_problems() if categories is None or p["category"] in categories), True
+            return len(_champ_chosen(params.get("categories"))), True
         configs = params.get("config", {})
-        return sum(chao1(e["question"] for e in reasoning_gym.create_dataset(f, seed=0, size=SPACE_DRAWS, **configs.get(f, {})))
-                   for f in params["tasks"]), False
+        return sum(family_space(f, configs.get(f, {})) for f in params["tasks"]), False

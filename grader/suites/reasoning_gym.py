@@ -122,6 +122,12 @@ def family_dataset(family: str, config_json: str) -> ProceduralDataset:
     return reasoning_gym.create_dataset(family, **json.loads(config_json))
 
 
+def family_space(family: str, config: dict[str, Any]) -> int:
+    """Estimated distinct questions of a family with ``config``: :func:`grader.suites.chao1` over ``SPACE_DRAWS``
+    draws with seed 0."""
+    return chao1(e["question"] for e in reasoning_gym.create_dataset(family, seed=0, size=SPACE_DRAWS, **config))
+
+
 def _score_in_child(family: str, config_json: str, answer: str | None, entry: dict[str, Any]) -> float:
     return float(family_dataset(family, config_json).score_answer(answer, entry))
 
@@ -194,6 +200,5 @@ class ReasoningGymSuite:
         return canonical_form(item)
 
     def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
-        """Estimated distinct questions: :func:`grader.suites.chao1` over ``SPACE_DRAWS`` draws with seed 0."""
-        config = {k: v for k, v in params.items() if k != "task"}
-        return chao1(e["question"] for e in reasoning_gym.create_dataset(params["task"], seed=0, size=SPACE_DRAWS, **config)), False
+        """Estimated distinct questions (:func:`family_space`)."""
+        return family_space(params["task"], {k: v for k, v in params.items() if k != "task"}), False
