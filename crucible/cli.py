@@ -35,7 +35,7 @@ GatewayUrl = Annotated[str, typer.Option(envvar="CRUCIBLE_GATEWAY_URL", help="Ga
 
 
 def _prepare(data_dir: Path) -> float:
-    from services.common.basemodels import BASE_MODELS, prepare_base_model
+    from services.common.llms import BASE_MODELS, prepare_base_model
 
     start = time.monotonic()
     for name in BASE_MODELS:

@@ -34,7 +34,7 @@ from gateway.schemas import (
 )
 from gateway.settings import GatewaySettings
 from services.common.auth import RunContext, hash_secret, new_secret
-from services.common.basemodels import BASE_MODELS
+from services.common.llms import BASE_MODELS
 from services.common.contracts import TRAINING_FIELDS, EvaluationUsage, GradingSpec, Recipe
 from services.common.db import Database, utcnow
 from services.common.errors import Conflict, NotFound, OutsideEditableSpace, RunExpired, Unauthorized, Unprocessable
@@ -74,7 +74,7 @@ def runtime() -> Runtime:
 class Caller:
     """An authenticated agent call: its run, its benchmark file, and the context sent to services.
 
-    ``ctx.benchmark_id`` is the grader's id of one task: the benchmark's only task, or the one named by the
+    ``ctx.task_id`` is the grader's id of one task: the benchmark's only task, or the one named by the
     call (:func:`for_task`). ``tasks``: every task's name → grader id.
     """
 
@@ -115,7 +115,7 @@ def parse_benchmark(doc: Any) -> BenchmarkFile:
 
 def grading_spec(spec: BenchmarkFile, task: TaskSpec, benchmark_id: str) -> GradingSpec:
     """What the grader is told of one task of ``spec``: it grades each task as a benchmark of its own."""
-    return GradingSpec(benchmark_id=benchmark_id, task=task.name, suite=task.suite, initial_system=task.initial_system,
+    return GradingSpec(task_id=benchmark_id, task=task.name, suite=task.suite, initial_system=task.initial_system,
                        reference_system=task.reference.system, reference_score=task.reference.score, evaluation=task.evaluation, audit=spec.audit)
 
 
@@ -280,12 +280,12 @@ def authenticate(authorization: str | None) -> Caller:
         bm = s.get(Benchmark, run.benchmark_id)
         spec, tasks = BenchmarkFile.model_validate(bm.spec), bm.task_ids()  # type: ignore[union-attr]
     editable = list(spec.editable or []) if run.track == spec.track else list(TRACKS[run.track])  # a run on another track than the file's
-    ctx = RunContext(run_id=run.id, benchmark_id=next(iter(tasks.values())), track=run.track, editable=editable)
+    ctx = RunContext(run_id=run.id, task_id=next(iter(tasks.values())), track=run.track, editable=editable)
     return Caller(run=run, benchmark=spec, ctx=ctx, tasks=tasks)
 
 
 def for_task(caller: Caller, task: str | None) -> Caller:
-    """The caller scoped to ``task`` (its grader id in ``ctx.benchmark_id``); ``task`` may be omitted when the
+    """The caller scoped to ``task`` (its grader id in ``ctx.task_id``); ``task`` may be omitted when the
     benchmark has one. ``Unprocessable`` (field ``task``) when it is unknown, or missing with several tasks."""
     if task is None:
         if len(caller.tasks) > 1:

@@ -115,8 +115,8 @@ def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
     """
     rt = runtime()
     with rt.db.session() as s:
-        if s.get(Benchmark, spec.benchmark_id) is not None:
-            return benchmark_status(spec.benchmark_id)
+        if s.get(Benchmark, spec.task_id) is not None:
+            return benchmark_status(spec.task_id)
     suite = get_suite(spec.suite.name)
     suite.check_params(spec.suite.params)
     for system in (spec.initial_system, spec.reference_system):
@@ -124,16 +124,16 @@ def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
             check_harness(system.harness)
     validation = splits.validation_split(spec)
     test = splits.test_split(spec, splits.test_seed(rt.settings.grader_test_seed, spec), validation + splits.training_pool(spec, validation))
-    rt.store.put_items(spec.benchmark_id, test)
+    rt.store.put_items(spec.task_id, test)
     warning = splits.enumerable_warning(spec, splits.item_space(spec))
     if warning:
-        log.warning("enumerable task", benchmark_id=spec.benchmark_id, warning=warning)
+        log.warning("enumerable task", benchmark_id=spec.task_id, warning=warning)
     with rt.db.session() as s:
-        s.add(Benchmark(id=spec.benchmark_id, spec=spec.model_dump(mode="json"), created_at=utcnow()))
+        s.add(Benchmark(id=spec.task_id, spec=spec.model_dump(mode="json"), created_at=utcnow()))
         s.flush()
-        s.add_all(ValidationItem(benchmark_id=spec.benchmark_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry)
+        s.add_all(ValidationItem(benchmark_id=spec.task_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry)
                   for i, it in enumerate(validation))
-        bm = s.get(Benchmark, spec.benchmark_id)
+        bm = s.get(Benchmark, spec.task_id)
         bm.initial_evaluation_id = _new_evaluation(s, spec, None, "initial", "test", spec.initial_system.model, _harness(spec, spec.initial_system.harness), len(test))
         if spec.reference_system is not None:
             bm.reference_evaluation_id = _new_evaluation(s, spec, None, "reference", "test", spec.reference_system.model, _harness(spec, spec.reference_system.harness), len(test))
@@ -142,7 +142,7 @@ def register_benchmark(spec: GradingSpec) -> dict[str, Any]:
 
     for eval_id in queued:
         enqueue_evaluation(eval_id)
-    return {**benchmark_status(spec.benchmark_id), "warnings": [warning] if warning else []}
+    return {**benchmark_status(spec.task_id), "warnings": [warning] if warning else []}
 
 
 def _spec(s: Session, benchmark_id: str) -> GradingSpec:
@@ -176,14 +176,14 @@ def benchmark_status(benchmark_id: str) -> dict[str, Any]:
 
 def train_sample(ctx: RunContext, offset: int, limit: int) -> list[SuiteItemOut]:
     """Items ``[offset, offset+limit)`` of the benchmark's training pool (question + answer)."""
-    pool = _train_pool(ctx.benchmark_id)
+    pool = _train_pool(ctx.task_id)
     return [SuiteItemOut(id=it.id, question=it.question, answer=it.answer) for it in pool[offset:offset + limit]]
 
 
 def validation_items(ctx: RunContext) -> list[SuiteItemOut]:
     """Every visible validation item of the run's benchmark."""
     with runtime().db.session() as s:
-        rows = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == ctx.benchmark_id).order_by(ValidationItem.position))
+        rows = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == ctx.task_id).order_by(ValidationItem.position))
         return [SuiteItemOut(id=r.item_id, question=r.question, answer=r.answer) for r in rows]
 
 
@@ -192,7 +192,7 @@ def validation_items(ctx: RunContext) -> list[SuiteItemOut]:
 
 def _new_evaluation(s: Session, spec: GradingSpec, run_id: str | None, purpose: str, split: str, model: str, harness: Harness, total: int, hold_id: str | None = None) -> str:
     eval_id = new_id("eval")
-    s.add(Evaluation(id=eval_id, run_id=run_id, benchmark_id=spec.benchmark_id, purpose=purpose, split=split, model=model,
+    s.add(Evaluation(id=eval_id, run_id=run_id, benchmark_id=spec.task_id, purpose=purpose, split=split, model=model,
                      harness=harness.model_dump(), status="queued", items_total=total, hold_id=hold_id, created_at=utcnow(), enqueued_at=utcnow()))
     return eval_id
 
@@ -277,8 +277,8 @@ def create_evaluation(ctx: RunContext, req: EvaluationCreate, limits: Evaluation
     rt = runtime()
     limits = limits or EvaluationLimits()
     with rt.db.session() as s:
-        spec = _spec(s, ctx.benchmark_id)
-        items = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == ctx.benchmark_id).order_by(ValidationItem.position)).all()
+        spec = _spec(s, ctx.task_id)
+        items = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == ctx.task_id).order_by(ValidationItem.position)).all()
         check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
     if req.harness is not None:
         check_harness(req.harness)
@@ -301,7 +301,7 @@ def create_evaluation(ctx: RunContext, req: EvaluationCreate, limits: Evaluation
         with rt.db.session() as s:
             serialize(s, f"evaluations:{ctx.run_id}")  # the re-check and the insert are one step per run
             check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
-            s.add(Evaluation(id=eval_id, run_id=ctx.run_id, benchmark_id=ctx.benchmark_id, purpose="validation", split="validation",
+            s.add(Evaluation(id=eval_id, run_id=ctx.run_id, benchmark_id=ctx.task_id, purpose="validation", split="validation",
                              model=req.model, harness=harness.model_dump(), status="queued", items_total=len(items), enqueued_at=utcnow(),
                              hold_id=hold["hold_id"], created_at=utcnow()))
             s.flush()
@@ -454,16 +454,16 @@ def run_evaluation(eval_id: str) -> None:
     lease.start()
     try:
         if split == "test":
-            items = rt.store.items(spec.benchmark_id)[:total]
+            items = rt.store.items(spec.task_id)[:total]
             done = rt.store.done(eval_id)
         else:
             with rt.db.session() as s:
-                rows = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == spec.benchmark_id).order_by(ValidationItem.position)).all()
+                rows = s.scalars(select(ValidationItem).where(ValidationItem.benchmark_id == spec.task_id).order_by(ValidationItem.position)).all()
                 items = [Item(id=r.item_id, question=r.question, answer=r.answer, entry=r.entry) for r in rows][:total]
                 done = {(t.item_id, t.sample): t.score for t in s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id))}
         suite = get_suite(spec.suite.name)
         k = spec.evaluation.samples
-        ctx = RunContext(run_id=run_id, benchmark_id=spec.benchmark_id) if run_id else None
+        ctx = RunContext(run_id=run_id, task_id=spec.task_id) if run_id else None
         if split == "test" and ctx is not None:
             _audit_submission(eval_id, ctx, items, spec)
         headers = {"X-Crucible-Hold": hold_id} if (split == "validation" and hold_id) else {"X-Crucible-Unmetered": "grading"}
@@ -566,8 +566,8 @@ def _audit_submission(eval_id: str, ctx: RunContext, test_items: list[Item], spe
                     yield json.loads(line)
 
     with rt.db.session() as s:  # what agents may see and train on: the training pool and the validation items
-        public = [text for it in _train_pool(spec.benchmark_id) for text in (it.question, it.answer)]
-        for question, answer in s.execute(select(ValidationItem.question, ValidationItem.answer).where(ValidationItem.benchmark_id == spec.benchmark_id)):
+        public = [text for it in _train_pool(spec.task_id) for text in (it.question, it.answer)]
+        for question, answer in s.execute(select(ValidationItem.question, ValidationItem.answer).where(ValidationItem.benchmark_id == spec.task_id)):
             public += [question, answer]
     suite = get_suite(spec.suite.name)
     report = audit(test_items, rows(), spec.audit, public=public, datasets=len(datasets), canonical=lambda item: suite_canonical(suite, item))
@@ -706,7 +706,7 @@ def counted_submissions(s: Session, run_id: str, benchmark_id: str) -> int:
 def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: int) -> SubmissionOut:
     """Record the run's final system and queue its grading on the hidden test split (not charged).
 
-    Raises ``Forbidden`` (code ``submission_limit``) when ``max_submissions`` of the task (``ctx.benchmark_id``)
+    Raises ``Forbidden`` (code ``submission_limit``) when ``max_submissions`` of the task (``ctx.task_id``)
     are used up (see :func:`counted_submissions`) and ``Unprocessable`` for an unknown model or a bad harness.
     """
     rt = runtime()
@@ -715,13 +715,13 @@ def create_submission(ctx: RunContext, req: SubmissionCreate, max_submissions: i
     _check_model(ctx, req.model)
     with rt.db.session() as s:
         serialize(s, f"submissions:{ctx.run_id}")  # two submissions at once cannot both see one left
-        spec = _spec(s, ctx.benchmark_id)
-        if counted_submissions(s, ctx.run_id, ctx.benchmark_id) >= max_submissions:
+        spec = _spec(s, ctx.task_id)
+        if counted_submissions(s, ctx.run_id, ctx.task_id) >= max_submissions:
             raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s) for task {spec.task!r} "
                                          "(a grading that failed by the platform's fault is given back)", limit=max_submissions)
         harness = _harness(spec, req.harness)
         eval_id = _new_evaluation(s, spec, ctx.run_id, "submission", "test", req.model, harness, spec.suite.splits.test.size)
-        sub = Submission(id=new_id("sub"), run_id=ctx.run_id, benchmark_id=ctx.benchmark_id, model=req.model, harness=harness.model_dump(),
+        sub = Submission(id=new_id("sub"), run_id=ctx.run_id, benchmark_id=ctx.task_id, model=req.model, harness=harness.model_dump(),
                          note=req.note, evaluation_id=eval_id, created_at=utcnow())
         s.add(sub)
         s.flush()

@@ -20,7 +20,7 @@ from inference_service.models import CompletionLog
 
 from services.common import artifacts
 from services.common.auth import RunContext
-from services.common.basemodels import BASE_MODELS, base_model_dir
+from services.common.llms import BASE_MODELS, base_model_dir
 from services.common.contracts import ChatChoice, ChatCompletion, ChatCompletionRequest, ChatMessage, PromptTokensDetails, Usage
 from services.common.db import Database, utcnow
 from services.common.errors import NotFound, Unprocessable, UpstreamProblem

@@ -36,7 +36,7 @@ TEST_BENCHMARK = {
 
 def prepared_models() -> Path:
     """The base model prepared once into the repository's cache (shared with ``make demo``)."""
-    from services.common.basemodels import BASE_MODELS, prepare_base_model
+    from services.common.llms import BASE_MODELS, prepare_base_model
 
     for name in BASE_MODELS:
         prepare_base_model(name, MODEL_CACHE)

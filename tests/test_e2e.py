@@ -419,7 +419,7 @@ def test_internal_services_accept_only_the_callers_they_trust(stack, new_run):  
     assert get("inference", "/internal/models", tokens["grader"]) == 200 and get("inference", "/internal/models", tokens["trainer"]) == 401
     assert get("trainer", "/internal/datasets", run["api_key"]) == 401  # a run key is no service token
 
-    ctx = RunContext(run_id=run["id"], benchmark_id=run["benchmark_id"])
+    ctx = RunContext(run_id=run["id"], task_id=run["benchmark_id"])
     assert get("trainer", "/internal/datasets", tokens["gateway"], **run_headers(ctx, tokens["gateway"])) == 200
     forged = run_headers(ctx, tokens["inference"])  # signed by another service than the one calling
     assert get("trainer", "/internal/datasets", tokens["gateway"], **forged) == 401

@@ -25,7 +25,7 @@ def _caller(doc: dict) -> Caller:
     run = Run(id="run_x", benchmark_id="bm_x", agent_name="a", track=spec.track, key_hash="h", key_prefix="crk_", budget_usd_micros=1,
               deadline_at=dt.datetime.now(dt.UTC))
     tasks = {t.name: f"bm_{t.name}" for t in spec.task_list()}
-    return Caller(run=run, benchmark=spec, ctx=RunContext(run_id="run_x", benchmark_id=next(iter(tasks.values())), track=spec.track,
+    return Caller(run=run, benchmark=spec, ctx=RunContext(run_id="run_x", task_id=next(iter(tasks.values())), track=spec.track,
                                                           editable=list(spec.editable or [])), tasks=tasks)
 
 
@@ -120,9 +120,9 @@ def test_calls_name_a_task_when_the_benchmark_has_several() -> None:
     from gateway.service import for_task
 
     single = _caller(TEST_BENCHMARK)
-    assert for_task(single, None) is single and for_task(single, "main").ctx.benchmark_id == "bm_main"
+    assert for_task(single, None) is single and for_task(single, "main").ctx.task_id == "bm_main"
     several = _caller(_two_tasks())
-    assert for_task(several, "more-sums").ctx.benchmark_id == "bm_more-sums"
+    assert for_task(several, "more-sums").ctx.task_id == "bm_more-sums"
     for task in (None, "nope"):
         with pytest.raises(Unprocessable) as exc:
             for_task(several, task)

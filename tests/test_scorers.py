@@ -344,7 +344,7 @@ def test_an_evaluation_whose_answers_make_the_scorer_raise_succeeds_with_the_rea
         outcomes = s.scalars(select(teststore.TestOutcome).where(teststore.TestOutcome.evaluation_id == baseline)).all()
     assert len(outcomes) == 8 and {(o.score, o.score_error, o.completion) for o in outcomes} == {(0.0, reason, "3.\ufffd")}
 
-    ctx = RunContext(run_id="run_scorers", benchmark_id=benchmark_id)
+    ctx = RunContext(run_id="run_scorers", task_id=benchmark_id)
     evaluation = service.create_evaluation(ctx, EvaluationCreate(model=BASE))
     service.run_evaluation(queue.pop(0))
     out = service.get_evaluation(ctx, evaluation.id)

@@ -81,7 +81,7 @@ class Grader:
         return service.runtime().settings
 
     def ctx(self, run_id: str = "run_a") -> RunContext:
-        return RunContext(run_id=run_id, benchmark_id=self.benchmark_id)
+        return RunContext(run_id=run_id, task_id=self.benchmark_id)
 
     def submit(self, max_submissions: int = 1) -> SubmissionOut:
         from grader import service
@@ -142,7 +142,7 @@ def grader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Grader]:
     monkeypatch.setattr(service, "runtime", lambda: rt)
     monkeypatch.setattr(tasks, "enqueue_evaluation", g.queue.append)
     splits = {"train": {"seed": 11, "size": 40}, "validation": {"seed": 22, "size": 4}, "test": {"size": 6}}
-    service.register_benchmark(GradingSpec(benchmark_id=g.benchmark_id, suite={**TEST_BENCHMARK["suite"], "splits": splits},
+    service.register_benchmark(GradingSpec(task_id=g.benchmark_id, suite={**TEST_BENCHMARK["suite"], "splits": splits},
                                            initial_system=TEST_BENCHMARK["initial_system"], reference_score=1.0,
                                            evaluation=TEST_BENCHMARK["evaluation"]))
     for baseline in list(g.queue):  # the initial system answers every item wrong

@@ -81,7 +81,7 @@ class Trainer:
     enqueued: list[str]
 
     def new_run(self, budget_usd_micros: int = 1_000_000) -> RunContext:
-        ctx = RunContext(run_id=new_id("run"), benchmark_id=new_id("bm"))
+        ctx = RunContext(run_id=new_id("run"), task_id=new_id("bm"))
         self.ledger.post("/internal/accounts", json={"account_id": ctx.run_id, "budget_usd_micros": budget_usd_micros}).raise_for_status()
         return ctx
 

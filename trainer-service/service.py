@@ -22,7 +22,7 @@ from trainer_service.schemas import ParsedDataset, SFTRow, parse_dataset
 
 from services.common import artifacts, jobs
 from services.common.auth import RunContext
-from services.common.basemodels import BASE_MODELS, base_model_dir
+from services.common.llms import BASE_MODELS, base_model_dir
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Recipe, TrainingJobCreate, TrainingJobOut
 from services.common.db import Database, utcnow
 from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable, UpstreamUnavailable

@@ -32,7 +32,7 @@ import torch
 import torch.nn.functional as F
 from trainer_service.schemas import SFTRow
 
-from services.common.basemodels import cpu_has_native_bf16
+from services.common.llms import cpu_has_native_bf16
 
 logger = logging.getLogger(__name__)
 
@@ -54,7 +54,7 @@ class SFTConfig:
     warm-up precede the ``lr_scheduler_type`` decay (any name ``transformers.get_scheduler`` accepts) over
     ``max_steps``. Examples longer than ``max_seq_len`` tokens are cut at the right. ``checkpoint_every`` is
     in steps; a final checkpoint is always written. ``bf16_autocast`` takes effect only on CPUs with native
-    bf16 (see :func:`services.common.basemodels.cpu_has_native_bf16`).
+    bf16 (see :func:`services.common.llms.cpu_has_native_bf16`).
     """
 
     lora_r: int = 16

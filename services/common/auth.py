@@ -45,7 +45,7 @@ class RunContext(BaseModel):
     """Who a call is for: the run, its benchmark and track, and what it may edit."""
 
     run_id: str
-    benchmark_id: str
+    task_id: str = Field(description="The grader's id of the task the call is for (one per task of a benchmark).")
     track: str = "joint"
     editable: list[str] = Field(default_factory=lambda: ["data", "trainer", "harness"])
 

