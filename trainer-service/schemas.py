@@ -224,3 +224,14 @@ def parse_dataset(data: bytes) -> ParsedDataset:
     if not rows:
         raise Unprocessable("the file has no rows (it is empty or only blank lines)", field="file")
     return ParsedDataset(format=rows[0].format, rows=rows, lines=lines)
+
+
+class CheckpointRecord(BaseModel):
+    """Where a checkpoint lives, for the inference service: ``uri`` is its adapter folder (``file://…``)."""
+
+    id: str
+    run_id: str
+    base_model: str
+    uri: str
+    kind: Literal["lora", "full"]
+    step: int
