@@ -125,7 +125,15 @@ class Page(BaseModel, Generic[T]):
     data: list[T]
 
 
-# ----------------------------------------------------------------- OpenAI-compatible chat completions
+# ----------------------------------------------------------------- OpenAI-compatible models and chat completions
+
+
+class ModelOut(BaseModel):
+    """OpenAI ``model`` object: a servable base model (``GET /v1/models`` lists them in a :class:`Page`)."""
+
+    id: str
+    object: Literal["model"] = "model"
+    owned_by: str = "crucible"
 
 
 MAX_PROMPT_CHARS = 100_000

@@ -1,0 +1,57 @@
+"""The inference service's typed client: the only code that spells inference's ``/internal/…`` paths.
+
+Methods are named as the routes in :mod:`inference_service.api`, take ``ctx`` (the run the call is for) and
+the route's pydantic body, and return its response model. Errors are the transport's: ``UpstreamProblem``
+carrying inference's problem+json (404 unknown model, 422 ``context_exceeded`` or a refused field, the ledger's
+402 passed through) and ``UpstreamUnavailable`` (503) when inference cannot be reached in time. Calls are not
+retried: a completion is charged when it is served.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+from urllib.parse import quote
+
+from inference_service.schemas import ModelDetail
+
+from services.common.auth import RunContext
+from services.common.contracts import ChatCompletion, ChatCompletionRequest, ModelOut, Page
+from services.common.http import ServiceAPI, ServiceClient, Transport
+from services.common.settings import ServiceSettings
+
+DEFAULT_TIMEOUT_S = 300.0  # a completion queues behind the batches in flight
+
+
+class InferenceClient(ServiceAPI):
+    """Inference's internal API; with an :class:`AsyncServiceClient` transport every method returns an awaitable."""
+
+    @classmethod
+    def connect(cls, settings: ServiceSettings, transport: type[Transport] = ServiceClient, **overrides: Any) -> InferenceClient:
+        """A client of ``settings.inference_url`` with this service's token, no retries. A call may take
+        ``settings.inference_timeout_s`` seconds where the caller's settings have it (the grader's: grading calls
+        wait behind other evaluations' batches), else 300 s; ``overrides`` go to the transport (e.g. ``timeout_s``)."""
+        options = {"name": "inference", "timeout_s": getattr(settings, "inference_timeout_s", DEFAULT_TIMEOUT_S)} | overrides
+        return cls(transport(settings.inference_url, settings.service_token, **options))
+
+    def list_models(self, *, ctx: RunContext | None = None) -> Page[ModelOut]:
+        """The servable base models (OpenAI model list); checkpoints are served too but not listed."""
+        return self._call("GET", "/internal/models", Page[ModelOut], ctx=ctx)
+
+    def get_model(self, *, ctx: RunContext | None, model: str) -> ModelDetail:
+        """What ``model`` (a base model name or one of ``ctx``'s run's ``ckpt_…``) resolves to; 404 for anything else."""
+        return self._call("GET", f"/internal/models/{quote(model, safe='')}", ModelDetail, ctx=ctx)
+
+    def chat_completions(self, *, ctx: RunContext | None, body: ChatCompletionRequest, hold_id: str | None = None,
+                         unmetered: bool = False, idempotency_key: str | None = None, context_tokens: int | None = None) -> ChatCompletion:
+        """Serve one chat completion for ``ctx``'s run.
+
+        By default its worst case is held on the run's budget and the actual tokens settled (402 when the budget
+        cannot cover it). ``hold_id``: charge the tokens against this existing ledger hold instead (an
+        evaluation's), once per ``idempotency_key``; ``unmetered``: official test grading, not charged;
+        ``context_tokens``: run the model with this context length (tokens) if smaller than its own. 422
+        ``context_exceeded`` (field ``messages``) when the prompt and ``max_tokens`` do not fit.
+        """
+        headers = {"X-Crucible-Hold": hold_id, "X-Crucible-Unmetered": "grading" if unmetered else None,
+                   "Idempotency-Key": idempotency_key, "X-Crucible-Context-Tokens": str(context_tokens) if context_tokens else None}
+        return self._call("POST", "/internal/chat/completions", ChatCompletion, ctx=ctx, body=body,
+                          headers={k: v for k, v in headers.items() if v is not None})
