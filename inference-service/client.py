@@ -33,15 +33,15 @@ class InferenceClient(ServiceAPI):
         options = {"name": "inference", "timeout_s": getattr(settings, "inference_timeout_s", DEFAULT_TIMEOUT_S)} | overrides
         return cls(transport(settings.inference_url, settings.service_token, **options))
 
-    def list_models(self, *, ctx: RunContext | None = None) -> Page[ModelOut]:
+    def list_models(self, ctx: RunContext | None = None) -> Page[ModelOut]:
         """The servable base models (OpenAI model list); checkpoints are served too but not listed."""
         return self._call("GET", "/internal/models", Page[ModelOut], ctx=ctx)
 
-    def get_model(self, *, ctx: RunContext | None, model: str) -> ModelDetail:
+    def get_model(self, ctx: RunContext | None, model: str) -> ModelDetail:
         """What ``model`` (a base model name or one of ``ctx``'s run's ``ckpt_…``) resolves to; 404 for anything else."""
         return self._call("GET", f"/internal/models/{quote(model, safe='')}", ModelDetail, ctx=ctx)
 
-    def chat_completions(self, *, ctx: RunContext | None, body: ChatCompletionRequest, hold_id: str | None = None,
+    def chat_completions(self, ctx: RunContext | None, body: ChatCompletionRequest, *, hold_id: str | None = None,
                          unmetered: bool = False, idempotency_key: str | None = None, context_tokens: int | None = None) -> ChatCompletion:
         """Serve one chat completion for ``ctx``'s run.
 
