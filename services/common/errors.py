@@ -20,7 +20,14 @@ class CrucibleError(Exception):
     code: ClassVar[str] = "internal_error"
     title: ClassVar[str] = "Internal error"
 
+    RESERVED: ClassVar[frozenset[str]] = frozenset({"type", "title", "status", "detail", "code"})
+
     def __init__(self, detail: str, **extra: Any) -> None:
+        """``extra``: our own members of the problem body; ``None`` values are left out. The RFC 9457 members and
+        ``code`` belong to the error class: naming one raises ``TypeError`` (a hold's state is ``hold_status``,
+        never ``status``, which clients read as the HTTP status code)."""
+        if clash := self.RESERVED & extra.keys():
+            raise TypeError(f"problem members {sorted(clash)} are reserved")
         super().__init__(detail)
         self.detail = detail
         self.extra = {k: v for k, v in extra.items() if v is not None}

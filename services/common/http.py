@@ -34,7 +34,6 @@ from services.common.auth import RunContext, run_headers
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
 
 
-
 class _Deadline:
     """The attempts of one call: each one's httpx timeouts, and the pause before the next (or the 503)."""
 
@@ -90,7 +89,7 @@ class _BaseClient:
                 body = {"detail": resp.text[:500]}
             if not isinstance(body, dict):
                 body = {"detail": str(body)}
-            body.setdefault("status", resp.status_code)
+            body["status"] = resp.status_code  # the answer's code is the truth, whatever the body says
             body.setdefault("title", "Upstream error")
             raise UpstreamProblem(body)
         if raw:

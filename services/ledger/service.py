@@ -642,7 +642,7 @@ def _require_account(s: Session, account_id: str) -> None:
 
 def _require_open(hold: models.Hold) -> None:
     if hold.status != HoldStatus.open.value:
-        raise HoldClosed(f"hold {hold.hold_id} is {hold.status}", hold_id=hold.hold_id, status=hold.status)
+        raise HoldClosed(f"hold {hold.hold_id} is {hold.status}", hold_id=hold.hold_id, hold_status=hold.status)
 
 
 def _account_out(a: models.Account) -> Account:
