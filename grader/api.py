@@ -2,11 +2,12 @@
 
 from __future__ import annotations
 
-from typing import Annotated, Any
+from typing import Annotated
 
 from fastapi import APIRouter, Depends, Query
 
 from grader import service
+from grader.schemas import LeaderboardEntry, TaskRegistered
 from services.common.auth import InternalAuth, RunContext
 from services.common.contracts import (
     EvaluationCreate,
@@ -14,6 +15,7 @@ from services.common.contracts import (
     EvaluationOut,
     EvaluationUsage,
     GradingSpec,
+    GradingTaskStatus,
     Page,
     SubmissionCreate,
     SubmissionOut,
@@ -36,13 +38,13 @@ router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized)
 
 
 @router.post("/benchmarks", status_code=201, summary="Register a benchmark's grading spec", responses=problem_responses(Unprocessable))
-def register_benchmark(spec: GradingSpec, _caller: RunContext | None = Depends(auth.caller)) -> dict[str, Any]:
+def register_task(spec: GradingSpec, _caller: RunContext | None = Depends(auth.caller)) -> TaskRegistered:
     """Build the splits (the hidden test split into the test store) and queue the baseline evaluations."""
     return service.register_benchmark(spec)
 
 
 @router.get("/benchmarks/{benchmark_id}", summary="A benchmark's split sizes and baseline test scores", responses=problem_responses(NotFound))
-def benchmark_status(benchmark_id: str, _caller: RunContext | None = Depends(auth.caller)) -> dict[str, Any]:
+def task_status(benchmark_id: str, _caller: RunContext | None = Depends(auth.caller)) -> GradingTaskStatus:
     return service.benchmark_status(benchmark_id)
 
 
@@ -99,5 +101,5 @@ def get_submission(sub_id: str, ctx: RunContext = Depends(auth.run)) -> Submissi
 
 
 @router.get("/leaderboard", summary="Per run and task, the submission that counts (latest graded) with its aggregate test score")
-def leaderboard(_caller: RunContext | None = Depends(auth.caller)) -> dict[str, Any]:
-    return {"object": "list", "data": service.leaderboard_entries()}
+def leaderboard(_caller: RunContext | None = Depends(auth.caller)) -> Page[LeaderboardEntry]:
+    return Page[LeaderboardEntry](data=service.leaderboard_entries())

@@ -24,25 +24,10 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from pydantic import BaseModel, Field
-
 from grader.canonical import VIEWS, Canonical, occurrences, text_tokens
+from grader.schemas import ContaminationReport
 from grader.suites import Item
 from services.common.contracts import AuditSettings
-
-
-class ContaminationReport(BaseModel):
-    """What the audit found: ``flagged_items`` of ``items`` test items overlap the run's datasets."""
-
-    contaminated: bool
-    flagged_items: int
-    items: int
-    datasets: int = Field(description="Datasets of the run that were read.")
-    rows: int = Field(description="Rows read from them.")
-    ngram: int
-    min_overlap: float
-    flagged_by_canonical_form: int = Field(0, description="Flagged items whose canonical form (not only their n-grams) occurs in a row.")
-
 
 tokens = text_tokens  # the audit's normalization: NFKC, lower case, words and single punctuation marks
 

@@ -500,3 +500,19 @@ class SuiteItemOut(BaseModel):
     id: str
     question: str
     answer: str
+
+
+class GradingTaskStatus(BaseModel):
+    """The grader's view of one task of a benchmark: its split sizes, and its initial (and reference) system's
+    aggregate score on the hidden test split with the state of that grading. Scores are in [0, 1]."""
+
+    benchmark_id: str = Field(description="The grader's id of the task (the benchmark's id for a one-task benchmark).")
+    validation_items: int = Field(description="Visible validation items.")
+    test_items: int = Field(description="Hidden test items.")
+    initial: Score | None = Field(None, description="The initial system's test score; null until graded.")
+    initial_status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Field(
+        None, description="State of the initial system's grading.")
+    reference: Score | None = Field(None, description="The reference system's test score, or the declared reference score (n = 0).")
+    reference_status: Literal["queued", "running", "succeeded", "failed", "cancelled", "declared"] | None = Field(
+        None, description="State of the reference system's grading; 'declared' for a declared score, null without a reference.")
+    initial_system: SystemSpec = Field(description="The initial system, its harness with the task's evaluation settings applied.")

@@ -1,0 +1,95 @@
+"""The grader's typed client: the only code that spells the grader's ``/internal/…`` paths.
+
+Methods are named as the routes in :mod:`grader.api`; run-scoped ones take the run context ``ctx`` first.
+They return the routes' response models and raise what the transport raises: ``UpstreamProblem`` carrying the
+grader's problem+json (404 unknown task or evaluation, 422 bad model or harness, 402 from the ledger's hold,
+429/403 evaluation limits, 403 submission limit, 401 without the service token or run context) and
+``UpstreamUnavailable`` (503) while the grader cannot be reached.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from grader.schemas import LeaderboardEntry, TaskRegistered
+from services.common.auth import RunContext
+from services.common.contracts import (
+    EvaluationCreate,
+    EvaluationLimits,
+    EvaluationOut,
+    EvaluationUsage,
+    GradingSpec,
+    GradingTaskStatus,
+    Page,
+    SubmissionCreate,
+    SubmissionOut,
+    SuiteItemOut,
+    TrajectoryOut,
+)
+from services.common.http import ServiceAPI, ServiceClient, Transport
+from services.common.settings import ServiceSettings
+
+
+class GraderClient(ServiceAPI):
+    """The grader's internal API; with an :class:`AsyncServiceClient` transport every method returns an awaitable."""
+
+    @classmethod
+    def connect(cls, settings: ServiceSettings, transport: type[Transport] = ServiceClient, **overrides: Any) -> GraderClient:
+        """A client of ``settings.grader_url`` with this service's token; a call may take 300 s in all (registering a
+        task draws its splits); ``overrides`` go to the transport (e.g. ``timeout_s``)."""
+        options = {"name": "grader", "timeout_s": 300} | overrides
+        return cls(transport(settings.grader_url, settings.service_token, **options))
+
+    def register_task(self, body: GradingSpec) -> TaskRegistered:
+        """Register one grading task: its splits are drawn, its baselines queued. Idempotent on ``body.task_id``;
+        422 names the field for an unknown suite, bad suite params, a bad harness or a split too large."""
+        # dumped here, not by _call: a null in the spec means something (evaluation.temperature null: the harness chooses)
+        return self._call("POST", "/internal/benchmarks", TaskRegistered, body=body.model_dump(mode="json"))
+
+    def task_status(self, task_id: str) -> GradingTaskStatus:
+        """Split sizes and baseline test scores of task ``task_id``; 404 if it is not registered."""
+        return self._call("GET", f"/internal/benchmarks/{task_id}", GradingTaskStatus)
+
+    def train_sample(self, ctx: RunContext, *, offset: int = 0, limit: int = 100) -> Page[SuiteItemOut]:
+        """Items ``[offset, offset + limit)`` of the run's task's training pool."""
+        return self._call("GET", "/internal/suite/train-sample", Page[SuiteItemOut], ctx=ctx, params={"offset": offset, "limit": limit})
+
+    def validation(self, ctx: RunContext) -> Page[SuiteItemOut]:
+        """Every visible validation item of the run's task."""
+        return self._call("GET", "/internal/suite/validation", Page[SuiteItemOut], ctx=ctx)
+
+    def create_evaluation(self, ctx: RunContext, body: EvaluationCreate, *, limits: EvaluationLimits) -> EvaluationOut:
+        """Queue a validation evaluation under the task's ``limits`` (a ``None`` limit is left out: the grader's default)."""
+        return self._call("POST", "/internal/evaluations", EvaluationOut, ctx=ctx, body=body, params=limits.model_dump())
+
+    def evaluation_usage(self, ctx: RunContext) -> EvaluationUsage:
+        """The run's use of its evaluation allowance."""
+        return self._call("GET", "/internal/evaluations/usage", EvaluationUsage, ctx=ctx)
+
+    def list_evaluations(self, ctx: RunContext) -> Page[EvaluationOut]:
+        """The run's validation evaluations, oldest first."""
+        return self._call("GET", "/internal/evaluations", Page[EvaluationOut], ctx=ctx)
+
+    def get_evaluation(self, ctx: RunContext, eval_id: str) -> EvaluationOut:
+        """One of the run's validation evaluations; 404 for any other id."""
+        return self._call("GET", f"/internal/evaluations/{eval_id}", EvaluationOut, ctx=ctx)
+
+    def get_trajectories(self, ctx: RunContext, eval_id: str) -> Page[TrajectoryOut]:
+        """Per-item trajectories of one of the run's validation evaluations; 404 for any other id."""
+        return self._call("GET", f"/internal/evaluations/{eval_id}/trajectories", Page[TrajectoryOut], ctx=ctx)
+
+    def create_submission(self, ctx: RunContext, body: SubmissionCreate, *, max_submissions: int) -> SubmissionOut:
+        """Submit the run's final system for the task; 403 ``submission_limit`` once ``max_submissions`` are used up."""
+        return self._call("POST", "/internal/submissions", SubmissionOut, ctx=ctx, body=body, params={"max_submissions": max_submissions})
+
+    def list_submissions(self, ctx: RunContext) -> Page[SubmissionOut]:
+        """The run's submissions, oldest first."""
+        return self._call("GET", "/internal/submissions", Page[SubmissionOut], ctx=ctx)
+
+    def get_submission(self, ctx: RunContext, sub_id: str) -> SubmissionOut:
+        """One of the run's submissions; 404 for any other id."""
+        return self._call("GET", f"/internal/submissions/{sub_id}", SubmissionOut, ctx=ctx)
+
+    def leaderboard(self) -> Page[LeaderboardEntry]:
+        """Per run and task, the submission that counts with its aggregate test score."""
+        return self._call("GET", "/internal/leaderboard", Page[LeaderboardEntry])

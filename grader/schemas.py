@@ -1,0 +1,45 @@
+"""Wire models of the grader's internal API that no other service re-exposes as they are (the shared ones are in
+:mod:`services.common.contracts`)."""
+
+from __future__ import annotations
+
+import datetime as dt
+from typing import Literal
+
+from pydantic import BaseModel, Field
+
+from services.common.contracts import GradingTaskStatus, Score
+
+
+class TaskRegistered(GradingTaskStatus):
+    """A grading task as registered: its status, and what the operator should know of it."""
+
+    warnings: list[str] = Field(default_factory=list, description="For the operator, first registration only: e.g. a task whose "
+                                                                   "items are few enough to enumerate. Depends on public inputs only.")
+
+
+class ContaminationReport(BaseModel):
+    """What the contamination audit (:mod:`grader.audit`) found: ``flagged_items`` of ``items`` test items overlap the run's datasets."""
+
+    contaminated: bool
+    flagged_items: int
+    items: int
+    datasets: int = Field(description="Datasets of the run that were read.")
+    rows: int = Field(description="Rows read from them.")
+    ngram: int
+    min_overlap: float
+    flagged_by_canonical_form: int = Field(0, description="Flagged items whose canonical form (not only their n-grams) occurs in a row.")
+
+
+class LeaderboardEntry(BaseModel):
+    """Per run and task, the submission that counts on the leaderboard (the latest graded one; until one is graded,
+    the latest one) with its aggregate test score. No per-item data."""
+
+    submission_id: str
+    run_id: str
+    benchmark_id: str = Field(description="The grader's id of the task.")
+    status: Literal["queued", "running", "graded", "failed"]
+    score: Score | None = None
+    graded_at: dt.datetime | None = None
+    validation_evaluations: int = Field(description="Validation evaluations the run has started, over all its tasks.")
+    contamination: ContaminationReport | None = Field(None, description="The audit's counts (never which items); null until audited.")
