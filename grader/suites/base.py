@@ -1,0 +1,95 @@
+"""What a suite module builds on: the :class:`Suite` protocol, the :class:`Item` it generates, the
+:func:`register_suite` decorator that lists it, and helpers shared by suites (:func:`chao1`) and by the grader
+(:func:`suite_tools`, :func:`suite_canonical`).
+
+Suite modules take these names from this module, not from the package :mod:`grader.suites` (whose lookup
+imports the suite modules): the registry (:data:`SUITES`) lives here and depends on no suite.
+"""
+
+from __future__ import annotations
+
+from collections import Counter
+from collections.abc import Callable, Iterable
+from dataclasses import dataclass, field
+from typing import Any, Protocol, TypeVar
+
+from grader.canonical import Canonical
+from services.common.contracts import Harness
+
+
+@dataclass(frozen=True)
+class Item:
+    """One task: an id unique within its split, the question, the reference answer and the raw entry
+    (whatever the suite's scorer needs, JSON-serializable)."""
+
+    id: str
+    question: str
+    answer: str
+    entry: dict[str, Any] = field(default_factory=dict)
+
+
+class Suite(Protocol):
+    """What the grader needs from a suite.
+
+    A suite whose tasks offer the model functions also has ``tools(item) -> list[dict] | None``: the OpenAI
+    ``tools`` sent with the item's chat completion (read through :func:`suite_tools`; other suites need nothing).
+    A suite whose items wrap a task in instruction text also has ``canonical(item) -> Canonical | None``: what
+    stays of the item when its wording changes (:mod:`grader.canonical`; read through :func:`suite_canonical`).
+    """
+
+    name: str
+    default_harness: Harness
+
+    def check_params(self, params: dict[str, Any]) -> None:
+        """Raise ``Unprocessable`` (field ``suite.params…``) if ``params`` are not valid for this suite."""
+
+    def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
+        """``size`` items generated deterministically from ``seed``, none whose question is in ``exclude``."""
+
+    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """``(distinct items the params allow, whether that count is exact)``: exact for a fixed dataset, an estimate
+        (:func:`chao1` over draws from a public seed) for a generator."""
+
+    def score(self, answer: str | None, item: Item) -> float:
+        """Score in [0, 1] of an extracted answer (``None``: nothing extracted) with the suite's official scorer."""
+
+
+SuiteClass = TypeVar("SuiteClass", bound=Callable[[], Suite])
+
+SUITES: dict[str, Callable[[], Suite]] = {}
+"""The registered suites: suite name → its class, whose no-argument construction is the suite the grader runs.
+Filled by :func:`register_suite` as suite modules are imported; read through :func:`grader.suites.get_suite`."""
+
+
+def register_suite(cls: SuiteClass) -> SuiteClass:
+    """Class decorator: register a suite class under its ``name`` in :data:`SUITES` and return it unchanged.
+    Raises ``ValueError`` if another class holds the name."""
+    name = cls.name  # type: ignore[attr-defined]
+    if SUITES.setdefault(name, cls) is not cls:
+        raise ValueError(f"suite {name!r} is registered twice: {SUITES[name].__module__} and {cls.__module__}")
+    return cls
+
+
+def chao1(samples: Iterable[str]) -> int:
+    """Estimated number of distinct values in the population ``samples`` were drawn from: the bias-corrected
+    Chao1 estimator (Chao 1984; Chao 1987, "Estimating the population size for capture-recapture data with
+    unequal catchability"), ``S = d + f1 (f1 − 1) / (2 (f2 + 1))`` with ``d`` values seen, ``f1`` seen once and
+    ``f2`` seen twice. A lower-bound estimator: with no repeats at all it gives about ``n² / 2``."""
+    counts = Counter(Counter(samples).values())
+    distinct = sum(counts.values())
+    f1, f2 = counts.get(1, 0), counts.get(2, 0)
+    return distinct + (f1 * (f1 - 1)) // (2 * (f2 + 1))
+
+
+def suite_tools(suite: Suite, item: Item) -> list[dict[str, Any]] | None:
+    """The OpenAI ``tools`` (``[{"type": "function", "function": {name, description, parameters}}]``) offered
+    to the model for ``item``: the suite's optional ``tools(item)``; ``None`` when the suite has none."""
+    tools = getattr(suite, "tools", None)
+    return tools(item) if tools else None
+
+
+def suite_canonical(suite: Suite, item: Item) -> Canonical | None:
+    """The item's canonical form (:mod:`grader.canonical`): the suite's optional ``canonical(item)``; ``None`` when
+    the suite has none (its items are compared by n-grams only)."""
+    canonical = getattr(suite, "canonical", None)
+    return canonical(item) if canonical else None
