@@ -31,7 +31,9 @@ ROOT = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(ROOT))
 
 from services.common.db import Database, migrate  # noqa: E402
+from services.common.http import ServiceClient  # noqa: E402
 from services.ledger.app import MIGRATIONS_DIR  # noqa: E402
+from services.ledger.client import LedgerClient  # noqa: E402
 from services.ledger.pricing import load_prices  # noqa: E402
 from services.ledger.schemas import AccountCreate, HoldCreate, HoldSettle, UsageItem  # noqa: E402
 from services.ledger.service import Ledger  # noqa: E402
@@ -123,20 +125,20 @@ def bench_service(url: str, seconds: float, clients: int, barrier) -> float:  # 
 
 
 def http_clients(base: str, token: str, seconds: float, clients: int, barrier) -> float:  # noqa: ANN001
-    hold_usage = [{"kind": "decode_tokens", "quantity": 1000, "model": MODEL}]
-    settle_usage = [{"kind": "decode_tokens", "quantity": 500, "model": MODEL}]
+    """Hold+settle pairs/s through the ledger's HTTP API, called as the services call it (:class:`LedgerClient`)."""
+    hold_usage = [UsageItem(kind="decode_tokens", quantity=1000, model=MODEL)]
+    settle_usage = [UsageItem(kind="decode_tokens", quantity=500, model=MODEL)]
 
-    def setup(i: int) -> tuple[httpx.Client, str]:
-        client = httpx.Client(base_url=base, headers={"Authorization": f"Bearer {token}"}, timeout=60)
+    def setup(i: int) -> tuple[LedgerClient, str]:
+        client = LedgerClient(ServiceClient(base, token, name="ledger", timeout_s=60))
         account = f"run_bench{i:04d}{secrets.token_hex(6)}"
-        client.post("/internal/accounts", json={"account_id": account, "budget_usd_micros": BUDGET}).raise_for_status()
+        client.open_account(AccountCreate(account_id=account, budget_usd_micros=BUDGET))
         return client, account
 
-    def pair(state: tuple[httpx.Client, str], k: int) -> None:
+    def pair(state: tuple[LedgerClient, str], k: int) -> None:
         client, account = state
-        hold = client.post("/internal/holds", json={"account_id": account, "usage": hold_usage, "purpose": "bench", "idempotency_key": f"h{k}"})
-        hold.raise_for_status()
-        client.post(f"/internal/holds/{hold.json()['hold_id']}/settle", json={"usage": settle_usage, "idempotency_key": f"s{k}"}).raise_for_status()
+        hold = client.create_hold(HoldCreate(account_id=account, usage=hold_usage, purpose="bench", idempotency_key=f"h{k}"))
+        client.settle_hold(hold.hold_id, HoldSettle(usage=settle_usage, idempotency_key=f"s{k}"))
 
     return run_clients(clients, seconds, setup, pair, barrier)
 

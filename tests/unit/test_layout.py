@@ -1,0 +1,47 @@
+"""The shape of the code: no import cycle among the project's modules, and every ``/internal/…`` path spelled only
+by the service that serves it (its ``api.py`` routes and its ``client.py``)."""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+import grimp
+import networkx
+
+ROOT = Path(__file__).resolve().parents[2]
+PACKAGES = ("gateway", "grader", "trainer_service", "inference_service", "services", "crucible")
+SERVICE_FOLDERS = ("gateway", "grader", "trainer-service", "inference-service", "services/ledger")
+
+
+def test_no_import_cycle() -> None:
+    """Every import counts, at module level or inside a function (grimp's graph, networkx's strongly connected
+    components): a cycle is a knot a newcomer must read as one, and a late import only hides it."""
+    graph = grimp.build_graph(*PACKAGES)
+    edges = networkx.DiGraph((module, imported) for module in graph.modules for imported in graph.find_modules_directly_imported_by(module))
+    cycles = sorted(sorted(c) for c in networkx.strongly_connected_components(edges) if len(c) > 1)
+    assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
+
+
+def _internal_paths(path: Path) -> list[int]:
+    tree = ast.parse(path.read_text(encoding="utf-8"))
+    return [node.lineno for node in ast.walk(tree)
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (node.value == "/internal" or node.value.startswith("/internal/"))]
+
+
+def test_internal_paths_are_spelled_only_by_their_service() -> None:
+    """A caller of another service uses that service's typed client, never its paths."""
+    allowed = {ROOT / folder / name for folder in SERVICE_FOLDERS for name in ("api.py", "client.py")}
+    found = [f"{path.relative_to(ROOT)}:{line}"
+             for path in sorted(ROOT.rglob("*.py"))
+             if not ({".venv", "tests", "migrations", "versions", "teststore_migrations"} & set(path.relative_to(ROOT).parts)) and path not in allowed
+             for line in _internal_paths(path)]
+    assert found == [], "internal paths outside their service's api.py/client.py: " + ", ".join(found)
+
+
+def test_every_service_reads_the_same_way() -> None:
+    """Each service folder has its FastAPI app, thin routes, wire models and typed client in files of the same names."""
+    for folder in SERVICE_FOLDERS:
+        names = {p.name for p in (ROOT / folder).glob("*.py")}
+        expected = {"app.py", "api.py", "schemas.py"} | ({"client.py"} if folder != "gateway" else set())
+        assert expected <= names, f"{folder} lacks {sorted(expected - names)}"
