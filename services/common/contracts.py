@@ -11,6 +11,9 @@ import json
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic_core import PydanticCustomError
+
+from services.common import extraction
 
 TRAINING_FIELDS = (
     "method", "adapter", "lora_r", "lora_alpha", "lora_dropout", "target_modules", "learning_rate",
@@ -273,15 +276,8 @@ class ChatCompletion(BaseModel):
 class Harness(BaseModel):
     """A declarative harness: how the system turns a task into a prompt and a completion into an answer.
 
-    ``user_template`` is a Jinja2 template (sandboxed) with ``question`` in scope. ``answer_extraction``:
-    ``strip`` (whole completion), ``first_line``, ``last_number`` (the last number in the text, written plainly:
-    ``1,234.`` → ``1234``, ``−3/4`` → ``-3/4``, ``\\frac{3}{4}`` → ``3/4``, ``.5`` → ``0.5``, ``50%`` → ``50``,
-    ``1.5e3`` kept), ``regex`` (first group of ``answer_regex``, else the whole match), ``code`` (among fenced
-    blocks, the first that defines the task's entry point, keeping only its imports and the definitions the entry
-    point uses, as evalplus sanitizes; else the first block defining a function, else the first block; without a
-    fence the whole completion; leading blank lines and trailing whitespace dropped, indentation kept) or
-    ``boxed`` (the last ``\\boxed{…}``, ``\\boxed …$`` or ``\\fbox{…}``, as MATH's ``last_boxed_only_string`` and
-    ``remove_boxed`` read it; a last box cut off before its closing brace gives nothing).
+    ``user_template`` is a Jinja2 template (sandboxed) with ``question`` in scope. ``answer_extraction`` names a
+    mode of :mod:`services.common.extraction` (the field's schema lists them, each with what it reads).
     """
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {
@@ -293,9 +289,20 @@ class Harness(BaseModel):
     temperature: float = Field(0.0, ge=0.0, le=2.0)
     top_p: float = Field(1.0, gt=0.0, le=1.0)
     stop: list[str] | None = Field(None, max_length=4)
-    answer_extraction: Literal["strip", "first_line", "last_number", "regex", "code", "boxed"] = "first_line"
+    answer_extraction: str = Field("first_line", json_schema_extra=lambda schema: schema.update(extraction.json_schema()))
     answer_regex: str | None = Field(None, max_length=500)
     max_turns: int = Field(1, ge=1, le=1, description="Single-turn harnesses only in this version.")
+
+    @field_validator("answer_extraction", mode="before")
+    @classmethod
+    def _registered_mode(cls, value: Any) -> Any:
+        """Accept the name of a registered mode (:data:`services.common.extraction.MODES`) only, failing as a
+        ``Literal`` of the names would (``literal_error``, "Input should be 'strip', … or 'boxed'")."""
+        if isinstance(value, str) and value in extraction.MODES:
+            return value
+        *names, last = (repr(name) for name in extraction.MODES)
+        expected = f"{', '.join(names)} or {last}" if names else last
+        raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
 
 
 class SystemSpec(BaseModel):
