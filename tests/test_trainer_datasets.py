@@ -20,17 +20,19 @@ import pytest
 from fastapi.testclient import TestClient
 from hypothesis import given, settings
 from hypothesis import strategies as st
-from trainer_service import service
+from trainer_service import service, worker
+from trainer_service.app import create_app
+from trainer_service.models import Dataset
 from trainer_service.schemas import ChatRow, parse_row
 from trainer_service.training import IGNORE_INDEX, NoSupervisedTokens, _render_pair, tokenize_examples
 
 from services.common.auth import RunContext, run_headers
-from services.common.db import Database
 from services.common.errors import Unprocessable
 from services.common.http import ServiceClient
 from services.common.ids import new_id
 from services.common.settings import ServiceSettings
 from services.ledger.app import create_app as create_ledger_app
+from services.ledger.client import LedgerClient
 from services.ledger.settings import LedgerSettings
 from tests.conftest import prepared_models
 
@@ -74,9 +76,11 @@ def database_urls(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempP
 
 @dataclass
 class Trainer:
-    """The trainer app (``http``, called as the gateway) and the ledger app it holds budget on (``ledger``)."""
+    """The trainer app (``http``, called as the gateway), its service object (``service``), the ledger app it
+    holds budget on (``ledger``) and the jobs it sent to the workers (``enqueued``)."""
 
     http: TestClient
+    service: service.Trainer
     ledger: TestClient
     enqueued: list[str]
 
@@ -114,18 +118,14 @@ def trainer(database_urls: dict[str, str], tmp_path_factory: pytest.TempPathFact
         mp.setenv("CRUCIBLE_DATA_DIR", str(data_dir))
         settings_ = ServiceSettings(data_dir=data_dir, database_url=database_urls["trainer"], service_token=TRAINER_TOKEN,
                                     trusted_tokens={"gateway": GATEWAY_TOKEN})
-        ledger_client = ServiceClient("http://ledger", TRAINER_TOKEN, name="ledger")
-        ledger_client.client = ledger  # the trainer's calls go to the ledger app in this process
-        rt = service.Runtime(settings=settings_, db=Database(settings_.database_url_for("trainer")), ledger=ledger_client)
-        mp.setattr(service, "runtime", lambda: rt)
-        import trainer_service.tasks
-
-        mp.setattr(trainer_service.tasks, "enqueue_training", enqueued.append)  # the queue is the worker's side, not tested here
-        from trainer_service.app import app
-
-        with TestClient(app) as http:
-            yield Trainer(http=http, ledger=ledger, enqueued=enqueued)
-        rt.db.engine.dispose()
+        with TestClient(create_app(settings_)) as http:
+            trainer_ = http.app.state.trainer
+            transport = ServiceClient("http://ledger", TRAINER_TOKEN, name="ledger")
+            transport.client = ledger  # the trainer's calls go to the ledger app in this process
+            trainer_.ledger.close()
+            trainer_.ledger = LedgerClient(transport)
+            trainer_.enqueue = enqueued.append  # the queue is the worker's side, not tested here
+            yield Trainer(http=http, service=trainer_, ledger=ledger, enqueued=enqueued)
 
 
 def assert_refused(resp: httpx.Response, field: str, line: int | None) -> dict[str, Any]:
@@ -296,8 +296,8 @@ def test_a_stored_dataset_that_breaks_the_rules_is_refused_at_job_creation_not_a
 
     ctx = trainer.new_run()
     ds = trainer.upload(ctx, jsonl(GOOD, GOOD)).json()
-    with service.runtime().db.session() as s:
-        uri = s.get(service.Dataset, ds["id"]).uri
+    with trainer.service.db.session() as s:
+        uri = s.get(Dataset, ds["id"]).uri
     stored = Path(artifacts.local_path(uri))
     stored.chmod(0o644)
     stored.write_bytes(jsonl(GOOD, chat(("assistant", "42"))))  # as the upload accepted it once
@@ -320,7 +320,7 @@ def test_an_accepted_dataset_trains_with_loss_at_every_step_and_is_charged_what_
     ctx = trainer.new_run()
     ds = trainer.upload(ctx, jsonl(GOOD, chat(("system", "Be brief."), ("user", "3 + 3?"), ("assistant", "6"), ("user", "and 4 + 4?"), ("assistant", "8")))).json()
     job = trainer.create_job(ctx, [ds["id"]], max_seq_len=64, warmup_steps=0).json()
-    service.run_job(job["id"])
+    worker.run_job(trainer.service, job["id"])
     done = trainer.call("GET", f"/internal/jobs/{job['id']}", ctx).json()
     assert done["status"] == "succeeded", done["error"]
     steps = [e["data"] for e in trainer.call("GET", f"/internal/jobs/{job['id']}/events", ctx).json()["data"] if e["type"] == "step"]

@@ -1,0 +1,221 @@
+"""Training jobs: creation under a budget hold, reading, cancelling, and a job's end (its status, events and
+the settling of its hold), shared by the API and the worker.
+
+A job's row is its truth (``services.common.jobs``); its events are an append-only log an agent polls.
+"""
+
+from __future__ import annotations
+
+import hashlib
+from typing import Any
+
+import structlog
+from sqlalchemy import select
+from sqlalchemy.exc import IntegrityError
+from sqlalchemy.orm import Session
+from trainer_service.datasets import owned_dataset
+from trainer_service.estimate import estimate_tokens, place_hold
+from trainer_service.models import Checkpoint, JobEvent, TrainingJob
+from trainer_service.schemas import CheckpointRecord
+from trainer_service.service import Trainer
+
+from services.common.auth import RunContext
+from services.common.contracts import CheckpointOut, JobEventOut, Recipe, TrainingJobCreate, TrainingJobOut
+from services.common.db import utcnow
+from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable, UpstreamUnavailable
+from services.common.ids import has_prefix, new_id
+from services.common.llms import BASE_MODELS
+from services.ledger.schemas import HoldRelease, UsageItem, UsageKind
+
+TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
+log = structlog.get_logger("trainer")
+
+
+def _job_out(s: Session, job: TrainingJob) -> TrainingJobOut:
+    latest = s.scalar(select(Checkpoint.id).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc()).limit(1))
+    return TrainingJobOut(
+        id=job.id, status=job.status, model=job.parent_checkpoint_id or job.base_model, base_model=job.base_model,  # type: ignore[arg-type]
+        datasets=job.dataset_ids, recipe=Recipe(**job.recipe), steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
+        trained_tokens=job.trained_tokens, latest_checkpoint=latest, attempts=job.attempts, error=job.error, created_at=job.created_at,
+        started_at=job.started_at, finished_at=job.finished_at,
+    )
+
+
+def _resolve_model(s: Session, ctx: RunContext, model: str) -> tuple[str, Checkpoint | None]:
+    """``(base_model, parent_checkpoint)`` for a base name or one of the run's checkpoints; else 422."""
+    if has_prefix(model, "ckpt"):
+        ckpt = s.get(Checkpoint, model)
+        if ckpt is None or ckpt.run_id != ctx.run_id:
+            raise Unprocessable(f"unknown checkpoint {model!r}", field="model")
+        return ckpt.base_model, ckpt
+    if model not in BASE_MODELS:
+        raise Unprocessable(f"unknown base model {model!r}; available: {', '.join(sorted(BASE_MODELS))}", field="model")
+    return model, None
+
+
+def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:
+    """Validate a job, hold its estimated cost on the run's budget, store it ``queued`` and send it to the workers.
+
+    Raises ``Unprocessable`` (a method or adapter this deployment does not train, an unknown model, rows it
+    cannot train: see ``estimate.training_examples``), ``NotFound`` (a dataset that is not the run's),
+    ``IdempotencyKeyReused`` (``idempotency_key`` used before with another request) and passes the ledger's
+    402 through. The job row is written only after the hold succeeded, and the hold is released if writing
+    fails: nothing is half-written. With ``idempotency_key`` the call is safe to repeat: the ledger hold
+    carries a key derived from it (a retry after a lost answer finds the same hold) and a repeat returns the
+    job created first.
+    """
+    recipe = req.recipe
+    fingerprint = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
+    if idempotency_key and (existing := _job_by_key(trainer, ctx, idempotency_key, fingerprint)) is not None:
+        return existing
+    if recipe.method != "sft":
+        raise Unprocessable(f"recipe.method {recipe.method!r} is not available in this deployment (supported: sft)", field="recipe.method")
+    if recipe.adapter != "lora":
+        raise Unprocessable("recipe.adapter 'full' is not available on CPU deployments (supported: lora)", field="recipe.adapter")
+    with trainer.db.session() as s:
+        base_model, parent = _resolve_model(s, ctx, req.model)
+        datasets = [owned_dataset(s, ctx, d) for d in req.datasets]
+    examples, tokens = estimate_tokens(trainer, base_model, datasets, recipe)
+    job_id = new_id("job")
+    hold = place_hold(trainer, ctx, job_id, base_model, tokens, idempotency_key)
+    try:
+        with trainer.db.session() as s:
+            job = TrainingJob(
+                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, recipe=recipe.model_dump(),
+                dataset_ids=[d.id for d in datasets], base_model=base_model, parent_checkpoint_id=parent.id if parent else None,
+                hold_id=hold.hold_id, idempotency_key=idempotency_key, request_sha256=fingerprint,
+                estimated_tokens=tokens, created_at=utcnow(), enqueued_at=utcnow(),
+            )
+            s.add(job)
+            s.flush()
+            event(s, job.id, "info", "validated", f"validated {examples} examples from {len(datasets)} dataset(s); "
+                  f"estimated ≤{tokens} training tokens, hold {hold.amount_usd_micros} µUSD",
+                  {"rows": examples, "estimated_tokens": tokens, "hold_usd_micros": hold.amount_usd_micros})
+            out = _job_out(s, job)
+    except IntegrityError:  # the same key was used concurrently and the other request wrote its job first
+        if idempotency_key and (existing := _job_by_key(trainer, ctx, idempotency_key, fingerprint)) is not None:
+            return existing
+        raise
+    except Exception:
+        trainer.ledger.release_hold(hold.hold_id, HoldRelease(idempotency_key=f"release:{hold.hold_id}"))
+        raise
+    trainer.enqueue(job_id)
+    return out
+
+
+def _job_by_key(trainer: Trainer, ctx: RunContext, idempotency_key: str, fingerprint: str) -> TrainingJobOut | None:
+    """The run's job created with ``idempotency_key``; ``IdempotencyKeyReused`` if it was created from another request."""
+    with trainer.db.session() as s:
+        job = s.scalar(select(TrainingJob).where(TrainingJob.run_id == ctx.run_id, TrainingJob.idempotency_key == idempotency_key))
+        if job is None:
+            return None
+        if job.request_sha256 != fingerprint:
+            raise IdempotencyKeyReused(f"Idempotency-Key {idempotency_key!r} was used for a different training job request ({job.id})",
+                                       field="Idempotency-Key")
+        return _job_out(s, job)
+
+
+def event(s: Session, job_id: str, level: str, type_: str, message: str, data: dict[str, Any] | None = None) -> None:
+    """Append an event (``level`` info | warn | error) to job ``job_id``'s log."""
+    s.add(JobEvent(job_id=job_id, level=level, type=type_, message=message, data=data or {}, created_at=utcnow()))
+
+
+def _owned_job(s: Session, ctx: RunContext, job_id: str, *, lock: bool = False) -> TrainingJob:
+    job = s.get(TrainingJob, job_id, with_for_update=lock)
+    if job is None or job.run_id != ctx.run_id:
+        raise NotFound(f"training job {job_id} not found")
+    return job
+
+
+def list_jobs(trainer: Trainer, ctx: RunContext) -> list[TrainingJobOut]:
+    """The run's jobs, oldest first."""
+    with trainer.db.session() as s:
+        return [_job_out(s, j) for j in s.scalars(select(TrainingJob).where(TrainingJob.run_id == ctx.run_id).order_by(TrainingJob.id))]
+
+
+def get_job(trainer: Trainer, ctx: RunContext, job_id: str) -> TrainingJobOut:
+    """The run's job; ``NotFound`` for another run's or an unknown id."""
+    with trainer.db.session() as s:
+        return _job_out(s, _owned_job(s, ctx, job_id))
+
+
+def list_events(trainer: Trainer, ctx: RunContext, job_id: str, after: int = 0, limit: int = 500) -> list[JobEventOut]:
+    """Events of the run's job with ``seq > after``, oldest first (poll with the last ``seq`` seen)."""
+    with trainer.db.session() as s:
+        _owned_job(s, ctx, job_id)
+        rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after).order_by(JobEvent.seq).limit(limit))
+        return [JobEventOut(seq=e.seq, level=e.level, type=e.type, message=e.message, data=e.data, created_at=e.created_at) for e in rows]  # type: ignore[arg-type]
+
+
+def _checkpoint_out(c: Checkpoint) -> CheckpointOut:
+    return CheckpointOut(id=c.id, job_id=c.job_id, step=c.step, base_model=c.base_model, kind=c.kind, metrics=c.metrics, created_at=c.created_at)  # type: ignore[arg-type]
+
+
+def list_checkpoints(trainer: Trainer, ctx: RunContext, job_id: str) -> list[CheckpointOut]:
+    """The checkpoints of the run's job by step; ``NotFound`` for another run's or an unknown job."""
+    with trainer.db.session() as s:
+        _owned_job(s, ctx, job_id)
+        return [_checkpoint_out(c) for c in s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step))]
+
+
+def cancel_job(trainer: Trainer, ctx: RunContext, job_id: str) -> TrainingJobOut:
+    """Stop a job. A queued job is cancelled at once and its hold released; a running one stops after its
+    current step and is charged for the steps it trained. ``Conflict`` if the job already ended."""
+    with trainer.db.session() as s:
+        job = _owned_job(s, ctx, job_id, lock=True)  # a worker's claim waits for this transaction
+        if job.status in TERMINAL:
+            raise Conflict(f"training job {job_id} is already {job.status}")
+        job.cancel_requested = True
+        event(s, job.id, "info", "cancel_requested", "cancellation requested")
+        if job.status == "queued":  # no worker has it: nobody else will write this row (claims need ``queued``)
+            finish(s, job, "cancelled", None)
+        out = _job_out(s, job)
+    if out.status == "cancelled":
+        settle_cancelled(trainer, job_id)
+    return out
+
+
+def checkpoint_record(trainer: Trainer, checkpoint_id: str, run_id: str | None) -> CheckpointRecord:
+    """Where a checkpoint lives, for the inference service; ``NotFound`` if unknown or not ``run_id``'s."""
+    with trainer.db.session() as s:
+        c = s.get(Checkpoint, checkpoint_id)
+        if c is None or (run_id is not None and c.run_id != run_id):
+            raise NotFound(f"checkpoint {checkpoint_id} not found")
+        return CheckpointRecord(id=c.id, run_id=c.run_id, base_model=c.base_model, uri=c.uri, kind=c.kind, step=c.step)  # type: ignore[arg-type]
+
+
+# --------------------------------------------------------------------------- a job's end
+
+
+def finish(s: Session, job: TrainingJob, status: str, error: str | None) -> None:
+    """End ``job`` with ``status`` (a terminal one) and ``error``, and log it; its hold is settled by :func:`settle`."""
+    job.status = status
+    job.error = error
+    job.worker_id = None
+    job.finished_at = utcnow()
+    event(s, job.id, "error" if error else "info", status, error or f"job {status} after {job.steps_done} steps, {job.trained_tokens} tokens")
+
+
+def settle(trainer: Trainer, job_id: str) -> None:
+    """Settle the job's hold with the tokens it processed (idempotent: one settle per job) and note it.
+
+    Raises ``UpstreamUnavailable`` while the ledger is away; the reconciler settles finished jobs whose
+    hold is still open.
+    """
+    with trainer.db.session() as s:
+        job = s.get(TrainingJob, job_id)
+        hold_id, tokens, base_model = job.hold_id, job.trained_tokens, job.base_model  # type: ignore[union-attr]
+    if hold_id is None:
+        return
+    usage = [UsageItem(kind=UsageKind.training_tokens, quantity=tokens, model=base_model)] if tokens else []
+    trainer.ledger.settle_or_charge(hold_id, usage, f"settle:{job_id}")
+    with trainer.db.session() as s:
+        s.get(TrainingJob, job_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
+
+
+def settle_cancelled(trainer: Trainer, job_id: str) -> None:
+    """:func:`settle` a cancelled job's hold; while the ledger is away, leave it to the reconciler (logged)."""
+    try:
+        settle(trainer, job_id)
+    except UpstreamUnavailable:
+        log.warning("ledger unavailable; the cancelled job's hold is settled later", job_id=job_id)

@@ -1,0 +1,153 @@
+"""The worker's side of training jobs: running one to its end (``run_job``, called by the Celery task in
+``tasks.py``) and taking back jobs a dead worker left behind (``reconcile``, in the service and at worker start).
+"""
+
+from __future__ import annotations
+
+import shutil
+import tempfile
+from functools import partial
+from pathlib import Path
+
+import structlog
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from trainer_service.datasets import read_dataset
+from trainer_service.estimate import sft_config
+from trainer_service.jobs import event, finish, settle, settle_cancelled
+from trainer_service.models import Checkpoint, Dataset, TrainingJob
+from trainer_service.service import Trainer
+
+from services.common import artifacts, jobs
+from services.common.contracts import Recipe
+from services.common.db import utcnow
+from services.common.ids import new_id
+from services.common.llms import base_model_dir
+
+log = structlog.get_logger("trainer")
+
+
+def run_job(trainer: Trainer, job_id: str) -> None:
+    """Run a queued job to the end in this worker process: train, write checkpoints, settle the hold.
+
+    The row's status is the truth: the worker claims the job (``queued`` → ``running`` under its id, see
+    ``services.common.jobs``), so a duplicate message finds nothing to do, and heartbeats while it trains.
+    A job that already has checkpoints (an earlier attempt died) resumes from the newest one, with its token
+    count reset to that checkpoint's, so no step is charged twice. Events record every step's loss, learning
+    rate, tokens and tokens/s. The hold is settled with the tokens actually processed, whatever the outcome
+    (charge equals work done). If the lease is lost (the watchdog failed the job, or it was given to another
+    worker) training stops and this worker writes nothing more.
+    """
+    from trainer_service.training import train_sft
+
+    db, settings = trainer.db, trainer.settings
+    if not jobs.claim(db, TrainingJob, job_id):
+        return
+    with db.session() as s:
+        job = s.get(TrainingJob, job_id)
+        if job.cancel_requested:
+            finish(s, job, "cancelled", None)
+            job_snapshot = None
+        else:
+            latest = s.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc()).limit(1))
+            resume = artifacts.local_path(latest.uri) if latest is not None else None
+            if latest is not None:
+                job.steps_done = latest.step
+                job.trained_tokens = int(latest.metrics.get("trained_tokens", job.trained_tokens))
+                event(s, job.id, "warn", "resumed", f"attempt {job.attempts}: resuming from checkpoint {latest.id} at step {latest.step}",
+                      {"step": latest.step, "checkpoint": latest.id, "attempt": job.attempts})
+            else:
+                job.steps_done, job.trained_tokens = 0, 0
+                event(s, job.id, "info", "started", f"training started (attempt {job.attempts})", {"attempt": job.attempts})
+            job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id)
+    if job_snapshot is None:
+        settle(trainer, job_id)
+        return
+    recipe_d, dataset_ids, base_model, parent_id = job_snapshot
+    with db.session() as s:
+        parent_dir = artifacts.local_path(s.get(Checkpoint, parent_id).uri) if parent_id else None  # type: ignore[union-attr]
+    recipe = Recipe(**recipe_d)
+    workdir = Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=settings.data_dir))
+    lease = jobs.Lease(db, TrainingJob, job_id, settings.job_heartbeat_s)
+
+    def on_step(m) -> None:  # noqa: ANN001
+        with db.session() as s:
+            job = lease.row(s)
+            job.steps_done = m.step
+            job.trained_tokens += m.tokens
+            job.heartbeat_at = utcnow()
+            event(s, job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
+                  {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
+                   "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s})
+
+    def on_checkpoint(step: int, path: Path) -> None:
+        ckpt_id = new_id("ckpt")
+        uri = artifacts.put_dir(settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
+        with db.session() as s:
+            job = lease.row(s)
+            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind="lora", uri=uri,
+                             metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))
+            event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
+
+    def should_stop() -> bool:
+        if lease.lost.is_set():
+            return True
+        with db.session() as s:
+            return bool(s.get(TrainingJob, job_id).cancel_requested)  # type: ignore[union-attr]
+
+    try:
+        with lease:
+            with db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
+                rows = [row for d in dataset_ids for row in read_dataset(s.get(Dataset, d)).rows]  # type: ignore[arg-type]
+            result = train_sft(
+                base_model_dir(base_model, settings.models_dir), rows, sft_config(recipe), workdir,
+                init_adapter=parent_dir, resume=resume, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
+            )
+            outcome, error = ("cancelled" if result.stopped else "succeeded"), None
+    except jobs.LeaseLost:
+        outcome, error = None, None
+    except Exception as exc:  # the job fails; the worker lives on
+        log.exception("training job failed", job_id=job_id)
+        outcome, error = "failed", f"{exc.__class__.__name__}: {exc}"
+    finally:
+        shutil.rmtree(workdir, ignore_errors=True)
+    if outcome is None or lease.lost.is_set():
+        log.warning("lease lost; leaving the job to its new owner", job_id=job_id)
+        return
+    with db.session() as s:
+        job = jobs.owned_row(s, TrainingJob, job_id)
+        if job is None:
+            return
+        finish(s, job, outcome, error)
+    settle(trainer, job_id)
+
+
+def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
+    """One reconciler round over training jobs (see ``services.common.jobs.reconcile``).
+
+    Runs every ``reconcile_interval_s`` in the trainer service and once when a train worker starts. A job
+    whose worker is gone is queued again (it resumes from its newest checkpoint), or cancelled if a cancel
+    was asked for; one past ``train_time_limit_s`` fails with its hold settled for the tokens it trained; a
+    queued job whose message may be lost is sent again; a finished job whose hold is still open is settled.
+    """
+    db, settings = trainer.db, trainer.settings
+
+    def requeued(s: Session, job: TrainingJob) -> None:
+        event(s, job.id, "warn", "worker_lost", f"the worker running this job ({job.attempts} attempt(s) so far) stopped; "
+              "the job is queued again and resumes from its newest checkpoint")
+
+    def failed(s: Session, job: TrainingJob, reason: str) -> None:
+        finish(s, job, "failed", reason)
+
+    report = jobs.reconcile(db, TrainingJob, settings.reconcile_policy(settings.train_time_limit_s),
+                            send=trainer.enqueue, on_requeue=requeued, on_fail=failed, after_fail=partial(settle, trainer))
+    with db.session() as s:  # cancelled while its worker was lost: nobody will claim it to notice
+        doomed = s.scalars(select(TrainingJob.id).where(TrainingJob.status == "queued", TrainingJob.cancel_requested.is_(True))).all()
+    for job_id in doomed:
+        with db.session() as s:
+            job = s.get(TrainingJob, job_id, with_for_update=True)
+            if job is None or job.status != "queued":
+                continue
+            finish(s, job, "cancelled", None)
+        settle_cancelled(trainer, job_id)
+    return report
