@@ -1,34 +1,55 @@
-"""Internal routes of the inference service (OpenAI-compatible), reached through the gateway or by the grader."""
+"""Internal routes of the inference service (OpenAI-compatible), reached through the gateway or by the grader.
+
+Thin routes over :class:`inference_service.service.Inference` (``app.state.inference``). Every route needs the
+token of a service inference trusts; a run context is optional, but a metered completion needs one.
+"""
 
 from __future__ import annotations
 
-from fastapi import APIRouter, Depends, Header
-from inference_service import service
+from typing import Annotated
+
+from fastapi import APIRouter, Depends, Header, Request
+from inference_service.schemas import ModelDetail
+from inference_service.service import Inference
 
 from services.common.auth import InternalAuth, RunContext
-from services.common.contracts import ChatCompletion, ChatCompletionRequest
+from services.common.contracts import ChatCompletion, ChatCompletionRequest, ModelOut, Page
 from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
 
-auth = InternalAuth(lambda: service.runtime().settings.trusted_tokens)
+
+def caller(request: Request) -> RunContext | None:
+    """Refuse the call (401) unless it carries the token of a service inference trusts; the run context it
+    sent (verified with that token), ``None`` without one."""
+    return InternalAuth(request.app.state.settings.trusted_tokens).caller(request)
+
+
+def get_inference(request: Request) -> Inference:
+    return request.app.state.inference
+
+
+InferenceDep = Annotated[Inference, Depends(get_inference)]
+CallerDep = Annotated[RunContext | None, Depends(caller)]
+
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
 
 
 @router.get("/models", summary="List servable base models")
-def list_models(_ctx: RunContext | None = Depends(auth.caller)) -> dict:
+def list_models(_ctx: CallerDep, inference: InferenceDep) -> Page[ModelOut]:
     """OpenAI-style ``{"object": "list", "data": [{"id", "object": "model", "owned_by"}]}``."""
-    return {"object": "list", "data": service.list_models()}
+    return Page[ModelOut](data=inference.list_models())
 
 
 @router.get("/models/{model}", summary="Resolve a model name", responses=problem_responses(NotFound))
-def get_model(model: str, ctx: RunContext | None = Depends(auth.caller)) -> dict:
-    """``{"id", "object": "model", "base_model", "adapter"}`` for a served base model or one of the run's checkpoints."""
-    return service.describe_model(ctx, model)
+def get_model(model: str, ctx: CallerDep, inference: InferenceDep) -> ModelDetail:
+    """``{"id", "object": "model", "owned_by", "base_model", "adapter"}`` for a served base model or one of the run's checkpoints."""
+    return inference.describe_model(ctx, model)
 
 
 @router.post("/chat/completions", summary="Create a chat completion", responses=problem_responses(Unprocessable, PaymentRequired))
 async def chat_completions(
     req: ChatCompletionRequest,
-    ctx: RunContext | None = Depends(auth.caller),
+    ctx: CallerDep,
+    inference: InferenceDep,
     x_crucible_hold: str | None = Header(None, description="Charge the tokens against this existing ledger hold."),
     x_crucible_unmetered: str | None = Header(None, description="`grading`: official test grading, not charged to the run."),
     idempotency_key: str | None = Header(None, max_length=150, description="With `X-Crucible-Hold`: the ledger charge's key, so a repeated call is charged once."),
@@ -37,5 +58,5 @@ async def chat_completions(
 ) -> ChatCompletion:
     """OpenAI-compatible chat completion; prompt and completion tokens are charged to the run. 422 ``context_exceeded``
     (field ``messages``) when the prompt and ``max_tokens`` do not fit the context."""
-    return await service.chat_completion(ctx, req, hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading",
-                                         idempotency_key=idempotency_key, context_tokens=x_crucible_context_tokens)
+    return await inference.chat_completion(ctx, req, hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading",
+                                           idempotency_key=idempotency_key, context_tokens=x_crucible_context_tokens)

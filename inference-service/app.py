@@ -1,18 +1,60 @@
-"""The inference service's FastAPI app (``uvicorn inference_service.app:app``)."""
+"""The inference service's FastAPI app (``uvicorn inference_service.app:app``).
+
+On start-up it migrates its database, connects its ledger and trainer clients and loads one engine per
+prepared base model; on shutdown it stops the engines and closes the clients.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
+from typing import Any
 
-from inference_service import api, service
+from fastapi import FastAPI
+from inference_service.api import caller, router
+from inference_service.service import Inference
+from trainer_service.client import TrainerClient
 
 from services.common.app import create_service_app
+from services.common.db import Database, migrate
+from services.common.settings import ServiceSettings
+from services.ledger.client import LedgerClient
 
-app = create_service_app(
-    "inference", title="Crucible inference",
-    migrations=(lambda: service.runtime().db.url, Path(__file__).parent / "migrations"), on_startup=service.load_engines,
-    description="Model registry (base models and run checkpoints) and OpenAI-compatible chat completions, metered on the ledger.",
-    health=lambda: {"models": sorted(service.runtime().batchers)},
-    docs_auth=api.auth.caller,
-)
-app.include_router(api.router)
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+    """Build the inference app; its database, clients and engines are opened when the app starts."""
+    settings = settings or ServiceSettings()
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        url = settings.database_url_for("inference")
+        migrate(url, MIGRATIONS_DIR)
+        app.state.inference = inference = Inference(settings=settings, db=Database(url), ledger=LedgerClient.connect(settings),
+                                                    trainer=TrainerClient.connect(settings))
+        inference.load_engines()
+        try:
+            yield
+        finally:
+            await inference.aclose()
+
+    def health() -> dict[str, Any]:
+        inference: Inference | None = getattr(app.state, "inference", None)
+        return {"models": sorted(inference.batchers) if inference else []}
+
+    app = create_service_app(
+        "inference", title="Crucible inference",
+        description="Model registry (base models and run checkpoints) and OpenAI-compatible chat completions, metered on the ledger.",
+        lifespan=lifespan,
+        log_level=settings.log_level,
+        health=health,
+        docs_auth=caller,
+    )
+    app.state.settings = settings
+    app.include_router(router)
+    return app
+
+
+app = create_app()

@@ -70,8 +70,9 @@ def test_micro_batcher_serves_concurrent_requests(engine: TransformersEngine) ->
 
 
 def test_prompt_tokens_from_a_prefix_cache_are_metered_as_their_own_kind() -> None:
-    from inference_service.service import _usage
+    from inference_service.service import usage_items
 
-    assert _usage("m", 100, 7) == [{"kind": "prefill_tokens", "quantity": 100, "model": "m"}, {"kind": "decode_tokens", "quantity": 7, "model": "m"}]
-    assert [(u["kind"], u["quantity"]) for u in _usage("m", 100, 7, cached_prompt_tokens=60)] == [
+    assert [u.model_dump(mode="json") for u in usage_items("m", 100, 7)] == [
+        {"kind": "prefill_tokens", "quantity": 100, "model": "m"}, {"kind": "decode_tokens", "quantity": 7, "model": "m"}]
+    assert [(u.kind, u.quantity) for u in usage_items("m", 100, 7, cached_prompt_tokens=60)] == [
         ("prefill_tokens", 40), ("cached_prefill_tokens", 60), ("decode_tokens", 7)]
