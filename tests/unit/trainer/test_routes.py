@@ -1,0 +1,278 @@
+"""The trainer's routes in this process: the app from ``create_app`` on a temporary SQLite database, its ledger
+calls answered by the real ledger app (SQLite) in this process, its job queue a list. Calls are made as the
+gateway (and inference) would, through :class:`TrainerClient`, or raw where the request itself is wrong.
+No job is trained here: a job's hold, events and cancel are the service's side; training is the worker's."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from trainer_service.app import create_app
+from trainer_service.client import TrainerClient
+from trainer_service.models import Checkpoint
+from trainer_service.service import Trainer
+
+from services.common.auth import RunContext, run_headers
+from services.common.contracts import Recipe, TrainingJobCreate
+from services.common.db import utcnow
+from services.common.errors import UpstreamProblem
+from services.common.http import ServiceClient
+from services.common.ids import new_id
+from services.common.settings import ServiceSettings
+from services.ledger.app import create_app as create_ledger_app
+from services.ledger.client import LedgerClient
+from services.ledger.schemas import AccountCreate, HoldStatus
+from services.ledger.settings import LedgerSettings
+from tests.conftest import prepared_models
+
+MODEL = "smollm2-135m-instruct"
+GATEWAY_TOKEN, INFERENCE_TOKEN, TRAINER_TOKEN = "gateway-token", "inference-token", "trainer-token"
+GOOD = b'{"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
+RUN_ROUTES = [
+    ("POST", "/internal/datasets"), ("GET", "/internal/datasets"), ("GET", "/internal/datasets/ds_x"), ("GET", "/internal/datasets/ds_x/content"),
+    ("POST", "/internal/jobs"), ("GET", "/internal/jobs"), ("GET", "/internal/jobs/job_x"), ("GET", "/internal/jobs/job_x/events"),
+    ("GET", "/internal/jobs/job_x/checkpoints"), ("POST", "/internal/jobs/job_x/cancel"),
+]
+ROUTES = [*RUN_ROUTES, ("GET", "/internal/checkpoints/ckpt_x")]
+
+
+def in_process(client: TestClient, token: str, name: str) -> ServiceClient:
+    """A transport whose calls go to ``client``'s app in this process, with ``token``."""
+    transport = ServiceClient(str(client.base_url), token, name=name)
+    transport.client.close()
+    transport.client = client
+    return transport
+
+
+@dataclass
+class Served:
+    """The running trainer app: ``raw`` (no credentials of its own), ``trainer`` (its service object),
+    ``ledger`` (the ledger it holds budget on, as the trainer calls it) and ``enqueued`` (jobs sent to workers)."""
+
+    raw: TestClient
+    trainer: Trainer
+    ledger: LedgerClient
+    enqueued: list[str]
+
+    def client(self, token: str = GATEWAY_TOKEN) -> TrainerClient:
+        """A typed client calling the app with ``token`` (the gateway's by default)."""
+        return TrainerClient(in_process(TestClient(self.raw.app, base_url="http://trainer", headers={"Authorization": f"Bearer {token}"}), token, "trainer"))
+
+    def new_run(self, budget_usd_micros: int = 1_000_000) -> RunContext:
+        ctx = RunContext(run_id=new_id("run"), task_id=new_id("bm"))
+        self.ledger.open_account(AccountCreate(account_id=ctx.run_id, budget_usd_micros=budget_usd_micros))
+        return ctx
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("trainer")
+    (tmp / "models").symlink_to(prepared_models(), target_is_directory=True)
+    ledger_app = create_ledger_app(LedgerSettings(database_url=f"sqlite:///{tmp}/ledger.sqlite", service_token="ledger-token",
+                                                  trusted_tokens={"trainer": TRAINER_TOKEN}))
+    settings = ServiceSettings(data_dir=tmp, service_token=TRAINER_TOKEN, reconcile_interval_s=3600,
+                               trusted_tokens={"gateway": GATEWAY_TOKEN, "inference": INFERENCE_TOKEN})
+    enqueued: list[str] = []
+    with TestClient(ledger_app, base_url="http://ledger", headers={"Authorization": f"Bearer {TRAINER_TOKEN}"}) as ledger_http, \
+            TestClient(create_app(settings), base_url="http://trainer") as raw:
+        trainer: Trainer = raw.app.state.trainer
+        trainer.ledger.close()
+        trainer.ledger = LedgerClient(in_process(ledger_http, TRAINER_TOKEN, "ledger"))
+        trainer.enqueue = enqueued.append
+        yield Served(raw=raw, trainer=trainer, ledger=trainer.ledger, enqueued=enqueued)
+
+
+@pytest.fixture(scope="module")
+def client(served: Served) -> TrainerClient:
+    return served.client()
+
+
+def job_request(datasets: list[str], **recipe: Any) -> TrainingJobCreate:
+    return TrainingJobCreate(model=MODEL, datasets=datasets, recipe=Recipe(**{"max_steps": 2, "batch_size": 2, **recipe}))
+
+
+def problem(exc: pytest.ExceptionInfo[UpstreamProblem], status: int) -> dict[str, Any]:
+    """The problem+json the trainer answered, checked to have ``status``."""
+    assert exc.value.status == status, exc.value.problem
+    return exc.value.problem
+
+
+def assert_problem(resp: httpx.Response, status: int) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"].startswith("application/problem+json")
+    return resp.json()
+
+
+# --------------------------------------------------------------------------- who may call
+
+
+@pytest.mark.parametrize(("method", "path"), ROUTES)
+def test_every_route_refuses_a_caller_without_a_trusted_service_token(served: Served, method: str, path: str) -> None:
+    ctx = RunContext(run_id=new_id("run"), task_id=new_id("bm"))
+    assert assert_problem(served.raw.request(method, path, headers=run_headers(ctx, GATEWAY_TOKEN)), 401)["code"] == "unauthorized"
+    wrong = {"Authorization": "Bearer not-a-service-token", **run_headers(ctx, "not-a-service-token")}
+    assert_problem(served.raw.request(method, path, headers=wrong), 401)
+
+
+@pytest.mark.parametrize(("method", "path"), RUN_ROUTES)
+def test_run_scoped_routes_refuse_a_call_without_a_run_context(served: Served, method: str, path: str) -> None:
+    body = assert_problem(served.raw.request(method, path, headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"}), 401)
+    assert "run context" in body["detail"]
+
+
+def test_a_run_context_signed_with_another_token_is_refused(served: Served) -> None:
+    ctx = RunContext(run_id=new_id("run"), task_id=new_id("bm"))
+    forged = {"Authorization": f"Bearer {GATEWAY_TOKEN}", **run_headers(ctx, INFERENCE_TOKEN)}
+    assert "signature" in assert_problem(served.raw.get("/internal/datasets", headers=forged), 401)["detail"]
+
+
+def test_the_api_description_is_served_only_to_a_trusted_service(served: Served) -> None:
+    assert_problem(served.raw.get("/openapi.json"), 401)
+    paths = served.raw.get("/openapi.json", headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"}).json()["paths"]
+    assert {p for p in paths if p.startswith("/internal")} == {path.replace("ds_x", "{dataset_id}").replace("job_x", "{job_id}").replace("ckpt_x", "{checkpoint_id}")
+                                                              for _, path in ROUTES}
+
+
+# --------------------------------------------------------------------------- datasets
+
+
+def test_an_uploaded_dataset_is_listed_read_and_returned_byte_for_byte(served: Served, client: TrainerClient) -> None:
+    ctx = served.new_run()
+    ds = client.upload_dataset(ctx, GOOD + GOOD, name="two.jsonl")
+    assert (ds.name, ds.format, ds.rows, ds.bytes) == ("two.jsonl", "messages", 2, len(GOOD) * 2)
+    assert client.upload_dataset(ctx, GOOD + GOOD).id == ds.id  # content-addressed: the same content is the same dataset
+    assert [d.id for d in client.list_datasets(ctx).data] == [ds.id]
+    assert client.get_dataset(ctx, ds.id) == ds
+    assert client.dataset_content(ctx, ds.id) == GOOD + GOOD
+    assert client.upload_dataset(ctx, GOOD).name == "dataset.jsonl"  # the route's default name
+
+
+def test_a_dataset_the_trainer_cannot_train_is_a_422_naming_line_and_field(served: Served, client: TrainerClient) -> None:
+    ctx = served.new_run()
+    with pytest.raises(UpstreamProblem) as exc:
+        client.upload_dataset(ctx, GOOD + b'{"messages": [{"role": "user", "content": "x"}, {"role": "assistant", "content": ""}]}\n')
+    assert (problem(exc, 422)["field"], exc.value.problem["line"]) == ("messages[1].content", 2)
+    headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}", **run_headers(ctx, GATEWAY_TOKEN)}
+    assert assert_problem(served.raw.post("/internal/datasets", headers=headers), 422)["field"] == "file"  # an empty body is an empty file
+    name = assert_problem(served.raw.post("/internal/datasets", params={"name": "n" * 201}, content=GOOD, headers=headers), 422)
+    assert name["field"] == "name"
+    assert client.list_datasets(ctx).data == []
+
+
+def test_another_runs_dataset_is_a_404(served: Served, client: TrainerClient) -> None:
+    ds = client.upload_dataset(served.new_run(), GOOD)
+    other = served.new_run()
+    for call in (client.get_dataset, client.dataset_content):
+        with pytest.raises(UpstreamProblem) as exc:
+            call(other, ds.id)
+        assert problem(exc, 404)["code"] == "not_found"
+    headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}", **run_headers(other, GATEWAY_TOKEN)}
+    assert_problem(served.raw.get(f"/internal/datasets/{ds.id}", headers=headers), 404)
+
+
+# --------------------------------------------------------------------------- jobs
+
+
+def test_a_job_is_held_for_on_the_ledger_queued_and_read_back(served: Served, client: TrainerClient) -> None:
+    ctx = served.new_run()
+    ds = client.upload_dataset(ctx, GOOD)
+    job = client.create_job(ctx, job_request([ds.id]), idempotency_key="train-1")
+    assert (job.status, job.model, job.datasets, job.estimated_tokens > 0) == ("queued", MODEL, [ds.id], True)
+    assert served.enqueued[-1] == job.id
+    [hold] = served.ledger.list_holds(ctx.run_id)
+    assert hold.status == HoldStatus.open and served.ledger.get_balance(ctx.run_id).held_usd_micros == hold.amount_usd_micros > 0
+
+    assert client.create_job(ctx, job_request([ds.id]), idempotency_key="train-1") == job  # a repeat: the same job, no second hold
+    assert len(served.ledger.list_holds(ctx.run_id)) == 1 and served.enqueued.count(job.id) == 1
+    with pytest.raises(UpstreamProblem) as exc:
+        client.create_job(ctx, job_request([ds.id], max_steps=3), idempotency_key="train-1")
+    assert problem(exc, 409)["code"] == "idempotency_key_reused"
+
+    assert [j.id for j in client.list_jobs(ctx).data] == [job.id]
+    assert client.get_job(ctx, job.id) == job
+    [validated] = client.job_events(ctx, job.id).data
+    assert (validated.type, validated.data["estimated_tokens"]) == ("validated", job.estimated_tokens)
+    assert client.job_events(ctx, job.id, after=validated.seq).data == []
+    assert client.job_checkpoints(ctx, job.id).data == []
+
+
+def test_a_job_the_budget_cannot_cover_is_the_ledgers_402_and_nothing_is_queued(served: Served, client: TrainerClient) -> None:
+    ctx = served.new_run(budget_usd_micros=0)
+    ds = client.upload_dataset(ctx, GOOD)
+    queued = list(served.enqueued)
+    with pytest.raises(UpstreamProblem) as exc:
+        client.create_job(ctx, job_request([ds.id]))
+    assert problem(exc, 402)["remaining_usd_micros"] == 0
+    assert client.list_jobs(ctx).data == [] and served.enqueued == queued
+
+
+@pytest.mark.parametrize(("body", "field"), [
+    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"epochs": 3}}, "recipe.epochs"),
+    ({"model": MODEL, "datasets": []}, "datasets"),
+    ({"model": "gpt-5", "datasets": ["ds_x"]}, "model"),
+    ({"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "datasets": ["ds_x"]}, "model"),
+    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"method": "dpo"}}, "recipe.method"),
+    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"adapter": "full"}}, "recipe.adapter"),
+])
+def test_a_job_request_the_trainer_cannot_run_is_a_422_naming_the_field(served: Served, body: dict[str, Any], field: str) -> None:
+    ctx = served.new_run()
+    headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}", **run_headers(ctx, GATEWAY_TOKEN)}
+    assert assert_problem(served.raw.post("/internal/jobs", json=body, headers=headers), 422)["field"] == field
+
+
+def test_a_job_on_a_dataset_not_the_runs_is_a_404(served: Served, client: TrainerClient) -> None:
+    ds = client.upload_dataset(served.new_run(), GOOD)
+    with pytest.raises(UpstreamProblem) as exc:
+        client.create_job(served.new_run(), job_request([ds.id]))
+    assert problem(exc, 404)["field"] == "datasets"
+
+
+@pytest.mark.parametrize("call", ["get_job", "job_events", "job_checkpoints", "cancel_job"])
+def test_another_runs_job_is_a_404(served: Served, client: TrainerClient, call: str) -> None:
+    ctx = served.new_run()
+    job = client.create_job(ctx, job_request([client.upload_dataset(ctx, GOOD).id]))
+    for run, job_id in ((served.new_run(), job.id), (ctx, "job_01jd3k4m5n6p7q8r9s0t1v2w3x")):
+        with pytest.raises(UpstreamProblem) as exc:
+            getattr(client, call)(run, job_id)
+        assert problem(exc, 404)["code"] == "not_found"
+
+
+def test_cancelling_a_queued_job_ends_it_and_gives_its_hold_back(served: Served, client: TrainerClient) -> None:
+    ctx = served.new_run()
+    job = client.create_job(ctx, job_request([client.upload_dataset(ctx, GOOD).id]))
+    cancelled = client.cancel_job(ctx, job.id)
+    assert (cancelled.status, cancelled.finished_at is not None) == ("cancelled", True)
+    assert [e.type for e in client.job_events(ctx, job.id).data] == ["validated", "cancel_requested", "cancelled"]
+    [hold] = served.ledger.list_holds(ctx.run_id)
+    balance = served.ledger.get_balance(ctx.run_id)
+    assert (hold.status, hold.charged_usd_micros, balance.held_usd_micros, balance.spent_usd_micros) == (HoldStatus.settled, 0, 0, 0)
+    with pytest.raises(UpstreamProblem) as exc:
+        client.cancel_job(ctx, job.id)
+    assert problem(exc, 409)["code"] == "conflict"
+
+
+# --------------------------------------------------------------------------- checkpoints
+
+
+def test_a_checkpoint_is_located_for_its_run_or_for_inference_and_is_a_404_for_another_run(served: Served, client: TrainerClient) -> None:
+    ctx = served.new_run()
+    job = client.create_job(ctx, job_request([client.upload_dataset(ctx, GOOD).id]))
+    ckpt_id = new_id("ckpt")
+    with served.trainer.db.session() as s:  # as the worker writes it at a step
+        s.add(Checkpoint(id=ckpt_id, job_id=job.id, run_id=ctx.run_id, step=1, base_model=MODEL, kind="lora",
+                         uri="file:///adapters/step-1", metrics={"trained_tokens": 10}, created_at=utcnow()))
+    [listed] = client.job_checkpoints(ctx, job.id).data
+    assert (listed.id, listed.step, listed.metrics) == (ckpt_id, 1, {"trained_tokens": 10})
+    assert client.get_job(ctx, job.id).latest_checkpoint == ckpt_id
+    record = client.get_checkpoint(ctx, ckpt_id)
+    assert (record.run_id, record.base_model, record.uri, record.kind, record.step) == (ctx.run_id, MODEL, "file:///adapters/step-1", "lora", 1)
+    assert served.client(INFERENCE_TOKEN).get_checkpoint(None, ckpt_id) == record  # without a run context, any run's checkpoint is found
+    for run, checkpoint_id in ((served.new_run(), ckpt_id), (ctx, new_id("ckpt"))):
+        with pytest.raises(UpstreamProblem) as exc:
+            client.get_checkpoint(run, checkpoint_id)
+        assert problem(exc, 404)["code"] == "not_found"
