@@ -1,17 +1,56 @@
-"""The grader's FastAPI app (``uvicorn grader.app:app``)."""
+"""The grader's FastAPI app (``uvicorn grader.app:app``).
+
+On start-up it migrates its database and builds the :class:`grader.service.Grader` (``app.state.grader``); while it
+runs, the reconciler takes back evaluations a dead worker left behind every ``reconcile_interval_s`` seconds.
+"""
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
+from contextlib import asynccontextmanager
 from pathlib import Path
 
-from grader import api, service
-from services.common.app import create_service_app
-from services.common.periodic import Periodic
+from fastapi import FastAPI
 
-app = create_service_app(
-    "grader", title="Crucible grader", migrations=(lambda: service.runtime().db.url, Path(__file__).parent / "migrations"),
-    description="Suites, the hidden test-set store, evaluations and submissions. Internal: reached through the gateway.",
-    docs_auth=api.auth.caller,
-    background=lambda: Periodic("grader.reconcile", service.runtime().settings.reconcile_interval_s, service.reconcile),
-)
-app.include_router(api.router)
+from grader import worker
+from grader.api import caller, router
+from grader.service import Grader
+from grader.settings import GraderSettings
+from services.common.app import create_service_app
+from services.common.db import migrate
+from services.common.periodic import Periodic
+from services.common.settings import ServiceSettings
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+
+
+def create_app(settings: GraderSettings | None = None, grader: Grader | None = None) -> FastAPI:
+    """Build the grader app. When it starts, its database is migrated and its :class:`Grader` built from ``settings``
+    (default: read from the environment then, which must hold the test seed), unless ``grader`` is given (a test's,
+    its clients on stand-ins; then it is in ``app.state`` at once)."""
+
+    @asynccontextmanager
+    async def lifespan(app: FastAPI) -> AsyncIterator[None]:
+        built = grader or Grader.from_settings(settings or GraderSettings())
+        migrate(built.settings.database_url_for("grader"), MIGRATIONS_DIR)
+        app.state.grader = built
+        loop = Periodic("grader.reconcile", built.settings.reconcile_interval_s, lambda: worker.reconcile(built)).start()
+        try:
+            yield
+        finally:
+            loop.stop()
+            if grader is None:
+                built.close()
+
+    app = create_service_app(
+        "grader", title="Crucible grader", lifespan=lifespan, log_level=(grader.settings if grader else settings or ServiceSettings()).log_level,
+        description="Suites, the hidden test-set store, evaluations and submissions. Internal: reached through the gateway.",
+        docs_auth=caller,
+    )
+    if grader is not None:
+        app.state.grader = grader
+    app.include_router(router)
+    return app
+
+
+app = create_app()

@@ -16,10 +16,14 @@ class Base(DeclarativeBase):
     pass
 
 
-class Benchmark(Base):
-    """A benchmark as the grader knows it: its grading spec (no test seed) and its baseline scores."""
+AGENT, PLATFORM = "agent", "platform"  # whose fault a failed evaluation is (Evaluation.failure_cause)
 
-    __tablename__ = "benchmarks"
+
+class GradingTask(Base):
+    """One task of a benchmark as the grader knows it (a benchmark of several tasks is several of these): its
+    grading spec (no test seed) and its baseline evaluations."""
+
+    __tablename__ = "grading_tasks"
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
@@ -30,10 +34,10 @@ class Benchmark(Base):
 
 class ValidationItem(Base):
     __tablename__ = "validation_items"
-    __table_args__ = (UniqueConstraint("benchmark_id", "item_id"),)
+    __table_args__ = (UniqueConstraint("task_id", "item_id"),)
 
     pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    benchmark_id: Mapped[str] = mapped_column(ForeignKey("benchmarks.id"), index=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("grading_tasks.id"), index=True)
     item_id: Mapped[str] = mapped_column(String(40))
     position: Mapped[int] = mapped_column(Integer)
     question: Mapped[str] = mapped_column(Text)
@@ -48,7 +52,7 @@ class Evaluation(JobColumns, Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     run_id: Mapped[str | None] = mapped_column(String(40), index=True, nullable=True)
-    benchmark_id: Mapped[str] = mapped_column(ForeignKey("benchmarks.id"), index=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("grading_tasks.id"), index=True)
     purpose: Mapped[str] = mapped_column(String(20))
     split: Mapped[str] = mapped_column(String(20))
     model: Mapped[str] = mapped_column(String(100))
@@ -60,7 +64,7 @@ class Evaluation(JobColumns, Base):
     hold_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)
-    # whose fault a failure is: "agent" (the evaluated system) or "platform" (grader, services, workers); None unless failed
+    # whose fault a failure is: AGENT (the evaluated system) or PLATFORM (grader, services, workers); None unless failed
     failure_cause: Mapped[str | None] = mapped_column(String(20), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
     started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
@@ -69,7 +73,7 @@ class Evaluation(JobColumns, Base):
 
 class Trajectory(Base):
     """One sample of one validation item: prompt, completion, extracted answer, score (and why it is 0 when the
-    suite's scorer raised on the answer: ``grader.service.score_item``)."""
+    suite's scorer raised on the answer: ``grader.scoring.score_item``)."""
 
     __tablename__ = "trajectories"
     __table_args__ = (UniqueConstraint("evaluation_id", "item_id", "sample"),)
@@ -96,10 +100,10 @@ class Submission(Base):
 
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(40), index=True)
-    benchmark_id: Mapped[str] = mapped_column(ForeignKey("benchmarks.id"), index=True)
+    task_id: Mapped[str] = mapped_column(ForeignKey("grading_tasks.id"), index=True)
     model: Mapped[str] = mapped_column(String(100))
     harness: Mapped[dict[str, Any]] = mapped_column(JSON)
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     evaluation_id: Mapped[str] = mapped_column(String(40))
-    contamination: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # grader.audit.ContaminationReport
+    contamination: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # grader.schemas.ContaminationReport
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -1,31 +1,31 @@
-"""Celery tasks of the grader (queue ``eval``). A message carries only the evaluation id."""
+"""Celery tasks of the grader (queue ``eval``; ``celery -A grader.tasks worker``): thin wrappers over
+:mod:`grader.worker`. A message carries only the evaluation id; the grader sends it by task name
+(``service.EVAL_TASK``), so nothing imports this module but the worker.
+"""
 
 from __future__ import annotations
 
 from celery.signals import worker_ready
 
-from services.common.celery_app import make_celery
+from grader import worker
+from grader.service import EVAL_TASK, Grader, evaluation_queue
+from grader.settings import GraderSettings
+from services.common.lazy import once
 from services.common.settings import ServiceSettings
 
-celery = make_celery("grader", ServiceSettings(), queue="eval")
+celery = evaluation_queue(ServiceSettings())
+grader = once(lambda: Grader.from_settings(GraderSettings(), celery))
+"""This worker process's :class:`Grader`, built on first use (its settings hold the test seed); it sends evaluations
+through this Celery app."""
 
 
-@celery.task(name="grader.run_evaluation")
+@celery.task(name=EVAL_TASK)
 def run_evaluation(eval_id: str) -> None:
     """Run evaluation ``eval_id`` (state lives in the grader database)."""
-    from grader.service import run_evaluation as run
-
-    run(eval_id)
-
-
-def enqueue_evaluation(eval_id: str) -> None:
-    """Queue evaluation ``eval_id`` on the ``eval`` queue."""
-    run_evaluation.apply_async(args=[eval_id], queue="eval")
+    worker.run_evaluation(grader(), eval_id)
 
 
 @worker_ready.connect
 def _reconcile(**_kwargs: object) -> None:
-    """On worker start, take back evaluations a dead worker left behind (see ``service.reconcile``)."""
-    from grader.service import reconcile
-
-    reconcile()
+    """On worker start, take back evaluations a dead worker left behind (see ``worker.reconcile``)."""
+    worker.reconcile(grader())

@@ -22,10 +22,10 @@ class TestBase(DeclarativeBase):
 
 class TestItem(TestBase):
     __tablename__ = "test_items"
-    __table_args__ = (UniqueConstraint("benchmark_id", "item_id"),)
+    __table_args__ = (UniqueConstraint("task_id", "item_id"),)
 
     pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
-    benchmark_id: Mapped[str] = mapped_column(String(40), index=True)
+    task_id: Mapped[str] = mapped_column(String(40), index=True)
     item_id: Mapped[str] = mapped_column(String(40))
     position: Mapped[int] = mapped_column(Integer)
     question: Mapped[str] = mapped_column(Text)
@@ -50,7 +50,7 @@ class TestOutcome(TestBase):
 
 
 class TestStore:
-    """Read and write the hidden split of each benchmark."""
+    """Read and write the hidden split of each grading task."""
 
     def __init__(self, url: str) -> None:
         self.db = Database(url)
@@ -61,16 +61,16 @@ class TestStore:
                 if path.exists():
                     path.chmod(0o600)
 
-    def put_items(self, benchmark_id: str, items: list[Item]) -> None:
-        """Store the benchmark's test items (once; a second call is a no-op)."""
+    def put_items(self, task_id: str, items: list[Item]) -> None:
+        """Store the task's test items (once; a second call is a no-op)."""
         with self.db.session() as s:
-            if s.scalar(select(TestItem.pk).where(TestItem.benchmark_id == benchmark_id).limit(1)) is not None:
+            if s.scalar(select(TestItem.pk).where(TestItem.task_id == task_id).limit(1)) is not None:
                 return
-            s.add_all(TestItem(benchmark_id=benchmark_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry) for i, it in enumerate(items))
+            s.add_all(TestItem(task_id=task_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry) for i, it in enumerate(items))
 
-    def items(self, benchmark_id: str) -> list[Item]:
+    def items(self, task_id: str) -> list[Item]:
         with self.db.session() as s:
-            rows = s.scalars(select(TestItem).where(TestItem.benchmark_id == benchmark_id).order_by(TestItem.position))
+            rows = s.scalars(select(TestItem).where(TestItem.task_id == task_id).order_by(TestItem.position))
             return [Item(id=r.item_id, question=r.question, answer=r.answer, entry=r.entry) for r in rows]
 
     def done(self, evaluation_id: str) -> dict[tuple[str, int], float]:

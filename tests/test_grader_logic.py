@@ -8,8 +8,9 @@ import math
 import pytest
 import reasoning_gym
 
+from grader.evaluations import check_evaluation_limits
 from grader.harness import apply_settings, check_harness, extract_answer, render_messages
-from grader.service import aggregate, check_evaluation_limits, pass_at_k
+from grader.scoring import aggregate, pass_at_k
 from grader.suites import get_suite
 from services.common.contracts import EvaluationLimits, EvaluationSettings, EvaluationUsage, Harness
 from services.common.errors import EvaluationRateLimited, FailedEvaluationLimit, Unprocessable

@@ -14,9 +14,9 @@ from __future__ import annotations
 import datetime as dt
 import json
 from collections.abc import Callable, Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, TypeVar
 
 import httpx
 import pytest
@@ -36,6 +36,7 @@ GATEWAY_TOKEN = "gateway-token-for-tests"
 RUN_KEY = "crk_submission-rules-test-key"
 UNKNOWN_MODEL = {"type": "urn:crucible:problem:invalid_input", "title": "Invalid input", "status": 422, "code": "invalid_input",
                  "detail": "unknown model 'ckpt_gone'", "field": "model"}
+T = TypeVar("T")
 INTERNAL_ERROR = {"type": "urn:crucible:problem:internal_error", "title": "Internal error", "status": 500, "code": "internal_error",
                   "detail": "unexpected RuntimeError; the error is logged"}
 
@@ -51,69 +52,71 @@ class Inference:
 
     def __call__(self, request: httpx.Request) -> httpx.Response:
         if request.method == "GET" and request.url.path.startswith("/internal/models/"):
-            return httpx.Response(200, json={"id": request.url.path.rsplit("/", 1)[1], "object": "model", "owned_by": "crucible"})
+            model = request.url.path.rsplit("/", 1)[1]
+            return httpx.Response(200, json={"id": model, "object": "model", "owned_by": "crucible", "base_model": model})
         assert (request.method, request.url.path) == ("POST", "/internal/chat/completions")
         self.calls += 1
-        prompt = json.loads(request.content)["messages"][-1]["content"]
+        body = json.loads(request.content)
+        prompt = body["messages"][-1]["content"]
         if self.problem is not None:
             return httpx.Response(self.problem["status"], json={**self.problem, "detail": self.problem["detail"].replace("{prompt}", prompt)})
-        return httpx.Response(200, json={"choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer(prompt)}}],
-                                         "usage": {"prompt_tokens": 10, "completion_tokens": 1}})
+        return httpx.Response(200, json={"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
+                                         "choices": [{"index": 0, "message": {"role": "assistant", "content": self.answer(prompt)}, "finish_reason": "stop"}],
+                                         "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}})
 
 
-def _client(name: str, handler: Callable[[httpx.Request], httpx.Response]) -> ServiceClient:
-    client = ServiceClient(f"http://{name}", "grader-token", name=name)
-    client.client = httpx.Client(base_url=f"http://{name}", transport=httpx.MockTransport(handler))
-    return client
+def stand_in(client: type[T], name: str, handler: Callable[[httpx.Request], httpx.Response]) -> T:
+    """``client`` (a typed service client) whose calls ``handler`` answers."""
+    http = ServiceClient(f"http://{name}", "grader-token", name=name)
+    http.client = httpx.Client(base_url=f"http://{name}", transport=httpx.MockTransport(handler))
+    return client(http)  # type: ignore[call-arg]
 
 
 @dataclass
-class Grader:
+class GraderRig:
+    """The grader's service object on its own databases, its evaluation queue a list."""
+
     inference: Inference
-    benchmark_id: str
+    service: Any  # grader.service.Grader
+    task_id: str
     tmp: Path
-    queue: list[str] = field(default_factory=list)
+    queue: list[str]
 
     @property
     def settings(self) -> Any:  # noqa: ANN401 - grader.settings.GraderSettings
-        from grader import service
-
-        return service.runtime().settings
+        return self.service.settings
 
     def ctx(self, run_id: str = "run_a") -> RunContext:
-        return RunContext(run_id=run_id, task_id=self.benchmark_id)
+        return RunContext(run_id=run_id, task_id=self.task_id)
 
     def submit(self, max_submissions: int = 1) -> SubmissionOut:
-        from grader import service
+        from grader import submissions
 
-        return service.create_submission(self.ctx(), SubmissionCreate(model=BASE), max_submissions)
+        return submissions.create_submission(self.service, self.ctx(), SubmissionCreate(model=BASE), max_submissions)
 
     def evaluation_of(self, sub: SubmissionOut) -> str:
-        from grader import service
         from grader.models import Submission
 
-        with service.runtime().db.session() as s:
+        with self.service.db.session() as s:
             return s.get(Submission, sub.id).evaluation_id  # type: ignore[union-attr]
 
     def grade(self, sub: SubmissionOut) -> SubmissionOut:
         """Run the submission's grading to its end, as the eval worker does with the message it got."""
-        from grader import service
+        from grader import worker
 
         eval_id = self.evaluation_of(sub)
         assert eval_id in self.queue
-        service.run_evaluation(eval_id)
+        worker.run_evaluation(self.service, eval_id)
         return self.get(sub)
 
     def get(self, sub: SubmissionOut) -> SubmissionOut:
-        from grader import service
+        from grader import submissions
 
-        return service.get_submission(self.ctx(), sub.id)
+        return submissions.get_submission(self.service, self.ctx(), sub.id)
 
     def test_items(self) -> dict[str, str]:
         """Question → reference answer of the hidden test split, in its order."""
-        from grader import service
-
-        return {it.question: it.answer for it in service.runtime().store.items(self.benchmark_id)}
+        return {it.question: it.answer for it in self.service.store.items(self.task_id)}
 
     def answer_right(self, n: int) -> None:
         """Inference answers the first ``n`` test items right and every other one wrong."""
@@ -123,40 +126,43 @@ class Grader:
 
 
 @pytest.fixture
-def grader(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> Iterator[Grader]:
-    from grader import service, tasks
+def grader(tmp_path: Path) -> Iterator[GraderRig]:
+    from inference_service.client import InferenceClient
+    from trainer_service.client import TrainerClient
+
+    from grader import grading_tasks, worker
+    from grader.service import Grader
     from grader.settings import GraderSettings
     from grader.teststore import TestStore
     from services.common.ids import new_id
+    from services.ledger.client import LedgerClient
 
     url = f"sqlite:///{tmp_path / 'grader.sqlite'}"
     migrate(url, ROOT / "grader" / "migrations")
     settings = GraderSettings(data_dir=tmp_path, grader_test_seed=1234, service_token="grader-token", trusted_tokens={"gateway": GATEWAY_TOKEN},
                               eval_concurrency=2)
-    inference = Inference()
-    rt = service.Runtime(settings=settings, db=Database(url), store=TestStore(f"sqlite:///{tmp_path / 'teststore.sqlite'}"),
-                         inference=_client("inference", inference),
-                         ledger=_client("ledger", lambda _r: httpx.Response(503, json={"status": 503, "detail": "test grading holds nothing"})),
-                         trainer=_client("trainer", lambda _r: httpx.Response(200, json={"object": "list", "data": []})))  # no datasets to audit
-    g = Grader(inference, new_id("bm"), tmp_path)
-    monkeypatch.setattr(service, "runtime", lambda: rt)
-    monkeypatch.setattr(tasks, "enqueue_evaluation", g.queue.append)
+    inference, queue = Inference(), []
+    service = Grader(settings=settings, db=Database(url), store=TestStore(f"sqlite:///{tmp_path / 'teststore.sqlite'}"),
+                     inference=stand_in(InferenceClient, "inference", inference),
+                     ledger=stand_in(LedgerClient, "ledger", lambda _r: httpx.Response(503, json={"status": 503, "detail": "test grading holds nothing"})),
+                     trainer=stand_in(TrainerClient, "trainer", lambda _r: httpx.Response(200, json={"object": "list", "data": []})),  # no datasets to audit
+                     enqueue=queue.append)
+    g = GraderRig(inference, service, new_id("bm"), tmp_path, queue)
     splits = {"train": {"seed": 11, "size": 40}, "validation": {"seed": 22, "size": 4}, "test": {"size": 6}}
-    service.register_benchmark(GradingSpec(task_id=g.benchmark_id, suite={**TEST_BENCHMARK["suite"], "splits": splits},
-                                           initial_system=TEST_BENCHMARK["initial_system"], reference_score=1.0,
-                                           evaluation=TEST_BENCHMARK["evaluation"]))
+    grading_tasks.register_task(service, GradingSpec(task_id=g.task_id, suite={**TEST_BENCHMARK["suite"], "splits": splits},
+                                                     initial_system=TEST_BENCHMARK["initial_system"], reference_score=1.0,
+                                                     evaluation=TEST_BENCHMARK["evaluation"]))
     for baseline in list(g.queue):  # the initial system answers every item wrong
         inference.answer = lambda _prompt: "no idea"
-        service.run_evaluation(baseline)
+        worker.run_evaluation(service, baseline)
     yield g
-    rt.db.engine.dispose()
-    rt.store.db.engine.dispose()
+    service.close()
 
 
 # --------------------------------------------------------------------------- whose fault, and what it costs
 
 
-def test_a_system_that_inference_refuses_is_the_agents_failure_and_uses_up_the_submission(grader: Grader) -> None:
+def test_a_system_that_inference_refuses_is_the_agents_failure_and_uses_up_the_submission(grader: GraderRig) -> None:
     grader.inference.problem = UNKNOWN_MODEL
     sub = grader.grade(grader.submit())
     assert (sub.status, sub.failure_cause, sub.counted) == ("failed", "agent", True)
@@ -165,7 +171,7 @@ def test_a_system_that_inference_refuses_is_the_agents_failure_and_uses_up_the_s
         grader.submit()
 
 
-def test_a_refusal_of_what_the_harness_sent_shows_the_field_but_not_inferences_detail(grader: Grader) -> None:
+def test_a_refusal_of_what_the_harness_sent_shows_the_field_but_not_inferences_detail(grader: GraderRig) -> None:
     """A refusal about the messages may count or quote a hidden test prompt: the agent reads which field, not the detail."""
     grader.inference.problem = {**UNKNOWN_MODEL, "status": 413, "detail": "the prompt 'Hidden question 17' is 9000 bytes", "field": "messages"}
     sub = grader.grade(grader.submit())
@@ -173,45 +179,45 @@ def test_a_refusal_of_what_the_harness_sent_shows_the_field_but_not_inferences_d
     assert sub.error == "inference refused the evaluated system (field messages)"
 
 
-def _inference_errs(grader: Grader, sub: SubmissionOut) -> None:
+def _inference_errs(grader: GraderRig, sub: SubmissionOut) -> None:
     grader.inference.problem = INTERNAL_ERROR
     grader.grade(sub)
 
 
-def _grader_code_raises(grader: Grader, sub: SubmissionOut) -> None:
-    from grader import service
+def _grader_code_raises(grader: GraderRig, sub: SubmissionOut) -> None:
+    from grader import worker
 
     def broken(*_args: object) -> None:
         raise ZeroDivisionError("a bug in the grader")
 
     with pytest.MonkeyPatch.context() as mp:
-        mp.setattr(service, "aggregate", broken)
+        mp.setattr(worker, "aggregate", broken)
         grader.grade(sub)
 
 
-def _reconciled(grader: Grader, sub: SubmissionOut, *, attempts: int, started_at: dt.datetime) -> None:
+def _reconciled(grader: GraderRig, sub: SubmissionOut, *, attempts: int, started_at: dt.datetime) -> None:
     """The grading runs on a worker elsewhere whose heartbeat stopped an hour ago; the reconciler runs a round."""
-    from grader import service
+    from grader import worker
     from grader.models import Evaluation
 
-    with service.runtime().db.session() as s:
+    with grader.service.db.session() as s:
         ev = s.get(Evaluation, grader.evaluation_of(sub))
         ev.status, ev.worker_id, ev.attempts, ev.started_at = "running", "elsewhere:1", attempts, started_at  # type: ignore[union-attr]
         ev.heartbeat_at = utcnow() - dt.timedelta(hours=1)  # type: ignore[union-attr]
-    report = service.reconcile()
+    report = worker.reconcile(grader.service)
     assert report.gave_up + report.timed_out == [grader.evaluation_of(sub)]
 
 
-def _worker_lost_past_its_retries(grader: Grader, sub: SubmissionOut) -> None:
+def _worker_lost_past_its_retries(grader: GraderRig, sub: SubmissionOut) -> None:
     _reconciled(grader, sub, attempts=grader.settings.job_max_attempts, started_at=utcnow())
 
 
-def _past_the_time_limit(grader: Grader, sub: SubmissionOut) -> None:
+def _past_the_time_limit(grader: GraderRig, sub: SubmissionOut) -> None:
     _reconciled(grader, sub, attempts=1, started_at=utcnow() - dt.timedelta(seconds=grader.settings.eval_time_limit_s + 60))
 
 
 @pytest.mark.parametrize("fault", [_inference_errs, _grader_code_raises, _worker_lost_past_its_retries, _past_the_time_limit])
-def test_a_grading_that_fails_by_the_platforms_fault_gives_the_submission_back(grader: Grader, fault: Callable[[Grader, SubmissionOut], None]) -> None:
+def test_a_grading_that_fails_by_the_platforms_fault_gives_the_submission_back(grader: GraderRig, fault: Callable[[GraderRig, SubmissionOut], None]) -> None:
     first = grader.submit()
     fault(grader, first)
     first = grader.get(first)
@@ -224,9 +230,9 @@ def test_a_grading_that_fails_by_the_platforms_fault_gives_the_submission_back(g
         grader.submit()
 
 
-def test_platform_failures_are_given_back_a_few_times_per_task_then_count(grader: Grader) -> None:
+def test_platform_failures_are_given_back_a_few_times_per_task_then_count(grader: GraderRig) -> None:
     """A free retry after every platform failure would be an oracle if a system's answers could cause one."""
-    from grader.service import FREE_PLATFORM_FAILURES
+    from grader.submissions import FREE_PLATFORM_FAILURES
 
     grader.inference.problem = INTERNAL_ERROR
     subs = [grader.grade(grader.submit()) for _ in range(FREE_PLATFORM_FAILURES)]
@@ -237,76 +243,74 @@ def test_platform_failures_are_given_back_a_few_times_per_task_then_count(grader
         grader.submit()
 
 
-def test_a_platform_failure_shows_the_agent_nothing_of_its_message(grader: Grader) -> None:
-    from grader import service
+def test_a_platform_failure_shows_the_agent_nothing_of_its_message(grader: GraderRig) -> None:
     from grader.models import Evaluation
 
     grader.inference.problem = {**INTERNAL_ERROR, "detail": "could not answer {prompt}"}  # a message that quotes the test item
     sub = grader.grade(grader.submit())
-    with service.runtime().db.session() as s:
+    with grader.service.db.session() as s:
         kept = s.scalar(select(Evaluation.error).where(Evaluation.id == grader.evaluation_of(sub)))
     assert any(question in kept for question in grader.test_items())  # the operator's record keeps it
     assert sub.failure_cause == "platform"
     assert not any(question in sub.model_dump_json() for question in grader.test_items())
 
 
-def test_a_platform_failed_validation_evaluation_does_not_count_against_failed_evaluations(grader: Grader) -> None:
-    from grader import service
+def test_a_platform_failed_validation_evaluation_does_not_count_against_failed_evaluations(grader: GraderRig) -> None:
+    from grader.evaluations import evaluation_usage
     from grader.models import Evaluation
 
-    with service.runtime().db.session() as s:
+    with grader.service.db.session() as s:
         for i, (status, cause) in enumerate([("failed", "platform"), ("failed", "agent"), ("cancelled", None)]):
-            s.add(Evaluation(id=f"eval_{i}", run_id="run_a", benchmark_id=grader.benchmark_id, purpose="validation", split="validation",
+            s.add(Evaluation(id=f"eval_{i}", run_id="run_a", task_id=grader.task_id, purpose="validation", split="validation",
                              model=BASE, harness={}, status=status, failure_cause=cause, items_total=4))
-    with service.runtime().db.session() as s:
-        usage, _ = service.evaluation_usage(s, "run_a")
+    with grader.service.db.session() as s:
+        usage, _ = evaluation_usage(s, "run_a")
     assert (usage.failed, usage.total) == (2, 3)
 
 
-def test_the_run_lists_whose_fault_each_failure_was_and_what_is_used_up(grader: Grader) -> None:
-    from grader import service
+def test_the_run_lists_whose_fault_each_failure_was_and_what_is_used_up(grader: GraderRig) -> None:
+    from grader import submissions
 
     grader.inference.problem = INTERNAL_ERROR
     grader.grade(grader.submit(max_submissions=3))
     grader.inference.problem = UNKNOWN_MODEL
     grader.grade(grader.submit(max_submissions=3))
     grader.submit(max_submissions=3)
-    subs = service.list_submissions(grader.ctx())
+    subs = submissions.list_submissions(grader.service, grader.ctx())
     assert [(s.status, s.failure_cause, s.counted) for s in subs] == [("failed", "platform", False), ("failed", "agent", True), ("queued", None, True)]
-    with service.runtime().db.session() as s:
-        assert service.counted_submissions(s, "run_a", grader.benchmark_id) == 2
+    with grader.service.db.session() as s:
+        assert submissions.counted_submissions(s, "run_a", grader.task_id) == 2
 
 
 # --------------------------------------------------------------------------- the leaderboard
 
 
 @pytest.fixture
-def gateway(grader: Grader, monkeypatch: pytest.MonkeyPatch) -> Iterator[TestClient]:
-    """The gateway's app (its real leaderboard and run routes, its runtime built as it builds it) reading the
-    grader's real API in process; the ledger answers the run's account, the trainer and inference are not called."""
-    from gateway import service as gw
-    from gateway.app import app as gateway_app
+def gateway(grader: GraderRig) -> Iterator[TestClient]:
+    """The gateway's app (its real leaderboard and run routes, its service object built as it builds it) reading the
+    grader's real app in process; the ledger answers the run's account, the trainer and inference are not called."""
+    from gateway.app import create_app as gateway_app
     from gateway.models import Benchmark, Run
-    from grader.app import app as grader_app
+    from gateway.settings import GatewaySettings
+    from grader.app import create_app as grader_app
 
-    for name, value in {"DATA_DIR": str(grader.tmp), "ADMIN_KEY": "admin-key-for-the-tests", "SERVICE_TOKEN": GATEWAY_TOKEN, "RATE_LIMITS": ""}.items():
-        monkeypatch.setenv(f"CRUCIBLE_{name}", value)
-    rt = gw.runtime.__wrapped__()  # a fresh runtime, not the process's
-    migrate(rt.db.url, ROOT / "gateway" / "migrations")
-    account = {"budget_usd_micros": 1_000_000, "remaining_usd_micros": 750_000, "held_usd_micros": 0, "spent_usd_micros": 250_000,
-               "spent_by_kind": {}, "usage_by_kind": {}}
+    settings = GatewaySettings(data_dir=grader.tmp, admin_key="admin-key-for-the-tests", service_token=GATEWAY_TOKEN, rate_limits="")
+    account = {"account_id": "run_a", "budget_usd_micros": 1_000_000, "remaining_usd_micros": 750_000, "held_usd_micros": 0,
+               "spent_usd_micros": 250_000, "spent_by_kind": {}, "usage_by_kind": {}, "price_version": "test"}
     refuse = httpx.MockTransport(lambda _r: httpx.Response(500, json={"status": 500, "detail": "not called"}))
-    for client, transport in ((rt.grader, httpx.ASGITransport(app=grader_app)), (rt.trainer, refuse), (rt.inference, refuse),
-                              (rt.ledger, httpx.MockTransport(lambda _r: httpx.Response(200, json=account)))):
-        client.client = httpx.AsyncClient(base_url=client.client.base_url, headers=client.client.headers, transport=transport)
-    monkeypatch.setattr(gw, "runtime", lambda: rt)
-    with rt.db.session() as s:
-        s.add(Benchmark(id=grader.benchmark_id, name="chain-sum-rules", spec=TEST_BENCHMARK))
-        s.flush()
-        s.add(Run(id="run_a", benchmark_id=grader.benchmark_id, agent_name="agent-a", track="joint", key_hash=hash_secret(RUN_KEY), key_prefix=RUN_KEY[:8],
-                  budget_usd_micros=1_000_000, deadline_at=utcnow() + dt.timedelta(hours=1)))
-    yield TestClient(gateway_app)
-    rt.db.engine.dispose()
+    app = gateway_app(settings)
+    with TestClient(app) as client:
+        gw = app.state.gateway
+        for service, transport in ((gw.grader, httpx.ASGITransport(app=grader_app(grader=grader.service))), (gw.trainer, refuse), (gw.inference, refuse),
+                                   (gw.ledger, httpx.MockTransport(lambda _r: httpx.Response(200, json=account)))):
+            http = service.http.client
+            service.http.client = httpx.AsyncClient(base_url=http.base_url, headers=http.headers, transport=transport)
+        with gw.db.session() as s:
+            s.add(Benchmark(id=grader.task_id, name="chain-sum-rules", spec=TEST_BENCHMARK))
+            s.flush()
+            s.add(Run(id="run_a", benchmark_id=grader.task_id, agent_name="agent-a", track="joint", key_hash=hash_secret(RUN_KEY), key_prefix=RUN_KEY[:8],
+                      budget_usd_micros=1_000_000, deadline_at=utcnow() + dt.timedelta(hours=1)))
+        yield client
 
 
 def _row(gateway: TestClient) -> dict[str, Any]:
@@ -320,7 +324,7 @@ def _shown(gateway: TestClient) -> tuple[Any, ...]:
     return row["submission_id"], row["status"], row["final_score"], row["gap_closed"], row["rank"]
 
 
-def test_the_leaderboard_keeps_the_latest_graded_submission_while_a_later_one_is_queued_or_fails(grader: Grader, gateway: TestClient) -> None:
+def test_the_leaderboard_keeps_the_latest_graded_submission_while_a_later_one_is_queued_or_fails(grader: GraderRig, gateway: TestClient) -> None:
     grader.answer_right(3)
     a = grader.grade(grader.submit(max_submissions=5))
     assert a.score is not None and a.score.value == 0.5
@@ -346,7 +350,7 @@ def test_the_leaderboard_keeps_the_latest_graded_submission_while_a_later_one_is
     assert _shown(gateway) == (e.id, "graded", 0.0, 0.0, 1)
 
 
-def test_a_run_without_a_graded_submission_shows_its_latest_ones_status(grader: Grader, gateway: TestClient) -> None:
+def test_a_run_without_a_graded_submission_shows_its_latest_ones_status(grader: GraderRig, gateway: TestClient) -> None:
     sub = grader.submit(max_submissions=2)
     assert _shown(gateway) == (sub.id, "queued", None, None, None)
     grader.inference.problem = UNKNOWN_MODEL
@@ -354,7 +358,7 @@ def test_a_run_without_a_graded_submission_shows_its_latest_ones_status(grader: 
     assert _shown(gateway) == (sub.id, "failed", None, None, None)
 
 
-def test_the_run_card_counts_the_submissions_used_up_and_the_gateway_refuses_past_them(grader: Grader, gateway: TestClient) -> None:
+def test_the_run_card_counts_the_submissions_used_up_and_the_gateway_refuses_past_them(grader: GraderRig, gateway: TestClient) -> None:
     agent = {"Authorization": f"Bearer {RUN_KEY}"}
 
     def used() -> dict[str, int]:

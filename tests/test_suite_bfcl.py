@@ -24,7 +24,7 @@ from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 from inference_service.engine import TOOLS_HEADER, GenerationRequest, TransformersEngine, template_renders_tools
 from pydantic import ValidationError
 
-from grader.service import score_item
+from grader.scoring import score_item
 from grader.suites import Item, get_suite, suite_tools
 from grader.suites.bfcl import BFCL_CATEGORY, CATEGORIES, CHECKER_MODEL, ast_checker, decode_calls, load_category
 from services.common.contracts import MAX_PROMPT_CHARS, ChatCompletionRequest
@@ -285,13 +285,13 @@ def test_tools_reach_the_prompt_and_are_counted(engine: TransformersEngine) -> N
 
 
 def test_the_grader_holds_enough_for_the_tools(engine: TransformersEngine) -> None:
+    from grader.evaluations import prompt_upper_bound
     from grader.harness import render_messages
-    from grader.service import _prompt_upper_bound
 
     for item in SUITE.generate(ALL, 5, 12, split="validation"):
         tools = SUITE.tools(item)
         actual = engine.count_prompt_tokens(render_messages(SUITE.default_harness, item.question), tools)
-        assert actual <= _prompt_upper_bound(SUITE.default_harness, item.question, tools), item.id
+        assert actual <= prompt_upper_bound(SUITE.default_harness, item.question, tools), item.id
 
 
 def test_a_template_that_renders_tools_gets_them(engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch) -> None:

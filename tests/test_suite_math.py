@@ -17,7 +17,7 @@ import sympy
 from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
 from grader.harness import check_harness, extract_answer
-from grader.service import score_item
+from grader.scoring import score_item
 from grader.suites import Item, get_suite
 from grader.suites.math import MathSuite, champ_problems, math_families
 from services.common.errors import Unprocessable

@@ -1,0 +1,161 @@
+"""Validation evaluations: admission (the model exists, the harness is sound, the run's limits allow one more, the
+worst case is held on the run's budget), the run's usage of its allowance, and reading its evaluations back."""
+
+from __future__ import annotations
+
+import datetime as dt
+import json
+import math
+from typing import Any
+
+from sqlalchemy import select
+from sqlalchemy.orm import Session, object_session
+
+from grader import repository
+from grader.grading_tasks import harness_for
+from grader.harness import check_harness, render_messages
+from grader.models import PLATFORM, Evaluation, Trajectory
+from grader.service import Grader
+from grader.suites import get_suite, suite_tools
+from services.common.auth import RunContext
+from services.common.contracts import EvaluationCreate, EvaluationLimits, EvaluationOut, EvaluationUsage, Harness, Score, TrajectoryOut
+from services.common.db import serialize, utcnow
+from services.common.errors import EvaluationRateLimited, FailedEvaluationLimit, Unprocessable, UpstreamProblem
+from services.common.ids import new_id
+from services.ledger.schemas import HoldCreate, HoldRelease, UsageItem, UsageKind
+
+PROMPT_OVERHEAD_TOKENS = 64  # chat-template tokens added around the rendered messages (upper bound)
+TOOLS_OVERHEAD_TOKENS = 256  # tokens a chat template (or inference's tools system message) adds around the tools' JSON (upper bound)
+
+
+def check_model(grader: Grader, ctx: RunContext, model: str) -> None:
+    """Raise ``Unprocessable`` (field ``model``) unless inference serves ``model`` to the run: a base model or one of
+    its checkpoints."""
+    try:
+        grader.inference.get_model(ctx, model)
+    except UpstreamProblem as exc:
+        if exc.status == 404:
+            raise Unprocessable(f"unknown model {model!r}: not a served base model nor one of this run's checkpoints", field="model") from exc
+        raise
+
+
+def prompt_upper_bound(harness: Harness, question: str, tools: list[dict[str, Any]] | None = None) -> int:
+    """Upper bound of a call's prompt tokens: bytes of the messages and of the ``tools`` as JSON (a BPE token is
+    ≥ 1 byte; ASCII-escaped JSON is never shorter than the UTF-8 text inference renders) + template overhead."""
+    tools_bound = len(json.dumps(tools).encode()) + TOOLS_OVERHEAD_TOKENS if tools else 0
+    return sum(len(m["content"].encode()) for m in render_messages(harness, question)) + tools_bound + PROMPT_OVERHEAD_TOKENS
+
+
+def evaluation_usage(s: Session, run_id: str, now: dt.datetime | None = None) -> tuple[EvaluationUsage, list[dt.datetime]]:
+    """The run's use of its evaluation allowance, and the start times of its counted evaluations (newest first)."""
+    now = now or utcnow()
+    rows = s.execute(select(Evaluation.status, Evaluation.created_at, Evaluation.failure_cause).where(repository.of_run_validation(run_id))).all()
+    counted = sorted((created for status, created, _ in rows if status not in ("failed", "cancelled")), reverse=True)
+    usage = EvaluationUsage(
+        last_hour=sum(1 for c in counted if c > now - dt.timedelta(hours=1)),
+        last_day=sum(1 for c in counted if c > now - dt.timedelta(days=1)),
+        active=sum(1 for status, _, _ in rows if status in ("queued", "running")),
+        failed=sum(1 for status, _, cause in rows if status in ("failed", "cancelled") and cause != PLATFORM),
+        total=len(rows),
+    )
+    return usage, counted
+
+
+def check_evaluation_limits(usage: EvaluationUsage, counted: list[dt.datetime], limits: EvaluationLimits, now: dt.datetime) -> None:
+    """Raise if one more validation evaluation would break ``limits``.
+
+    ``FailedEvaluationLimit`` (403) when the failed/cancelled cap is used up; ``EvaluationRateLimited``
+    (429, ``retry_after_s``: seconds until the window frees a slot, or 30 while evaluations are running)
+    for the per-hour, per-day and concurrency limits. The problem's ``limit`` names the limit.
+    """
+    if limits.failed is not None and usage.failed >= limits.failed:
+        raise FailedEvaluationLimit(f"this run has had {usage.failed} failed or cancelled evaluations; the benchmark allows {limits.failed}",
+                                    limit="failed_evaluations")
+    if limits.concurrent is not None and usage.active >= limits.concurrent:
+        raise EvaluationRateLimited(f"{usage.active} evaluations are queued or running; the benchmark allows {limits.concurrent} at once",
+                                    limit="concurrent_evaluations", retry_after_s=30)
+    for name, allowed, used, window in (("validation_evaluations_per_hour", limits.per_hour, usage.last_hour, dt.timedelta(hours=1)),
+                                        ("validation_evaluations_per_day", limits.per_day, usage.last_day, dt.timedelta(days=1))):
+        if allowed is not None and used >= allowed:
+            frees_at = counted[allowed - 1] + window if allowed else now + window  # the oldest evaluation inside the window
+            raise EvaluationRateLimited(f"{used} validation evaluations in the last {window}; the benchmark allows {allowed}",
+                                        limit=name, retry_after_s=max(1, math.ceil((frees_at - now).total_seconds())))
+
+
+def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, limits: EvaluationLimits | None = None) -> EvaluationOut:
+    """Queue a validation evaluation after holding its worst-case inference cost on the run's budget.
+
+    Raises ``Unprocessable`` (model, harness), ``EvaluationRateLimited``/``FailedEvaluationLimit``
+    (``limits``, checked before the hold and again, serialized per run, when the row is written), and
+    passes the ledger's 402 through; when refused, nothing is written and no money stays held.
+    """
+    limits = limits or EvaluationLimits()
+    with grader.db.session() as s:
+        spec = repository.spec(s, ctx.task_id)
+        items = repository.validation_items(s, ctx.task_id)
+        check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
+    if req.harness is not None:
+        check_harness(req.harness)
+    check_model(grader, ctx, req.model)
+    harness = harness_for(spec, req.harness)
+    items = items[: req.limit] if req.limit else items
+    k = spec.evaluation.samples
+    suite = get_suite(spec.suite.name)
+    prefill = sum(prompt_upper_bound(harness, it.question, suite_tools(suite, it)) for it in items) * k
+    decode = harness.max_tokens * len(items) * k
+    eval_id = new_id("eval")
+    base = spec.initial_system.model
+    hold = grader.ledger.create_hold(HoldCreate(
+        account_id=ctx.run_id, purpose=f"validation evaluation {eval_id}", idempotency_key=f"hold:{eval_id}",
+        ttl_s=int(grader.settings.eval_time_limit_s) + 3600,  # outlives the evaluation's time limit: expires only if orphaned
+        usage=[UsageItem(kind=UsageKind.prefill_tokens, quantity=prefill, model=base), UsageItem(kind=UsageKind.decode_tokens, quantity=decode, model=base)],
+    ))
+    try:
+        with grader.db.session() as s:
+            serialize(s, f"evaluations:{ctx.run_id}")  # the re-check and the insert are one step per run
+            check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
+            repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="validation", split="validation", model=req.model, harness=harness,
+                                      items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id)
+            s.flush()
+            out = evaluation_out(s.get(Evaluation, eval_id))  # type: ignore[arg-type]
+    except Exception:
+        grader.ledger.release_hold(hold.hold_id, HoldRelease(idempotency_key=f"release:{eval_id}"))
+        raise
+    grader.enqueue(eval_id)
+    return out
+
+
+def evaluation_out(ev: Evaluation) -> EvaluationOut:
+    """The wire form of ``ev`` (read in its session)."""
+    task = repository.spec(object_session(ev), ev.task_id).task  # type: ignore[arg-type]
+    return EvaluationOut(id=ev.id, status=ev.status, task=task, split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
+                         items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
+                         attempts=ev.attempts, error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)
+
+
+def usage_of(grader: Grader, ctx: RunContext) -> EvaluationUsage:
+    """The run's evaluation usage (for its run card)."""
+    with grader.db.session() as s:
+        return evaluation_usage(s, ctx.run_id)[0]
+
+
+def get_evaluation(grader: Grader, ctx: RunContext, eval_id: str) -> EvaluationOut:
+    """One of the run's validation evaluations; raises ``NotFound`` for any other id."""
+    with grader.db.session() as s:
+        return evaluation_out(repository.owned_evaluation(s, ctx, eval_id))
+
+
+def list_evaluations(grader: Grader, ctx: RunContext) -> list[EvaluationOut]:
+    """The run's validation evaluations, oldest first."""
+    with grader.db.session() as s:
+        return [evaluation_out(e) for e in s.scalars(select(Evaluation).where(repository.of_run_validation(ctx.run_id)).order_by(Evaluation.id))]
+
+
+def trajectories(grader: Grader, ctx: RunContext, eval_id: str) -> list[TrajectoryOut]:
+    """Per-item trajectories of one of the run's validation evaluations; raises ``NotFound`` for any other id."""
+    with grader.db.session() as s:
+        repository.owned_evaluation(s, ctx, eval_id)
+        rows = s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id).order_by(Trajectory.item_id, Trajectory.sample))
+        return [TrajectoryOut(item_id=t.item_id, sample=t.sample, question=t.question, messages=t.messages, completion=t.completion,  # type: ignore[arg-type]
+                              answer=t.answer, expected=t.expected, score=t.score, score_error=t.score_error, prompt_tokens=t.prompt_tokens,
+                              completion_tokens=t.completion_tokens) for t in rows]

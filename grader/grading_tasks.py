@@ -1,0 +1,111 @@
+"""Grading tasks: registering one (its splits, the hidden test split into the test store, its baseline evaluations
+queued), its status, its public training pool and its validation items.
+
+Splits (:mod:`grader.splits`): validation and the training pool are drawn from public seeds alone; the hidden test
+split (seed from the grader's configuration only) is drawn around them, so no public answer depends on it.
+"""
+
+from __future__ import annotations
+
+import structlog
+
+from grader import repository, splits
+from grader.harness import apply_settings, check_harness
+from grader.models import Evaluation, GradingTask, ValidationItem
+from grader.schemas import TaskRegistered
+from grader.service import Grader
+from grader.suites import Item, get_suite
+from services.common.auth import RunContext
+from services.common.contracts import GradingSpec, GradingTaskStatus, Harness, Score, SuiteItemOut, SystemSpec
+from services.common.db import utcnow
+
+log = structlog.get_logger("grader")
+
+TRAIN_POOLS_KEPT = 16  # training pools a grader keeps in memory (the last read)
+
+
+def harness_for(spec: GradingSpec, harness: Harness | None) -> Harness:
+    """``harness`` (``None``: the suite's default) with the task's evaluation settings applied."""
+    return apply_settings(harness or get_suite(spec.suite.name).default_harness, spec.evaluation)
+
+
+def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
+    """Create the task's splits and queue its baseline evaluations; idempotent on ``spec.task_id``. Returns its status
+    with ``warnings`` for the operator (a task small enough to enumerate), which depend on public inputs only (none
+    when the task was registered before).
+
+    Raises ``Unprocessable`` naming the field for an unknown suite, bad suite params, a bad harness, or a split
+    larger than the task space allows.
+    """
+    with grader.db.session() as s:
+        if s.get(GradingTask, spec.task_id) is not None:
+            return TaskRegistered(**task_status(grader, spec.task_id).model_dump())
+    suite = get_suite(spec.suite.name)
+    suite.check_params(spec.suite.params)
+    for system in (spec.initial_system, spec.reference_system):
+        if system and system.harness:
+            check_harness(system.harness)
+    validation = splits.validation_split(spec)
+    test = splits.test_split(spec, splits.test_seed(grader.settings.grader_test_seed, spec), validation + splits.training_pool(spec, validation))
+    grader.store.put_items(spec.task_id, test)
+    warning = splits.enumerable_warning(spec, splits.item_space(spec))
+    if warning:
+        log.warning("enumerable task", task_id=spec.task_id, warning=warning)
+    with grader.db.session() as s:
+        task = GradingTask(id=spec.task_id, spec=spec.model_dump(mode="json"), created_at=utcnow())
+        s.add(task)
+        s.flush()
+        s.add_all(ValidationItem(task_id=spec.task_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry)
+                  for i, it in enumerate(validation))
+        baseline = {"run_id": None, "split": "test", "items_total": len(test)}
+        task.initial_evaluation_id = repository.add_evaluation(s, spec, purpose="initial", model=spec.initial_system.model,
+                                                               harness=harness_for(spec, spec.initial_system.harness), **baseline)
+        if spec.reference_system is not None:
+            task.reference_evaluation_id = repository.add_evaluation(s, spec, purpose="reference", model=spec.reference_system.model,
+                                                                     harness=harness_for(spec, spec.reference_system.harness), **baseline)
+        queued = [e for e in (task.initial_evaluation_id, task.reference_evaluation_id) if e]
+    for eval_id in queued:
+        grader.enqueue(eval_id)
+    return TaskRegistered(**task_status(grader, spec.task_id).model_dump(), warnings=[warning] if warning else [])
+
+
+def task_status(grader: Grader, task_id: str) -> GradingTaskStatus:
+    """The task's split sizes and its baselines' test scores and states; raises ``NotFound`` unless it is registered."""
+    with grader.db.session() as s:
+        task = repository.grading_task(s, task_id)
+        spec = GradingSpec.model_validate(task.spec)
+        initial = s.get(Evaluation, task.initial_evaluation_id) if task.initial_evaluation_id else None
+        reference = s.get(Evaluation, task.reference_evaluation_id) if task.reference_evaluation_id else None
+        declared = (Score(value=spec.reference_score, n=0, metric=spec.evaluation.metric, k=spec.evaluation.samples)
+                    if spec.reference_score is not None else None)
+        return GradingTaskStatus(
+            benchmark_id=task_id, validation_items=repository.count_validation_items(s, task_id), test_items=spec.suite.splits.test.size,
+            initial=initial.score if initial else None, initial_status=initial.status if initial else None,  # type: ignore[arg-type]
+            reference=reference.score if reference else declared,  # type: ignore[arg-type]
+            reference_status=reference.status if reference else ("declared" if declared else None),  # type: ignore[arg-type]
+            initial_system=SystemSpec(model=spec.initial_system.model, harness=harness_for(spec, spec.initial_system.harness)),
+        )
+
+
+def train_pool(grader: Grader, task_id: str) -> list[Item]:
+    """The task's public training pool (:func:`grader.splits.training_pool`): a function of the benchmark file alone,
+    never of the test split. Kept in ``grader.train_pools`` (the last :data:`TRAIN_POOLS_KEPT` read)."""
+    pool = grader.train_pools.get(task_id)
+    if pool is None:
+        with grader.db.session() as s:
+            spec, validation = repository.spec(s, task_id), repository.validation_items(s, task_id)
+        pool = grader.train_pools[task_id] = splits.training_pool(spec, validation)
+        while len(grader.train_pools) > TRAIN_POOLS_KEPT:
+            grader.train_pools.pop(next(iter(grader.train_pools)), None)
+    return pool
+
+
+def train_sample(grader: Grader, ctx: RunContext, offset: int, limit: int) -> list[SuiteItemOut]:
+    """Items ``[offset, offset+limit)`` of the run's task's training pool (question + answer)."""
+    return [SuiteItemOut(id=it.id, question=it.question, answer=it.answer) for it in train_pool(grader, ctx.task_id)[offset:offset + limit]]
+
+
+def validation_items(grader: Grader, ctx: RunContext) -> list[SuiteItemOut]:
+    """Every visible validation item of the run's task."""
+    with grader.db.session() as s:
+        return [SuiteItemOut(id=it.id, question=it.question, answer=it.answer) for it in repository.validation_items(s, ctx.task_id)]

@@ -1,0 +1,130 @@
+"""Final submissions: recording one under the task's limit, its wire form (whose fault a failed grading was, whether
+it counts), and the leaderboard's choice of the submission that counts per run and task."""
+
+from __future__ import annotations
+
+from sqlalchemy import func, select
+from sqlalchemy.orm import Session
+
+from grader import repository
+from grader.evaluations import check_model
+from grader.grading_tasks import harness_for
+from grader.harness import check_harness
+from grader.models import AGENT, PLATFORM, Evaluation, Submission
+from grader.schemas import ContaminationReport, LeaderboardEntry
+from grader.service import Grader
+from services.common.auth import RunContext
+from services.common.contracts import Harness, Score, SubmissionCreate, SubmissionOut
+from services.common.db import serialize, utcnow
+from services.common.errors import SubmissionLimitReached
+from services.common.ids import new_id
+
+FREE_PLATFORM_FAILURES = 3  # per run and task: platform-failed gradings given back; later ones count (no free oracle)
+
+
+def submission_out(s: Session, sub: Submission) -> SubmissionOut:
+    """The wire form of ``sub``. A failure says whose fault it was. Its text is never a function of the test split:
+    an agent failure shows what inference refused (:func:`public_refusal`), a platform failure only that the
+    submission was given back; both stay whole in the grader's records."""
+    ev = s.get(Evaluation, sub.evaluation_id)
+    status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")  # type: ignore[union-attr]
+    cause = ev.failure_cause if status == "failed" else None  # type: ignore[union-attr]
+    counted = cause != PLATFORM or _platform_failures(s, sub.run_id, sub.task_id, up_to=sub.id) > FREE_PLATFORM_FAILURES
+    if cause == AGENT:
+        error = public_refusal(ev.error or "")  # type: ignore[union-attr]
+    elif cause == PLATFORM:
+        error = "grading failed on the platform's side; " + ("this submission does not count against the task's final submissions" if not counted else
+                                                             f"it counts: the task had more than {FREE_PLATFORM_FAILURES} such failures")
+    else:
+        error = None
+    return SubmissionOut(id=sub.id, status=status, task=repository.spec(s, sub.task_id).task, model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
+                         score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=counted,  # type: ignore[union-attr, arg-type]
+                         created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
+
+
+def public_refusal(error: str) -> str:
+    """What a submission shows of inference's refusal: the whole of it when it concerns the submitted ``model`` (the
+    same for every item), else only which field was refused, not inference's detail (which may count or quote a
+    test prompt)."""
+    head, _, _detail = error.partition(": ")
+    return error if head.endswith("(field model)") else head
+
+
+def _platform_failures(s: Session, run_id: str, task_id: str, up_to: str | None = None) -> int:
+    """The run's submissions for the task whose grading failed by the platform's fault (those up to id ``up_to``)."""
+    query = (select(func.count()).select_from(Submission).join(Evaluation, Evaluation.id == Submission.evaluation_id)
+             .where(Submission.run_id == run_id, Submission.task_id == task_id, Evaluation.status == "failed",
+                    Evaluation.failure_cause == PLATFORM))
+    return s.scalar(query.where(Submission.id <= up_to) if up_to else query) or 0
+
+
+def counted_submissions(s: Session, run_id: str, task_id: str) -> int:
+    """How many of the run's final submissions for the task are used up: every submission except those whose grading
+    failed by the platform's fault (queued, running, graded, failed by the agent's), and those too past the first
+    :data:`FREE_PLATFORM_FAILURES` (were a platform failure ever triggered by what a system answers, each free retry
+    would tell the agent something about the hidden split)."""
+    made = s.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == run_id, Submission.task_id == task_id)) or 0
+    return made - min(_platform_failures(s, run_id, task_id), FREE_PLATFORM_FAILURES)
+
+
+def create_submission(grader: Grader, ctx: RunContext, req: SubmissionCreate, max_submissions: int) -> SubmissionOut:
+    """Record the run's final system and queue its grading on the hidden test split (not charged).
+
+    Raises ``Forbidden`` (code ``submission_limit``) when ``max_submissions`` of the task (``ctx.task_id``)
+    are used up (see :func:`counted_submissions`) and ``Unprocessable`` for an unknown model or a bad harness.
+    """
+    if req.harness is not None:
+        check_harness(req.harness)
+    check_model(grader, ctx, req.model)
+    with grader.db.session() as s:
+        serialize(s, f"submissions:{ctx.run_id}")  # two submissions at once cannot both see one left
+        spec = repository.spec(s, ctx.task_id)
+        if counted_submissions(s, ctx.run_id, ctx.task_id) >= max_submissions:
+            raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s) for task {spec.task!r} "
+                                         "(a grading that failed by the platform's fault is given back)", limit=max_submissions)
+        harness = harness_for(spec, req.harness)
+        eval_id = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="submission", split="test", model=req.model, harness=harness,
+                                            items_total=spec.suite.splits.test.size)
+        sub = Submission(id=new_id("sub"), run_id=ctx.run_id, task_id=ctx.task_id, model=req.model, harness=harness.model_dump(),
+                         note=req.note, evaluation_id=eval_id, created_at=utcnow())
+        s.add(sub)
+        s.flush()
+        out = submission_out(s, sub)
+    grader.enqueue(eval_id)
+    return out
+
+
+def get_submission(grader: Grader, ctx: RunContext, sub_id: str) -> SubmissionOut:
+    """One of the run's submissions; raises ``NotFound`` for any other id."""
+    with grader.db.session() as s:
+        return submission_out(s, repository.owned_submission(s, ctx, sub_id))
+
+
+def list_submissions(grader: Grader, ctx: RunContext) -> list[SubmissionOut]:
+    """The run's submissions, oldest first."""
+    with grader.db.session() as s:
+        return [submission_out(s, sub) for sub in s.scalars(select(Submission).where(Submission.run_id == ctx.run_id).order_by(Submission.id))]
+
+
+def leaderboard_entries(grader: Grader) -> list[LeaderboardEntry]:
+    """Per run and task, the submission that counts on the leaderboard, with its aggregate test score (no per-item data).
+
+    The run's latest graded submission counts (EvalAI's default): a later one that is queued, running or failed
+    leaves the row as it was. Until one is graded, the latest submission stands in (its status shows progress).
+    ``contamination``: the audit's counts, never which items.
+    """
+    with grader.db.session() as s:
+        counting: dict[tuple[str, str], tuple[Submission, Evaluation]] = {}
+        for sub, ev in s.execute(select(Submission, Evaluation).join(Evaluation, Evaluation.id == Submission.evaluation_id)
+                                 .order_by(Submission.created_at, Submission.id)):
+            key = (sub.run_id, sub.task_id)
+            if key not in counting or ev.status == "succeeded" or counting[key][1].status != "succeeded":
+                counting[key] = (sub, ev)
+        out = []
+        for sub, _ev in counting.values():
+            o = submission_out(s, sub)
+            used = s.scalar(select(func.count()).select_from(Evaluation).where(repository.of_run_validation(sub.run_id)))
+            out.append(LeaderboardEntry(submission_id=sub.id, run_id=sub.run_id, benchmark_id=sub.task_id, status=o.status, score=o.score,
+                                        graded_at=o.graded_at, validation_evaluations=used or 0,
+                                        contamination=ContaminationReport(**sub.contamination) if sub.contamination else None))
+        return out

@@ -1,0 +1,259 @@
+"""The eval worker's work: running an evaluation to its end (item by item, resumable), the contamination audit of a
+submission's datasets, closing an evaluation's budget hold, and the reconciler that takes back evaluations a dead
+worker left behind. Celery's wrappers are in :mod:`grader.tasks`."""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
+from typing import Any, TypeVar
+
+import structlog
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+
+from grader import repository
+from grader.audit import audit
+from grader.grading_tasks import train_pool
+from grader.harness import extract_answer, render_messages
+from grader.models import AGENT, PLATFORM, Evaluation, Submission, Trajectory
+from grader.scoring import aggregate, score_item, storable
+from grader.service import Grader
+from grader.suites import Item, Suite, get_suite, suite_canonical, suite_tools
+from services.common import jobs
+from services.common.auth import RunContext
+from services.common.contracts import ChatCompletionRequest, GradingSpec, Harness
+from services.common.db import utcnow
+from services.common.errors import UpstreamProblem, UpstreamUnavailable
+
+log = structlog.get_logger("grader")
+T = TypeVar("T")
+
+SYSTEM_REFUSAL_STATUSES = frozenset({400, 413, 422})  # inference's answers about the request itself (not auth, budget, rate, conflicts)
+
+
+class SystemRefused(Exception):
+    """Inference refused the evaluated system: its model, or a request its harness makes. The agent's fault."""
+
+
+def _refused(field: str | None, detail: str) -> SystemRefused:
+    return SystemRefused(f"inference refused the evaluated system{f' (field {field})' if field else ''}: {detail}")
+
+
+def _refusal(exc: UpstreamProblem) -> SystemRefused | None:
+    """The :class:`SystemRefused` (naming the refused field) to raise when inference answered a completion call
+    with the problem ``exc`` because the request, that is the evaluated model or harness, is at fault; else ``None``."""
+    if exc.status not in SYSTEM_REFUSAL_STATUSES:
+        return None
+    return _refused(exc.problem.get("field"), exc.detail)
+
+
+def completion_request(model: str, harness: Harness, messages: list[dict[str, str]], sample: int,
+                       tools: list[dict[str, Any]] | None) -> ChatCompletionRequest:
+    """The completion call for one sample of one item (``seed``: the sample's number).
+
+    Raises :class:`SystemRefused` for a request that inference would refuse with a 422 naming the field (the messages
+    the harness renders are too long, a tool is malformed): the wire model is inference's own.
+    """
+    try:
+        return ChatCompletionRequest(model=model, messages=messages, max_tokens=harness.max_tokens, temperature=harness.temperature,  # type: ignore[arg-type]
+                                     top_p=harness.top_p, stop=harness.stop, seed=sample, tools=tools or None)  # type: ignore[arg-type]
+    except ValidationError as exc:
+        first = exc.errors()[0]
+        field = ".".join(str(p) for p in first["loc"]) or None
+        raise _refused(field, f"{field}: {first['msg']}" if field else first["msg"]) from exc
+
+
+def failure_of(exc: BaseException) -> tuple[str, str]:
+    """``(failure_cause, reason)`` of an evaluation that ended with ``exc``.
+
+    ``agent`` for :class:`SystemRefused` (the system cannot be evaluated: it uses up a final submission);
+    ``platform`` for anything else, an error in the grader's own code or another service's (it does not).
+    The reason is stored in the evaluation's ``error``; a submission shows an agent's reason as is, never a
+    platform's (its text may quote a test item).
+    """
+    if isinstance(exc, SystemRefused):
+        return AGENT, str(exc)
+    return PLATFORM, f"{exc.__class__.__name__}: {exc}"
+
+
+def _unavailable(exc: BaseException) -> bool:
+    """A service is away (unreachable, or it answered 503 because one it needs is): worth retrying later."""
+    return isinstance(exc, UpstreamUnavailable) or (isinstance(exc, UpstreamProblem) and exc.status == 503)
+
+
+def _with_retries(call: Callable[[], T], attempts: int = 6, backoff_s: float = 2.0) -> T:
+    """``call()``, retried while the service it reaches is unavailable (e.g. restarting): up to ``attempts``
+    tries, ``backoff_s`` × try-number seconds apart. Other errors are raised at once."""
+    for attempt in range(1, attempts + 1):
+        try:
+            return call()
+        except (UpstreamUnavailable, UpstreamProblem) as exc:
+            if not _unavailable(exc) or attempt == attempts:
+                raise
+            time.sleep(backoff_s * attempt)
+    raise AssertionError("unreachable")
+
+
+def run_evaluation(grader: Grader, eval_id: str) -> None:
+    """Run an evaluation to the end in this worker; items already scored (an earlier attempt) are skipped.
+
+    The worker claims the evaluation (``queued`` → ``running`` under its id, see ``services.common.jobs``),
+    so a duplicate message finds nothing to do, and heartbeats while it works. Each item's result is written
+    as soon as it is scored: validation results (trajectories) to the grader database, test results to the
+    test store only. Each completion is charged against the evaluation's hold with the idempotency key
+    ``eval:item:sample``, so a sample re-run after a crash is charged once; the hold is closed at the end.
+    If the lease is lost (timed out, or given to another worker) this worker stops and writes nothing more.
+    If inference or the ledger stays away longer than the retries, the evaluation goes back to ``queued``
+    (the reconciler sends it again) instead of failing: a restart never burns a final submission.
+    """
+    if not jobs.claim(grader.db, Evaluation, eval_id):
+        return
+    with grader.db.session() as s:
+        ev = s.get(Evaluation, eval_id)
+        spec = repository.spec(s, ev.task_id)  # type: ignore[union-attr]
+        split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total  # type: ignore[union-attr]
+    lease = jobs.Lease(grader.db, Evaluation, eval_id, grader.settings.job_heartbeat_s)
+
+    outcome: tuple[str, Any] | None = None
+    lease.start()
+    try:
+        if split == "test":
+            items = grader.store.items(spec.task_id)[:total]
+            done = grader.store.done(eval_id)
+        else:
+            with grader.db.session() as s:
+                items = repository.validation_items(s, spec.task_id)[:total]
+                done = {(t.item_id, t.sample): t.score for t in s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id))}
+        suite = get_suite(spec.suite.name)
+        k = spec.evaluation.samples
+        ctx = RunContext(run_id=run_id, task_id=spec.task_id) if run_id else None
+        if split == "test" and ctx is not None:
+            _audit_submission(grader, eval_id, ctx, items, spec)
+        charged = hold_id if split == "validation" else None  # test grading is not charged
+        todo = [(it, j) for it in items for j in range(k) if (it.id, j) not in done]
+        with grader.db.session() as s:
+            lease.row(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))
+
+        def one(task: tuple[Item, int]) -> tuple[str, int, float]:
+            item, sample = task
+            lease.check()
+            messages = render_messages(harness, item.question)
+            request = completion_request(model, harness, messages, sample, suite_tools(suite, item))
+            try:  # one key per (evaluation, item, sample): a sample re-run after a crash is not charged twice
+                out = _with_retries(lambda: grader.inference.chat_completions(
+                    ctx, request, hold_id=charged, unmetered=charged is None, idempotency_key=f"{eval_id}:{item.id}:{sample}",
+                    context_tokens=spec.evaluation.context_tokens))
+                completion, prompt_tokens, completion_tokens = out.choices[0].message.content, out.usage.prompt_tokens, out.usage.completion_tokens
+            except UpstreamProblem as exc:
+                if exc.code != "context_exceeded":
+                    if (refused := _refusal(exc)) is not None:
+                        raise refused from exc
+                    raise
+                completion, prompt_tokens, completion_tokens = "", 0, 0  # does not fit: scores 0
+            lease.check()
+            answer = extract_answer(harness, completion, entry_point=item.entry.get("entry_point"))
+            score, score_error = score_item(suite, answer, item)
+            if split == "test":
+                grader.store.record(eval_id, item.id, sample, storable(completion), storable(answer), score, score_error)  # type: ignore[arg-type]
+            else:
+                with grader.db.session() as s:
+                    ev = lease.row(s)
+                    s.add(Trajectory(evaluation_id=eval_id, item_id=item.id, sample=sample, question=item.question, messages=messages,
+                                     completion=storable(completion), answer=storable(answer), expected=item.answer, score=score, score_error=score_error,
+                                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
+                    if sample == k - 1:
+                        ev.items_done += 1
+            if split == "test" and sample == k - 1:
+                with grader.db.session() as s:
+                    lease.row(s).items_done += 1
+            return item.id, sample, score
+
+        results = dict(done)
+        with ThreadPoolExecutor(grader.settings.eval_concurrency) as pool:
+            for item_id, sample, score in pool.map(one, todo):
+                results[(item_id, sample)] = score
+        by_item: dict[str, list[float]] = {}
+        for (item_id, _sample), score in sorted(results.items()):
+            by_item.setdefault(item_id, []).append(score)
+        outcome = ("succeeded", (aggregate(by_item, spec.evaluation.metric, k), len(by_item)))
+    except jobs.LeaseLost:
+        pass
+    except Exception as exc:
+        if _unavailable(exc):  # inference or the ledger is away for longer than the retries: try again later
+            outcome = ("queued", f"{exc.__class__.__name__}: {exc}")
+        else:  # the evaluation fails; the worker lives on
+            log.exception("evaluation failed", eval_id=eval_id)
+            outcome = ("failed", failure_of(exc))
+    finally:
+        lease.stop()
+    if outcome is None or lease.lost.is_set():
+        log.warning("lease lost; leaving the evaluation to its new owner", eval_id=eval_id)
+        return
+    with grader.db.session() as s:
+        ev = jobs.owned_row(s, Evaluation, eval_id)
+        if ev is None:
+            return
+        if outcome[0] == "queued":  # the reconciler sends it again; it resumes at its next unscored item
+            log.warning("a service is unavailable; the evaluation is queued again", eval_id=eval_id, reason=outcome[1])
+            ev.status, ev.worker_id, ev.enqueued_at = "queued", None, utcnow()
+            return
+        if outcome[0] == "succeeded":
+            score, n = outcome[1]
+            ev.score, ev.items_done = score.model_dump(), n
+        else:
+            ev.failure_cause, ev.error = outcome[1]
+        ev.status, ev.worker_id, ev.finished_at = outcome[0], None, utcnow()
+    close_hold(grader, eval_id)
+
+
+def _audit_submission(grader: Grader, eval_id: str, ctx: RunContext, test_items: list[Item], spec: GradingSpec) -> None:
+    """Run the contamination audit (:mod:`grader.audit`) of the submission graded by ``eval_id`` over every
+    dataset the run uploaded, once (a resumed grading keeps the first report), and store it on the submission."""
+    with grader.db.session() as s:
+        sub = s.scalar(select(Submission).where(Submission.evaluation_id == eval_id))
+        if sub is None or sub.contamination is not None:
+            return
+    datasets = grader.trainer.list_datasets(ctx).data
+
+    def rows() -> Iterator[Any]:
+        for ds in datasets:
+            for line in grader.trainer.dataset_content(ctx, ds.id).splitlines():
+                if line.strip():
+                    yield json.loads(line)
+
+    with grader.db.session() as s:  # what agents may see and train on: the training pool and the validation items
+        public = [text for it in train_pool(grader, spec.task_id) + repository.validation_items(s, spec.task_id) for text in (it.question, it.answer)]
+    suite: Suite = get_suite(spec.suite.name)
+    report = audit(test_items, rows(), spec.audit, public=public, datasets=len(datasets), canonical=lambda item: suite_canonical(suite, item))
+    log.info("contamination audit", eval_id=eval_id, flagged=report.flagged_items, items=report.items, rows=report.rows)
+    with grader.db.session() as s:
+        s.get(Submission, sub.id).contamination = report.model_dump()  # type: ignore[union-attr]
+
+
+def close_hold(grader: Grader, eval_id: str) -> None:
+    """Close the evaluation's hold: each completion was charged against it; the rest is released."""
+    with grader.db.session() as s:
+        hold_id = s.get(Evaluation, eval_id).hold_id  # type: ignore[union-attr]
+    if hold_id:
+        grader.ledger.settle_or_charge(hold_id, [], f"settle:{eval_id}")
+        with grader.db.session() as s:
+            s.get(Evaluation, eval_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
+
+
+def reconcile(grader: Grader) -> jobs.ReconcileReport:
+    """One reconciler round over evaluations (see ``services.common.jobs.reconcile``).
+
+    Runs every ``reconcile_interval_s`` in the grader and once when an eval worker starts. An evaluation
+    whose worker is gone is queued again and resumes item by item; one past ``eval_time_limit_s`` fails
+    and its hold is closed; a queued one whose message may be lost is sent again.
+    """
+
+    def failed(_s: Session, ev: Evaluation, reason: str) -> None:  # the worker was lost too often, or grading ran too long
+        ev.error, ev.failure_cause, ev.finished_at = reason, PLATFORM, utcnow()
+
+    return jobs.reconcile(grader.db, Evaluation, grader.settings.reconcile_policy(grader.settings.eval_time_limit_s),
+                          send=grader.enqueue, on_requeue=lambda _s, _ev: None, on_fail=failed, after_fail=lambda eval_id: close_hold(grader, eval_id))
