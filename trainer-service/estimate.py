@@ -67,6 +67,16 @@ def sft_config(recipe: Recipe):  # noqa: ANN201 - avoids importing torch in the 
     return SFTConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
 
 
+def estimate_tokens(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> tuple[int, int]:
+    """``(examples, tokens)``: how many examples the datasets make and at most how many tokens training them
+    by ``recipe`` processes (``training.count_training_tokens``), the quantity a job's hold is priced on.
+    Raises ``Unprocessable`` as :func:`training_examples`."""
+    from trainer_service.training import count_training_tokens
+
+    examples = training_examples(trainer, base_model, datasets, recipe)
+    return len(examples), count_training_tokens(examples, sft_config(recipe))
+
+
 def place_hold(trainer: Trainer, ctx: RunContext, job_id: str, base_model: str, tokens: int, idempotency_key: str | None) -> Hold:
     """Hold the price of ``tokens`` training tokens of ``base_model`` on the run's budget for job ``job_id``.
 
@@ -89,12 +99,3 @@ def place_hold(trainer: Trainer, ctx: RunContext, job_id: str, base_model: str, 
         hold_key = f"{hold_key}:after:{hold.hold_id}"
     raise Conflict("could not place an open hold for this Idempotency-Key; retry with a new key", field="Idempotency-Key")
 
-
-def estimate_tokens(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> tuple[int, int]:
-    """``(examples, tokens)``: how many examples the datasets make and at most how many tokens training them
-    by ``recipe`` processes (``training.count_training_tokens``), the quantity a job's hold is priced on.
-    Raises ``Unprocessable`` as :func:`training_examples`."""
-    from trainer_service.training import count_training_tokens
-
-    examples = training_examples(trainer, base_model, datasets, recipe)
-    return len(examples), count_training_tokens(examples, sft_config(recipe))
