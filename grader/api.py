@@ -65,13 +65,13 @@ Run = Annotated[RunContext, Depends(run)]
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
 
 
-@router.post("/benchmarks", status_code=201, summary="Register a grading task (one task of a benchmark)", responses=problem_responses(Unprocessable))
+@router.post("/tasks", status_code=201, summary="Register a grading task (one task of a benchmark)", responses=problem_responses(Unprocessable))
 def register_task(spec: GradingSpec, grader: GraderDep, _caller: Caller) -> TaskRegistered:
     """Build the splits (the hidden test split into the test store) and queue the baseline evaluations."""
     return grading_tasks.register_task(grader, spec)
 
 
-@router.get("/benchmarks/{task_id}", summary="A grading task's split sizes and baseline test scores", responses=problem_responses(NotFound))
+@router.get("/tasks/{task_id}", summary="A grading task's split sizes and baseline test scores", responses=problem_responses(NotFound))
 def task_status(task_id: str, grader: GraderDep, _caller: Caller) -> GradingTaskStatus:
     return grading_tasks.task_status(grader, task_id)
 
