@@ -240,7 +240,7 @@ def admin_check_benchmark(path: Path) -> None:
     sizes, and what the operator should know of its splits: the task's item space, its public items, the share of
     natural test draws that are public (left out of the hidden split), and warnings (a task small enough to
     enumerate cannot keep its test split secret; see ``grader/splits.py``)."""
-    from gateway.service import grading_spec, parse_benchmark
+    from gateway.benchmarks import grading_spec, parse_benchmark
     from grader.splits import split_report
     from grader.suites import get_suite
     from services.common.errors import Unprocessable

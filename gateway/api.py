@@ -1,22 +1,38 @@
 """Gateway routes: the agent API (``/v1``, run key), operator admin (``/admin``, admin key), public leaderboard.
 
-Routes parse, authorize, call ``service`` or forward to the owning service, and return its schema.
-Errors are raised, never formatted here; every route documents the problems it can answer with.
+Routes parse, authorize (a :class:`Caller` by ``Depends``), call the gateway's logic or the owning service's
+typed client on the :class:`Gateway` the app built (``Depends(get_gateway)``), and return its schema. Errors
+are raised, never formatted here; every route documents the problems it can answer with.
 """
 
 from __future__ import annotations
 
 import hmac
 import time
+from pathlib import Path as FilePath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, File, Form, Header, Path, Query, Request, UploadFile
+from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse
+from fastapi.templating import Jinja2Templates
 
-from gateway import service
+from gateway import benchmarks, leaderboard, runs
 from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut
-from gateway.service import Caller
+from gateway.service import (
+    Caller,
+    Gateway,
+    audit_log,
+    authenticate,
+    bearer_key,
+    check_deadline,
+    check_editable,
+    episode_log,
+    for_task,
+    log_audit,
+    log_call,
+    training_job,
+)
 from services.common.auth import hash_secret
 from services.common.contracts import (
     ChatCompletion,
@@ -26,8 +42,8 @@ from services.common.contracts import (
     EvaluationCreate,
     EvaluationOut,
     JobEventOut,
+    ModelOut,
     Page,
-    Recipe,
     SubmissionCreate,
     SubmissionOut,
     SuiteItemOut,
@@ -52,36 +68,53 @@ from services.common.errors import (
     UpstreamUnavailable,
     problem_responses,
 )
+from services.ledger.schemas import Balance, Entry, Refund
+
+templates = Jinja2Templates(directory=FilePath(__file__).parent / "templates")
 
 # --------------------------------------------------------------------------- dependencies
 
 
-async def agent(request: Request, authorization: str | None = Header(None, description="`Bearer <run API key>`")) -> Caller:
+async def get_gateway(request: Request) -> Gateway:
+    """The gateway the app built when it started (async: resolved on the event loop, without a thread)."""
+    return request.app.state.gateway
+
+
+GatewayDep = Annotated[Gateway, Depends(get_gateway)]
+
+
+async def agent(request: Request, gw: GatewayDep, authorization: str | None = Header(None, description="`Bearer <run API key>`")) -> Caller:
     """The calling run (401 if the key is missing, unknown or revoked); marks the call for the episode log.
 
     429 past the key's rate limits, counted as the request arrives, before it waits for a thread or the database."""
-    key = service.bearer_key(authorization)
+    key = bearer_key(authorization)
     if key:
-        await service.runtime().limiter.check(hash_secret(key))
-    caller = await run_in_threadpool(service.authenticate, authorization)
+        await gw.limiter.check(hash_secret(key))
+    caller = await run_in_threadpool(authenticate, gw, authorization)
     request.state.run_id = caller.run.id
     return caller
 
 
-async def mutating_agent(caller: Caller = Depends(agent)) -> Caller:
+AgentDep = Annotated[Caller, Depends(agent)]
+
+
+async def mutating_agent(caller: AgentDep) -> Caller:
     """The calling run, for calls that change state: refused with 403 ``run_expired`` past the deadline."""
-    service.check_deadline(caller)
+    check_deadline(caller)
     return caller
 
 
-def admin(authorization: str | None = Header(None, description="`Bearer <admin key>`")) -> None:
+MutatingAgentDep = Annotated[Caller, Depends(mutating_agent)]
+
+
+def admin(gw: GatewayDep, authorization: str | None = Header(None, description="`Bearer <admin key>`")) -> None:
     """Operator authorization with the admin key (never a run key)."""
     scheme, _, key = (authorization or "").partition(" ")
-    if scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), service.runtime().settings.admin_key.encode()):
+    if scheme.lower() != "bearer" or not hmac.compare_digest(key.encode(), gw.settings.admin_key.encode()):
         raise Unauthorized("admin routes need the operator's admin key")
 
 
-def episode_middleware(app: Any) -> None:
+def episode_middleware(app: FastAPI) -> None:
     """Record every agent call (run, method, path, status, latency in ms) in the episode log, and every
     operator call and every refused credential (401) in the audit log."""
 
@@ -89,15 +122,16 @@ def episode_middleware(app: Any) -> None:
     async def _episode(request: Request, call_next):  # noqa: ANN001, ANN202
         start = time.perf_counter()
         response = await call_next(request)
+        gw: Gateway = request.app.state.gateway
         run_id = getattr(request.state, "run_id", None)
         path = request.url.path
         if run_id:
-            await run_in_threadpool(service.log_call, run_id, request.method, path, response.status_code, int((time.perf_counter() - start) * 1000))
+            await run_in_threadpool(log_call, gw, run_id, request.method, path, response.status_code, int((time.perf_counter() - start) * 1000))
         elif path.startswith("/admin") or response.status_code == 401:
             _scheme, _, key = request.headers.get("authorization", "").partition(" ")
             actor = "admin" if path.startswith("/admin") and response.status_code != 401 else "anonymous"
             prefix = (key.strip()[:8] or None) if actor == "anonymous" else None  # never the whole key
-            await run_in_threadpool(service.log_audit, actor, prefix, request.method, path, response.status_code,
+            await run_in_threadpool(log_audit, gw, actor, prefix, request.method, path, response.status_code,
                                     request.client.host if request.client else None)
         return response
 
@@ -121,15 +155,15 @@ public_router = APIRouter(tags=["leaderboard"])
 
 
 @agent_router.get("/run", tags=["run"], summary="The run card")
-async def get_run(caller: Caller = Depends(agent)) -> RunCard:
+async def get_run(gw: GatewayDep, caller: AgentDep) -> RunCard:
     """Benchmark card, track and editable space, recipe policy, evaluation settings, deadline, budget, limits."""
-    return await service.run_card(caller)
+    return await runs.run_card(gw, caller)
 
 
 @agent_router.get("/budget", tags=["run"], summary="Budget remaining and spent by kind")
-async def get_budget(caller: Caller = Depends(agent)) -> BudgetOut:
+async def get_budget(gw: GatewayDep, caller: AgentDep) -> BudgetOut:
     """Micro-USD: ``budget = remaining + held + spent``; ``spent_by_kind`` per usage kind. Works after exhaustion."""
-    return await service.budget(caller)
+    return await runs.budget(gw, caller)
 
 
 # --------------------------------------------------------------------------- datasets and suite data
@@ -137,42 +171,39 @@ async def get_budget(caller: Caller = Depends(agent)) -> BudgetOut:
 
 @agent_router.post("/datasets", status_code=201, tags=["datasets"], summary="Upload a JSONL dataset",
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PayloadTooLarge))
-async def upload_dataset(file: UploadFile = File(..., description="JSONL: chat `messages`, or `prompt`/`completion`, or `prompt`/`chosen`/`rejected`"),
-                         name: str | None = Form(None, max_length=200), caller: Caller = Depends(mutating_agent)) -> DatasetOut:
+async def upload_dataset(gw: GatewayDep, caller: MutatingAgentDep,
+                         file: UploadFile = File(..., description="JSONL: chat `messages`, or `prompt`/`completion`, or `prompt`/`chosen`/`rejected`"),
+                         name: str | None = Form(None, max_length=200)) -> DatasetOut:
     """Validated on upload (422 names the ``line`` and ``field``), content-addressed and immutable."""
-    service.check_editable(caller, "data", "uploading a dataset")
-    limit = service.runtime().settings.max_upload_bytes
+    check_editable(caller, "data", "uploading a dataset")
+    limit = gw.settings.max_upload_bytes
     data = await file.read(limit + 1)
     if len(data) > limit:
         raise PayloadTooLarge(f"the file is larger than {limit} bytes", field="file")
-    out = await service.runtime().trainer.post("/internal/datasets", ctx=caller.ctx, content=data,
-                                               params={"name": name or file.filename or "dataset.jsonl"}, headers={"Content-Type": "application/jsonl"})
-    return DatasetOut(**out)
+    return await gw.trainer.upload_dataset(caller.ctx, data, name=name or file.filename or "dataset.jsonl")
 
 
 @agent_router.get("/datasets", tags=["datasets"], summary="List the run's datasets")
-async def list_datasets(caller: Caller = Depends(agent)) -> Page[DatasetOut]:
-    return Page[DatasetOut](**await service.runtime().trainer.get("/internal/datasets", ctx=caller.ctx))
+async def list_datasets(gw: GatewayDep, caller: AgentDep) -> Page[DatasetOut]:
+    return await gw.trainer.list_datasets(caller.ctx)
 
 
 @agent_router.get("/datasets/{dataset_id}", tags=["datasets"], summary="Get a dataset", responses=problem_responses(NotFound))
-async def get_dataset(dataset_id: DatasetId, caller: Caller = Depends(agent)) -> DatasetOut:
-    return DatasetOut(**await service.runtime().trainer.get(f"/internal/datasets/{dataset_id}", ctx=caller.ctx))
+async def get_dataset(dataset_id: DatasetId, gw: GatewayDep, caller: AgentDep) -> DatasetOut:
+    return await gw.trainer.get_dataset(caller.ctx, dataset_id)
 
 
 @agent_router.get("/suite/train-sample", tags=["suite"], summary="Items of the suite's training pool")
-async def train_sample(offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000), task: str | None = TaskQuery,
-                       caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
+async def train_sample(gw: GatewayDep, caller: AgentDep, offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000),
+                       task: str | None = TaskQuery) -> Page[SuiteItemOut]:
     """Question/answer pairs of the task's public training pool, drawn from its train seed without the validation
     items; a function of the benchmark file alone (the hidden test split is drawn around it, never the reverse)."""
-    caller = service.for_task(caller, task)
-    return Page[SuiteItemOut](**await service.runtime().grader.get("/internal/suite/train-sample", ctx=caller.ctx, params={"offset": offset, "limit": limit}))
+    return await gw.grader.train_sample(for_task(caller, task).ctx, offset=offset, limit=limit)
 
 
 @agent_router.get("/suite/validation", tags=["suite"], summary="The visible validation items")
-async def validation_items(task: str | None = TaskQuery, caller: Caller = Depends(agent)) -> Page[SuiteItemOut]:
-    caller = service.for_task(caller, task)
-    return Page[SuiteItemOut](**await service.runtime().grader.get("/internal/suite/validation", ctx=caller.ctx))
+async def validation_items(gw: GatewayDep, caller: AgentDep, task: str | None = TaskQuery) -> Page[SuiteItemOut]:
+    return await gw.grader.validation(for_task(caller, task).ctx)
 
 
 # --------------------------------------------------------------------------- training
@@ -183,7 +214,8 @@ async def validation_items(task: str | None = TaskQuery, caller: Caller = Depend
                                                IdempotencyKeyReused))
 async def create_training_job(
     req: TrainingJobCreate,
-    caller: Caller = Depends(mutating_agent),
+    gw: GatewayDep,
+    caller: MutatingAgentDep,
     idempotency_key: str | None = Header(
         None, min_length=1, max_length=150, pattern=r"^[!-~]+$", examples=["7d1c2b4e-train-1"],
         description="Makes the call safe to repeat (e.g. after a 503 or a lost answer): the same key with the same body "
@@ -195,56 +227,51 @@ async def create_training_job(
     Recipe fields are checked against the benchmark's allow/lock policy (403 naming ``recipe.<field>``).
     A 503 (a service restarting) is safe to retry with the same ``Idempotency-Key``.
     """
-    if "data" not in caller.ctx.editable and "trainer" not in caller.ctx.editable:
-        service.check_editable(caller, "trainer", "starting a training job")
-    recipe = Recipe(**service.apply_recipe_policy(caller, req.recipe.model_dump(exclude_unset=True)))
-    body = req.model_copy(update={"recipe": recipe}).model_dump(mode="json")
-    headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-    return TrainingJobOut(**await service.runtime().trainer.post("/internal/jobs", ctx=caller.ctx, json=body, headers=headers))
+    return await gw.trainer.create_job(caller.ctx, training_job(caller, req), idempotency_key=idempotency_key)
 
 
 @agent_router.get("/training/jobs", tags=["training"], summary="List training jobs")
-async def list_training_jobs(caller: Caller = Depends(agent)) -> Page[TrainingJobOut]:
-    return Page[TrainingJobOut](**await service.runtime().trainer.get("/internal/jobs", ctx=caller.ctx))
+async def list_training_jobs(gw: GatewayDep, caller: AgentDep) -> Page[TrainingJobOut]:
+    return await gw.trainer.list_jobs(caller.ctx)
 
 
 @agent_router.get("/training/jobs/{job_id}", tags=["training"], summary="Get a training job", responses=problem_responses(NotFound))
-async def get_training_job(job_id: JobId, caller: Caller = Depends(agent)) -> TrainingJobOut:
-    return TrainingJobOut(**await service.runtime().trainer.get(f"/internal/jobs/{job_id}", ctx=caller.ctx))
+async def get_training_job(job_id: JobId, gw: GatewayDep, caller: AgentDep) -> TrainingJobOut:
+    return await gw.trainer.get_job(caller.ctx, job_id)
 
 
 @agent_router.get("/training/jobs/{job_id}/events", tags=["training"], summary="A job's events (loss, step, tokens/s)", responses=problem_responses(NotFound))
-async def training_job_events(job_id: JobId, after: int = Query(0, ge=0, le=2**62, description="Only events with seq > after"), limit: int = Query(500, ge=1, le=5000),
-                              caller: Caller = Depends(agent)) -> Page[JobEventOut]:
-    return Page[JobEventOut](**await service.runtime().trainer.get(f"/internal/jobs/{job_id}/events", ctx=caller.ctx, params={"after": after, "limit": limit}))
+async def training_job_events(job_id: JobId, gw: GatewayDep, caller: AgentDep, after: int = Query(0, ge=0, le=2**62, description="Only events with seq > after"),
+                              limit: int = Query(500, ge=1, le=5000)) -> Page[JobEventOut]:
+    return await gw.trainer.job_events(caller.ctx, job_id, after=after, limit=limit)
 
 
 @agent_router.get("/training/jobs/{job_id}/checkpoints", tags=["training"], summary="A job's checkpoints", responses=problem_responses(NotFound))
-async def training_job_checkpoints(job_id: JobId, caller: Caller = Depends(agent)) -> Page[CheckpointOut]:
-    return Page[CheckpointOut](**await service.runtime().trainer.get(f"/internal/jobs/{job_id}/checkpoints", ctx=caller.ctx))
+async def training_job_checkpoints(job_id: JobId, gw: GatewayDep, caller: AgentDep) -> Page[CheckpointOut]:
+    return await gw.trainer.job_checkpoints(caller.ctx, job_id)
 
 
 @agent_router.post("/training/jobs/{job_id}/cancel", tags=["training"], summary="Cancel a training job",
                    responses=problem_responses(Unauthorized, RunExpired, NotFound, Conflict))
-async def cancel_training_job(job_id: JobId, caller: Caller = Depends(mutating_agent)) -> TrainingJobOut:
+async def cancel_training_job(job_id: JobId, gw: GatewayDep, caller: MutatingAgentDep) -> TrainingJobOut:
     """A running job stops after its current step; the tokens it processed are charged, the rest released."""
-    return TrainingJobOut(**await service.runtime().trainer.post(f"/internal/jobs/{job_id}/cancel", ctx=caller.ctx))
+    return await gw.trainer.cancel_job(caller.ctx, job_id)
 
 
 # --------------------------------------------------------------------------- inference
 
 
 @agent_router.get("/models", tags=["inference"], summary="List base models")
-async def list_models(caller: Caller = Depends(agent)) -> dict:
+async def list_models(gw: GatewayDep, caller: AgentDep) -> Page[ModelOut]:
     """OpenAI-style model list of servable base models; checkpoints (``ckpt_…``) are served too."""
-    return await service.runtime().inference.get("/internal/models", ctx=caller.ctx)
+    return await gw.inference.list_models(ctx=caller.ctx)
 
 
 @agent_router.post("/chat/completions", tags=["inference"], summary="Create a chat completion (OpenAI-compatible)",
                    responses=problem_responses(Unauthorized, RunExpired, Unprocessable, PaymentRequired))
-async def chat_completions(req: ChatCompletionRequest, caller: Caller = Depends(mutating_agent)) -> ChatCompletion:
+async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: MutatingAgentDep) -> ChatCompletion:
     """``model`` is a base model name or one of the run's ``ckpt_…``. Prompt and completion tokens are charged."""
-    return ChatCompletion(**await service.runtime().inference.post("/internal/chat/completions", ctx=caller.ctx, json=req.model_dump(mode="json", exclude_none=True)))
+    return await gw.inference.chat_completions(caller.ctx, req)
 
 
 # --------------------------------------------------------------------------- evaluations and submissions
@@ -253,140 +280,134 @@ async def chat_completions(req: ChatCompletionRequest, caller: Caller = Depends(
 @agent_router.post("/evaluations", status_code=201, tags=["evaluations"], summary="Evaluate a system on the validation split",
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PaymentRequired,
                                                EvaluationRateLimited, FailedEvaluationLimit))
-async def create_evaluation(req: EvaluationCreate, task: str | None = TaskQuery, caller: Caller = Depends(mutating_agent)) -> EvaluationOut:
+async def create_evaluation(req: EvaluationCreate, gw: GatewayDep, caller: MutatingAgentDep, task: str | None = TaskQuery) -> EvaluationOut:
     """Queued; poll ``GET /v1/evaluations/{id}``, then read per-item trajectories. Charged as inference tokens.
 
     The benchmark's limits apply (``GET /v1/run`` shows them and what is left): per hour and per day, at once
     (429 ``evaluation_limit`` with ``Retry-After``), and failed or cancelled evaluations (403
     ``failed_evaluation_limit``).
     """
-    caller = service.for_task(caller, task)
+    caller = for_task(caller, task)
     if req.harness is not None:
-        service.check_editable(caller, "harness", "evaluating with a custom harness")
-    limits = caller.benchmark.limits.evaluation_limits().model_dump(exclude_none=True)
-    return EvaluationOut(**await service.runtime().grader.post("/internal/evaluations", ctx=caller.ctx, json=req.model_dump(mode="json"), params=limits))
+        check_editable(caller, "harness", "evaluating with a custom harness")
+    return await gw.grader.create_evaluation(caller.ctx, req, limits=caller.benchmark.limits.evaluation_limits())
 
 
 @agent_router.get("/evaluations", tags=["evaluations"], summary="List validation evaluations")
-async def list_evaluations(caller: Caller = Depends(agent)) -> Page[EvaluationOut]:
-    return Page[EvaluationOut](**await service.runtime().grader.get("/internal/evaluations", ctx=caller.ctx))
+async def list_evaluations(gw: GatewayDep, caller: AgentDep) -> Page[EvaluationOut]:
+    return await gw.grader.list_evaluations(caller.ctx)
 
 
 @agent_router.get("/evaluations/{eval_id}", tags=["evaluations"], summary="Get a validation evaluation", responses=problem_responses(NotFound))
-async def get_evaluation(eval_id: EvalId, caller: Caller = Depends(agent)) -> EvaluationOut:
-    return EvaluationOut(**await service.runtime().grader.get(f"/internal/evaluations/{eval_id}", ctx=caller.ctx))
+async def get_evaluation(eval_id: EvalId, gw: GatewayDep, caller: AgentDep) -> EvaluationOut:
+    return await gw.grader.get_evaluation(caller.ctx, eval_id)
 
 
 @agent_router.get("/evaluations/{eval_id}/trajectories", tags=["evaluations"], summary="Per-item validation trajectories", responses=problem_responses(NotFound))
-async def get_trajectories(eval_id: EvalId, caller: Caller = Depends(agent)) -> Page[TrajectoryOut]:
+async def get_trajectories(eval_id: EvalId, gw: GatewayDep, caller: AgentDep) -> Page[TrajectoryOut]:
     """Prompt, completion, extracted answer and score of every validation item."""
-    return Page[TrajectoryOut](**await service.runtime().grader.get(f"/internal/evaluations/{eval_id}/trajectories", ctx=caller.ctx))
+    return await gw.grader.get_trajectories(caller.ctx, eval_id)
 
 
 @agent_router.post("/submissions", status_code=201, tags=["submissions"], summary="Submit the final system for hidden-test grading",
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, SubmissionLimitReached))
-async def create_submission(req: SubmissionCreate, task: str | None = TaskQuery, caller: Caller = Depends(mutating_agent)) -> SubmissionOut:
+async def create_submission(req: SubmissionCreate, gw: GatewayDep, caller: MutatingAgentDep, task: str | None = TaskQuery) -> SubmissionOut:
     """Graded once on the task's hidden test split, not charged to the run; only the aggregate score is ever returned.
     ``final_submissions`` of the benchmark's limits is per task."""
-    caller = service.for_task(caller, task)
+    caller = for_task(caller, task)
     if req.harness is not None:
-        service.check_editable(caller, "harness", "submitting a custom harness")
-    return SubmissionOut(**await service.runtime().grader.post("/internal/submissions", ctx=caller.ctx, json=req.model_dump(mode="json"),
-                                                               params={"max_submissions": caller.benchmark.limits.final_submissions}))
+        check_editable(caller, "harness", "submitting a custom harness")
+    return await gw.grader.create_submission(caller.ctx, req, max_submissions=caller.benchmark.limits.final_submissions)
 
 
 @agent_router.get("/submissions", tags=["submissions"], summary="List the run's submissions")
-async def list_submissions(caller: Caller = Depends(agent)) -> Page[SubmissionOut]:
-    return Page[SubmissionOut](**await service.runtime().grader.get("/internal/submissions", ctx=caller.ctx))
+async def list_submissions(gw: GatewayDep, caller: AgentDep) -> Page[SubmissionOut]:
+    return await gw.grader.list_submissions(caller.ctx)
 
 
 @agent_router.get("/submissions/{sub_id}", tags=["submissions"], summary="Get a submission", responses=problem_responses(NotFound))
-async def get_submission(sub_id: SubId, caller: Caller = Depends(agent)) -> SubmissionOut:
-    return SubmissionOut(**await service.runtime().grader.get(f"/internal/submissions/{sub_id}", ctx=caller.ctx))
+async def get_submission(sub_id: SubId, gw: GatewayDep, caller: AgentDep) -> SubmissionOut:
+    return await gw.grader.get_submission(caller.ctx, sub_id)
 
 
 # --------------------------------------------------------------------------- leaderboard (public)
 
 
 @public_router.get("/v1/leaderboard", summary="The leaderboard (JSON)")
-async def leaderboard_json() -> Page[LeaderboardRow]:
+async def leaderboard_json(gw: GatewayDep) -> Page[LeaderboardRow]:
     """One row per run: per task its latest graded final submission (a later one still grading or failed leaves the row as it
     was), initial and final hidden-test scores, gap closed, validation evaluations, spend, hours."""
-    return Page[LeaderboardRow](data=await service.leaderboard())
+    return Page[LeaderboardRow](data=await leaderboard.leaderboard(gw))
 
 
 @public_router.get("/leaderboard", summary="The leaderboard (HTML)", response_class=HTMLResponse)
-async def leaderboard_html(request: Request) -> HTMLResponse:
-    from gateway.app import templates
-
-    return templates.TemplateResponse(request, "leaderboard.html", {"rows": await service.leaderboard()})
+async def leaderboard_html(request: Request, gw: GatewayDep) -> HTMLResponse:
+    return templates.TemplateResponse(request, "leaderboard.html", {"rows": await leaderboard.leaderboard(gw)})
 
 
 # --------------------------------------------------------------------------- operators
 
 
 @admin_router.post("/benchmarks", status_code=201, summary="Load a benchmark", responses=problem_responses(Unprocessable, Conflict))
-async def load_benchmark(doc: dict[str, Any]) -> BenchmarkOut:
+async def load_benchmark(doc: dict[str, Any], gw: GatewayDep) -> BenchmarkOut:
     """The benchmark file's content as JSON (the CLI reads the YAML). 422 names the offending key."""
-    return await service.load_benchmark(doc)
+    return await benchmarks.load_benchmark(gw, doc)
 
 
 @admin_router.get("/benchmarks", summary="List benchmarks")
-def list_benchmarks() -> Page[BenchmarkOut]:
-    return Page[BenchmarkOut](data=service.list_benchmarks())
+def list_benchmarks(gw: GatewayDep) -> Page[BenchmarkOut]:
+    return Page[BenchmarkOut](data=benchmarks.list_benchmarks(gw))
 
 
 @admin_router.get("/benchmarks/{benchmark_id}/baselines", summary="A benchmark's baseline test scores", responses=problem_responses(NotFound))
-async def benchmark_baselines(benchmark_id: str) -> dict[str, Any]:
+async def benchmark_baselines(benchmark_id: str, gw: GatewayDep) -> dict[str, Any]:
     """The grader's view: split sizes, the initial (and reference) system's hidden-test score and status."""
-    return await service.benchmark_baselines(benchmark_id)
+    return await benchmarks.benchmark_baselines(gw, benchmark_id)
 
 
 @admin_router.post("/runs", status_code=201, summary="Create a run and its API key", responses=problem_responses(NotFound))
-async def create_run(req: RunCreate) -> RunCreated:
+async def create_run(req: RunCreate, gw: GatewayDep) -> RunCreated:
     """The ``api_key`` is in this answer only; it is stored as a hash."""
-    return await service.create_run(req)
+    return await runs.create_run(gw, req)
 
 
 @admin_router.get("/runs", summary="List runs")
-def list_runs() -> Page[RunOut]:
-    return Page[RunOut](data=service.list_runs())
+def list_runs(gw: GatewayDep) -> Page[RunOut]:
+    return Page[RunOut](data=runs.list_runs(gw))
 
 
 @admin_router.post("/runs/{run_id}/revoke", summary="Revoke a run's key", responses=problem_responses(NotFound))
-def revoke(run_id: RunId) -> RunOut:
-    return service.revoke_run_key(run_id)
+def revoke(run_id: RunId, gw: GatewayDep) -> RunOut:
+    return runs.revoke_run_key(gw, run_id)
 
 
 @admin_router.get("/runs/{run_id}/episode", summary="A run's episode log (every agent call)")
-def episode(run_id: RunId, after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
-    return {"object": "list", "data": service.episode_log(run_id, after, limit)}
+def episode(run_id: RunId, gw: GatewayDep, after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+    return {"object": "list", "data": episode_log(gw, run_id, after, limit)}
 
 
 @admin_router.get("/audit", summary="The audit log (operator actions and refused credentials)")
-def audit(after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
+def audit(gw: GatewayDep, after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     """Append-only: ``{seq, actor (admin|anonymous), key_prefix, method, path, status, client, created_at}``, oldest first."""
-    return {"object": "list", "data": service.audit_log(after, limit)}
+    return {"object": "list", "data": audit_log(gw, after, limit)}
 
 
 @admin_router.get("/runs/{run_id}/entries", summary="A run's ledger entries", responses=problem_responses(NotFound))
-async def entries(run_id: RunId, after: str | None = Query(None, description="Entries appended after this entry id."),
-                  limit: int = Query(1000, ge=1, le=10_000)) -> dict:
-    """The run's append-only ledger entries in order: ``{id, type (grant|hold|release|charge|refund), amount_usd_micros,
-    kind, quantity, model, hold_id, purpose, price_version, idempotency_key, refund_of, created_at}``."""
-    return {"object": "list", "data": await service.ledger_entries(run_id, after, limit)}
+async def entries(run_id: RunId, gw: GatewayDep, after: str | None = Query(None, description="Entries appended after this entry id."),
+                  limit: int = Query(1000, ge=1, le=10_000)) -> Page[Entry]:
+    """The run's append-only ledger entries in order."""
+    return Page[Entry](data=await runs.ledger_entries(gw, run_id, after, limit))
 
 
 @admin_router.post("/runs/{run_id}/refunds", status_code=201, summary="Refund a charge to a run",
                    responses=problem_responses(NotFound, Conflict, Unprocessable))
-async def refund(run_id: RunId, req: RefundRequest) -> dict:
+async def refund(run_id: RunId, req: RefundRequest, gw: GatewayDep) -> Refund:
     """Give back (part of) one of the run's charges, e.g. work lost to a platform fault: a ``refund`` entry in the
     ledger (append-only; the charge stays) that lowers the run's spent total. ``amount_usd_micros`` omitted:
-    everything of the charge not refunded yet. Repeating ``idempotency_key`` returns the first answer.
-    Answers ``{entry_id, account_id, refund_of, amount_usd_micros, reason, remaining_usd_micros, created_at}``."""
-    return await service.refund(run_id, req)
+    everything of the charge not refunded yet. Repeating ``idempotency_key`` returns the first answer."""
+    return await runs.refund(gw, run_id, req)
 
 
 @admin_router.get("/accounts", summary="Every ledger account")
-async def accounts() -> Any:
-    return await service.runtime().ledger.get("/internal/accounts")
+async def accounts(gw: GatewayDep) -> list[Balance]:
+    return await gw.ledger.list_balances()

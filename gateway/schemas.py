@@ -8,6 +8,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 
 from services.common.contracts import TRAINING_FIELDS, AuditSettings, EvaluationLimits, EvaluationSettings, Recipe, SuiteSpec, SystemSpec
+from services.ledger.schemas import MAX_BUDGET_USD_MICROS
 
 Editable = Literal["data", "trainer", "harness"]
 TRACKS: dict[str, list[str]] = {
@@ -189,7 +190,7 @@ class RefundRequest(BaseModel):
         "entry_id": "ent_01jd3k5n8q2x7v4w9z6y3t1r0s", "reason": "steps lost to a worker crash", "idempotency_key": "refund-incident-42"}})
 
     entry_id: str = Field(min_length=1, max_length=40, description="The charge entry to refund.")
-    amount_usd_micros: int | None = Field(None, ge=1, description="Micro-USD to give back; omitted: all of the charge not refunded yet.")
+    amount_usd_micros: int | None = Field(None, ge=1, le=MAX_BUDGET_USD_MICROS, description="Micro-USD to give back; omitted: all of the charge not refunded yet.")
     reason: str = Field(min_length=1, max_length=500)
     idempotency_key: str = Field(min_length=1, max_length=200, description="Repeat the call with the same key to get the first answer.")
 

@@ -9,8 +9,9 @@ from pathlib import Path
 import pytest
 import yaml
 
+from gateway.benchmarks import parse_benchmark
 from gateway.schemas import BenchmarkFile
-from gateway.service import Caller, apply_recipe_policy, check_editable, parse_benchmark
+from gateway.service import Caller, apply_recipe_policy, check_editable
 from services.common.auth import RunContext
 from services.common.errors import OutsideEditableSpace, Unprocessable
 from tests.conftest import TEST_BENCHMARK
@@ -148,7 +149,7 @@ def test_crucible_admin_check_benchmark_names_the_bad_key(tmp_path) -> None:  # 
 
 
 def test_the_leaderboard_page_renders_tasks_rsi_index_intervals_and_contamination() -> None:
-    from gateway.app import templates
+    from gateway.api import templates
     from gateway.schemas import LeaderboardRow, TaskScore
 
     def task(name: str, final: float | None, flagged: bool | None) -> TaskScore:

@@ -26,8 +26,9 @@ import pytest
 
 from services.common.auth import hash_secret
 from services.common.errors import UpstreamUnavailable
-from services.common.http import AsyncServiceClient, ServiceClient, ledger_client
+from services.common.http import AsyncServiceClient, ServiceClient
 from services.common.settings import ServiceSettings
+from services.ledger.client import LedgerClient
 from tests.conftest import TEST_BENCHMARK
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -95,12 +96,18 @@ def json_server(answer, hold=lambda: None, port: int = 0) -> Iterator[str]:  # n
         server.server_close()
 
 
-def _ledger(url: str, client: type) -> ServiceClient | AsyncServiceClient:
-    return ledger_client(ServiceSettings(ledger_url=url), client)
+BALANCE = {"account_id": "run_x", "budget_usd_micros": 10, "held_usd_micros": 0, "spent_usd_micros": 0, "remaining_usd_micros": 10,
+           "spent_by_kind": {}, "usage_by_kind": {}, "price_version": "v1"}
 
 
-def _get(client: ServiceClient | AsyncServiceClient, path: str) -> object:
-    return asyncio.run(client.get(path)) if isinstance(client, AsyncServiceClient) else client.get(path)
+def _ledger(url: str, transport: type) -> LedgerClient:
+    return LedgerClient.connect(ServiceSettings(ledger_url=url), transport)
+
+
+def _balance(ledger: LedgerClient) -> object:
+    """Run ``run_x``'s balance read, on either transport."""
+    answer = ledger.get_balance("run_x")
+    return asyncio.run(answer) if isinstance(ledger.http, AsyncServiceClient) else answer
 
 
 # --------------------------------------------------------------------------- the service client
@@ -113,7 +120,7 @@ def test_a_ledger_that_accepts_and_never_answers_is_a_503_after_the_readmes_10_s
         ledger = _ledger(url, client)
         start = time.monotonic()
         with pytest.raises(UpstreamUnavailable) as exc:
-            _get(ledger, "/internal/accounts/run_x")
+            _balance(ledger)
         elapsed = time.monotonic() - start
     assert README_LEDGER_S - 0.5 <= elapsed <= README_LEDGER_S + 3, elapsed
     problem = exc.value.to_problem()
@@ -130,13 +137,13 @@ def test_a_ledger_restarting_for_a_few_seconds_is_waited_for(client: type) -> No
 
     def restart() -> None:
         time.sleep(2.0)
-        with json_server(lambda _path, _body: (200, {"account_id": "run_x"}), port=port):
+        with json_server(lambda _path, _body: (200, BALANCE), port=port):
             back.set()
             time.sleep(20)
 
     threading.Thread(target=restart, daemon=True).start()
     start = time.monotonic()
-    assert _get(ledger, "/internal/accounts/run_x") == {"account_id": "run_x"}
+    assert _balance(ledger).account_id == "run_x"  # type: ignore[attr-defined]
     assert back.is_set() and 2.0 <= time.monotonic() - start < README_LEDGER_S
 
 
@@ -159,7 +166,7 @@ def test_a_problem_answer_passes_through_and_is_not_retried() -> None:
     with json_server(answer) as url:
         for client in (ServiceClient, AsyncServiceClient):
             with pytest.raises(Exception) as exc:
-                _get(_ledger(url, client), "/internal/holds")
+                _balance(_ledger(url, client))
             assert exc.value.to_problem()["remaining_usd_micros"] == 5 and exc.value.status == 402
     assert len(calls) == 2
 

@@ -16,7 +16,7 @@ import yaml
 from typer.testing import CliRunner
 
 from crucible.cli import app
-from gateway.service import grading_spec, parse_benchmark
+from gateway.benchmarks import grading_spec, parse_benchmark
 from grader import splits
 from grader.audit import audit
 from grader.canonical import math_tokens, template_clauses

@@ -1,0 +1,120 @@
+"""Benchmarks (operators): the benchmark file checked, its tasks registered with the grader, its baselines read back.
+
+The grader grades each task of a benchmark as a task of its own, under its own id: a one-task benchmark's
+task has the benchmark's id, the tasks of a ``tasks`` list get fresh ones (``Benchmark.tasks``).
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+from pydantic import ValidationError
+from sqlalchemy import select
+from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
+
+from gateway.models import Benchmark
+from gateway.schemas import BenchmarkFile, BenchmarkOut, TaskSpec
+from gateway.service import Gateway
+from services.common.contracts import GradingSpec
+from services.common.db import utcnow
+from services.common.errors import Conflict, NotFound, Unprocessable
+from services.common.ids import has_prefix, new_id
+from services.common.llms import BASE_MODELS
+
+
+def benchmark_out(b: Benchmark, warnings: list[str] | None = None) -> BenchmarkOut:
+    return BenchmarkOut(id=b.id, name=b.name, spec=BenchmarkFile.model_validate(b.spec), created_at=b.created_at, warnings=warnings or [])
+
+
+def parse_benchmark(doc: Any) -> BenchmarkFile:
+    """Validate a benchmark document; raises ``Unprocessable`` naming the key path and the reason (also for an
+    initial or reference system whose model is no base model: a benchmark cannot start from a run's checkpoint)."""
+    try:
+        spec = BenchmarkFile.model_validate(doc)
+    except ValidationError as exc:
+        err = exc.errors()[0]
+        field = ".".join(str(p) for p in err["loc"]) or "(document)"
+        raise Unprocessable(f"{field}: {err['msg']}", field=field) from exc
+    for i, task in enumerate(spec.task_list()):
+        prefix = "" if spec.tasks is None else f"tasks.{i}."
+        for key, system in (("initial_system", task.initial_system), ("reference.system", task.reference.system)):
+            if system is not None and system.model not in BASE_MODELS:
+                field = f"{prefix}{key}.model"
+                raise Unprocessable(f"{field}: unknown base model {system.model!r}; known: {', '.join(sorted(BASE_MODELS))}", field=field)
+        model = BASE_MODELS[task.initial_system.model]
+        if task.evaluation and task.evaluation.thinking and not model.thinking:
+            field = "evaluation.thinking" if spec.tasks is None or not spec.tasks[i].evaluation else f"tasks.{i}.evaluation.thinking"
+            raise Unprocessable(f"{field}: {model.name} has no thinking mode; leave it null or false", field=field)
+    return spec
+
+
+def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str) -> GradingSpec:
+    """What the grader is told of one task of ``spec``, whose grader id is ``task_id``."""
+    return GradingSpec(task_id=task_id, task=task.name, suite=task.suite, initial_system=task.initial_system,
+                       reference_system=task.reference.system, reference_score=task.reference.score, evaluation=task.evaluation, audit=spec.audit)
+
+
+def find_benchmark(s: Session, ref: str) -> Benchmark:
+    """The benchmark with id or name ``ref``; ``NotFound`` (field ``benchmark``) if there is none."""
+    b = s.get(Benchmark, ref) if has_prefix(ref, "bm") else s.scalar(select(Benchmark).where(Benchmark.name == ref))
+    if b is None:
+        raise NotFound(f"benchmark {ref!r} not found", field="benchmark")
+    return b
+
+
+async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
+    """Register a benchmark: validate, have the grader build each task's splits, store it. Same name and same
+    document → the existing benchmark; same name, different document → ``Conflict``. The answer's ``warnings``
+    (first load only) are the grader's, e.g. a task whose items are few enough to enumerate."""
+    spec = parse_benchmark(doc)
+
+    def existing() -> BenchmarkOut | None:
+        with gw.db.session() as s:
+            b = s.scalar(select(Benchmark).where(Benchmark.name == spec.name))
+            if b is not None and BenchmarkFile.model_validate(b.spec) != spec:
+                raise Conflict(f"benchmark {spec.name!r} exists with a different definition; choose a new name", field="name")
+            return None if b is None else benchmark_out(b)
+
+    if (out := await run_in_threadpool(existing)) is not None:
+        return out
+    bm_id = new_id("bm")
+    tasks = spec.task_list()
+    ids = {t.name: bm_id if spec.tasks is None else new_id("bm") for t in tasks}
+    warnings: list[str] = []
+    for t in tasks:
+        warnings += (await gw.grader.register_task(grading_spec(spec, t, ids[t.name]))).warnings
+
+    def store() -> BenchmarkOut:
+        with gw.db.session() as s:
+            b = Benchmark(id=bm_id, name=spec.name, spec=spec.model_dump(mode="json"), tasks=ids, created_at=utcnow())
+            s.add(b)
+            s.flush()
+            return benchmark_out(b, warnings)
+
+    return await run_in_threadpool(store)
+
+
+def list_benchmarks(gw: Gateway) -> list[BenchmarkOut]:
+    with gw.db.session() as s:
+        return [benchmark_out(b) for b in s.scalars(select(Benchmark).order_by(Benchmark.id))]
+
+
+async def benchmark_baselines(gw: Gateway, ref: str) -> dict[str, Any]:
+    """The grader's status of a benchmark (by id or name): split sizes and baseline test scores, per task under
+    ``tasks``; with one task also at the top level. ``initial_status``/``reference_status`` sum the tasks up:
+    ``succeeded`` once all have, ``failed`` if one has, else ``running``. ``NotFound`` for an unknown benchmark."""
+    def task_ids() -> dict[str, str]:
+        with gw.db.session() as s:
+            return find_benchmark(s, ref).task_ids()
+
+    statuses = {name: await gw.grader.task_status(gid) for name, gid in (await run_in_threadpool(task_ids)).items()}
+    tasks = {name: status.model_dump(mode="json") for name, status in statuses.items()}
+    if len(tasks) == 1:
+        return {**next(iter(tasks.values())), "tasks": tasks}
+
+    def overall(states: set[str | None]) -> str:
+        return "failed" if "failed" in states else ("succeeded" if states <= {None, "declared", "succeeded"} else "running")
+
+    return {"tasks": tasks, "initial_status": overall({t.initial_status for t in statuses.values()}),
+            "reference_status": overall({t.reference_status for t in statuses.values()})}

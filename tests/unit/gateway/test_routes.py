@@ -1,0 +1,444 @@
+"""The gateway's routes in this process: the app from ``create_app`` on a temporary SQLite database, called as an
+agent and an operator would.
+
+Behind it, the ledger and the trainer are their real apps in this process (SQLite). The grader is a stand-in
+at its typed client's seam (:class:`Grader`): serving the real one means its test store, its splits and its
+queue, and the grader's own tests do that (the leaderboard against the real grader: ``tests/test_submission_rules.py``).
+Where the point is the gateway's own mapping of an answer (an upstream 503, a service that cannot be reached, a
+recipe sent on), the service is an ``httpx.MockTransport``.
+"""
+
+from __future__ import annotations
+
+import copy
+import datetime as dt
+import json
+from collections.abc import Callable, Iterator
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+import yaml
+from fastapi import FastAPI
+from fastapi.testclient import TestClient
+from inference_service.client import InferenceClient
+from trainer_service.app import create_app as create_trainer_app
+from trainer_service.client import TrainerClient
+
+from gateway.app import create_app
+from gateway.service import Gateway
+from gateway.settings import GatewaySettings
+from grader.schemas import ContaminationReport, LeaderboardEntry, TaskRegistered
+from services.common.auth import RunContext
+from services.common.contracts import (
+    ChatCompletion,
+    EvaluationUsage,
+    GradingSpec,
+    GradingTaskStatus,
+    Harness,
+    Page,
+    Score,
+    SubmissionOut,
+    SuiteItemOut,
+    SystemSpec,
+)
+from services.common.errors import UpstreamProblem
+from services.common.http import AsyncServiceClient
+from services.common.ids import new_id
+from services.common.settings import ServiceSettings
+from services.ledger.app import create_app as create_ledger_app
+from services.ledger.client import LedgerClient
+from services.ledger.settings import LedgerSettings
+from tests.conftest import TEST_BENCHMARK
+
+ROOT = Path(__file__).resolve().parents[3]
+ADMIN_KEY = "admin-key-for-the-route-tests"
+ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
+GATEWAY_TOKEN, TRAINER_TOKEN = "gateway-token", "trainer-token"
+MAX_UPLOAD_BYTES = 10_000
+MODEL = "smollm2-135m-instruct"
+GOOD_ROW = b'{"messages": [{"role": "user", "content": "What is 2 + 2?"}, {"role": "assistant", "content": "4"}]}\n'
+COMPLETION = {"id": "chatcmpl-1", "object": "chat.completion", "created": 0, "model": MODEL,
+              "choices": [{"index": 0, "message": {"role": "assistant", "content": "4"}, "finish_reason": "stop"}],
+              "usage": {"prompt_tokens": 5, "completion_tokens": 1, "total_tokens": 6}}
+
+
+def in_process(target: httpx.AsyncBaseTransport, name: str) -> AsyncServiceClient:
+    """A transport of the gateway's (its token, its async client) whose calls go to ``target``: an app in this
+    process (``httpx.ASGITransport``) or a stand-in (``httpx.MockTransport``)."""
+    http = AsyncServiceClient(f"http://{name}", GATEWAY_TOKEN, name=name)
+    http.client = httpx.AsyncClient(base_url=f"http://{name}", headers=http.client.headers, transport=target)
+    return http
+
+
+def problem(status: int, code: str, detail: str = "", **extra: Any) -> dict[str, Any]:
+    return {"type": f"urn:crucible:problem:{code}", "title": code, "status": status, "code": code, "detail": detail, **extra}
+
+
+@dataclass
+class Grader:
+    """The grader as the gateway calls it (the methods of ``GraderClient`` it uses): tasks registered from the gateway's
+    grading specs, each with ``initial`` as its initial system's test score and a declared reference; the submissions
+    that count on the leaderboard (``entries``); each run's submissions and evaluation usage."""
+
+    tasks: dict[str, GradingSpec] = field(default_factory=dict)
+    warnings: list[str] = field(default_factory=list)
+    initial: float = 0.2
+    entries: list[LeaderboardEntry] = field(default_factory=list)
+    submissions: dict[str, list[SubmissionOut]] = field(default_factory=dict)
+
+    async def register_task(self, body: GradingSpec) -> TaskRegistered:
+        self.tasks.setdefault(body.task_id, body)
+        return TaskRegistered(**(await self.task_status(body.task_id)).model_dump(), warnings=self.warnings)
+
+    async def task_status(self, task_id: str) -> GradingTaskStatus:
+        spec = self.tasks.get(task_id)
+        if spec is None:
+            raise UpstreamProblem(problem(404, "not_found", f"task {task_id} not found"))
+        declared = spec.reference_score is not None
+        return GradingTaskStatus(
+            benchmark_id=task_id, validation_items=spec.suite.splits.validation.size, test_items=spec.suite.splits.test.size,
+            initial=Score(value=self.initial, n=spec.suite.splits.test.size, metric="avg@k", k=1), initial_status="succeeded",
+            reference=Score(value=spec.reference_score, n=0, metric="avg@k", k=1) if declared else None,
+            reference_status="declared" if declared else "queued",
+            initial_system=SystemSpec(model=spec.initial_system.model, harness=Harness(max_tokens=spec.evaluation.max_tokens)),
+        )
+
+    async def validation(self, ctx: RunContext) -> Page[SuiteItemOut]:
+        spec = self.tasks[ctx.task_id]
+        return Page[SuiteItemOut](data=[SuiteItemOut(id=f"{spec.task}-{i}", question="1 + 1 =", answer="2") for i in range(2)])
+
+    async def list_submissions(self, ctx: RunContext) -> Page[SubmissionOut]:
+        return Page[SubmissionOut](data=self.submissions.get(ctx.run_id, []))
+
+    async def evaluation_usage(self, ctx: RunContext) -> EvaluationUsage:
+        return EvaluationUsage(last_hour=2, last_day=3, active=1, failed=0, total=3)
+
+    async def leaderboard(self) -> Page[LeaderboardEntry]:
+        return Page[LeaderboardEntry](data=self.entries)
+
+    async def close(self) -> None:
+        """Nothing to close: no connections."""
+
+
+@dataclass
+class Served:
+    """The gateway app (``http``, no credentials of its own), its :class:`Gateway`, the grader stand-in and the ledger
+    and trainer apps behind it."""
+
+    http: TestClient
+    grader: Grader
+    services: dict[str, FastAPI]  # the ledger's and the trainer's apps
+
+    @property
+    def gateway(self) -> Gateway:
+        return self.http.app.state.gateway  # type: ignore[attr-defined]
+
+    def connect(self) -> Served:
+        """Send the gateway's calls to the ledger and trainer apps and to the grader stand-in; ``self``."""
+        self.gateway.ledger = LedgerClient(in_process(httpx.ASGITransport(app=self.services["ledger"]), "ledger"))
+        self.gateway.trainer = TrainerClient(in_process(httpx.ASGITransport(app=self.services["trainer"]), "trainer"))
+        self.gateway.grader = self.grader  # type: ignore[assignment]
+        return self
+
+    def load(self, doc: dict[str, Any]) -> dict[str, Any]:
+        resp = self.http.post("/admin/benchmarks", json=doc, headers=ADMIN)
+        assert resp.status_code == 201, resp.text
+        return resp.json()
+
+    def new_run(self, doc: dict[str, Any] | None = None, **overrides: Any) -> tuple[str, dict[str, str]]:
+        """A run of ``doc`` (a fresh copy of the test benchmark by default): ``(run id, its agent's headers)``."""
+        bm = self.load(doc or {**TEST_BENCHMARK, "name": f"chain-sum-{new_id('bm')[3:]}"})
+        resp = self.http.post("/admin/runs", json={"benchmark": bm["id"], "agent_name": "agent", **overrides}, headers=ADMIN)
+        assert resp.status_code == 201, resp.text
+        return resp.json()["id"], {"Authorization": f"Bearer {resp.json()['api_key']}"}
+
+    def answering(self, service: str, handler: Callable[[httpx.Request], httpx.Response], monkeypatch: pytest.MonkeyPatch) -> list[httpx.Request]:
+        """``service`` (trainer|inference) answered by ``handler`` for this test; the requests it got."""
+        seen: list[httpx.Request] = []
+
+        def record(request: httpx.Request) -> httpx.Response:
+            seen.append(request)
+            return handler(request)
+
+        client = {"trainer": TrainerClient, "inference": InferenceClient}[service]
+        monkeypatch.setattr(self.gateway, service, client(in_process(httpx.MockTransport(record), service)))
+        return seen
+
+
+def settings_for(tmp: Path, **overrides: Any) -> GatewaySettings:
+    return GatewaySettings(**{"data_dir": tmp, "admin_key": ADMIN_KEY, "service_token": GATEWAY_TOKEN, "rate_limits": "",
+                              "max_upload_bytes": MAX_UPLOAD_BYTES, **overrides})
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("gateway")
+    ledger_app = create_ledger_app(LedgerSettings(database_url=f"sqlite:///{tmp}/ledger.sqlite", service_token="ledger-token",
+                                                  trusted_tokens={"gateway": GATEWAY_TOKEN}))
+    trainer_app = create_trainer_app(ServiceSettings(data_dir=tmp / "trainer", service_token=TRAINER_TOKEN, reconcile_interval_s=3600,
+                                                     trusted_tokens={"gateway": GATEWAY_TOKEN}))
+    with TestClient(ledger_app), TestClient(trainer_app), TestClient(create_app(settings_for(tmp)), base_url="http://gateway") as http:
+        yield Served(http=http, grader=Grader(), services={"ledger": ledger_app, "trainer": trainer_app}).connect()
+
+
+def assert_problem(resp: httpx.Response, status: int, code: str | None = None) -> dict[str, Any]:
+    assert resp.status_code == status, resp.text
+    assert resp.headers["content-type"] == "application/problem+json"
+    body = resp.json()
+    assert body["status"] == status and (code is None or body["code"] == code), body
+    return body
+
+
+# --------------------------------------------------------------------------- who may call
+
+
+def test_a_call_without_a_run_key_or_with_a_wrong_one_is_a_401_problem_and_is_audited(served: Served) -> None:
+    assert "API key" in assert_problem(served.http.get("/v1/budget"), 401, "unauthorized")["detail"]
+    assert assert_problem(served.http.get("/v1/budget", headers={"Authorization": "Bearer crk_wrong-key-never-issued"}), 401)["detail"] == "unknown API key"
+    assert_problem(served.http.get("/v1/budget", headers={"Authorization": "Basic crk_wrong-key-never-issued"}), 401)
+    assert_problem(served.http.get("/v1/budget", headers=ADMIN), 401)  # the admin key is no run key
+    audit = served.http.get("/admin/audit", headers=ADMIN).json()["data"]
+    refused = [e for e in audit if e["path"] == "/v1/budget"]
+    assert {(e["actor"], e["status"]) for e in refused} == {("anonymous", 401)}
+    assert "crk_wron" in {e["key_prefix"] for e in refused} and not any("never-issued" in json.dumps(e) for e in audit)
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/admin/benchmarks"), ("POST", "/admin/benchmarks"), ("GET", "/admin/runs"),
+                                              ("POST", "/admin/runs"), ("GET", "/admin/audit"), ("GET", "/admin/accounts"), ("GET", "/metrics")])
+def test_operator_routes_answer_only_the_admin_key(served: Served, method: str, path: str) -> None:
+    _run, agent = served.new_run()
+    for headers in ({}, agent, {"Authorization": f"Bearer {ADMIN_KEY}x"}):
+        assert_problem(served.http.request(method, path, headers=headers), 401, "unauthorized")
+
+
+def test_a_revoked_key_is_refused_from_its_next_call(served: Served) -> None:
+    run_id, agent = served.new_run()
+    assert served.http.get("/v1/budget", headers=agent).status_code == 200
+    revoked = served.http.post(f"/admin/runs/{run_id}/revoke", headers=ADMIN)
+    assert revoked.status_code == 200 and revoked.json()["revoked"] is True
+    assert "revoked" in assert_problem(served.http.get("/v1/budget", headers=agent), 401)["detail"]
+    assert_problem(served.http.post(f"/admin/runs/run_{'0' * 26}/revoke", headers=ADMIN), 404, "not_found")
+
+
+def test_a_key_past_its_rate_limit_gets_a_429_problem_with_retry_after_and_other_keys_do_not(tmp_path: Path, served: Served) -> None:
+    with TestClient(create_app(settings_for(tmp_path, rate_limits="3/minute"))) as http:
+        limited = Served(http=http, grader=served.grader, services=served.services).connect()
+        _a, agent_a = limited.new_run()
+        _b, agent_b = limited.new_run()
+        assert [http.get("/v1/budget", headers=agent_a).status_code for _ in range(3)] == [200, 200, 200]
+        refused = http.get("/v1/budget", headers=agent_a)
+        body = assert_problem(refused, 429)
+        assert 1 <= int(refused.headers["Retry-After"]) <= 60 and body["retry_after_s"] == int(refused.headers["Retry-After"])
+        assert http.get("/v1/budget", headers=agent_b).status_code == 200
+
+
+def test_past_its_deadline_a_run_reads_but_changes_nothing(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    calls = served.answering("inference", lambda _r: httpx.Response(200, json=COMPLETION), monkeypatch)
+    _run, agent = served.new_run(wall_clock_hours=1e-9)
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "2+2?"}]}
+    assert_problem(served.http.post("/v1/chat/completions", json=body, headers=agent), 403, "run_expired")
+    assert_problem(served.http.post("/v1/datasets", files={"file": ("d.jsonl", GOOD_ROW)}, headers=agent), 403, "run_expired")
+    assert served.http.get("/v1/budget", headers=agent).status_code == 200 and calls == []
+
+
+# --------------------------------------------------------------------------- benchmarks and runs (operators)
+
+
+@pytest.mark.parametrize("path", sorted((ROOT / "benchmarks").glob("*.yaml")), ids=lambda p: p.stem)
+def test_every_shipped_benchmark_file_loads_once_each_task_registered_with_the_grader(served: Served, path: Path) -> None:
+    doc = yaml.safe_load(path.read_text())
+    bm = served.load(doc)
+    names = [t["name"] for t in doc["tasks"]] if "tasks" in doc else ["main"]
+    registered = {t.task: t for t in served.grader.tasks.values() if t.task_id == bm["id"] or t.task_id in _task_ids(served, bm["id"])}
+    assert sorted(registered) == sorted(names) and bm["warnings"] == []
+    assert served.load(doc)["id"] == bm["id"]  # the same document again: the same benchmark
+    changed = served.http.post("/admin/benchmarks", json={**doc, "description": "another"}, headers=ADMIN)
+    assert assert_problem(changed, 409, "conflict")["field"] == "name"
+    assert bm["id"] in {b["id"] for b in served.http.get("/admin/benchmarks", headers=ADMIN).json()["data"]}
+    baselines = served.http.get(f"/admin/benchmarks/{doc['name']}/baselines", headers=ADMIN).json()
+    assert sorted(baselines["tasks"]) == sorted(names) and baselines["initial_status"] == "succeeded"
+    if len(names) == 1:
+        assert baselines["initial"]["value"] == served.grader.initial and baselines["benchmark_id"] == bm["id"]
+
+
+def _task_ids(served: Served, bm_id: str) -> set[str]:
+    from gateway.models import Benchmark
+
+    with served.gateway.db.session() as s:
+        return set(s.get(Benchmark, bm_id).task_ids().values())  # type: ignore[union-attr]
+
+
+def test_the_graders_warnings_reach_the_operator_on_the_first_load(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setattr(served.grader, "warnings", ["task 'main' has 120 distinct items"])
+    assert served.load({**TEST_BENCHMARK, "name": "chain-sum-warned"})["warnings"] == ["task 'main' has 120 distinct items"]
+
+
+def test_a_bad_benchmark_file_is_a_422_naming_the_key(served: Served) -> None:
+    doc = copy.deepcopy(TEST_BENCHMARK)
+    doc["budget"]["usd"] = -1
+    assert assert_problem(served.http.post("/admin/benchmarks", json=doc, headers=ADMIN), 422, "invalid_input")["field"] == "budget.usd"
+    assert assert_problem(served.http.get("/admin/benchmarks/no-such-benchmark/baselines", headers=ADMIN), 404)["field"] == "benchmark"
+
+
+def test_a_new_run_gets_its_key_once_and_a_ledger_account_with_its_budget(served: Served) -> None:
+    run_id, agent = served.new_run(budget_usd=2.5)
+    budget = served.http.get("/v1/budget", headers=agent).json()
+    assert budget == {"budget_usd_micros": 2_500_000, "remaining_usd_micros": 2_500_000, "held_usd_micros": 0, "spent_usd_micros": 0,
+                      "spent_by_kind": budget["spent_by_kind"], "usage_by_kind": budget["usage_by_kind"]}
+    listed = {r["id"]: r for r in served.http.get("/admin/runs", headers=ADMIN).json()["data"]}
+    assert "api_key" not in listed[run_id] and listed[run_id]["key_prefix"] == agent["Authorization"][7:15]
+    entries = served.http.get(f"/admin/runs/{run_id}/entries", headers=ADMIN).json()
+    assert entries["object"] == "list" and [(e["type"], e["amount_usd_micros"]) for e in entries["data"]] == [("grant", 2_500_000)]
+    assert run_id in {a["account_id"] for a in served.http.get("/admin/accounts", headers=ADMIN).json()}
+    missing = served.http.post("/admin/runs", json={"benchmark": "no-such-benchmark", "agent_name": "a"}, headers=ADMIN)
+    assert assert_problem(missing, 404, "not_found")["field"] == "benchmark"
+
+
+def test_a_refund_reaches_the_ledger_and_its_answer_passes_through(served: Served) -> None:
+    run_id, _agent = served.new_run()
+    refund = {"entry_id": "ent_nosuchcharge", "reason": "steps lost to a worker crash", "idempotency_key": "refund-1"}
+    assert_problem(served.http.post(f"/admin/runs/{run_id}/refunds", json=refund, headers=ADMIN), 404, "not_found")  # the ledger's
+    assert_problem(served.http.post(f"/admin/runs/run_{'0' * 26}/refunds", json=refund, headers=ADMIN), 404, "not_found")  # the gateway's
+    assert_problem(served.http.post(f"/admin/runs/{run_id}/refunds", json={**refund, "amount_usd_micros": 10**16}, headers=ADMIN), 422)
+
+
+# --------------------------------------------------------------------------- the run card and tasks
+
+
+def test_the_run_card_shows_the_benchmark_its_limits_and_what_is_left(served: Served) -> None:
+    run_id, agent = served.new_run()
+    sub = {"object": "submission", "task": "main", "model": MODEL, "harness": Harness().model_dump(), "created_at": "2026-01-01T00:00:00Z"}
+    served.grader.submissions[run_id] = [SubmissionOut(**sub, id="sub_a", status="failed", failure_cause="platform", counted=False)]
+    card = served.http.get("/v1/run", headers=agent).json()
+    assert card["run_id"] == run_id and card["track"] == "joint" and card["editable"] == ["data", "trainer", "harness"]
+    assert card["benchmark"]["suite"] == "reasoning_gym" and card["benchmark"]["initial_system"]["model"] == MODEL
+    assert card["benchmark"]["initial_system"]["harness"]["max_tokens"] == TEST_BENCHMARK["evaluation"]["max_tokens"]
+    assert card["limits"]["final_submissions"] == {"limit": 1, "used": 0, "left": 1}  # a platform failure is given back
+    assert card["limits"]["validation_evaluations_total"] == 3 and card["budget"]["budget_usd_micros"] == 1_000_000
+    assert 0 < card["seconds_left"] <= 2 * 3600
+
+
+def test_a_benchmark_of_several_tasks_needs_the_task_named(served: Served) -> None:
+    one = {k: TEST_BENCHMARK[k] for k in ("suite", "initial_system", "reference")}
+    doc = {**{k: v for k, v in TEST_BENCHMARK.items() if k not in one}, "name": "two-sums", "tasks": [{"name": "sums", **one}, {"name": "more", **one}]}
+    _run, agent = served.new_run(doc)
+    assert assert_problem(served.http.get("/v1/suite/validation", headers=agent), 422, "invalid_input")["field"] == "task"
+    assert "sums, more" in assert_problem(served.http.get("/v1/suite/validation?task=nope", headers=agent), 422)["detail"]
+    assert [i["id"] for i in served.http.get("/v1/suite/validation?task=more", headers=agent).json()["data"]] == ["more-0", "more-1"]
+    card = served.http.get("/v1/run", headers=agent).json()
+    assert [t["name"] for t in card["benchmark"]["tasks"]] == ["sums", "more"] and "suite" not in card["benchmark"]
+    assert card["limits"]["final_submissions_by_task"] == {"sums": {"limit": 1, "used": 0, "left": 1}, "more": {"limit": 1, "used": 0, "left": 1}}
+
+
+# --------------------------------------------------------------------------- forwarding to the trainer and inference
+
+
+def test_a_dataset_upload_reaches_the_trainer_as_the_runs(served: Served) -> None:
+    _run, agent = served.new_run()
+    up = served.http.post("/v1/datasets", files={"file": ("sums.jsonl", GOOD_ROW)}, data={"name": "sums"}, headers=agent)
+    assert up.status_code == 201, up.text
+    ds = up.json()
+    assert (ds["name"], ds["rows"], ds["format"]) == ("sums", 1, "messages")
+    assert [d["id"] for d in served.http.get("/v1/datasets", headers=agent).json()["data"]] == [ds["id"]]
+    assert served.http.get(f"/v1/datasets/{ds['id']}", headers=agent).json() == ds
+    _other, stranger = served.new_run()
+    assert_problem(served.http.get(f"/v1/datasets/{ds['id']}", headers=stranger), 404)  # the trainer's, passed through
+    bad = served.http.post("/v1/datasets", files={"file": ("bad.jsonl", b'{"messages": 1}\n')}, headers=agent)
+    assert assert_problem(bad, 422)["line"] == 1
+    big = served.http.post("/v1/datasets", files={"file": ("big.jsonl", GOOD_ROW * (MAX_UPLOAD_BYTES // len(GOOD_ROW) + 1))}, headers=agent)
+    assert assert_problem(big, 413)["field"] == "file"
+
+
+def test_a_harness_track_run_cannot_upload_data(served: Served) -> None:
+    _run, agent = served.new_run(track="harness")
+    refused = served.http.post("/v1/datasets", files={"file": ("d.jsonl", GOOD_ROW)}, headers=agent)
+    assert assert_problem(refused, 403, "not_editable")["operation"] == "uploading a dataset"
+
+
+def test_a_training_job_goes_to_the_trainer_with_the_benchmarks_locked_recipe(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    job = {"id": "job_x", "object": "training.job", "status": "queued", "model": MODEL, "base_model": MODEL, "datasets": ["ds_x"],
+           "recipe": {}, "steps_done": 0, "estimated_tokens": 100, "trained_tokens": 0, "created_at": "2026-01-01T00:00:00Z"}
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        return httpx.Response(201, json={**job, "recipe": json.loads(request.content)["recipe"]})
+
+    sent = served.answering("trainer", answer, monkeypatch)
+    _run, agent = served.new_run()
+    locked = served.http.post("/v1/training/jobs", json={"model": MODEL, "datasets": ["ds_x"], "recipe": {"method": "dpo"}}, headers=agent)
+    assert assert_problem(locked, 403, "not_editable")["field"] == "recipe.method" and sent == []
+    made = served.http.post("/v1/training/jobs", json={"model": MODEL, "datasets": ["ds_x"], "recipe": {"max_steps": 3}},
+                            headers={**agent, "Idempotency-Key": "train-1"})
+    assert made.status_code == 201, made.text
+    body = json.loads(sent[0].content)
+    assert (body["recipe"]["max_steps"], body["recipe"]["method"], body["recipe"]["adapter"]) == (3, "sft", "lora")
+    assert sent[0].headers["Idempotency-Key"] == "train-1" and sent[0].headers["Authorization"] == f"Bearer {GATEWAY_TOKEN}"
+
+
+def test_a_services_problem_passes_through_unchanged(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    exhausted = problem(402, "budget_exhausted", "the budget cannot cover 64 tokens", remaining_usd_micros=5)
+    served.answering("inference", lambda _r: httpx.Response(402, json=exhausted), monkeypatch)
+    _run, agent = served.new_run()
+    resp = served.http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, headers=agent)
+    assert assert_problem(resp, 402) == exhausted
+
+
+@pytest.mark.parametrize("answer", [
+    lambda _r: httpx.Response(503, json=problem(503, "upstream_unavailable", "ledger unavailable", retry_after_s=2)),
+    lambda _r: httpx.Response(503, text="<html>Service Unavailable</html>"),
+], ids=["problem", "html"])
+def test_an_upstream_503_is_a_503_problem(served: Served, monkeypatch: pytest.MonkeyPatch, answer: Callable[[httpx.Request], httpx.Response]) -> None:
+    served.answering("inference", answer, monkeypatch)
+    _run, agent = served.new_run()
+    assert_problem(served.http.post("/v1/chat/completions", json={"model": MODEL, "messages": [{"role": "user", "content": "hi"}]}, headers=agent), 503)
+
+
+def test_a_service_that_cannot_be_reached_is_a_503_problem_to_retry(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    def refuse(request: httpx.Request) -> httpx.Response:
+        raise httpx.ConnectError("connection refused", request=request)
+
+    served.answering("inference", refuse, monkeypatch)
+    _run, agent = served.new_run()
+    resp = served.http.get("/v1/models", headers=agent)
+    body = assert_problem(resp, 503, "upstream_unavailable")
+    assert "inference" in body["detail"] and int(resp.headers["Retry-After"]) >= 1
+
+
+def test_the_model_list_and_a_completion_come_back_as_inference_answered(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    models = {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "crucible"}]}
+    sent = served.answering("inference", lambda r: httpx.Response(200, json=models if r.method == "GET" else COMPLETION), monkeypatch)
+    run_id, agent = served.new_run()
+    assert served.http.get("/v1/models", headers=agent).json() == models
+    request = {"model": MODEL, "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": 4}
+    assert served.http.post("/v1/chat/completions", json=request, headers=agent).json() == ChatCompletion(**COMPLETION).model_dump(mode="json")
+    body = json.loads(sent[1].content)
+    assert {k: body[k] for k in request} == request and None not in body.values()  # null fields are left out
+    episode = served.http.get(f"/admin/runs/{run_id}/episode", headers=ADMIN).json()["data"]
+    assert [(e["method"], e["path"], e["status"]) for e in episode] == [("GET", "/v1/models", 200), ("POST", "/v1/chat/completions", 200)]
+
+
+# --------------------------------------------------------------------------- the leaderboard
+
+
+def test_the_leaderboard_ranks_runs_by_final_score_with_gap_closed_and_spend(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = {**TEST_BENCHMARK, "name": "chain-sum-ranked"}
+    (a, _), (b, _), (c, _) = served.new_run(doc), served.new_run(doc), served.new_run(doc)
+    bm_id = served.http.get("/admin/runs", headers=ADMIN).json()["data"][-1]["benchmark_id"]
+    graded = dt.datetime.now(dt.UTC)
+
+    def entry(run_id: str, status: str, value: float | None, contaminated: bool | None = None) -> LeaderboardEntry:
+        score = Score(value=value, n=24, metric="avg@k", k=1, ci_low=value - 0.1, ci_high=value + 0.1) if value is not None else None
+        audit = ContaminationReport(contaminated=contaminated, flagged_items=1, items=24, datasets=1, rows=1, ngram=13, min_overlap=0.5) \
+            if contaminated is not None else None
+        return LeaderboardEntry(submission_id=f"sub_{run_id[4:]}", run_id=run_id, benchmark_id=bm_id, status=status, score=score,
+                                graded_at=graded if value is not None else None, validation_evaluations=2, contamination=audit)
+
+    monkeypatch.setattr(served.grader, "entries", [entry(a, "graded", 0.6), entry(b, "graded", 0.8, contaminated=True), entry(c, "queued", None)])
+    rows = [r for r in served.http.get("/v1/leaderboard").json()["data"] if r["benchmark"] == "chain-sum-ranked"]
+    assert [(r["run_id"], r["rank"], r["status"]) for r in rows] == [(b, 1, "graded"), (a, 2, "graded"), (c, None, "queued")]
+    assert rows[0]["gap_closed"] == pytest.approx((0.8 - 0.2) / (1.0 - 0.2)) and rows[0]["contaminated"] is True
+    assert rows[0]["final_ci"] == pytest.approx([0.7, 0.9]) and rows[0]["spent_usd"] == 0.0 and rows[2]["final_score"] is None
+    html = served.http.get("/leaderboard")
+    assert html.status_code == 200 and "chain-sum-ranked" in html.text
