@@ -38,8 +38,9 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
     larger than the task space allows.
     """
     with grader.db.session() as s:
-        if s.get(GradingTask, spec.task_id) is not None:
-            return TaskRegistered(**task_status(grader, spec.task_id).model_dump())
+        registered = s.get(GradingTask, spec.task_id) is not None
+    if registered:  # read in a session of its own: on SQLite a second one would wait for this one's lock
+        return TaskRegistered(**task_status(grader, spec.task_id).model_dump())
     suite = get_suite(spec.suite.name)
     suite.check_params(spec.suite.params)
     for system in (spec.initial_system, spec.reference_system):

@@ -1,0 +1,233 @@
+"""The grader's routes in this process: the app from ``create_app`` on temporary SQLite databases (its own and the
+test store), its ledger calls answered by the real ledger app in this process, inference and the trainer by
+stand-ins. Calls are made as the gateway makes them, through :class:`GraderClient`, or raw where the request itself
+is wrong. The evaluation queue is a list; a test runs what was sent with ``grader.worker``, as an eval worker would."""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Iterator
+from dataclasses import dataclass
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from inference_service.client import InferenceClient
+from trainer_service.client import TrainerClient
+
+from grader import worker
+from grader.app import create_app
+from grader.client import GraderClient
+from grader.service import Grader
+from grader.settings import GraderSettings
+from services.common.auth import RunContext, run_headers
+from services.common.contracts import EvaluationCreate, EvaluationLimits, GradingSpec, SubmissionCreate
+from services.common.errors import UpstreamProblem
+from services.common.http import ServiceClient
+from services.ledger.app import create_app as create_ledger_app
+from services.ledger.client import LedgerClient
+from services.ledger.schemas import AccountCreate, HoldStatus
+from services.ledger.settings import LedgerSettings
+from tests.conftest import TEST_BENCHMARK
+
+BASE = "smollm2-135m-instruct"
+GATEWAY_TOKEN, GRADER_TOKEN = "gateway-token-for-grader-tests", "grader-token-for-grader-tests"
+PROBLEM_JSON = "application/problem+json"
+
+
+def in_process(client: TestClient, token: str, name: str) -> ServiceClient:
+    """A transport whose calls go to ``client``'s app in this process with ``token`` (which ``client`` sends)."""
+    transport = ServiceClient(str(client.base_url), token, name=name)
+    transport.client.close()
+    client.headers["Authorization"] = f"Bearer {token}"
+    transport.client = client
+    return transport
+
+
+def stand_in(name: str, handler: Any) -> ServiceClient:  # noqa: ANN401 - an httpx handler
+    """A transport whose calls ``handler`` answers."""
+    transport = ServiceClient(f"http://{name}", GRADER_TOKEN, name=name)
+    transport.client = httpx.Client(base_url=f"http://{name}", transport=httpx.MockTransport(handler))
+    return transport
+
+
+def inference(request: httpx.Request) -> httpx.Response:
+    """Inference: every model name is a base model; every completion answers ``0``."""
+    if request.method == "GET":
+        model = request.url.path.rsplit("/", 1)[1]
+        if model.startswith("ckpt_"):
+            return httpx.Response(404, json={"status": 404, "title": "Not found", "code": "not_found", "detail": f"unknown model {model}"})
+        return httpx.Response(200, json={"id": model, "object": "model", "owned_by": "crucible", "base_model": model})
+    body = json.loads(request.content)
+    return httpx.Response(200, json={"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "0"}, "finish_reason": "stop"}],
+                                     "usage": {"prompt_tokens": 10, "completion_tokens": 1, "total_tokens": 11}})
+
+
+@dataclass
+class Served:
+    http: TestClient  # the grader app, called with the gateway's token
+    grader: GraderClient  # the gateway's client of it
+    service: Grader  # app.state.grader
+    ledger: LedgerClient
+    queue: list[str]
+    task_id: str
+
+    def ctx(self, run_id: str) -> RunContext:
+        """A run of the registered task with an open ledger account of 1 USD."""
+        self.ledger.open_account(AccountCreate(account_id=run_id, budget_usd_micros=1_000_000))
+        return RunContext(run_id=run_id, task_id=self.task_id)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("grader")
+    ledger_app = create_ledger_app(LedgerSettings(data_dir=tmp / "ledger", service_token="ledger-token", trusted_tokens={"grader": GRADER_TOKEN}))
+    settings = GraderSettings(data_dir=tmp, grader_test_seed=4321, service_token=GRADER_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN},
+                              eval_concurrency=2)
+    with TestClient(ledger_app, base_url="http://ledger") as ledger_http, TestClient(create_app(settings), base_url="http://grader") as http:
+        service: Grader = http.app.state.grader  # type: ignore[attr-defined]
+        service.close()  # its clients reached the configured URLs: the ledger here, inference and the trainer as stand-ins
+        queue: list[str] = []
+        service.ledger = ledger = LedgerClient(in_process(ledger_http, GRADER_TOKEN, "ledger"))
+        service.inference = InferenceClient(stand_in("inference", inference))
+        service.trainer = TrainerClient(stand_in("trainer", lambda _r: httpx.Response(200, json={"object": "list", "data": []})))
+        service.enqueue = queue.append
+        client = GraderClient(in_process(http, GATEWAY_TOKEN, "grader"))
+        spec = GradingSpec(task_id="bm_routes", suite=TEST_BENCHMARK["suite"], initial_system=TEST_BENCHMARK["initial_system"],
+                           reference_score=1.0, evaluation=TEST_BENCHMARK["evaluation"])
+        registered = client.register_task(spec)
+        assert (registered.benchmark_id, registered.validation_items, registered.test_items, registered.initial_status) == ("bm_routes", 16, 24, "queued")
+        yield Served(http, client, service, ledger, queue, spec.task_id)
+
+
+def problem(response: httpx.Response, status: int) -> dict[str, Any]:
+    assert (response.status_code, response.headers["content-type"]) == (status, PROBLEM_JSON), response.text
+    return response.json()
+
+
+# --------------------------------------------------------------------------- who may call
+
+
+@pytest.mark.parametrize(("method", "path"), [("POST", "/internal/tasks"), ("GET", "/internal/tasks/bm_routes"), ("GET", "/internal/leaderboard"),
+                                               ("GET", "/internal/suite/validation"), ("GET", "/internal/evaluations"), ("GET", "/openapi.json")])
+def test_a_call_without_a_trusted_service_token_is_refused(served: Served, method: str, path: str) -> None:
+    for authorization in ("", f"Bearer {GRADER_TOKEN}", "Bearer crk_a-run-key"):
+        assert problem(served.http.request(method, path, headers={"Authorization": authorization}), 401)["code"] == "unauthorized"
+
+
+@pytest.mark.parametrize(("method", "path"), [("GET", "/internal/suite/train-sample"), ("GET", "/internal/suite/validation"),
+                                               ("POST", "/internal/evaluations"), ("GET", "/internal/evaluations/usage"),
+                                               ("GET", "/internal/submissions"), ("POST", "/internal/submissions")])
+def test_a_run_scoped_route_needs_the_signed_run_context(served: Served, method: str, path: str) -> None:
+    assert "run context" in problem(served.http.request(method, path, json={"model": BASE}), 401)["detail"]
+    forged = run_headers(RunContext(run_id="run_forged", task_id=served.task_id), "not-the-gateways-token")
+    assert problem(served.http.request(method, path, json={"model": BASE}, headers=forged), 401)["code"] == "unauthorized"
+
+
+# --------------------------------------------------------------------------- tasks and items
+
+
+def test_registering_a_task_again_answers_its_status_and_queues_nothing(served: Served) -> None:
+    queued = list(served.queue)
+    spec = GradingSpec(task_id=served.task_id, suite=TEST_BENCHMARK["suite"], initial_system=TEST_BENCHMARK["initial_system"],
+                       reference_score=1.0, evaluation=TEST_BENCHMARK["evaluation"])
+    again = served.grader.register_task(spec)
+    assert (again.benchmark_id, again.warnings, served.queue) == (served.task_id, [], queued)
+    status = served.grader.task_status(served.task_id)
+    assert (status.reference_status, status.reference.value, status.initial_system.model) == ("declared", 1.0, BASE)  # type: ignore[union-attr]
+    assert status.initial_system.harness.max_tokens == TEST_BENCHMARK["evaluation"]["max_tokens"]  # type: ignore[union-attr]
+
+
+def test_a_bad_task_is_a_422_naming_the_field_and_an_unknown_one_a_404(served: Served) -> None:
+    spec = {"task_id": "bm_bad", "suite": {**TEST_BENCHMARK["suite"], "name": "no_such_suite"}, "initial_system": {"model": BASE},
+            "evaluation": {"max_tokens": 8}}
+    assert problem(served.http.post("/internal/tasks", json=spec), 422)["field"] == "suite.name"
+    assert problem(served.http.post("/internal/tasks", json={"task_id": "bm_bad"}), 422)["code"] == "invalid_input"
+    assert "bm_unknown" in problem(served.http.get("/internal/tasks/bm_unknown"), 404)["detail"]
+    with pytest.raises(UpstreamProblem) as refused:
+        served.grader.task_status("bm_unknown")
+    assert refused.value.status == 404
+
+
+def test_the_run_reads_its_validation_items_and_pages_of_the_training_pool(served: Served) -> None:
+    ctx = RunContext(run_id="run_items", task_id=served.task_id)
+    validation = served.grader.validation(ctx).data
+    assert len(validation) == 16 and all(it.question and it.answer for it in validation)
+    first, second = served.grader.train_sample(ctx, offset=0, limit=5).data, served.grader.train_sample(ctx, offset=5, limit=5).data
+    assert len(first) == len(second) == 5 and not {it.id for it in first} & {it.id for it in second}
+    assert not {it.question for it in first + second} & {it.question for it in validation}
+    assert problem(served.http.get("/internal/suite/train-sample", params={"limit": 0}, headers=run_headers(ctx, GATEWAY_TOKEN)), 422)["field"] == "limit"
+
+
+# --------------------------------------------------------------------------- evaluations
+
+
+def test_an_evaluation_holds_its_worst_case_runs_and_closes_its_hold(served: Served) -> None:
+    ctx = served.ctx("run_evaluates")
+    created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, limit=3), limits=EvaluationLimits())
+    assert (created.status, created.items_total, served.queue[-1]) == ("queued", 3, created.id)
+    [hold] = served.ledger.list_holds(ctx.run_id)
+    assert (hold.status, hold.purpose) == (HoldStatus.open, f"validation evaluation {created.id}")
+    assert served.grader.evaluation_usage(ctx).active == 1
+
+    worker.run_evaluation(served.service, created.id)
+    done = served.grader.get_evaluation(ctx, created.id)
+    assert (done.status, done.items_done, done.score.n) == ("succeeded", 3, 3)  # type: ignore[union-attr]
+    trajectories = served.grader.get_trajectories(ctx, created.id).data
+    assert [(t.sample, t.completion) for t in trajectories] == [(0, "0")] * 3
+    assert served.ledger.get_hold(hold.hold_id).status == HoldStatus.settled
+    assert [e.id for e in served.grader.list_evaluations(ctx).data] == [created.id]
+    usage = served.grader.evaluation_usage(ctx)
+    assert (usage.active, usage.total, usage.last_hour) == (0, 1, 1)
+
+
+def test_an_evaluation_the_budget_cannot_cover_is_the_ledgers_402_and_writes_nothing(served: Served) -> None:
+    served.ledger.open_account(AccountCreate(account_id="run_broke", budget_usd_micros=0))
+    ctx = RunContext(run_id="run_broke", task_id=served.task_id)
+    with pytest.raises(UpstreamProblem) as refused:
+        served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE), limits=EvaluationLimits())
+    assert refused.value.status == 402
+    assert served.grader.list_evaluations(ctx).data == []
+
+
+def test_an_evaluation_past_the_limits_or_of_an_unknown_model_is_refused(served: Served) -> None:
+    ctx = served.ctx("run_limited")
+    served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, limit=1), limits=EvaluationLimits(concurrent=1))
+    with pytest.raises(UpstreamProblem) as refused:
+        served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, limit=1), limits=EvaluationLimits(concurrent=1))
+    assert (refused.value.status, refused.value.problem["limit"]) == (429, "concurrent_evaluations")
+    with pytest.raises(UpstreamProblem) as unknown:
+        served.grader.create_evaluation(ctx, EvaluationCreate(model="ckpt_gone"), limits=EvaluationLimits())
+    assert (unknown.value.status, unknown.value.problem["field"]) == (422, "model")
+
+
+def test_another_runs_evaluation_is_a_404(served: Served) -> None:
+    ctx = served.ctx("run_owner")
+    created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, limit=1), limits=EvaluationLimits())
+    other = run_headers(RunContext(run_id="run_other", task_id=served.task_id), GATEWAY_TOKEN)
+    for path in (f"/internal/evaluations/{created.id}", f"/internal/evaluations/{created.id}/trajectories"):
+        assert problem(served.http.get(path, headers=other), 404)["code"] == "not_found"
+
+
+# --------------------------------------------------------------------------- submissions and the leaderboard
+
+
+def test_a_submission_is_graded_on_the_hidden_split_and_shows_on_the_leaderboard(served: Served) -> None:
+    ctx = served.ctx("run_submits")
+    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1)
+    assert (sub.status, sub.counted, served.queue[-1] != sub.id) == ("queued", True, True)
+    with pytest.raises(UpstreamProblem) as refused:
+        served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1)
+    assert (refused.value.status, refused.value.code) == (403, "submission_limit")
+
+    worker.run_evaluation(served.service, served.queue[-1])
+    graded = served.grader.get_submission(ctx, sub.id)
+    assert (graded.status, graded.score.n) == ("graded", 24)  # type: ignore[union-attr]
+    assert [s.id for s in served.grader.list_submissions(ctx).data] == [sub.id]
+    [entry] = [e for e in served.grader.leaderboard().data if e.run_id == ctx.run_id]
+    assert (entry.submission_id, entry.benchmark_id, entry.status, entry.score) == (sub.id, served.task_id, "graded", graded.score)
+    assert entry.contamination is not None and not entry.contamination.contaminated  # the run uploaded no datasets
+    other = run_headers(RunContext(run_id="run_other", task_id=served.task_id), GATEWAY_TOKEN)
+    assert problem(served.http.get(f"/internal/submissions/{sub.id}", headers=other), 404)["code"] == "not_found"
