@@ -35,7 +35,7 @@ def _specs(preset: str) -> list[GradingSpec]:
 def _task(params: dict, sizes: tuple[int, int, int], suite: str = "reasoning_gym") -> GradingSpec:
     (train, val, test) = sizes
     return GradingSpec.model_validate({
-        "benchmark_id": "bm_t", "suite": {"name": suite, "params": params, "splits": {
+        "task_id": "bm_t", "suite": {"name": suite, "params": params, "splits": {
             "train": {"seed": 7, "size": train}, "validation": {"seed": 8, "size": val}, "test": {"size": test}}},
         "initial_system": {"model": "smollm2-135m-instruct"}, "evaluation": {"max_tokens": 8}})
 
