@@ -18,6 +18,7 @@ from grader.suites import Item
 from grader.suites.humaneval import HumanEvalSuite, problems
 from grader.suites.math import math_families
 from services.common.contracts import Harness
+from services.common.extraction import MODES
 
 
 def _extract(mode: str, completion: str, **kwargs: str | None) -> str | None:
@@ -347,7 +348,7 @@ HOSTILE = {
 }
 
 
-@pytest.mark.parametrize("mode", ["boxed", "code", "last_number", "strip", "first_line", "regex"])
+@pytest.mark.parametrize("mode", list(MODES))
 @pytest.mark.parametrize("name", list(HOSTILE))
 def test_hostile_completions_give_a_string_or_none_quickly(name: str, mode: str) -> None:
     harness = Harness(answer_extraction=mode, answer_regex=r"answer: (.*)" if mode == "regex" else None)
