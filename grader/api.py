@@ -41,6 +41,7 @@ from services.common.errors import (
 
 
 def get_grader(request: Request) -> Grader:
+    """The app's :class:`Grader`, built by its lifespan."""
     return request.app.state.grader
 
 

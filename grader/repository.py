@@ -39,6 +39,7 @@ def validation_items(s: Session, task_id: str) -> list[Item]:
 
 
 def count_validation_items(s: Session, task_id: str) -> int:
+    """How many visible validation items the task has."""
     return s.scalar(select(func.count()).select_from(_validation(task_id).subquery())) or 0
 
 
