@@ -43,8 +43,7 @@ class GraderClient(ServiceAPI):
     def register_task(self, body: GradingSpec) -> TaskRegistered:
         """Register one grading task: its splits are drawn, its baselines queued. Idempotent on ``body.task_id``;
         422 names the field for an unknown suite, bad suite params, a bad harness or a split too large."""
-        # dumped here, not by _call: a null in the spec means something (evaluation.temperature null: the harness chooses)
-        return self._call("POST", "/internal/tasks", TaskRegistered, body=body.model_dump(mode="json"))
+        return self._call("POST", "/internal/tasks", TaskRegistered, body=body)
 
     def task_status(self, task_id: str) -> GradingTaskStatus:
         """Split sizes and baseline test scores of task ``task_id``; 404 if it is not registered."""

@@ -194,11 +194,12 @@ class ServiceAPI:
               timeout_s: float | None = None, raw: bool = False) -> Any:
         """Send one request; parse the answer as ``out`` (a type pydantic can validate; ``None``: as decoded).
 
-        ``body``: a pydantic model (sent as JSON, ``None`` fields left out) or JSON-ready data; ``params``: query
+        ``body``: a pydantic model (sent as JSON with the fields its maker set, so the callee applies its own defaults
+        to the rest and an explicit ``null`` stays one) or JSON-ready data; ``params``: query
         parameters, ``None`` values left out; ``raw``: the answer's bytes, unparsed.
         """
         if isinstance(body, BaseModel):
-            body = body.model_dump(mode="json", exclude_none=True)
+            body = body.model_dump(mode="json", exclude_unset=True)
         query = {k: v for k, v in (params or {}).items() if v is not None} or None
         answer = self.http.request(method, path, ctx=ctx, json=body, params=query, content=content, headers=headers,
                                    timeout_s=timeout_s, raw=raw)

@@ -1,0 +1,53 @@
+"""ServiceAPI, the base of every typed client: what it sends and how it reads answers."""
+
+from __future__ import annotations
+
+import json
+
+import httpx
+import pytest
+from pydantic import BaseModel
+
+from services.common.errors import UpstreamProblem
+from services.common.http import ServiceAPI, ServiceClient
+
+
+class Settings(BaseModel):
+    temperature: float | None = 0.0  # null means "the harness chooses": not the same as the default
+    samples: int = 1
+
+
+class Echo(ServiceAPI):
+    def send(self, body: Settings, **params: object) -> dict:
+        return self._call("POST", "/internal/echo", dict, body=body, params=params)
+
+
+def echo_client(status: int = 200, answer: object = None) -> tuple[Echo, list[httpx.Request]]:
+    seen: list[httpx.Request] = []
+
+    def handler(request: httpx.Request) -> httpx.Response:
+        seen.append(request)
+        return httpx.Response(status, json=answer if answer is not None else json.loads(request.content))
+
+    transport = ServiceClient("http://svc", "token", name="svc")
+    transport.client = httpx.Client(transport=httpx.MockTransport(handler), base_url="http://svc")
+    return Echo(transport), seen
+
+
+def test_a_body_carries_what_its_maker_set_and_an_explicit_null_stays_one() -> None:
+    client, _ = echo_client()
+    assert client.send(Settings(temperature=None)) == {"temperature": None}
+    assert client.send(Settings(samples=4)) == {"samples": 4}  # the callee applies its own default temperature
+
+
+def test_query_parameters_left_as_none_are_not_sent() -> None:
+    client, seen = echo_client()
+    client.send(Settings(), after=None, limit=5)
+    assert dict(seen[-1].url.params) == {"limit": "5"}
+
+
+def test_a_problem_answer_is_raised_with_the_http_status_whatever_its_body_says() -> None:
+    client, _ = echo_client(409, {"title": "closed", "status": "released", "detail": "hold is released"})
+    with pytest.raises(UpstreamProblem) as exc:
+        client.send(Settings())
+    assert exc.value.status == 409 and exc.value.problem["status"] == 409
