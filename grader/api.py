@@ -14,7 +14,7 @@ from fastapi import APIRouter, Depends, Query, Request
 from grader import evaluations, grading_tasks, submissions
 from grader.schemas import LeaderboardEntry, TaskRegistered
 from grader.service import Grader
-from services.common.auth import InternalAuth, RunContext
+from services.common.auth import RunCaller, ServiceCaller
 from services.common.contracts import (
     EvaluationCreate,
     EvaluationLimits,
@@ -45,90 +45,74 @@ def get_grader(request: Request) -> Grader:
     return request.app.state.grader
 
 
-def _auth(request: Request) -> InternalAuth:
-    return InternalAuth(get_grader(request).settings.trusted_tokens)
-
-
-def caller(request: Request) -> RunContext | None:
-    """The calling service's run context, if it sent one; 401 unless the caller's token is trusted."""
-    return _auth(request).caller(request)
-
-
-def run(request: Request) -> RunContext:
-    """The run the call acts for; 401 without a trusted token and a signed run context."""
-    return _auth(request).run(request)
-
-
 GraderDep = Annotated[Grader, Depends(get_grader)]
-Caller = Annotated[RunContext | None, Depends(caller)]
-Run = Annotated[RunContext, Depends(run)]
 
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
 
 
 @router.post("/tasks", status_code=201, summary="Register a grading task (one task of a benchmark)", responses=problem_responses(Unprocessable))
-def register_task(spec: GradingSpec, grader: GraderDep, _caller: Caller) -> TaskRegistered:
+def register_task(spec: GradingSpec, grader: GraderDep, _caller: ServiceCaller) -> TaskRegistered:
     """Build the splits (the hidden test split into the test store) and queue the baseline evaluations."""
     return grading_tasks.register_task(grader, spec)
 
 
 @router.get("/tasks/{task_id}", summary="A grading task's split sizes and baseline test scores", responses=problem_responses(NotFound))
-def task_status(task_id: str, grader: GraderDep, _caller: Caller) -> GradingTaskStatus:
+def task_status(task_id: str, grader: GraderDep, _caller: ServiceCaller) -> GradingTaskStatus:
     return grading_tasks.task_status(grader, task_id)
 
 
 @router.get("/suite/train-sample", summary="Items of the training pool")
-def train_sample(grader: GraderDep, ctx: Run, offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000)) -> Page[SuiteItemOut]:
+def train_sample(grader: GraderDep, ctx: RunCaller, offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000)) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=grading_tasks.train_sample(grader, ctx, offset, limit))
 
 
 @router.get("/suite/validation", summary="The visible validation items")
-def validation(grader: GraderDep, ctx: Run) -> Page[SuiteItemOut]:
+def validation(grader: GraderDep, ctx: RunCaller) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=grading_tasks.validation_items(grader, ctx))
 
 
 @router.post("/evaluations", status_code=201, summary="Queue a validation evaluation",
              responses=problem_responses(Unprocessable, PaymentRequired, EvaluationRateLimited, FailedEvaluationLimit))
-def create_evaluation(req: EvaluationCreate, limits: Annotated[EvaluationLimits, Query()], grader: GraderDep, ctx: Run) -> EvaluationOut:
+def create_evaluation(req: EvaluationCreate, limits: Annotated[EvaluationLimits, Query()], grader: GraderDep, ctx: RunCaller) -> EvaluationOut:
     """Queue it under the task's ``limits`` (query parameters, as the gateway read them from the benchmark)."""
     return evaluations.create_evaluation(grader, ctx, req, limits)
 
 
 @router.get("/evaluations/usage", summary="The run's use of its evaluation allowance")
-def evaluation_usage(grader: GraderDep, ctx: Run) -> EvaluationUsage:
+def evaluation_usage(grader: GraderDep, ctx: RunCaller) -> EvaluationUsage:
     return evaluations.usage_of(grader, ctx)
 
 
 @router.get("/evaluations", summary="The run's validation evaluations")
-def list_evaluations(grader: GraderDep, ctx: Run) -> Page[EvaluationOut]:
+def list_evaluations(grader: GraderDep, ctx: RunCaller) -> Page[EvaluationOut]:
     return Page[EvaluationOut](data=evaluations.list_evaluations(grader, ctx))
 
 
 @router.get("/evaluations/{eval_id}", summary="One validation evaluation", responses=problem_responses(NotFound))
-def get_evaluation(eval_id: str, grader: GraderDep, ctx: Run) -> EvaluationOut:
+def get_evaluation(eval_id: str, grader: GraderDep, ctx: RunCaller) -> EvaluationOut:
     return evaluations.get_evaluation(grader, ctx, eval_id)
 
 
 @router.get("/evaluations/{eval_id}/trajectories", summary="Per-item validation trajectories", responses=problem_responses(NotFound))
-def get_trajectories(eval_id: str, grader: GraderDep, ctx: Run) -> Page[TrajectoryOut]:
+def get_trajectories(eval_id: str, grader: GraderDep, ctx: RunCaller) -> Page[TrajectoryOut]:
     return Page[TrajectoryOut](data=evaluations.trajectories(grader, ctx, eval_id))
 
 
 @router.post("/submissions", status_code=201, summary="Submit the final system", responses=problem_responses(Unprocessable, SubmissionLimitReached))
-def create_submission(req: SubmissionCreate, grader: GraderDep, ctx: Run, max_submissions: int = Query(1, ge=0)) -> SubmissionOut:
+def create_submission(req: SubmissionCreate, grader: GraderDep, ctx: RunCaller, max_submissions: int = Query(1, ge=0)) -> SubmissionOut:
     return submissions.create_submission(grader, ctx, req, max_submissions)
 
 
 @router.get("/submissions", summary="The run's submissions")
-def list_submissions(grader: GraderDep, ctx: Run) -> Page[SubmissionOut]:
+def list_submissions(grader: GraderDep, ctx: RunCaller) -> Page[SubmissionOut]:
     return Page[SubmissionOut](data=submissions.list_submissions(grader, ctx))
 
 
 @router.get("/submissions/{sub_id}", summary="One submission", responses=problem_responses(NotFound))
-def get_submission(sub_id: str, grader: GraderDep, ctx: Run) -> SubmissionOut:
+def get_submission(sub_id: str, grader: GraderDep, ctx: RunCaller) -> SubmissionOut:
     return submissions.get_submission(grader, ctx, sub_id)
 
 
 @router.get("/leaderboard", summary="Per run and task, the submission that counts (latest graded) with its aggregate test score")
-def leaderboard(grader: GraderDep, _caller: Caller) -> Page[LeaderboardEntry]:
+def leaderboard(grader: GraderDep, _caller: ServiceCaller) -> Page[LeaderboardEntry]:
     return Page[LeaderboardEntry](data=submissions.leaderboard_entries(grader))

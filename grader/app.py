@@ -13,10 +13,11 @@ from pathlib import Path
 from fastapi import FastAPI
 
 from grader import worker
-from grader.api import caller, router
+from grader.api import router
 from grader.service import Grader
 from grader.settings import GraderSettings
 from services.common.app import create_service_app
+from services.common.auth import service_caller
 from services.common.db import migrate
 from services.common.periodic import Periodic
 from services.common.settings import ServiceSettings
@@ -33,7 +34,7 @@ def create_app(settings: GraderSettings | None = None, grader: Grader | None = N
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         built = grader or Grader.from_settings(settings or GraderSettings())
         migrate(built.settings.database_url_for("grader"), MIGRATIONS_DIR)
-        app.state.grader = built
+        app.state.grader, app.state.settings = built, built.settings
         loop = Periodic("grader.reconcile", built.settings.reconcile_interval_s, lambda: worker.reconcile(built)).start()
         try:
             yield
@@ -45,10 +46,10 @@ def create_app(settings: GraderSettings | None = None, grader: Grader | None = N
     app = create_service_app(
         "grader", title="Crucible grader", lifespan=lifespan, log_level=(grader.settings if grader else settings or ServiceSettings()).log_level,
         description="Suites, the hidden test-set store, evaluations and submissions. Internal: reached through the gateway.",
-        docs_auth=caller,
+        docs_auth=service_caller,
     )
     if grader is not None:
-        app.state.grader = grader
+        app.state.grader, app.state.settings = grader, grader.settings
     app.include_router(router)
     return app
 

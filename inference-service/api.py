@@ -12,15 +12,9 @@ from fastapi import APIRouter, Depends, Header, Request
 from inference_service.schemas import ModelDetail
 from inference_service.service import Inference
 
-from services.common.auth import InternalAuth, RunContext
+from services.common.auth import ServiceCaller
 from services.common.contracts import ChatCompletion, ChatCompletionRequest, ModelOut, Page
 from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
-
-
-def caller(request: Request) -> RunContext | None:
-    """Refuse the call (401) unless it carries the token of a service inference trusts; the run context it
-    sent (verified with that token), ``None`` without one."""
-    return InternalAuth(request.app.state.settings.trusted_tokens).caller(request)
 
 
 def get_inference(request: Request) -> Inference:
@@ -28,19 +22,18 @@ def get_inference(request: Request) -> Inference:
 
 
 InferenceDep = Annotated[Inference, Depends(get_inference)]
-CallerDep = Annotated[RunContext | None, Depends(caller)]
 
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
 
 
 @router.get("/models", summary="List servable base models")
-def list_models(_ctx: CallerDep, inference: InferenceDep) -> Page[ModelOut]:
+def list_models(_ctx: ServiceCaller, inference: InferenceDep) -> Page[ModelOut]:
     """OpenAI-style ``{"object": "list", "data": [{"id", "object": "model", "owned_by"}]}``."""
     return Page[ModelOut](data=inference.list_models())
 
 
 @router.get("/models/{model}", summary="Resolve a model name", responses=problem_responses(NotFound))
-def get_model(model: str, ctx: CallerDep, inference: InferenceDep) -> ModelDetail:
+def get_model(model: str, ctx: ServiceCaller, inference: InferenceDep) -> ModelDetail:
     """``{"id", "object": "model", "owned_by", "base_model", "adapter"}`` for a served base model or one of the run's checkpoints."""
     return inference.describe_model(ctx, model)
 
@@ -48,7 +41,7 @@ def get_model(model: str, ctx: CallerDep, inference: InferenceDep) -> ModelDetai
 @router.post("/chat/completions", summary="Create a chat completion", responses=problem_responses(Unprocessable, PaymentRequired))
 async def chat_completions(
     req: ChatCompletionRequest,
-    ctx: CallerDep,
+    ctx: ServiceCaller,
     inference: InferenceDep,
     x_crucible_hold: str | None = Header(None, description="Charge the tokens against this existing ledger hold."),
     x_crucible_unmetered: str | None = Header(None, description="`grading`: official test grading, not charged to the run."),

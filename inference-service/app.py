@@ -12,11 +12,12 @@ from pathlib import Path
 from typing import Any
 
 from fastapi import FastAPI
-from inference_service.api import caller, router
+from inference_service.api import router
 from inference_service.service import Inference
 from trainer_service.client import TrainerClient
 
 from services.common.app import create_service_app
+from services.common.auth import service_caller
 from services.common.db import Database, migrate
 from services.common.settings import ServiceSettings
 from services.ledger.client import LedgerClient
@@ -50,7 +51,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         log_level=settings.log_level,
         health=health,
-        docs_auth=caller,
+        docs_auth=service_caller,
     )
     app.state.settings = settings
     app.include_router(router)

@@ -13,10 +13,11 @@ from pathlib import Path
 
 from fastapi import FastAPI
 from trainer_service import worker
-from trainer_service.api import caller_context, router
+from trainer_service.api import router
 from trainer_service.service import Trainer
 
 from services.common.app import create_service_app
+from services.common.auth import service_caller
 from services.common.db import migrate
 from services.common.periodic import Periodic
 from services.common.settings import ServiceSettings
@@ -42,7 +43,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app = create_service_app(
         "trainer", title="Crucible trainer", lifespan=lifespan, log_level=settings.log_level,
         description="Datasets, training jobs, job events and checkpoints. Internal: reached through the gateway.",
-        docs_auth=caller_context,
+        docs_auth=service_caller,
     )
     app.state.settings = settings
     app.include_router(router)

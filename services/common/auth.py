@@ -16,9 +16,9 @@ import hashlib
 import hmac
 import json
 import secrets
-from collections.abc import Callable
+from typing import Annotated
 
-from fastapi import Request
+from fastapi import Depends, Request
 from pydantic import BaseModel, Field
 
 from services.common.errors import Unauthorized
@@ -95,28 +95,22 @@ def hash_secret(value: str) -> str:
     return hashlib.sha256(value.encode()).hexdigest()
 
 
-class InternalAuth:
-    """FastAPI dependencies for the internal routes of a service that trusts the callers in ``trusted``
-    (name → token; read when a request comes, so tests and settings may replace it).
+def service_caller(request: Request) -> RunContext | None:
+    """FastAPI dependency of every internal route: 401 unless the request carries the token of a service this one
+    trusts (``request.app.state.settings.trusted_tokens``, name → token); the run context that caller signed, if it
+    sent one (401 if forged). Sets ``request.state.caller`` to the caller's name."""
+    name, token = identify_caller(request, request.app.state.settings.trusted_tokens)
+    request.state.caller = name
+    return read_run_context(request, token)
 
-    ``caller`` checks the caller's token and returns the run context if one was sent (verified with that
-    caller's token); ``run`` also requires one (401 otherwise). Use as ``ctx: RunContext = Depends(auth.run)``.
-    """
 
-    def __init__(self, trusted: dict[str, str] | Callable[[], dict[str, str]]) -> None:
-        self._trusted = trusted
+def run_caller(request: Request) -> RunContext:
+    """As :func:`service_caller` for a route that acts for a run: the signed run context is required (401 without)."""
+    ctx = service_caller(request)
+    if ctx is None:
+        raise Unauthorized("this internal endpoint acts for a run; the signed run context is missing")
+    return ctx
 
-    @property
-    def trusted(self) -> dict[str, str]:
-        return self._trusted() if callable(self._trusted) else self._trusted
 
-    def caller(self, request: Request) -> RunContext | None:
-        name, token = identify_caller(request, self.trusted)
-        request.state.caller = name
-        return read_run_context(request, token)
-
-    def run(self, request: Request) -> RunContext:
-        ctx = self.caller(request)
-        if ctx is None:
-            raise Unauthorized("this internal endpoint acts for a run; the signed run context is missing")
-        return ctx
+ServiceCaller = Annotated[RunContext | None, Depends(service_caller)]
+RunCaller = Annotated[RunContext, Depends(run_caller)]

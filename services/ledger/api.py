@@ -11,7 +11,7 @@ from typing import Annotated, Literal
 from fastapi import APIRouter, Depends, Query, Request, Response
 from fastapi import status as http_status
 
-from services.common.auth import identify_caller
+from services.common.auth import service_caller
 from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
 from services.ledger.schemas import (
     Account,
@@ -34,18 +34,13 @@ from services.ledger.schemas import (
 from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, IdempotencyKeyReused, Ledger, RefundExceedsCharge
 
 
-def require_service_token(request: Request) -> None:
-    """Refuse the call (401) unless it carries the token of a service the ledger trusts."""
-    request.state.caller = identify_caller(request, request.app.state.settings.trusted_tokens)[0]
-
-
 def get_ledger(request: Request) -> Ledger:
     return request.app.state.ledger
 
 
 LedgerDep = Annotated[Ledger, Depends(get_ledger)]
 
-router = APIRouter(prefix="/internal", tags=["ledger"], dependencies=[Depends(require_service_token)])
+router = APIRouter(prefix="/internal", tags=["ledger"], dependencies=[Depends(service_caller)])
 
 
 @router.post(

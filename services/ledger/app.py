@@ -14,9 +14,10 @@ from typing import Any
 from fastapi import FastAPI
 
 from services.common.app import create_service_app
+from services.common.auth import service_caller
 from services.common.db import Database, migrate
 from services.common.periodic import Periodic
-from services.ledger.api import require_service_token, router
+from services.ledger.api import router
 from services.ledger.pricing import load_prices
 from services.ledger.service import Ledger
 from services.ledger.settings import LedgerSettings
@@ -54,7 +55,7 @@ def create_app(settings: LedgerSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         log_level=settings.log_level,
         health=health,
-        docs_auth=require_service_token,
+        docs_auth=service_caller,
     )
     app.state.settings = settings
     app.include_router(router)
