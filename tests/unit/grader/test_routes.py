@@ -30,19 +30,11 @@ from services.ledger.client import LedgerClient
 from services.ledger.schemas import AccountCreate, HoldStatus
 from services.ledger.settings import LedgerSettings
 from tests.conftest import TEST_BENCHMARK
+from tests.unit.inprocess import in_process
 
 BASE = "smollm2-135m-instruct"
 GATEWAY_TOKEN, GRADER_TOKEN = "gateway-token-for-grader-tests", "grader-token-for-grader-tests"
 PROBLEM_JSON = "application/problem+json"
-
-
-def in_process(client: TestClient, token: str, name: str) -> ServiceClient:
-    """A transport whose calls go to ``client``'s app in this process with ``token`` (which ``client`` sends)."""
-    transport = ServiceClient(str(client.base_url), token, name=name)
-    transport.client.close()
-    client.headers["Authorization"] = f"Bearer {token}"
-    transport.client = client
-    return transport
 
 
 def stand_in(name: str, handler: Any) -> ServiceClient:  # noqa: ANN401 - an httpx handler

@@ -27,18 +27,11 @@ from services.ledger.client import LedgerClient
 from services.ledger.schemas import AccountCreate, EntryType, HoldCreate, HoldStatus, UsageItem, UsageKind
 from services.ledger.settings import LedgerSettings
 from tests.conftest import prepared_models
+from tests.unit.inprocess import in_process
 
 MODEL = "smollm2-135m-instruct"
 GATEWAY_TOKEN, INFERENCE_TOKEN = "gateway-token", "inference-token"
 ROUTES = [("GET", "/internal/models"), ("GET", f"/internal/models/{MODEL}"), ("POST", "/internal/chat/completions")]
-
-
-def in_process(client: TestClient, token: str, name: str) -> ServiceClient:
-    """A transport whose calls go to ``client``'s app in this process (``client`` carries ``token``)."""
-    transport = ServiceClient(str(client.base_url), token, name=name)
-    transport.client.close()
-    transport.client = client
-    return transport
 
 
 def no_checkpoints(request: httpx.Request) -> httpx.Response:

@@ -21,7 +21,6 @@ from services.common.auth import RunContext, run_headers
 from services.common.contracts import Recipe, TrainingJobCreate
 from services.common.db import utcnow
 from services.common.errors import UpstreamProblem
-from services.common.http import ServiceClient
 from services.common.ids import new_id
 from services.common.settings import ServiceSettings
 from services.ledger.app import create_app as create_ledger_app
@@ -29,6 +28,7 @@ from services.ledger.client import LedgerClient
 from services.ledger.schemas import AccountCreate, HoldStatus
 from services.ledger.settings import LedgerSettings
 from tests.conftest import prepared_models
+from tests.unit.inprocess import in_process
 
 MODEL = "smollm2-135m-instruct"
 GATEWAY_TOKEN, INFERENCE_TOKEN, TRAINER_TOKEN = "gateway-token", "inference-token", "trainer-token"
@@ -39,14 +39,6 @@ RUN_ROUTES = [
     ("GET", "/internal/jobs/job_x/checkpoints"), ("POST", "/internal/jobs/job_x/cancel"),
 ]
 ROUTES = [*RUN_ROUTES, ("GET", "/internal/checkpoints/ckpt_x")]
-
-
-def in_process(client: TestClient, token: str, name: str) -> ServiceClient:
-    """A transport whose calls go to ``client``'s app in this process, with ``token``."""
-    transport = ServiceClient(str(client.base_url), token, name=name)
-    transport.client.close()
-    transport.client = client
-    return transport
 
 
 @dataclass
