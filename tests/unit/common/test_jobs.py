@@ -1,6 +1,6 @@
 """Job leases and the reconciler (services.common.jobs) on a real database, SQLite and PostgreSQL.
 
-The fault tests (test_faults.py) kill real workers; these pin down each rule of the protocol by itself.
+The fault tests (tests/faults/test_faults.py) kill real workers; these pin down each rule of the protocol by itself.
 """
 
 from __future__ import annotations

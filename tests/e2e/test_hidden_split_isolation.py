@@ -21,7 +21,6 @@ import re
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 from typing import Any
 
 import httpx
@@ -29,10 +28,9 @@ import pytest
 import yaml
 
 from crucible.sdk import AdminClient, CrucibleClient
-from tests.conftest import PORT_BASE, prepared_models
+from tests.conftest import PORT_BASE, ROOT, prepared_models
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
 SEEDS = (1111, 2222)
 # What a final grade is made of (a submission's score; a leaderboard row's scores, intervals, audit result and the rank

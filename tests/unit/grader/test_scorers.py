@@ -18,7 +18,6 @@ import time
 from collections.abc import Iterator
 from decimal import Decimal
 from fractions import Fraction
-from pathlib import Path
 from typing import Any, TypeVar
 
 import httpx
@@ -39,8 +38,8 @@ from grader.suites.reasoning_gym import ReasoningGymSuite, decode_entry, encode_
 from services.common.db import Database, migrate
 from services.common.errors import Unprocessable
 from services.common.http import ServiceClient
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 T = TypeVar("T")
 PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 ITEMS_PER_FAMILY = 8

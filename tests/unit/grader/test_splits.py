@@ -22,8 +22,8 @@ from grader.audit import audit
 from grader.canonical import math_tokens, template_clauses
 from grader.suites import chao1, get_suite, suite_canonical
 from services.common.contracts import AuditSettings, GradingSpec
+from tests.conftest import ROOT
 
-ROOT = Path(__file__).resolve().parent.parent
 PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
 
 

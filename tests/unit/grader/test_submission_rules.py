@@ -28,9 +28,8 @@ from services.common.contracts import GradingSpec, SubmissionCreate, SubmissionO
 from services.common.db import Database, migrate, utcnow
 from services.common.errors import SubmissionLimitReached
 from services.common.http import ServiceClient
-from tests.conftest import TEST_BENCHMARK
+from tests.conftest import ROOT, TEST_BENCHMARK
 
-ROOT = Path(__file__).resolve().parent.parent
 BASE = "smollm2-135m-instruct"
 GATEWAY_TOKEN = "gateway-token-for-tests"
 RUN_KEY = "crk_submission-rules-test-key"

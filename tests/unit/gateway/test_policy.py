@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import copy
 import datetime as dt
-from pathlib import Path
 
 import pytest
 import yaml
@@ -14,9 +13,7 @@ from gateway.schemas import BenchmarkFile
 from gateway.service import Caller, apply_recipe_policy, check_editable
 from services.common.auth import RunContext
 from services.common.errors import OutsideEditableSpace, Unprocessable
-from tests.conftest import TEST_BENCHMARK
-
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, TEST_BENCHMARK
 
 
 def _caller(doc: dict) -> Caller:

@@ -4,14 +4,13 @@ A preset is loaded as shipped, then scaled to test time (split sizes, output cap
 number of steps): every task, suite, track and recipe policy stays what the file says. The agent
 evaluates the initial system, trains within what the track allows, submits per task, and the leaderboard
 shows per-task scores, Avg and the RSI-Index. These run on production's data plane (PostgreSQL + Redis);
-the embedded stack runs the main loop in ``test_e2e.py``.
+the embedded stack runs the main loop in ``tests/e2e/test_flows.py``.
 """
 
 from __future__ import annotations
 
 import copy
 import uuid
-from pathlib import Path
 
 import httpx
 import pytest
@@ -20,9 +19,9 @@ from rich.console import Console
 
 from crucible.agent import AgentConfig, BaselineAgent
 from crucible.sdk import CrucibleAPIError, CrucibleClient
+from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
-ROOT = Path(__file__).resolve().parent.parent
 PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini"]
 
 
@@ -47,7 +46,7 @@ def scaled(doc: dict) -> dict:
 @pytest.fixture()
 def pg_stack(stack):  # noqa: ANN001, ANN201
     if not stack.database_urls:
-        pytest.skip("presets run on production's data plane; the embedded stack runs the main loop (test_e2e.py)")
+        pytest.skip("presets run on production's data plane; the embedded stack runs the main loop (tests/e2e/test_flows.py)")
     return stack
 
 
