@@ -56,9 +56,9 @@ test: $(STAMP) $(DEPLOY_STAMP) services sandbox
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e --ignore=tests/e2e/test_hidden_split_isolation.py
 
-# The in-process tests alone, for quick feedback while changing a service.
+# The in-process tests alone, those that wait on real clocks left out (marker `slow`): quick feedback while changing a service.
 test-unit: $(STAMP) services sandbox
-	$(PY) -m pytest -q tests/unit
+	$(PY) -m pytest -q tests/unit -m "not slow"
 
 # The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes) and
 # the differential test (every preset in two deployments whose secret test seeds differ must answer every agent

@@ -42,6 +42,7 @@ def test_no_limit_when_empty() -> None:
     check(KeyRateLimiter(""), "k", 1000)
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("storage", ["memory://", REDIS_URL])
 def test_a_key_pacing_itself_at_a_third_of_the_default_limits_is_never_refused(storage: str) -> None:
     """The gateway's default limits, 10 requests a second for 6 s (a slow machine may send some late, never early)."""

