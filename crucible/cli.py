@@ -152,9 +152,10 @@ def demo(
                 console.print(f"[yellow]warning:[/] {warning}")
             with console.status("grading the initial system on the hidden test split (once per benchmark)"):
                 baselines = admin.wait_baselines(bm["id"])
-            initial = baselines["initial"]["value"] if baselines.get("initial") else None
-            console.print(f"[green]✓[/] initial system's hidden-test score: {'failed' if initial is None else f'{100 * initial:.1f}%'} "
-                          f"(n={baselines['test_items']})")
+            for name, task in baselines["tasks"].items():
+                initial = task["initial"]["value"] if task.get("initial") else None
+                console.print(f"[green]✓[/] initial system's hidden-test score{'' if len(baselines['tasks']) == 1 else f' on {name}'}: "
+                              f"{'failed' if initial is None else f'{100 * initial:.1f}%'} (n={task['test_items']})")
             setup_s = time.monotonic() - t0
             run = admin.create_run(bm["name"], "baseline")
             console.print(f"[green]✓[/] benchmark {bm['name']} ({bm['id']}); run {run['id']} for agent 'baseline' (key {run['key_prefix']}…, shown once)")

@@ -162,14 +162,15 @@ class AdminClient(_GatewayClient):
         return self._call("POST", "/admin/benchmarks", json=doc)
 
     def baselines(self, benchmark: str) -> dict[str, Any]:
-        """The benchmark's baseline test scores (``initial``, ``reference``) and their status."""
+        """The benchmark's baselines: per task under ``tasks``, its split sizes and the initial (and reference) system's
+        test score and status; ``initial_status``/``reference_status`` summed up over the tasks."""
         return self._call("GET", f"/admin/benchmarks/{benchmark}/baselines")
 
     def wait_baselines(self, benchmark: str, poll_s: float = 1.0) -> dict[str, Any]:
         """Poll until the initial (and reference) system's test evaluations have ended."""
         while True:
             status = self.baselines(benchmark)
-            if status["initial_status"] in ("succeeded", "failed") and status["reference_status"] in (None, "declared", "succeeded", "failed"):
+            if status["initial_status"] in ("succeeded", "failed") and status["reference_status"] in (None, "succeeded", "failed"):
                 return status
             time.sleep(poll_s)
 

@@ -35,6 +35,7 @@ from gateway.service import (
 )
 from services.common.auth import hash_secret
 from services.common.contracts import (
+    BenchmarkBaselines,
     ChatCompletion,
     ChatCompletionRequest,
     CheckpointOut,
@@ -360,8 +361,8 @@ def list_benchmarks(gw: GatewayDep) -> Page[BenchmarkOut]:
 
 
 @admin_router.get("/benchmarks/{benchmark_id}/baselines", summary="A benchmark's baseline test scores", responses=problem_responses(NotFound))
-async def benchmark_baselines(benchmark_id: str, gw: GatewayDep) -> dict[str, Any]:
-    """The grader's view: split sizes, the initial (and reference) system's hidden-test score and status."""
+async def benchmark_baselines(benchmark_id: str, gw: GatewayDep) -> BenchmarkBaselines:
+    """Per task, the grader's view: split sizes, the initial (and reference) system's hidden-test score and status."""
     return await benchmarks.benchmark_baselines(gw, benchmark_id)
 
 

@@ -16,7 +16,7 @@ from starlette.concurrency import run_in_threadpool
 from gateway.models import Benchmark
 from gateway.schemas import BenchmarkFile, BenchmarkOut, TaskSpec
 from gateway.service import Gateway
-from services.common.contracts import GradingSpec
+from services.common.contracts import BenchmarkBaselines, GradingSpec
 from services.common.db import utcnow
 from services.common.errors import Conflict, NotFound, Unprocessable
 from services.common.ids import has_prefix, new_id
@@ -100,21 +100,21 @@ def list_benchmarks(gw: Gateway) -> list[BenchmarkOut]:
         return [benchmark_out(b) for b in s.scalars(select(Benchmark).order_by(Benchmark.id))]
 
 
-async def benchmark_baselines(gw: Gateway, ref: str) -> dict[str, Any]:
-    """The grader's status of a benchmark (by id or name): split sizes and baseline test scores, per task under
-    ``tasks``; with one task also at the top level. ``initial_status``/``reference_status`` sum the tasks up:
-    ``succeeded`` once all have, ``failed`` if one has, else ``running``. ``NotFound`` for an unknown benchmark."""
-    def task_ids() -> dict[str, str]:
+async def benchmark_baselines(gw: Gateway, ref: str) -> BenchmarkBaselines:
+    """The grader's status of each task of a benchmark (by id or name): split sizes and baseline test scores, with the
+    states summed up over the tasks (:class:`BenchmarkBaselines`). ``NotFound`` for an unknown benchmark."""
+    def task_ids() -> tuple[str, dict[str, str]]:
         with gw.db.session() as s:
-            return find_benchmark(s, ref).task_ids()
+            bm = find_benchmark(s, ref)
+            return bm.id, bm.task_ids()
 
-    statuses = {name: await gw.grader.task_status(gid) for name, gid in (await run_in_threadpool(task_ids)).items()}
-    tasks = {name: status.model_dump(mode="json") for name, status in statuses.items()}
-    if len(tasks) == 1:
-        return {**next(iter(tasks.values())), "tasks": tasks}
+    benchmark_id, ids = await run_in_threadpool(task_ids)
+    tasks = {name: await gw.grader.task_status(gid) for name, gid in ids.items()}
 
-    def overall(states: set[str | None]) -> str:
+    def overall(states: set[str | None]) -> str | None:
+        if states == {None}:
+            return None
         return "failed" if "failed" in states else ("succeeded" if states <= {None, "declared", "succeeded"} else "running")
 
-    return {"tasks": tasks, "initial_status": overall({t.initial_status for t in statuses.values()}),
-            "reference_status": overall({t.reference_status for t in statuses.values()})}
+    return BenchmarkBaselines(benchmark_id=benchmark_id, tasks=tasks, initial_status=overall({t.initial_status for t in tasks.values()}),
+                              reference_status=overall({t.reference_status for t in tasks.values()}))

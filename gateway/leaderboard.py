@@ -35,7 +35,7 @@ async def leaderboard(gw: Gateway) -> list[LeaderboardRow]:
     runs, benchmarks = await run_in_threadpool(read)
     counting: dict[str, dict[str, LeaderboardEntry]] = {}  # run -> the grader's task id -> the submission that counts
     for e in entries:
-        counting.setdefault(e.run_id, {})[e.benchmark_id] = e
+        counting.setdefault(e.run_id, {})[e.task_id] = e
     baselines: dict[str, GradingTaskStatus] = {}
     rows: list[LeaderboardRow] = []
     for run_id, by_task in counting.items():

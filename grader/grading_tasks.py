@@ -80,7 +80,7 @@ def task_status(grader: Grader, task_id: str) -> GradingTaskStatus:
         declared = (Score(value=spec.reference_score, n=0, metric=spec.evaluation.metric, k=spec.evaluation.samples)
                     if spec.reference_score is not None else None)
         return GradingTaskStatus(
-            benchmark_id=task_id, validation_items=repository.count_validation_items(s, task_id), test_items=spec.suite.splits.test.size,
+            task_id=task_id, validation_items=repository.count_validation_items(s, task_id), test_items=spec.suite.splits.test.size,
             initial=initial.score if initial else None, initial_status=initial.status if initial else None,  # type: ignore[arg-type]
             reference=reference.score if reference else declared,  # type: ignore[arg-type]
             reference_status=reference.status if reference else ("declared" if declared else None),  # type: ignore[arg-type]

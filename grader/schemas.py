@@ -37,7 +37,7 @@ class LeaderboardEntry(BaseModel):
 
     submission_id: str
     run_id: str
-    benchmark_id: str = Field(description="The grader's id of the task.")
+    task_id: str = Field(description="The grader's id of the task.")
     status: Literal["queued", "running", "graded", "failed"]
     score: Score | None = None
     graded_at: dt.datetime | None = None

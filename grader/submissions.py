@@ -124,7 +124,7 @@ def leaderboard_entries(grader: Grader) -> list[LeaderboardEntry]:
         for sub, _ev in counting.values():
             o = submission_out(s, sub)
             used = s.scalar(select(func.count()).select_from(Evaluation).where(repository.of_run_validation(sub.run_id)))
-            out.append(LeaderboardEntry(submission_id=sub.id, run_id=sub.run_id, benchmark_id=sub.task_id, status=o.status, score=o.score,
+            out.append(LeaderboardEntry(submission_id=sub.id, run_id=sub.run_id, task_id=sub.task_id, status=o.status, score=o.score,
                                         graded_at=o.graded_at, validation_evaluations=used or 0,
                                         contamination=ContaminationReport(**sub.contamination) if sub.contamination else None))
         return out

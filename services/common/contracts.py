@@ -513,7 +513,7 @@ class GradingTaskStatus(BaseModel):
     """The grader's view of one task of a benchmark: its split sizes, and its initial (and reference) system's
     aggregate score on the hidden test split with the state of that grading. Scores are in [0, 1]."""
 
-    benchmark_id: str = Field(description="The grader's id of the task (the benchmark's id for a one-task benchmark).")
+    task_id: str = Field(description="The grader's id of the task (the benchmark's id for a one-task benchmark).")
     validation_items: int = Field(description="Visible validation items.")
     test_items: int = Field(description="Hidden test items.")
     initial: Score | None = Field(None, description="The initial system's test score; null until graded.")
@@ -523,3 +523,14 @@ class GradingTaskStatus(BaseModel):
     reference_status: Literal["queued", "running", "succeeded", "failed", "cancelled", "declared"] | None = Field(
         None, description="State of the reference system's grading; 'declared' for a declared score, null without a reference.")
     initial_system: SystemSpec = Field(description="The initial system, its harness with the task's evaluation settings applied.")
+
+
+class BenchmarkBaselines(BaseModel):
+    """An operator's view of a benchmark's baselines: each task's :class:`GradingTaskStatus` under ``tasks`` (by task
+    name), and the states summed up over the tasks: ``succeeded`` once all have, ``failed`` if one has, else
+    ``running`` (``null``: no task has a reference)."""
+
+    benchmark_id: str = Field(examples=["bm_01jd3k4m5n6p7q8r9s0t1v2w3x"])
+    tasks: dict[str, GradingTaskStatus]
+    initial_status: Literal["running", "succeeded", "failed"]
+    reference_status: Literal["running", "succeeded", "failed"] | None

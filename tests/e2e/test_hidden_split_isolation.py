@@ -190,7 +190,7 @@ def _hidden_questions(stack: Any, name: str) -> set[str]:
     from crucible.stack import admin_key, ensure_secrets
     from grader.teststore import TestItem, TestStore
 
-    ids = [t["benchmark_id"] for t in AdminClient(stack.gateway_url, admin_key(stack.data_dir)).baselines(name)["tasks"].values()]
+    ids = [t["task_id"] for t in AdminClient(stack.gateway_url, admin_key(stack.data_dir)).baselines(name)["tasks"].values()]
     store = TestStore(ensure_secrets(stack.data_dir)[2]["CRUCIBLE_GRADER_TEST_STORE_URL"])
     with store.db.session() as s:
         return set(s.scalars(select(TestItem.question).where(TestItem.task_id.in_(ids))))

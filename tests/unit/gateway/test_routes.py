@@ -98,7 +98,7 @@ class Grader:
             raise UpstreamProblem(problem(404, "not_found", f"task {task_id} not found"))
         declared = spec.reference_score is not None
         return GradingTaskStatus(
-            benchmark_id=task_id, validation_items=spec.suite.splits.validation.size, test_items=spec.suite.splits.test.size,
+            task_id=task_id, validation_items=spec.suite.splits.validation.size, test_items=spec.suite.splits.test.size,
             initial=Score(value=self.initial, n=spec.suite.splits.test.size, metric="avg@k", k=1), initial_status="succeeded",
             reference=Score(value=spec.reference_score, n=0, metric="avg@k", k=1) if declared else None,
             reference_status="declared" if declared else "queued",
@@ -258,9 +258,10 @@ def test_every_shipped_benchmark_file_loads_once_each_task_registered_with_the_g
     assert assert_problem(changed, 409, "conflict")["field"] == "name"
     assert bm["id"] in {b["id"] for b in served.http.get("/admin/benchmarks", headers=ADMIN).json()["data"]}
     baselines = served.http.get(f"/admin/benchmarks/{doc['name']}/baselines", headers=ADMIN).json()
-    assert sorted(baselines["tasks"]) == sorted(names) and baselines["initial_status"] == "succeeded"
-    if len(names) == 1:
-        assert baselines["initial"]["value"] == served.grader.initial and baselines["benchmark_id"] == bm["id"]
+    assert sorted(baselines["tasks"]) == sorted(names) and baselines["initial_status"] == "succeeded" and baselines["benchmark_id"] == bm["id"]
+    assert {t["initial"]["value"] for t in baselines["tasks"].values()} == {served.grader.initial}
+    if len(names) == 1:  # a one-task benchmark is graded under its own id
+        assert baselines["tasks"]["main"]["task_id"] == bm["id"]
 
 
 def _task_ids(served: Served, bm_id: str) -> set[str]:
@@ -431,7 +432,7 @@ def test_the_leaderboard_ranks_runs_by_final_score_with_gap_closed_and_spend(ser
         score = Score(value=value, n=24, metric="avg@k", k=1, ci_low=value - 0.1, ci_high=value + 0.1) if value is not None else None
         audit = ContaminationReport(contaminated=contaminated, flagged_items=1, items=24, datasets=1, rows=1, ngram=13, min_overlap=0.5) \
             if contaminated is not None else None
-        return LeaderboardEntry(submission_id=f"sub_{run_id[4:]}", run_id=run_id, benchmark_id=bm_id, status=status, score=score,
+        return LeaderboardEntry(submission_id=f"sub_{run_id[4:]}", run_id=run_id, task_id=bm_id, status=status, score=score,
                                 graded_at=graded if value is not None else None, validation_evaluations=2, contamination=audit)
 
     monkeypatch.setattr(served.grader, "entries", [entry(a, "graded", 0.6), entry(b, "graded", 0.8, contaminated=True), entry(c, "queued", None)])

@@ -90,7 +90,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         spec = GradingSpec(task_id="bm_routes", suite=TEST_BENCHMARK["suite"], initial_system=TEST_BENCHMARK["initial_system"],
                            reference_score=1.0, evaluation=TEST_BENCHMARK["evaluation"])
         registered = client.register_task(spec)
-        assert (registered.benchmark_id, registered.validation_items, registered.test_items, registered.initial_status) == ("bm_routes", 16, 24, "queued")
+        assert (registered.task_id, registered.validation_items, registered.test_items, registered.initial_status) == ("bm_routes", 16, 24, "queued")
         yield Served(http, client, service, ledger, queue, spec.task_id)
 
 
@@ -126,7 +126,7 @@ def test_registering_a_task_again_answers_its_status_and_queues_nothing(served: 
     spec = GradingSpec(task_id=served.task_id, suite=TEST_BENCHMARK["suite"], initial_system=TEST_BENCHMARK["initial_system"],
                        reference_score=1.0, evaluation=TEST_BENCHMARK["evaluation"])
     again = served.grader.register_task(spec)
-    assert (again.benchmark_id, again.warnings, served.queue) == (served.task_id, [], queued)
+    assert (again.task_id, again.warnings, served.queue) == (served.task_id, [], queued)
     status = served.grader.task_status(served.task_id)
     assert (status.reference_status, status.reference.value, status.initial_system.model) == ("declared", 1.0, BASE)  # type: ignore[union-attr]
     assert status.initial_system.harness.max_tokens == TEST_BENCHMARK["evaluation"]["max_tokens"]  # type: ignore[union-attr]
@@ -219,7 +219,7 @@ def test_a_submission_is_graded_on_the_hidden_split_and_shows_on_the_leaderboard
     assert (graded.status, graded.score.n) == ("graded", 24)  # type: ignore[union-attr]
     assert [s.id for s in served.grader.list_submissions(ctx).data] == [sub.id]
     [entry] = [e for e in served.grader.leaderboard().data if e.run_id == ctx.run_id]
-    assert (entry.submission_id, entry.benchmark_id, entry.status, entry.score) == (sub.id, served.task_id, "graded", graded.score)
+    assert (entry.submission_id, entry.task_id, entry.status, entry.score) == (sub.id, served.task_id, "graded", graded.score)
     assert entry.contamination is not None and not entry.contamination.contaminated  # the run uploaded no datasets
     other = run_headers(RunContext(run_id="run_other", task_id=served.task_id), GATEWAY_TOKEN)
     assert problem(served.http.get(f"/internal/submissions/{sub.id}", headers=other), 404)["code"] == "not_found"
