@@ -6,7 +6,7 @@ import contextlib
 import os
 import shutil
 import uuid
-from collections.abc import Iterator
+from collections.abc import Iterable, Iterator
 from pathlib import Path
 
 import pytest
@@ -49,22 +49,32 @@ SERVICES = ("gateway", "ledger", "trainer", "inference", "grader", "teststore")
 
 
 @contextlib.contextmanager
-def throwaway_postgres() -> Iterator[dict[str, str]]:
-    """One fresh PostgreSQL database per service (and the test store), dropped afterwards."""
+def throwaway_databases(names: Iterable[str], kind: str = "postgresql", folder: Path | None = None) -> Iterator[dict[str, str]]:
+    """One fresh database per name, as SQLAlchemy URLs (name → URL): SQLite files in ``folder`` (``kind="sqlite"``),
+    or databases on the machine's PostgreSQL (``PG_ADMIN``), dropped afterwards."""
+    if kind == "sqlite":
+        assert folder is not None, "SQLite databases need a folder"
+        yield {n: f"sqlite:///{folder / n}.sqlite" for n in names}
+        return
     import psycopg
 
     tag = uuid.uuid4().hex[:8]
-    names = {n: f"crucible_test_{n}_{tag}" for n in SERVICES}
+    dbs = {n: f"crucible_test_{n}_{tag}" for n in names}
     with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-        for db in names.values():
+        for db in dbs.values():
             conn.execute(f'CREATE DATABASE "{db}"')
     base = PG_ADMIN.rsplit("/", 1)[0].replace("postgresql://", "postgresql+psycopg://")
     try:
-        yield {n: f"{base}/{db}" for n, db in names.items()}
+        yield {n: f"{base}/{db}" for n, db in dbs.items()}
     finally:
         with psycopg.connect(PG_ADMIN, autocommit=True) as conn:
-            for db in names.values():
+            for db in dbs.values():
                 conn.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+
+
+def throwaway_postgres() -> contextlib.AbstractContextManager[dict[str, str]]:
+    """One fresh PostgreSQL database per service (and the test store), dropped afterwards."""
+    return throwaway_databases(SERVICES)
 
 
 @pytest.fixture(scope="session", params=["sqlite", "postgres"])

@@ -6,7 +6,6 @@ The fault tests (tests/faults/test_faults.py) kill real workers; these pin down 
 from __future__ import annotations
 
 import datetime as dt
-import secrets
 import subprocess
 import sys
 from collections.abc import Iterator
@@ -17,8 +16,7 @@ from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from services.common import jobs
 from services.common.db import Database, UTCDateTime, utcnow
-
-PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
+from tests.conftest import throwaway_databases
 
 
 class Base(DeclarativeBase):
@@ -39,24 +37,13 @@ class Job(jobs.JobColumns, Base):
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def db(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Database]:
-    if request.param == "sqlite":
-        database = Database(f"sqlite:///{tmp_path_factory.mktemp('jobs') / 'jobs.sqlite'}")
+    with throwaway_databases(["jobs"], request.param, tmp_path_factory.mktemp("jobs")) as urls:
+        database = Database(urls["jobs"])
         Base.metadata.create_all(database.engine)
-        yield database
-        return
-    import psycopg
-
-    name = f"crucible_jobs_test_{secrets.token_hex(6)}"
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    database = Database(f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}")
-    Base.metadata.create_all(database.engine)
-    try:
-        yield database
-    finally:
-        database.engine.dispose()
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+        try:
+            yield database
+        finally:
+            database.engine.dispose()
 
 
 @pytest.fixture

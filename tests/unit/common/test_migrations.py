@@ -4,7 +4,6 @@ declare (a model change without its revision fails here), and they downgrade to 
 from __future__ import annotations
 
 import importlib
-import secrets
 from collections.abc import Iterator
 
 import pytest
@@ -15,8 +14,8 @@ from alembic.runtime.migration import MigrationContext
 from sqlalchemy import MetaData, create_engine, inspect
 
 from crucible.devtools import SERVICES, migrate_service, migrations_dir
+from tests.conftest import throwaway_databases
 
-PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 METADATA = {  # service -> (module, declarative base)
     "gateway": ("gateway.models", "Base"),
     "ledger": ("services.ledger.models", "LedgerBase"),
@@ -34,19 +33,8 @@ def metadata(service: str) -> MetaData:
 
 @pytest.fixture(params=["sqlite", "postgresql"])
 def empty_db(request: pytest.FixtureRequest, tmp_path) -> Iterator[str]:  # noqa: ANN001
-    if request.param == "sqlite":
-        yield f"sqlite:///{tmp_path / 'db.sqlite'}"
-        return
-    import psycopg
-
-    name = f"crucible_migrations_test_{secrets.token_hex(6)}"
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_databases(["migrations"], request.param, tmp_path) as urls:
+        yield urls["migrations"]
 
 
 def test_every_service_has_its_metadata_listed() -> None:

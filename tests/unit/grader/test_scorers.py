@@ -38,10 +38,9 @@ from grader.suites.reasoning_gym import ReasoningGymSuite, decode_entry, encode_
 from services.common.db import Database, migrate
 from services.common.errors import Unprocessable
 from services.common.http import ServiceClient
-from tests.conftest import ROOT
+from tests.conftest import ROOT, throwaway_databases
 
 T = TypeVar("T")
-PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 ITEMS_PER_FAMILY = 8
 SEED = 20261130
 
@@ -68,19 +67,8 @@ def _case(*values: str) -> Any:
 
 
 def _store_url(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if kind == "sqlite":
-        yield f"sqlite:///{tmp_path_factory.mktemp('store') / 'teststore.sqlite'}"
-        return
-    import psycopg
-
-    name = f"crucible_scorers_test_{secrets.token_hex(6)}"
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-        admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        yield f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-    finally:
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-            admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
+    with throwaway_databases(["teststore"], kind, tmp_path_factory.mktemp("store")) as urls:
+        yield urls["teststore"]
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])

@@ -30,43 +30,18 @@ from services.ledger.pricing import load_prices
 from services.ledger.schemas import AccountCreate, ChargeCreate, HoldCharge, HoldCreate, HoldRelease, HoldSettle, RefundCreate, UsageItem, UsageKind
 from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, IdempotencyKeyReused, Ledger, RefundExceedsCharge, recompute_balance
 from services.ledger.settings import LedgerSettings
+from tests.conftest import PG_ADMIN, throwaway_databases
 
 TOKEN = "test-service-token"
 AUTH = {"Authorization": f"Bearer {TOKEN}"}
 MODEL = "smollm2-135m-instruct"
 DECODE_PER_1K = 400  # micro-USD for 1,000 decode tokens of MODEL ($0.40 per 1M)
 TRAIN_PER_1K = 2_000  # micro-USD for 1,000 training tokens of MODEL ($2 per 1M)
-PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
-
-
-def _postgres_admin() -> Any:
-    try:
-        import psycopg
-
-        return psycopg.connect(PG_ADMIN_DSN, connect_timeout=2, autocommit=True)
-    except Exception:  # noqa: BLE001 - driver missing or server unreachable: skip the backend
-        return None
-
-
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def db_url(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[str]:
-    if request.param == "sqlite":
-        url = f"sqlite:///{tmp_path_factory.mktemp('ledger') / 'ledger.sqlite'}"
-        migrate(url, MIGRATIONS_DIR)
-        yield url
-        return
-    admin = _postgres_admin()
-    if admin is None:
-        pytest.skip("PostgreSQL is not reachable at 127.0.0.1:5432")
-    name = f"crucible_ledger_test_{secrets.token_hex(6)}"
-    admin.execute(f'CREATE DATABASE "{name}"')
-    try:
-        url = f"postgresql+psycopg://postgres@127.0.0.1:5432/{name}"
-        migrate(url, MIGRATIONS_DIR)
-        yield url
-    finally:
-        admin.execute(f'DROP DATABASE IF EXISTS "{name}" WITH (FORCE)')
-        admin.close()
+    with throwaway_databases(["ledger"], request.param, tmp_path_factory.mktemp("ledger")) as urls:
+        migrate(urls["ledger"], MIGRATIONS_DIR)
+        yield urls["ledger"]
 
 
 @pytest.fixture
@@ -603,10 +578,11 @@ def test_on_postgresql_the_common_path_is_one_function_call_and_survives_a_dropp
     assert ledger.settle_hold(hold.hold_id, HoldSettle(usage=[decode(2_500)], idempotency_key="s")) == settled  # replay: general path
     assert_cached_balance_matches_entries(ledger, account_id)
 
-    admin = _postgres_admin()  # the server drops every connection of the ledger's pool (as a restart would)
-    admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
-                  (ledger.db.engine.url.database,))
-    admin.close()
+    import psycopg
+
+    with psycopg.connect(PG_ADMIN, autocommit=True) as admin:  # the server drops every connection of the ledger's pool (as a restart would)
+        admin.execute("SELECT pg_terminate_backend(pid) FROM pg_stat_activity WHERE datname = %s AND pid <> pg_backend_pid()",
+                      (ledger.db.engine.url.database,))
     again = ledger.create_hold(HoldCreate(account_id=account_id, usage=[decode(1_000)], purpose="p", idempotency_key="h2"))
     assert again.status == "open" and calls[-1] is True
     assert_cached_balance_matches_entries(ledger, account_id)

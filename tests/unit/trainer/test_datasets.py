@@ -9,7 +9,6 @@ creation with nothing held or charged.
 from __future__ import annotations
 
 import json
-import secrets
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
@@ -34,12 +33,11 @@ from services.common.settings import ServiceSettings
 from services.ledger.app import create_app as create_ledger_app
 from services.ledger.client import LedgerClient
 from services.ledger.settings import LedgerSettings
-from tests.conftest import prepared_models
+from tests.conftest import prepared_models, throwaway_databases
 
 GATEWAY_TOKEN = "gateway-test-token"
 TRAINER_TOKEN = "trainer-test-token"
 MODEL = "smollm2-135m-instruct"
-PG_ADMIN_DSN = "host=127.0.0.1 port=5432 user=postgres dbname=postgres"
 
 
 def chat(*turns: tuple[str, Any]) -> dict[str, Any]:
@@ -56,22 +54,8 @@ GOOD = chat(("user", "What is 2 + 2?"), ("assistant", "4"))
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
 def database_urls(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, str]]:
     """``{"trainer": url, "ledger": url}``: two fresh databases of the backend."""
-    if request.param == "sqlite":
-        folder = tmp_path_factory.mktemp("trainer-db")
-        yield {name: f"sqlite:///{folder / name}.sqlite" for name in ("trainer", "ledger")}
-        return
-    import psycopg
-
-    names = {name: f"crucible_{name}_test_{secrets.token_hex(6)}" for name in ("trainer", "ledger")}
-    with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-        for db in names.values():
-            admin.execute(f'CREATE DATABASE "{db}"')
-    try:
-        yield {name: f"postgresql+psycopg://postgres@127.0.0.1:5432/{db}" for name, db in names.items()}
-    finally:
-        with psycopg.connect(PG_ADMIN_DSN, autocommit=True) as admin:
-            for db in names.values():
-                admin.execute(f'DROP DATABASE IF EXISTS "{db}" WITH (FORCE)')
+    with throwaway_databases(("trainer", "ledger"), request.param, tmp_path_factory.mktemp("trainer-db")) as urls:
+        yield urls
 
 
 @dataclass
