@@ -30,7 +30,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
         s = settings or GatewaySettings()
         migrate(s.database_url_for("gateway"), MIGRATIONS_DIR)
-        app.state.gateway = gateway = Gateway.open(s)
+        app.state.gateway = gateway = Gateway.from_settings(s)
         try:
             yield
         finally:

@@ -32,7 +32,6 @@ from services.common.http import AsyncServiceClient
 from services.ledger.client import LedgerClient
 
 TRAINER_TIMEOUT_S = 120.0  # an upload of up to max_upload_bytes, or a job's cost estimate
-INFERENCE_TIMEOUT_S = 300.0  # a completion queues behind the batches in flight
 GRADER_TIMEOUT_S = 300.0  # registering a benchmark builds its splits
 
 
@@ -53,14 +52,14 @@ class Gateway:
     grader: GraderClient
 
     @classmethod
-    def open(cls, settings: GatewaySettings) -> Gateway:
+    def from_settings(cls, settings: GatewaySettings) -> Gateway:
         """The gateway of ``settings``: its database (migrated by the app first) and a client of each service."""
         return cls(
             settings=settings, db=Database(settings.database_url_for("gateway")),
             limiter=KeyRateLimiter(settings.rate_limits, settings.rate_limit_storage),
             ledger=LedgerClient.connect(settings, AsyncServiceClient),
             trainer=TrainerClient.connect(settings, AsyncServiceClient, timeout_s=TRAINER_TIMEOUT_S),
-            inference=InferenceClient.connect(settings, AsyncServiceClient, timeout_s=INFERENCE_TIMEOUT_S),
+            inference=InferenceClient.connect(settings, AsyncServiceClient),
             grader=GraderClient.connect(settings, AsyncServiceClient, timeout_s=GRADER_TIMEOUT_S),
         )
 

@@ -68,7 +68,7 @@ class Grader:
 
         return cls(settings=settings, db=Database(settings.database_url_for("grader")), store=TestStore(settings.test_store_url()),
                    ledger=LedgerClient.connect(settings), trainer=TrainerClient.connect(settings, timeout_s=300, retries=3),
-                   inference=InferenceClient.connect(settings), enqueue=enqueue)
+                   inference=InferenceClient.connect(settings, timeout_s=settings.inference_timeout_s), enqueue=enqueue)
 
     def close(self) -> None:
         """Close the clients' connections and the databases' pools."""

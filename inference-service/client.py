@@ -27,10 +27,9 @@ class InferenceClient(ServiceAPI):
 
     @classmethod
     def connect(cls, settings: ServiceSettings, transport: type[Transport] = ServiceClient, **overrides: Any) -> InferenceClient:
-        """A client of ``settings.inference_url`` with this service's token, no retries. A call may take
-        ``settings.inference_timeout_s`` seconds where the caller's settings have it (the grader's: grading calls
-        wait behind other evaluations' batches), else 300 s; ``overrides`` go to the transport (e.g. ``timeout_s``)."""
-        options = {"name": "inference", "timeout_s": getattr(settings, "inference_timeout_s", DEFAULT_TIMEOUT_S)} | overrides
+        """A client of ``settings.inference_url`` with this service's token, no retries, a call taking 300 s at most;
+        ``overrides`` go to the transport (e.g. the grader's ``timeout_s``: its calls wait behind other evaluations')."""
+        options = {"name": "inference", "timeout_s": DEFAULT_TIMEOUT_S} | overrides
         return cls(transport(settings.inference_url, settings.service_token, **options))
 
     def list_models(self, ctx: RunContext | None = None) -> Page[ModelOut]:
