@@ -189,13 +189,26 @@ class ChatTool(BaseModel):
     function: FunctionDefinition
 
 
+class _TextFormat(BaseModel):
+    """``response_format`` as plain text, the only format served."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    type: Literal["text"]
+
+
 class ChatCompletionRequest(BaseModel):
     """OpenAI ``POST /v1/chat/completions`` request; ``model`` is a base model name or a ``ckpt_…``.
 
     ``tools`` are shown to the model in the prompt: through the model's chat template when it renders tools,
     otherwise as JSON lines appended to the system message (see ``inference_service.engine.TOOLS_HEADER``);
-    their tokens are prompt tokens. The model's calls are not parsed: the answer is the message content, and
-    ``tool_choice`` is not served (ignored, like any unknown field).
+    their tokens are prompt tokens. The model's calls are not parsed: the answer is the message content.
+
+    Every parameter of OpenAI's chat schema is honoured or refused, never ignored: one the engine does not serve
+    (``logprobs``, ``top_logprobs``, a ``response_format`` other than text, a ``tool_choice`` other than ``auto``,
+    non-zero penalties, ``logit_bias``, audio, predictions, web search, …) is a 422 naming it when set to anything
+    but its no-op value; fields that only describe the request (``user``, ``metadata``, ``store``, ``service_tier``)
+    are accepted. A field outside the schema is ignored, as OpenAI's own API does.
     """
 
     model_config = ConfigDict(extra="ignore", json_schema_extra={"example": {
@@ -212,6 +225,32 @@ class ChatCompletionRequest(BaseModel):
     seed: int | None = Field(None, ge=0, le=2**63 - 1)
     stream: Literal[False] = Field(False, description="Streaming is not served; omit or send false.")
     tools: list[ChatTool] | None = Field(None, min_length=1, max_length=MAX_TOOLS, description="Functions the model may call (OpenAI format).")
+    tool_choice: Literal["auto"] | None = Field(None, description="Only `auto` is served (the model sees the tools and may call one or answer).")
+    parallel_tool_calls: Literal[True] | None = Field(None, description="Only true is served (the model's calls are not restricted).")
+    logprobs: Literal[False] | None = Field(None, description="Log probabilities are not served; omit or send false.")
+    top_logprobs: None = Field(None, description="Log probabilities are not served; omit.")
+    response_format: _TextFormat | None = Field(None, description="Only `{\"type\": \"text\"}` is served (no guided decoding).")
+    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Only 0 is served.")
+    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Only 0 is served.")
+    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = Field(None, description="Not served; omit or send {}.")
+    stream_options: None = Field(None, description="Streaming is not served; omit.")
+    modalities: list[Literal["text"]] | None = Field(None, description="Only text is served.")
+    audio: None = Field(None, description="Audio output is not served; omit.")
+    prediction: None = Field(None, description="Predicted outputs are not served; omit.")
+    web_search_options: None = Field(None, description="Web search is not served; omit.")
+    reasoning_effort: None = Field(None, description="Not served: thinking is a benchmark's evaluation setting; omit.")
+    functions: None = Field(None, description="Deprecated by OpenAI and not served: use `tools`.")
+    function_call: None = Field(None, description="Deprecated by OpenAI and not served: use `tools`.")
+    user: str | None = Field(None, max_length=256, description="Accepted and not used (an end-user id).")
+    metadata: dict[str, str] | None = Field(None, max_length=16, description="Accepted and not used.")
+    store: bool | None = Field(None, description="Accepted and not used (completions are logged per run regardless).")
+    service_tier: str | None = Field(None, max_length=32, description="Accepted and not used.")
+    safety_identifier: str | None = Field(None, max_length=256, description="Accepted and not used (an end-user id).")
+    prompt_cache_key: str | None = Field(None, max_length=256, description="Accepted and not used: the engine's prefix cache keys on the prompt itself.")
+    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(None, description="Accepted and not used (a cache-lifetime hint).")
+    prompt_cache_options: dict[str, Any] | None = Field(None, description="Accepted and not used (a cache-lifetime hint).")
+    verbosity: None = Field(None, description="Not served; omit.")
+    moderation: None = Field(None, description="Moderation is not served; omit.")
 
     @field_validator("messages")
     @classmethod

@@ -190,3 +190,40 @@ def test_test_grading_is_not_charged(inference: InferenceClient, ledger: LedgerC
     ctx = run(ledger, "run_graded")
     inference.chat_completions(ctx, ask(), unmetered=True)
     assert [e.type for e in ledger.list_entries(ctx.run_id)] == [EntryType.grant]
+
+
+# Every parameter of OpenAI's chat schema (as the unmodified `openai` SDK declares it) is honoured or refused, never
+# ignored: each is a declared field of ChatCompletionRequest, and one the engine does not serve is a 422 naming it.
+REFUSED = {
+    "logprobs": True, "top_logprobs": 2, "response_format": {"type": "json_object"}, "tool_choice": "required",
+    "parallel_tool_calls": False, "frequency_penalty": 0.5, "presence_penalty": -0.5, "logit_bias": {"50256": -100},
+    "stream": True, "stream_options": {"include_usage": True}, "n": 2, "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
+    "prediction": {"type": "content", "content": "x"}, "web_search_options": {}, "reasoning_effort": "high", "verbosity": "low",
+    "functions": [{"name": "f"}], "function_call": "auto", "moderation": {},
+}
+
+
+def test_every_parameter_of_openais_chat_schema_is_a_declared_field() -> None:
+    from openai.types.chat.completion_create_params import CompletionCreateParamsBase
+
+    assert sorted(set(CompletionCreateParamsBase.__annotations__) - set(ChatCompletionRequest.model_fields)) == []
+
+
+@pytest.mark.parametrize(("param", "value"), sorted(REFUSED.items()))
+def test_a_parameter_the_engine_does_not_serve_is_a_422_naming_it(served: TestClient, param: str, value: object) -> None:
+    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, param: value}
+    assert problem(served.post("/internal/chat/completions", json=body), 422)["field"].split(".")[0] == param
+
+
+def test_the_openai_sdk_unmodified_gets_a_completion_and_a_422_naming_what_is_not_served(served: TestClient, ledger: LedgerClient) -> None:
+    import openai
+
+    ctx = run(ledger, "run_openai_sdk")
+    client = openai.OpenAI(base_url="http://inference/internal", api_key=GATEWAY_TOKEN, http_client=served,
+                           default_headers=run_headers(ctx, GATEWAY_TOKEN), max_retries=0)
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2 + 3?"}], max_tokens=3, temperature=0,
+                                         tool_choice="auto", logprobs=False, response_format={"type": "text"}, user="agent-1", seed=1)
+    assert out.choices[0].message.role == "assistant" and 1 <= out.usage.completion_tokens <= 3
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, logprobs=True, top_logprobs=2)
+    assert exc.value.body["field"] in ("logprobs", "top_logprobs")
