@@ -145,10 +145,35 @@ MAX_SCHEMA_DEPTH = 32
 
 
 class ChatMessage(BaseModel):
-    """One chat message, as in the OpenAI API."""
+    """One chat message, as in the OpenAI API.
+
+    Accepted as OpenAI sends them and kept in one form: ``content`` given as an array of text parts
+    (``[{"type": "text", "text": …}]``) is their texts joined, as OpenAI reads it; any other part type (image, audio,
+    file) is a 422 naming it. The ``developer`` role is read as ``system``, which it replaces in OpenAI's newer models.
+    """
 
     role: Literal["system", "user", "assistant", "tool"]
     content: str
+
+    @field_validator("role", mode="before")
+    @classmethod
+    def _developer_is_system(cls, role: Any) -> Any:
+        return "system" if role == "developer" else role
+
+    @field_validator("content", mode="before")
+    @classmethod
+    def _text_parts(cls, content: Any) -> Any:
+        if not isinstance(content, list):
+            return content
+        texts = []
+        for i, part in enumerate(content):
+            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
+            if kind != "text":
+                raise PydanticCustomError("content_part", "content part {i} is of type {kind}: only text parts are served", {"i": i, "kind": str(kind)})
+            if not isinstance(part.get("text"), str):
+                raise PydanticCustomError("content_part", "content part {i} has no text", {"i": i})
+            texts.append(part["text"])
+        return "".join(texts)
 
 
 def _depth(value: Any) -> int:

@@ -227,3 +227,23 @@ def test_the_openai_sdk_unmodified_gets_a_completion_and_a_422_naming_what_is_no
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, logprobs=True, top_logprobs=2)
     assert exc.value.body["field"] in ("logprobs", "top_logprobs")
+
+
+def test_messages_as_openai_sends_them_are_served_and_other_parts_refused(served: TestClient, ledger: LedgerClient) -> None:
+    """Text parts are joined, the developer role is the system role; an image part is a 422 naming the message's content."""
+    import openai
+
+    ctx = run(ledger, "run_message_forms")
+    client = openai.OpenAI(base_url="http://inference/internal", api_key=GATEWAY_TOKEN, http_client=served,
+                           default_headers=run_headers(ctx, GATEWAY_TOKEN), max_retries=0)
+    parts = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=[
+        {"role": "developer", "content": "Answer with a number."},
+        {"role": "user", "content": [{"type": "text", "text": "What is 2 + "}, {"type": "text", "text": "3?"}]}])
+    plain = client.chat.completions.create(model=MODEL, max_tokens=4, temperature=0, messages=[
+        {"role": "system", "content": "Answer with a number."}, {"role": "user", "content": "What is 2 + 3?"}])
+    assert parts.choices[0].message.content == plain.choices[0].message.content
+    assert parts.usage.prompt_tokens == plain.usage.prompt_tokens
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
+            {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
+    assert exc.value.body["field"] == "messages.0.content" and "image_url" in exc.value.body["detail"]
