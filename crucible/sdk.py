@@ -170,7 +170,7 @@ class AdminClient(_GatewayClient):
         """Poll until the initial (and reference) system's test evaluations have ended."""
         while True:
             status = self.baselines(benchmark)
-            if status["initial_status"] in ("succeeded", "failed") and status["reference_status"] in (None, "succeeded", "failed"):
+            if status["initial_status"] in ("succeeded", "failed") and status["reference_status"] in (None, "declared", "succeeded", "failed"):
                 return status
             time.sleep(poll_s)
 

@@ -361,7 +361,7 @@ def list_benchmarks(gw: GatewayDep) -> Page[BenchmarkOut]:
 
 
 @admin_router.get("/benchmarks/{benchmark_id}/baselines", summary="A benchmark's baseline test scores", responses=problem_responses(NotFound))
-async def benchmark_baselines(benchmark_id: str, gw: GatewayDep) -> BenchmarkBaselines:
+async def benchmark_baselines(benchmark_id: Annotated[str, Path(max_length=200)], gw: GatewayDep) -> BenchmarkBaselines:
     """Per task, the grader's view: split sizes, the initial (and reference) system's hidden-test score and status."""
     return await benchmarks.benchmark_baselines(gw, benchmark_id)
 

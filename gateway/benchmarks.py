@@ -112,9 +112,10 @@ async def benchmark_baselines(gw: Gateway, ref: str) -> BenchmarkBaselines:
     tasks = {name: await gw.grader.task_status(gid) for name, gid in ids.items()}
 
     def overall(states: set[str | None]) -> str | None:
-        if states == {None}:
-            return None
-        return "failed" if "failed" in states else ("succeeded" if states <= {None, "declared", "succeeded"} else "running")
+        states -= {None}  # a task without a reference
+        if not states or states == {"declared"}:
+            return "declared" if states else None
+        return "failed" if "failed" in states else ("succeeded" if states <= {"declared", "succeeded"} else "running")
 
     return BenchmarkBaselines(benchmark_id=benchmark_id, tasks=tasks, initial_status=overall({t.initial_status for t in tasks.values()}),
                               reference_status=overall({t.reference_status for t in tasks.values()}))

@@ -2,7 +2,7 @@
 its evaluation queue, one per process.
 
 The app's lifespan builds one from its settings (``app.state.grader``, handed to routes by ``Depends``); an eval
-worker builds one when its first task runs (:func:`grader.worker.process_grader`). The logic takes it as its first
+worker builds one when its first task runs (:data:`grader.tasks.grader`). The logic takes it as its first
 argument: :mod:`grader.grading_tasks` (registering a task: its splits and baselines; its status, training pool and
 validation items), :mod:`grader.evaluations` (admission under the limits, listing), :mod:`grader.scoring`
 (estimators, intervals, one answer's score), :mod:`grader.worker` (running an evaluation, closing its hold, the

@@ -127,11 +127,6 @@ class TransformersEngine:
         """The model's context window in tokens (prompt + completion)."""
         return int(self._model.config.max_position_embeddings)
 
-    @property
-    def loaded_adapters(self) -> list[str]:
-        """Names of the adapters held in memory, least recently used first."""
-        return list(self._adapters)
-
     def prompt_text(self, messages: list[dict[str, str]], tools: list[dict[str, Any]] | None = None) -> str:
         """``messages`` (and ``tools``: by the template if it renders them, else :func:`with_tools_message`)
         rendered with the chat template, plus the assistant header that generation starts from."""

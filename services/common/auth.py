@@ -42,7 +42,7 @@ RUN_SIGNATURE_HEADER = "X-Crucible-Run-Signature"
 
 
 class RunContext(BaseModel):
-    """Who a call is for: the run, its benchmark and track, and what it may edit."""
+    """Who a call is for: the run, the grading task of its benchmark the call concerns, its track, and what it may edit."""
 
     run_id: str
     task_id: str = Field(description="The grader's id of the task the call is for (one per task of a benchmark).")

@@ -592,9 +592,10 @@ class GradingTaskStatus(BaseModel):
 class BenchmarkBaselines(BaseModel):
     """An operator's view of a benchmark's baselines: each task's :class:`GradingTaskStatus` under ``tasks`` (by task
     name), and the states summed up over the tasks: ``succeeded`` once all have, ``failed`` if one has, else
-    ``running`` (``null``: no task has a reference)."""
+    ``running``; a reference only declared (a score, no system graded) is ``declared``, and ``null`` when no task has
+    a reference."""
 
     benchmark_id: str = Field(examples=["bm_01jd3k4m5n6p7q8r9s0t1v2w3x"])
     tasks: dict[str, GradingTaskStatus]
     initial_status: Literal["running", "succeeded", "failed"]
-    reference_status: Literal["running", "succeeded", "failed"] | None
+    reference_status: Literal["running", "succeeded", "failed", "declared"] | None

@@ -127,18 +127,12 @@ class ServiceClient(_BaseClient):
             except httpx.TransportError as exc:  # refused, reset, timed out, cut off mid-answer
                 time.sleep(deadline.pause_s(exc))
 
-    def get(self, path: str, **kw: Any) -> Any:
-        return self.request("GET", path, **kw)
-
-    def post(self, path: str, **kw: Any) -> Any:
-        return self.request("POST", path, **kw)
-
     def close(self) -> None:
         self.client.close()
 
 
 class AsyncServiceClient(_BaseClient):
-    """:class:`ServiceClient` for an event loop: the same arguments, answers and errors; ``await client.get(…)``.
+    """:class:`ServiceClient` for an event loop: the same arguments, answers and errors; ``await client.request("GET", …)``.
 
     A call waiting for its service holds no thread, only one of the client's pooled connections (httpx's 100).
     """
@@ -161,12 +155,6 @@ class AsyncServiceClient(_BaseClient):
                 return self._answer(resp, raw)
             except (httpx.TransportError, TimeoutError) as exc:
                 await asyncio.sleep(deadline.pause_s(exc))
-
-    async def get(self, path: str, **kw: Any) -> Any:
-        return await self.request("GET", path, **kw)
-
-    async def post(self, path: str, **kw: Any) -> Any:
-        return await self.request("POST", path, **kw)
 
     async def aclose(self) -> None:
         await self.client.aclose()

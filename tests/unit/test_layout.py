@@ -23,20 +23,24 @@ def test_no_import_cycle() -> None:
     assert cycles == [], "import cycles: " + "; ".join(" <-> ".join(c) for c in cycles)
 
 
-def _internal_paths(path: Path) -> list[int]:
+def _internal_paths(path: Path, *, prefix_allowed: bool = False) -> list[int]:
+    """Lines of ``path`` that spell an internal path; ``prefix_allowed``: the router's bare ``"/internal"`` prefix is not one."""
     tree = ast.parse(path.read_text(encoding="utf-8"))
     return [node.lineno for node in ast.walk(tree)
-            if isinstance(node, ast.Constant) and isinstance(node.value, str) and (node.value == "/internal" or node.value.startswith("/internal/"))]
+            if isinstance(node, ast.Constant) and isinstance(node.value, str)
+            and ((node.value == "/internal" and not prefix_allowed) or node.value.startswith("/internal/"))]
 
 
 def test_internal_paths_are_spelled_only_by_their_service() -> None:
-    """A caller of another service uses that service's typed client, never its paths."""
-    allowed = {ROOT / folder / name for folder in SERVICE_FOLDERS for name in ("api.py", "client.py")}
+    """A caller of another service uses that service's typed client, never its paths: a path is spelled only in the
+    service's ``client.py``; its ``api.py`` names only the router's ``"/internal"`` prefix (routes are relative to it)."""
+    clients = {ROOT / folder / "client.py" for folder in SERVICE_FOLDERS}
+    routers = {ROOT / folder / "api.py" for folder in SERVICE_FOLDERS}
     found = [f"{path.relative_to(ROOT)}:{line}"
              for path in sorted(ROOT.rglob("*.py"))
-             if not ({".venv", "tests", "migrations", "versions", "teststore_migrations"} & set(path.relative_to(ROOT).parts)) and path not in allowed
-             for line in _internal_paths(path)]
-    assert found == [], "internal paths outside their service's api.py/client.py: " + ", ".join(found)
+             if not ({".venv", "tests", "migrations", "versions", "teststore_migrations"} & set(path.relative_to(ROOT).parts)) and path not in clients
+             for line in _internal_paths(path, prefix_allowed=path in routers)]
+    assert found == [], "internal paths outside their service's client.py: " + ", ".join(found)
 
 
 def test_every_service_reads_the_same_way() -> None:

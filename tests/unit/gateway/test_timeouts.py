@@ -151,7 +151,7 @@ def test_every_attempt_shares_one_deadline_when_a_service_stops_answering() -> N
         client = ServiceClient(url, "token", name="trainer", timeout_s=2.0, retries=5, backoff_s=0.1)
         start = time.monotonic()
         with pytest.raises(UpstreamUnavailable):
-            client.get("/internal/jobs")
+            client.request("GET", "/internal/jobs")
         assert time.monotonic() - start < 4.0  # one deadline of 2 s, not 6 attempts of 2 s
 
 
