@@ -34,15 +34,20 @@ from grader.schemas import ContaminationReport, LeaderboardEntry, TaskRegistered
 from services.common.auth import RunContext
 from services.common.contracts import (
     ChatCompletion,
+    EvaluationCreate,
+    EvaluationLimits,
+    EvaluationOut,
     EvaluationUsage,
     GradingSpec,
     GradingTaskStatus,
     Harness,
     Page,
     Score,
+    SubmissionCreate,
     SubmissionOut,
     SuiteItemOut,
     SystemSpec,
+    TrajectoryOut,
 )
 from services.common.errors import UpstreamProblem
 from services.common.http import AsyncServiceClient
@@ -75,6 +80,8 @@ def in_process(target: httpx.AsyncBaseTransport, name: str) -> AsyncServiceClien
 def problem(status: int, code: str, detail: str = "", **extra: Any) -> dict[str, Any]:
     return {"type": f"urn:crucible:problem:{code}", "title": code, "status": status, "code": code, "detail": detail, **extra}
 
+
+EVAL_ID, SUB_ID, JOB_ID = new_id("eval"), new_id("sub"), new_id("job")  # ids the stand-ins know; JOB_ID: none
 
 @dataclass
 class Grader:
@@ -117,6 +124,50 @@ class Grader:
 
     async def leaderboard(self) -> Page[LeaderboardEntry]:
         return Page[LeaderboardEntry](data=self.entries)
+
+    # the run-scoped routes: each call is recorded as (method, the run context it came with, its other arguments)
+    calls: list[tuple[str, RunContext, dict[str, Any]]] = field(default_factory=list)
+
+    def _record(self, method: str, ctx: RunContext, **args: Any) -> None:
+        self.calls.append((method, ctx, args))
+
+    def _evaluation(self, ctx: RunContext, eval_id: str = EVAL_ID, model: str = "smollm2-135m-instruct") -> EvaluationOut:
+        return EvaluationOut(id=eval_id, status="queued", task=self.tasks[ctx.task_id].task, split="validation", model=model,
+                             harness=Harness(), items_total=2, items_done=0, created_at=dt.datetime.now(dt.UTC))
+
+    def _submission(self, ctx: RunContext, sub_id: str = SUB_ID, model: str = "smollm2-135m-instruct") -> SubmissionOut:
+        return SubmissionOut(id=sub_id, status="queued", task=self.tasks[ctx.task_id].task, model=model, harness=Harness(),
+                             created_at=dt.datetime.now(dt.UTC))
+
+    async def train_sample(self, ctx: RunContext, *, offset: int = 0, limit: int = 100) -> Page[SuiteItemOut]:
+        self._record("train_sample", ctx, offset=offset, limit=limit)
+        return Page[SuiteItemOut](data=[SuiteItemOut(id=f"train-{offset + i}", question="1 + 2 =", answer="3") for i in range(limit)])
+
+    async def create_evaluation(self, ctx: RunContext, body: EvaluationCreate, *, limits: EvaluationLimits) -> EvaluationOut:
+        self._record("create_evaluation", ctx, body=body, limits=limits)
+        return self._evaluation(ctx, model=body.model)
+
+    async def list_evaluations(self, ctx: RunContext) -> Page[EvaluationOut]:
+        self._record("list_evaluations", ctx)
+        return Page[EvaluationOut](data=[self._evaluation(ctx)])
+
+    async def get_evaluation(self, ctx: RunContext, eval_id: str) -> EvaluationOut:
+        self._record("get_evaluation", ctx, eval_id=eval_id)
+        if eval_id != EVAL_ID:
+            raise UpstreamProblem(problem(404, "not_found", f"evaluation {eval_id} not found"))
+        return self._evaluation(ctx)
+
+    async def get_trajectories(self, ctx: RunContext, eval_id: str) -> Page[TrajectoryOut]:
+        self._record("get_trajectories", ctx, eval_id=eval_id)
+        return Page[TrajectoryOut](data=[])
+
+    async def create_submission(self, ctx: RunContext, body: SubmissionCreate, *, max_submissions: int) -> SubmissionOut:
+        self._record("create_submission", ctx, body=body, max_submissions=max_submissions)
+        return self._submission(ctx, model=body.model)
+
+    async def get_submission(self, ctx: RunContext, sub_id: str) -> SubmissionOut:
+        self._record("get_submission", ctx, sub_id=sub_id)
+        return self._submission(ctx, sub_id=sub_id)
 
     async def close(self) -> None:
         """Nothing to close: no connections."""
@@ -442,3 +493,38 @@ def test_the_leaderboard_ranks_runs_by_final_score_with_gap_closed_and_spend(ser
     assert rows[0]["final_ci"] == pytest.approx([0.7, 0.9]) and rows[0]["spent_usd"] == 0.0 and rows[2]["final_score"] is None
     html = served.http.get("/leaderboard")
     assert html.status_code == 200 and "chain-sum-ranked" in html.text
+
+
+# --------------------------------------------------------------------------- the run-scoped routes, each once
+
+
+def test_the_grader_routes_reach_the_grader_for_the_calling_run_and_task_with_the_benchmarks_limits(served: Served) -> None:
+    run_id, agent = served.new_run()
+    served.grader.calls.clear()
+    sample = served.http.get("/v1/suite/train-sample", params={"offset": 5, "limit": 3}, headers=agent)
+    assert [i["id"] for i in sample.json()["data"]] == ["train-5", "train-6", "train-7"]
+    created = served.http.post("/v1/evaluations", json={"model": "smollm2-135m-instruct", "limit": 2}, headers=agent)
+    assert created.status_code == 201 and created.json()["status"] == "queued"
+    assert served.http.get("/v1/evaluations", headers=agent).json()["data"][0]["id"] == EVAL_ID
+    assert served.http.get(f"/v1/evaluations/{EVAL_ID}", headers=agent).json()["model"] == "smollm2-135m-instruct"
+    assert_problem(served.http.get(f"/v1/evaluations/{new_id('eval')}", headers=agent), 404, "not_found")  # the grader's 404, unchanged
+    assert served.http.get(f"/v1/evaluations/{EVAL_ID}/trajectories", headers=agent).json()["data"] == []
+    submitted = served.http.post("/v1/submissions", json={"model": "smollm2-135m-instruct", "note": "final"}, headers=agent)
+    assert submitted.status_code == 201 and served.http.get(f"/v1/submissions/{SUB_ID}", headers=agent).json()["id"] == SUB_ID
+    assert [m for m, _, _ in served.grader.calls] == ["train_sample", "create_evaluation", "list_evaluations", "get_evaluation", "get_evaluation",
+                                                      "get_trajectories", "create_submission", "get_submission"]
+    assert {(ctx.run_id, ctx.task_id in served.grader.tasks) for _, ctx, _ in served.grader.calls} == {(run_id, True)}
+    args = {m: a for m, _, a in served.grader.calls}
+    assert args["train_sample"] == {"offset": 5, "limit": 3} and args["create_evaluation"]["body"].limit == 2
+    assert args["create_submission"]["max_submissions"] == TEST_BENCHMARK["limits"]["final_submissions"]
+    assert args["create_evaluation"]["limits"] == EvaluationLimits()  # the test benchmark sets none: the defaults
+
+
+@pytest.mark.parametrize(("method", "path"), [
+    ("GET", f"/v1/training/jobs/{JOB_ID}"), ("GET", f"/v1/training/jobs/{JOB_ID}/events"),
+    ("GET", f"/v1/training/jobs/{JOB_ID}/checkpoints"), ("POST", f"/v1/training/jobs/{JOB_ID}/cancel"),
+])
+def test_a_job_route_reaches_the_trainer_and_its_404_comes_back_unchanged(served: Served, method: str, path: str) -> None:
+    _, agent = served.new_run()
+    assert_problem(served.http.request(method, path, headers=agent), 404, "not_found")
+    assert served.http.get("/v1/training/jobs", headers=agent).json()["data"] == []
