@@ -7,14 +7,16 @@ are raised, never formatted here; every route documents the problems it can answ
 
 from __future__ import annotations
 
+import contextlib
 import hmac
 import time
+from collections.abc import AsyncIterator
 from pathlib import Path as FilePath
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse
+from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
 from gateway import benchmarks, leaderboard, runs
@@ -36,14 +38,11 @@ from gateway.service import (
 from services.common.auth import hash_secret
 from services.common.contracts import (
     BenchmarkBaselines,
-    ChatCompletion,
-    ChatCompletionRequest,
     CheckpointOut,
     DatasetOut,
     EvaluationCreate,
     EvaluationOut,
     JobEventOut,
-    ModelOut,
     Page,
     SubmissionCreate,
     SubmissionOut,
@@ -69,6 +68,7 @@ from services.common.errors import (
     UpstreamUnavailable,
     problem_responses,
 )
+from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelOut
 from services.ledger.schemas import Balance, Entry, Refund
 
 templates = Jinja2Templates(directory=FilePath(__file__).parent / "templates")
@@ -268,11 +268,44 @@ async def list_models(gw: GatewayDep, caller: AgentDep) -> Page[ModelOut]:
     return await gw.inference.list_models(ctx=caller.ctx)
 
 
+STREAMED = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}}},
+                  "description": "The answer; with `stream: true`, server-sent events (`data: {chunk}` lines) ending with `data: [DONE]`."}}
+
+
+async def relay(stream: contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]) -> StreamingResponse:
+    """Open an inference stream (its errors raise here, as problem+json) and relay its events as they come. A client
+    that goes away closes the inference stream, which stops the generation and charges what was generated."""
+    stack = contextlib.AsyncExitStack()
+    chunks = await stack.enter_async_context(stream)
+
+    async def events() -> AsyncIterator[bytes]:
+        async with stack:
+            async for chunk in chunks:
+                yield chunk
+
+    return StreamingResponse(events(), media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
 @agent_router.post("/chat/completions", tags=["inference"], summary="Create a chat completion (OpenAI-compatible)",
-                   responses=problem_responses(Unauthorized, RunExpired, Unprocessable, PaymentRequired))
+                   responses=STREAMED | problem_responses(Unauthorized, RunExpired, Unprocessable, PaymentRequired))
 async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: MutatingAgentDep) -> ChatCompletion:
-    """``model`` is a base model name or one of the run's ``ckpt_…``. Prompt and completion tokens are charged."""
+    """``model`` is a base model name or one of the run's ``ckpt_…``. Prompt and completion tokens are charged (the
+    worst case is held first: 402 when the budget cannot cover it). Every OpenAI parameter is honoured or refused with
+    a 422 naming it. ``stream: true`` answers with server-sent events; a client that disconnects pays for the tokens
+    generated until then."""
+    if req.stream:
+        return await relay(gw.inference.chat_completions_stream(caller.ctx, req))  # type: ignore[return-value]
     return await gw.inference.chat_completions(caller.ctx, req)
+
+
+@agent_router.post("/completions", tags=["inference"], summary="Create a text completion (OpenAI-compatible, legacy)",
+                   responses=STREAMED | problem_responses(Unauthorized, RunExpired, Unprocessable, PaymentRequired))
+async def completions(req: CompletionRequest, gw: GatewayDep, caller: MutatingAgentDep) -> Completion:
+    """The model continues ``prompt`` as given, without the chat template; ``echo`` with ``logprobs`` returns the
+    prompt tokens' log-probabilities (what log-likelihood evaluation tools read). Charged as chat completions."""
+    if req.stream:
+        return await relay(gw.inference.completions_stream(caller.ctx, req))  # type: ignore[return-value]
+    return await gw.inference.completions(caller.ctx, req)
 
 
 # --------------------------------------------------------------------------- evaluations and submissions

@@ -25,9 +25,10 @@ from grader.service import Grader
 from grader.suites import Item, Suite, get_suite, suite_canonical, suite_tools
 from services.common import jobs
 from services.common.auth import RunContext
-from services.common.contracts import ChatCompletionRequest, GradingSpec, Harness
+from services.common.contracts import GradingSpec, Harness
 from services.common.db import utcnow
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
+from services.common.openai_protocol import ChatCompletionRequest
 
 log = structlog.get_logger("grader")
 T = TypeVar("T")
@@ -53,14 +54,16 @@ def _refusal(exc: UpstreamProblem) -> SystemRefused | None:
 
 def completion_request(model: str, harness: Harness, messages: list[dict[str, str]], sample: int,
                        tools: list[dict[str, Any]] | None) -> ChatCompletionRequest:
-    """The completion call for one sample of one item (``seed``: the sample's number).
+    """The completion call for one sample of one item (``seed``: the sample's number). Tools are shown with
+    ``tool_choice: none``: the suite reads the calls from the answer's text (BFCL's prompting format).
 
     Raises :class:`SystemRefused` for a request that inference would refuse with a 422 naming the field (the messages
     the harness renders are too long, a tool is malformed): the wire model is inference's own.
     """
     try:
         return ChatCompletionRequest(model=model, messages=messages, max_tokens=harness.max_tokens, temperature=harness.temperature,  # type: ignore[arg-type]
-                                     top_p=harness.top_p, stop=harness.stop, seed=sample, tools=tools or None)  # type: ignore[arg-type]
+                                     top_p=harness.top_p, stop=harness.stop, seed=sample, tools=tools or None,  # type: ignore[arg-type]
+                                     tool_choice="none" if tools else None)
     except ValidationError as exc:
         first = exc.errors()[0]
         field = ".".join(str(p) for p in first["loc"]) or None
@@ -147,7 +150,7 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
                 out = _with_retries(lambda: grader.inference.chat_completions(
                     ctx, request, hold_id=charged, unmetered=charged is None, idempotency_key=f"{eval_id}:{item.id}:{sample}",
                     context_tokens=spec.evaluation.context_tokens))
-                completion, prompt_tokens, completion_tokens = out.choices[0].message.content, out.usage.prompt_tokens, out.usage.completion_tokens
+                completion, prompt_tokens, completion_tokens = out.choices[0].message.content or "", out.usage.prompt_tokens, out.usage.completion_tokens
             except UpstreamProblem as exc:
                 if exc.code != "context_exceeded":
                     if (refused := _refusal(exc)) is not None:

@@ -6,15 +6,18 @@ token of a service inference trusts; a run context is optional, but a metered co
 
 from __future__ import annotations
 
+from collections.abc import AsyncIterator
 from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
+from fastapi.responses import StreamingResponse
 from inference_service.schemas import ModelDetail
-from inference_service.service import Inference
+from inference_service.service import Inference, Metering
 
 from services.common.auth import ServiceCaller
-from services.common.contracts import ChatCompletion, ChatCompletionRequest, ModelOut, Page
+from services.common.contracts import Page
 from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
+from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelOut
 
 
 def get_inference(request: Request) -> Inference:
@@ -38,18 +41,42 @@ def get_model(model: str, ctx: ServiceCaller, inference: InferenceDep) -> ModelD
     return inference.describe_model(ctx, model)
 
 
-@router.post("/chat/completions", summary="Create a chat completion", responses=problem_responses(Unprocessable, PaymentRequired))
-async def chat_completions(
-    req: ChatCompletionRequest,
-    ctx: ServiceCaller,
-    inference: InferenceDep,
+def metering(
     x_crucible_hold: str | None = Header(None, description="Charge the tokens against this existing ledger hold."),
     x_crucible_unmetered: str | None = Header(None, description="`grading`: official test grading, not charged to the run."),
     idempotency_key: str | None = Header(None, max_length=150, description="With `X-Crucible-Hold`: the ledger charge's key, so a repeated call is charged once."),
     x_crucible_context_tokens: int | None = Header(None, ge=1, description="Run the model with this context length (a benchmark's setting) "
                                                                           "instead of its own window, if smaller."),
-) -> ChatCompletion:
+) -> Metering:
+    """How the call is paid, from its headers."""
+    return Metering(hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading", idempotency_key=idempotency_key,
+                    context_tokens=x_crucible_context_tokens)
+
+
+MeteringDep = Annotated[Metering, Depends(metering)]
+STREAMED = {200: {"content": {"text/event-stream": {"schema": {"type": "string"}, "example": 'data: {"object": "chat.completion.chunk", …}\n\ndata: [DONE]\n\n'}},
+                  "description": "The answer; with `stream: true`, server-sent events ending with `data: [DONE]`."}}
+
+
+def event_stream(events: AsyncIterator[str]) -> StreamingResponse:
+    """Server-sent events, not buffered by proxies."""
+    return StreamingResponse(events, media_type="text/event-stream", headers={"Cache-Control": "no-cache", "X-Accel-Buffering": "no"})
+
+
+@router.post("/chat/completions", summary="Create a chat completion", responses=STREAMED | problem_responses(Unprocessable, PaymentRequired))
+async def chat_completions(req: ChatCompletionRequest, ctx: ServiceCaller, inference: InferenceDep, paid: MeteringDep) -> ChatCompletion:
     """OpenAI-compatible chat completion; prompt and completion tokens are charged to the run. 422 ``context_exceeded``
-    (field ``messages``) when the prompt and ``max_tokens`` do not fit the context."""
-    return await inference.chat_completion(ctx, req, hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading",
-                                           idempotency_key=idempotency_key, context_tokens=x_crucible_context_tokens)
+    (field ``messages``) when the prompt and ``max_tokens`` do not fit the context; 422 naming a field the engine
+    does not serve. With ``stream``, errors come before the first event, as problem+json."""
+    if req.stream:
+        return event_stream(await inference.chat_completion_stream(ctx, req, paid))  # type: ignore[return-value]
+    return await inference.chat_completion(ctx, req, paid)
+
+
+@router.post("/completions", summary="Create a text completion", responses=STREAMED | problem_responses(Unprocessable, PaymentRequired))
+async def completions(req: CompletionRequest, ctx: ServiceCaller, inference: InferenceDep, paid: MeteringDep) -> Completion:
+    """OpenAI-compatible text completion (no chat template; ``echo`` and ``logprobs`` for log-likelihoods); charged as
+    chat completions are. 422 ``context_exceeded`` naming ``prompt``."""
+    if req.stream:
+        return event_stream(await inference.completion_stream(ctx, req, paid))  # type: ignore[return-value]
+    return await inference.completion(ctx, req, paid)

@@ -14,20 +14,20 @@ from typing import Any
 from fastapi import FastAPI
 from inference_service.api import router
 from inference_service.service import Inference
+from inference_service.settings import InferenceSettings
 from trainer_service.client import TrainerClient
 
 from services.common.app import create_service_app
 from services.common.auth import service_caller
 from services.common.db import Database, migrate
-from services.common.settings import ServiceSettings
 from services.ledger.client import LedgerClient
 
 MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 
-def create_app(settings: ServiceSettings | None = None) -> FastAPI:
+def create_app(settings: InferenceSettings | None = None) -> FastAPI:
     """Build the inference app; its database, clients and engines are opened when the app starts."""
-    settings = settings or ServiceSettings()
+    settings = settings or InferenceSettings()
 
     @asynccontextmanager
     async def lifespan(app: FastAPI) -> AsyncIterator[None]:
@@ -43,11 +43,12 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
 
     def health() -> dict[str, Any]:
         inference: Inference | None = getattr(app.state, "inference", None)
-        return {"models": sorted(inference.batchers) if inference else []}
+        return {"models": sorted(inference.engines) if inference else [], "engine": settings.engine}
 
     app = create_service_app(
         "inference", title="Crucible inference",
-        description="Model registry (base models and run checkpoints) and OpenAI-compatible chat completions, metered on the ledger.",
+        description="Model registry (base models and run checkpoints) and OpenAI-compatible chat and text completions (streamed or not), "
+                    "metered on the ledger, on the configured engine.",
         lifespan=lifespan,
         log_level=settings.log_level,
         health=health,

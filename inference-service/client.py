@@ -9,14 +9,17 @@ retried: a completion is charged when it is served.
 
 from __future__ import annotations
 
+import contextlib
+from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
 from inference_service.schemas import ModelDetail
 
 from services.common.auth import RunContext
-from services.common.contracts import ChatCompletion, ChatCompletionRequest, ModelOut, Page
+from services.common.contracts import Page
 from services.common.http import ServiceAPI, ServiceClient, Transport
+from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelOut
 from services.common.settings import ServiceSettings
 
 DEFAULT_TIMEOUT_S = 300.0  # a completion queues behind the batches in flight
@@ -42,15 +45,37 @@ class InferenceClient(ServiceAPI):
 
     def chat_completions(self, ctx: RunContext | None, body: ChatCompletionRequest, *, hold_id: str | None = None,
                          unmetered: bool = False, idempotency_key: str | None = None, context_tokens: int | None = None) -> ChatCompletion:
-        """Serve one chat completion for ``ctx``'s run.
+        """Serve one chat completion for ``ctx``'s run (``body.stream`` false; see :meth:`chat_completions_stream`).
 
         By default its worst case is held on the run's budget and the actual tokens settled (402 when the budget
         cannot cover it). ``hold_id``: charge the tokens against this existing ledger hold instead (an
         evaluation's), once per ``idempotency_key``; ``unmetered``: official test grading, not charged;
         ``context_tokens``: run the model with this context length (tokens) if smaller than its own. 422
-        ``context_exceeded`` (field ``messages``) when the prompt and ``max_tokens`` do not fit.
+        ``context_exceeded`` (field ``messages``) when the prompt and ``max_tokens`` do not fit; 422 naming a field
+        the engine does not serve.
         """
-        headers = {"X-Crucible-Hold": hold_id, "X-Crucible-Unmetered": "grading" if unmetered else None,
-                   "Idempotency-Key": idempotency_key, "X-Crucible-Context-Tokens": str(context_tokens) if context_tokens else None}
         return self._call("POST", "/internal/chat/completions", ChatCompletion, ctx=ctx, body=body,
-                          headers={k: v for k, v in headers.items() if v is not None})
+                          headers=_metering(hold_id, unmetered, idempotency_key, context_tokens))
+
+    def chat_completions_stream(self, ctx: RunContext | None, body: ChatCompletionRequest) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """A streamed chat completion (``body.stream`` true; async transport): ``async with`` it for the server-sent
+        events' bytes; errors as :meth:`chat_completions`, raised on entering. Leaving early stops the generation
+        (charged for the tokens generated until then)."""
+        return self._stream("POST", "/internal/chat/completions", ctx=ctx, body=body)
+
+    def completions(self, ctx: RunContext | None, body: CompletionRequest, *, hold_id: str | None = None, unmetered: bool = False,
+                    idempotency_key: str | None = None, context_tokens: int | None = None) -> Completion:
+        """Serve one text completion (``/v1/completions``: no chat template; ``echo`` and ``logprobs``); metered as
+        :meth:`chat_completions`; 422 ``context_exceeded`` naming ``prompt``."""
+        return self._call("POST", "/internal/completions", Completion, ctx=ctx, body=body,
+                          headers=_metering(hold_id, unmetered, idempotency_key, context_tokens))
+
+    def completions_stream(self, ctx: RunContext | None, body: CompletionRequest) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """A streamed text completion, as :meth:`chat_completions_stream`."""
+        return self._stream("POST", "/internal/completions", ctx=ctx, body=body)
+
+
+def _metering(hold_id: str | None, unmetered: bool, idempotency_key: str | None, context_tokens: int | None) -> dict[str, str]:
+    headers = {"X-Crucible-Hold": hold_id, "X-Crucible-Unmetered": "grading" if unmetered else None,
+               "Idempotency-Key": idempotency_key, "X-Crucible-Context-Tokens": str(context_tokens) if context_tokens else None}
+    return {k: v for k, v in headers.items() if v is not None}

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from services.common.contracts import ModelOut
+from services.common.openai_protocol import ModelOut
 
 
 class ModelDetail(ModelOut):

@@ -7,13 +7,13 @@ models from here; models only one service uses live in that service's ``schemas.
 from __future__ import annotations
 
 import datetime as dt
-import json
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 from pydantic_core import PydanticCustomError
 
 from services.common import extraction
+from services.common.openai_protocol import ChatMessage, ModelName
 
 TRAINING_FIELDS = (
     "method", "adapter", "lora_r", "lora_alpha", "lora_dropout", "target_modules", "learning_rate",
@@ -21,11 +21,6 @@ TRAINING_FIELDS = (
 )
 
 
-
-ModelName = Annotated[str, Field(
-    min_length=1, max_length=200, pattern=r"^[A-Za-z0-9][A-Za-z0-9._:/-]*$", examples=["smollm2-135m-instruct"],
-    description="A served base model's name or a checkpoint id (`ckpt_…`).",
-)]
 
 class Recipe(BaseModel):
     """How to train: method, adapter and hyper-parameters (names as in transformers/PEFT)."""
@@ -126,212 +121,6 @@ class Page(BaseModel, Generic[T]):
 
     object: Literal["list"] = "list"
     data: list[T]
-
-
-# ----------------------------------------------------------------- OpenAI-compatible models and chat completions
-
-
-class ModelOut(BaseModel):
-    """OpenAI ``model`` object: a servable base model (``GET /v1/models`` lists them in a :class:`Page`)."""
-
-    id: str
-    object: Literal["model"] = "model"
-    owned_by: str = "crucible"
-
-
-MAX_PROMPT_CHARS = 100_000
-MAX_TOOLS = 128
-MAX_SCHEMA_DEPTH = 32
-
-
-class ChatMessage(BaseModel):
-    """One chat message, as in the OpenAI API.
-
-    Accepted as OpenAI sends them and kept in one form: ``content`` given as an array of text parts
-    (``[{"type": "text", "text": …}]``) is their texts joined, as OpenAI reads it; any other part type (image, audio,
-    file) is a 422 naming it. The ``developer`` role is read as ``system``, which it replaces in OpenAI's newer models.
-    """
-
-    role: Literal["system", "user", "assistant", "tool"]
-    content: str
-
-    @field_validator("role", mode="before")
-    @classmethod
-    def _developer_is_system(cls, role: Any) -> Any:
-        return "system" if role == "developer" else role
-
-    @field_validator("content", mode="before")
-    @classmethod
-    def _text_parts(cls, content: Any) -> Any:
-        if not isinstance(content, list):
-            return content
-        texts = []
-        for i, part in enumerate(content):
-            kind = part.get("type") if isinstance(part, dict) else type(part).__name__
-            if kind != "text":
-                raise PydanticCustomError("content_part", "content part {i} is of type {kind}: only text parts are served", {"i": i, "kind": str(kind)})
-            if not isinstance(part.get("text"), str):
-                raise PydanticCustomError("content_part", "content part {i} has no text", {"i": i})
-            texts.append(part["text"])
-        return "".join(texts)
-
-
-def _depth(value: Any) -> int:
-    """Nesting depth of a JSON value: 0 for a scalar, 1 for a flat object or array, and so on."""
-    depth, level = 0, [value]
-    while containers := [x for x in level if isinstance(x, dict | list)]:
-        depth += 1
-        level = [v for x in containers for v in (x.values() if isinstance(x, dict) else x)]
-    return depth
-
-
-class FunctionDefinition(BaseModel):
-    """A function the model may call (OpenAI ``tools[].function``); ``parameters`` is a JSON-schema object
-    (``{"type": "object", "properties": {...}, "required": [...]}``) nested at most 32 levels."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    name: str = Field(pattern=r"^[a-zA-Z0-9_-]{1,64}$")
-    description: str | None = None
-    parameters: dict[str, Any] | None = None
-
-    @field_validator("parameters")
-    @classmethod
-    def _schema_object(cls, parameters: dict[str, Any] | None) -> dict[str, Any] | None:
-        if parameters is not None and parameters.get("type") != "object":
-            raise ValueError('parameters must be a JSON-schema object: {"type": "object", "properties": {...}}')
-        if parameters is not None and _depth(parameters) > MAX_SCHEMA_DEPTH:
-            raise ValueError(f"parameters are nested more than {MAX_SCHEMA_DEPTH} levels")
-        return parameters
-
-
-class ChatTool(BaseModel):
-    """One entry of ``tools`` (OpenAI): a function tool."""
-
-    model_config = ConfigDict(extra="ignore")
-
-    type: Literal["function"]
-    function: FunctionDefinition
-
-
-class _TextFormat(BaseModel):
-    """``response_format`` as plain text, the only format served."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    type: Literal["text"]
-
-
-class ChatCompletionRequest(BaseModel):
-    """OpenAI ``POST /v1/chat/completions`` request; ``model`` is a base model name or a ``ckpt_…``.
-
-    ``tools`` are shown to the model in the prompt: through the model's chat template when it renders tools,
-    otherwise as JSON lines appended to the system message (see ``inference_service.engine.TOOLS_HEADER``);
-    their tokens are prompt tokens. The model's calls are not parsed: the answer is the message content.
-
-    Every parameter of OpenAI's chat schema is honoured or refused, never ignored: one the engine does not serve
-    (``logprobs``, ``top_logprobs``, a ``response_format`` other than text, a ``tool_choice`` other than ``auto``,
-    non-zero penalties, ``logit_bias``, audio, predictions, web search, …) is a 422 naming it when set to anything
-    but its no-op value; fields that only describe the request (``user``, ``metadata``, ``store``, ``service_tier``)
-    are accepted. A field outside the schema is ignored, as OpenAI's own API does.
-    """
-
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"example": {
-        "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 16, "temperature": 0}})
-
-    model: ModelName
-    messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, le=4096)
-    max_completion_tokens: int | None = Field(None, ge=1, le=4096)
-    temperature: float = Field(1.0, ge=0.0, le=2.0)
-    top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=1, description="Only n=1 is served.")
-    stop: str | list[str] | None = None
-    seed: int | None = Field(None, ge=0, le=2**63 - 1)
-    stream: Literal[False] = Field(False, description="Streaming is not served; omit or send false.")
-    tools: list[ChatTool] | None = Field(None, min_length=1, max_length=MAX_TOOLS, description="Functions the model may call (OpenAI format).")
-    tool_choice: Literal["auto"] | None = Field(None, description="Only `auto` is served (the model sees the tools and may call one or answer).")
-    parallel_tool_calls: Literal[True] | None = Field(None, description="Only true is served (the model's calls are not restricted).")
-    logprobs: Literal[False] | None = Field(None, description="Log probabilities are not served; omit or send false.")
-    top_logprobs: None = Field(None, description="Log probabilities are not served; omit.")
-    response_format: _TextFormat | None = Field(None, description="Only `{\"type\": \"text\"}` is served (no guided decoding).")
-    frequency_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Only 0 is served.")
-    presence_penalty: float = Field(0.0, ge=0.0, le=0.0, description="Only 0 is served.")
-    logit_bias: Annotated[dict[str, float], Field(max_length=0)] | None = Field(None, description="Not served; omit or send {}.")
-    stream_options: None = Field(None, description="Streaming is not served; omit.")
-    modalities: list[Literal["text"]] | None = Field(None, description="Only text is served.")
-    audio: None = Field(None, description="Audio output is not served; omit.")
-    prediction: None = Field(None, description="Predicted outputs are not served; omit.")
-    web_search_options: None = Field(None, description="Web search is not served; omit.")
-    reasoning_effort: None = Field(None, description="Not served: thinking is a benchmark's evaluation setting; omit.")
-    functions: None = Field(None, description="Deprecated by OpenAI and not served: use `tools`.")
-    function_call: None = Field(None, description="Deprecated by OpenAI and not served: use `tools`.")
-    user: str | None = Field(None, max_length=256, description="Accepted and not used (an end-user id).")
-    metadata: dict[str, str] | None = Field(None, max_length=16, description="Accepted and not used.")
-    store: bool | None = Field(None, description="Accepted and not used (completions are logged per run regardless).")
-    service_tier: str | None = Field(None, max_length=32, description="Accepted and not used.")
-    safety_identifier: str | None = Field(None, max_length=256, description="Accepted and not used (an end-user id).")
-    prompt_cache_key: str | None = Field(None, max_length=256, description="Accepted and not used: the engine's prefix cache keys on the prompt itself.")
-    prompt_cache_retention: Literal["in_memory", "24h"] | None = Field(None, description="Accepted and not used (a cache-lifetime hint).")
-    prompt_cache_options: dict[str, Any] | None = Field(None, description="Accepted and not used (a cache-lifetime hint).")
-    verbosity: None = Field(None, description="Not served; omit.")
-    moderation: None = Field(None, description="Moderation is not served; omit.")
-
-    @field_validator("messages")
-    @classmethod
-    def _chars(cls, messages: list[ChatMessage]) -> list[ChatMessage]:
-        if sum(len(m.content) for m in messages) > MAX_PROMPT_CHARS:
-            raise ValueError(f"the messages total more than {MAX_PROMPT_CHARS} characters")
-        return messages
-
-    @model_validator(mode="after")
-    def _tools_chars(self) -> ChatCompletionRequest:
-        if self.tools and sum(len(m.content) for m in self.messages) + len(json.dumps(self.tool_dicts())) > MAX_PROMPT_CHARS:
-            raise ValueError(f"the messages and tools (as JSON) total more than {MAX_PROMPT_CHARS} characters")
-        return self
-
-    def tool_dicts(self) -> list[dict[str, Any]] | None:
-        """``tools`` as plain JSON objects (unset fields left out), as the engine renders them."""
-        return [t.model_dump(exclude_none=True) for t in self.tools] if self.tools else None
-
-    def completion_limit(self, default: int = 256) -> int:
-        """Max completion tokens requested (``max_completion_tokens`` wins over ``max_tokens``)."""
-        return self.max_completion_tokens or self.max_tokens or default
-
-    def stop_list(self) -> list[str] | None:
-        return [self.stop] if isinstance(self.stop, str) else self.stop
-
-
-class ChatChoice(BaseModel):
-    index: int
-    message: ChatMessage
-    finish_reason: Literal["stop", "length"]
-
-
-class PromptTokensDetails(BaseModel):
-    """How many prompt tokens were served from the engine's prefix cache (charged at the cached price)."""
-
-    cached_tokens: int = 0
-
-
-class Usage(BaseModel):
-    """Token counts of one call (units: tokens), as OpenAI reports them."""
-
-    prompt_tokens: int
-    completion_tokens: int
-    total_tokens: int
-    prompt_tokens_details: PromptTokensDetails = Field(default_factory=PromptTokensDetails)
-
-
-class ChatCompletion(BaseModel):
-    """OpenAI ``chat.completion`` object."""
-
-    id: str
-    object: Literal["chat.completion"] = "chat.completion"
-    created: int
-    model: str
-    choices: list[ChatChoice]
-    usage: Usage
 
 
 # ----------------------------------------------------------------- harnesses, benchmarks, evaluations

@@ -21,10 +21,11 @@ methods own that service's paths and wire models.
 from __future__ import annotations
 
 import asyncio
+import contextlib
 import functools
 import inspect
 import time
-from collections.abc import Awaitable
+from collections.abc import AsyncIterator, Awaitable
 from typing import Any
 
 import httpx
@@ -156,6 +157,30 @@ class AsyncServiceClient(_BaseClient):
             except (httpx.TransportError, TimeoutError) as exc:
                 await asyncio.sleep(deadline.pause_s(exc))
 
+    @contextlib.asynccontextmanager
+    async def stream(self, method: str, path: str, *, ctx: RunContext | None = None, json: Any = None,
+                     headers: dict[str, str] | None = None, timeout_s: float | None = None) -> AsyncIterator[AsyncIterator[bytes]]:
+        """Send a request whose answer streams (server-sent events): ``async with client.stream(…) as chunks`` gives
+        the body's bytes as they arrive; leaving the block closes the connection (the service sees the client go).
+
+        One attempt: ``UpstreamUnavailable`` if the service cannot be reached, ``UpstreamProblem`` for a 4xx/5xx answer
+        (raised on entering, before any chunk); ``timeout_s`` bounds the wait for each chunk.
+        """
+        request = self._build(self.client, method, path, ctx, json, None, None, headers)
+        deadline = self._deadline(timeout_s)
+        request.extensions["timeout"] = deadline.timeout().as_dict()
+        try:
+            resp = await self.client.send(request, stream=True)
+        except httpx.TransportError as exc:
+            raise UpstreamUnavailable(f"{self.name} unavailable: {exc.__class__.__name__}") from exc
+        try:
+            if resp.status_code >= 400:
+                await resp.aread()
+                self._answer(resp, raw=False)
+            yield resp.aiter_raw()
+        finally:
+            await resp.aclose()
+
     async def aclose(self) -> None:
         await self.client.aclose()
 
@@ -194,6 +219,15 @@ class ServiceAPI:
         if inspect.isawaitable(answer):
             return _parsed_later(answer, out)
         return _parse(answer, out)
+
+    def _stream(self, method: str, path: str, *, ctx: RunContext | None = None, body: Any = None,
+                headers: dict[str, str] | None = None) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
+        """A streamed call (:meth:`AsyncServiceClient.stream`; async transport only), ``body`` sent as :meth:`_call` sends it."""
+        if not isinstance(self.http, AsyncServiceClient):
+            raise TypeError("streaming needs an AsyncServiceClient transport")
+        if isinstance(body, BaseModel):
+            body = body.model_dump(mode="json", exclude_unset=True)
+        return self.http.stream(method, path, ctx=ctx, json=body, headers=headers)
 
     def close(self) -> Any:
         """Close the transport's connections (awaitable for an async transport)."""

@@ -21,14 +21,14 @@ from typing import Any
 import pytest
 from bfcl_eval.constants.enums import Language, ModelStyle, ReturnFormat
 from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
-from inference_service.engine import TOOLS_HEADER, GenerationRequest, TransformersEngine, template_renders_tools
+from inference_service.chat import TOOLS_HEADER, ChatRenderer
 from pydantic import ValidationError
 
 from grader.scoring import score_item
 from grader.suites import Item, get_suite, suite_tools
 from grader.suites.bfcl import BFCL_CATEGORY, CATEGORIES, CHECKER_MODEL, ast_checker, decode_calls, load_category
-from services.common.contracts import MAX_PROMPT_CHARS, ChatCompletionRequest
 from services.common.errors import Unprocessable
+from services.common.openai_protocol import MAX_PROMPT_CHARS, ChatCompletionRequest
 from tests.conftest import prepared_models
 
 SUITE = get_suite("bfcl")
@@ -267,39 +267,32 @@ def test_chat_completion_request_validates_tools() -> None:
 
 
 @pytest.fixture(scope="module")
-def engine() -> TransformersEngine:
-    return TransformersEngine(prepared_models() / "smollm2-135m-instruct", max_batch_size=2)
+def renderer() -> ChatRenderer:
+    from transformers import AutoTokenizer
+
+    return ChatRenderer(AutoTokenizer.from_pretrained(prepared_models() / "smollm2-135m-instruct"))
 
 
-def test_tools_reach_the_prompt_and_are_counted(engine: TransformersEngine) -> None:
+def tokens(renderer: ChatRenderer, messages: list[dict], tools: list[dict] | None = None) -> int:
+    return len(renderer.tokenizer(renderer.render(messages, tools), add_special_tokens=False)["input_ids"])
+
+
+def test_tools_reach_the_prompt_and_are_counted(renderer: ChatRenderer) -> None:
     item = next(i for i in SUITE.generate({"categories": ["multiple"]}, 0, 5, split="validation"))
     tools = SUITE.tools(item)
     messages = [{"role": "system", "content": SUITE.default_harness.system_prompt or ""}, {"role": "user", "content": item.question}]
-    text = engine.prompt_text(messages, tools)
+    text = renderer.render(messages, tools)
     assert TOOLS_HEADER in text and all(json.dumps(t, ensure_ascii=False) in text for t in tools)
     assert text.index(SUITE.default_harness.system_prompt or "") < text.index(TOOLS_HEADER) < text.index(item.question)
-    assert TOOLS_HEADER in engine.prompt_text(messages[1:], tools)  # no system message: the tools make one
-    assert engine.count_prompt_tokens(messages, tools) > engine.count_prompt_tokens(messages) + 100
-    result = engine.generate([GenerationRequest(messages=messages, max_tokens=1, tools=tools)])[0]
-    assert result.prompt_tokens == engine.count_prompt_tokens(messages, tools)
+    assert TOOLS_HEADER in renderer.render(messages[1:], tools)  # no system message: the tools make one
+    assert tokens(renderer, messages, tools) > tokens(renderer, messages) + 100
 
 
-def test_the_grader_holds_enough_for_the_tools(engine: TransformersEngine) -> None:
+def test_the_grader_holds_enough_for_the_tools(renderer: ChatRenderer) -> None:
     from grader.evaluations import prompt_upper_bound
     from grader.harness import render_messages
 
     for item in SUITE.generate(ALL, 5, 12, split="validation"):
         tools = SUITE.tools(item)
-        actual = engine.count_prompt_tokens(render_messages(SUITE.default_harness, item.question), tools)
+        actual = tokens(renderer, render_messages(SUITE.default_harness, item.question), tools)
         assert actual <= prompt_upper_bound(SUITE.default_harness, item.question, tools), item.id
-
-
-def test_a_template_that_renders_tools_gets_them(engine: TransformersEngine, monkeypatch: pytest.MonkeyPatch) -> None:
-    assert not template_renders_tools(engine._tokenizer)  # SmolLM2's template ignores tools: they go in the system message
-    template = ("{% if tools %}<tools>{% for t in tools %}{{ t.function.name }};{% endfor %}</tools>{% endif %}"
-                "{% for m in messages %}<{{ m.role }}>{{ m.content }}{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}")
-    monkeypatch.setattr(engine._tokenizer, "chat_template", template)
-    assert template_renders_tools(engine._tokenizer)
-    monkeypatch.setattr(engine, "_template_tools", True)
-    tool = {"type": "function", "function": {"name": "get_weather", "parameters": {"type": "object", "properties": {}}}}
-    assert engine.prompt_text([{"role": "user", "content": "hi"}], [tool]) == "<tools>get_weather;</tools><user>hi<assistant>"

@@ -1,72 +1,201 @@
-"""The transformers engine on the real base model: batching, adapters, micro-batching (no HTTP)."""
+"""The engine suite: every engine on this machine must pass it (the real model, no HTTP).
+
+Each test takes ``engine`` (parametrized over the engines that can run here) and checks a part of the seam
+(:mod:`inference_service.engines.base`) against what the model itself computes: batching, stop strings and limits,
+streamed deltas, ``n``, log-probabilities against a plain forward pass, JSON-schema decoding, penalties and logit
+bias, seeds, cancellation, adapters.
+"""
 
 from __future__ import annotations
 
 import asyncio
+import json
+from collections.abc import Iterator
 from pathlib import Path
+from typing import Any
 
+import jsonschema
 import pytest
-from inference_service.engine import GenerationRequest, MicroBatcher, TransformersEngine
+import torch
+from inference_service.engines.base import Adapter, Engine, Feature, GenerationRequest, GenerationResult
+from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import prepared_models
 
+MODEL_DIR = prepared_models() / "smollm2-135m-instruct"
 QUESTIONS = ["What is 3 + 4?", "What is 10 - 7?", "Name a colour.", "What is 12 + 30?"]
+ENGINES = ["transformers"]
+
+
+@pytest.fixture(scope="module", params=ENGINES)
+def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
+    if request.param == "transformers":
+        from inference_service.engines.transformers import TransformersEngine
+
+        engine = TransformersEngine(MODEL_DIR, max_batch_size=8)
+    yield engine
+    asyncio.run(engine.aclose())
 
 
 @pytest.fixture(scope="module")
-def engine() -> TransformersEngine:
-    return TransformersEngine(prepared_models() / "smollm2-135m-instruct", max_batch_size=4)
+def reference() -> Any:
+    """The base model itself, for log-probabilities computed by a plain forward pass."""
+    return AutoModelForCausalLM.from_pretrained(MODEL_DIR, dtype=torch.float32).eval()
 
 
-def _req(q: str, **kw: object) -> GenerationRequest:
-    return GenerationRequest(messages=[{"role": "user", "content": q}], max_tokens=kw.pop("max_tokens", 12), **kw)  # type: ignore[arg-type]
+def chat(q: str, **kw: Any) -> GenerationRequest:
+    return GenerationRequest(messages=[{"role": "user", "content": q}], **{"max_tokens": 12, "temperature": 0, **kw})
 
 
-def test_batched_greedy_equals_one_at_a_time(engine: TransformersEngine) -> None:
-    batched = engine.generate([_req(q) for q in QUESTIONS])
-    single = [engine.generate([_req(q)])[0] for q in QUESTIONS]
-    assert [r.text for r in batched] == [r.text for r in single]
-    assert all(r.prompt_tokens == engine.count_prompt_tokens([{"role": "user", "content": q}]) for r, q in zip(batched, QUESTIONS, strict=True))
+def generate(engine: Engine, *requests: GenerationRequest, adapter: Adapter | None = None) -> list[GenerationResult]:
+    """Submit ``requests`` at once (one batch) and wait for their results."""
+    async def main() -> list[GenerationResult]:
+        generations = await asyncio.gather(*(engine.submit(r, adapter) for r in requests))
+        return list(await asyncio.gather(*(g.result() for g in generations)))
+    return asyncio.run(main())
 
 
-def test_max_tokens_and_stop_strings(engine: TransformersEngine) -> None:
-    r = engine.generate([_req("Write a long story about a cat.", max_tokens=5)])[0]
-    assert r.completion_tokens == 5 and r.finish_reason == "length"
-    full = engine.generate([_req("Write a long story about a cat.", max_tokens=20)])[0].text
-    cut_at = full.split()[1]
-    stopped = engine.generate([_req("Write a long story about a cat.", max_tokens=20, stop=[cut_at])])[0]
-    assert stopped.finish_reason == "stop" and cut_at not in stopped.text
+def test_batched_greedy_equals_one_at_a_time(engine: Engine) -> None:
+    batched = generate(engine, *[chat(q) for q in QUESTIONS])
+    single = [generate(engine, chat(q))[0] for q in QUESTIONS]
+    assert [r.choices[0].text for r in batched] == [r.choices[0].text for r in single]
+    assert [r.prompt_tokens for r in batched] == [engine.count_prompt_tokens(chat(q)) for q in QUESTIONS]
 
 
-def test_adapter_changes_output_and_base_is_unchanged_after(engine: TransformersEngine, tmp_path: Path) -> None:
-    import torch
+def test_max_tokens_and_stop_strings(engine: Engine) -> None:
+    story = "Write a long story about a cat."
+    (cut,) = generate(engine, chat(story, max_tokens=5))
+    assert (cut.choices[0].completion_tokens, cut.choices[0].finish_reason) == (5, "length")
+    full = generate(engine, chat(story, max_tokens=20))[0].choices[0].text
+    word = full.split()[2]
+    stopped = generate(engine, chat(story, max_tokens=20, stop=[word]))[0].choices[0]
+    assert stopped.finish_reason == "stop" and stopped.text == full[: full.index(word)]
+    assert stopped.completion_tokens < 20
+
+
+def test_streamed_deltas_make_the_answer_and_end_with_its_finish_reason(engine: Engine) -> None:
+    async def main() -> tuple[list[Any], GenerationResult]:
+        generation = await engine.submit(chat("Write a long story about a cat.", max_tokens=16, stream=True, stop=["zzz"]))
+        return [d async for d in generation.deltas()], await generation.result()
+
+    deltas, result = asyncio.run(main())
+    assert len(deltas) > 3
+    assert "".join(d.text for d in deltas) == result.choices[0].text
+    assert [d.finish_reason for d in deltas][-1] == "length" and all(d.finish_reason is None for d in deltas[:-1])
+
+
+def test_n_choices_are_drawn_independently_and_their_tokens_summed(engine: Engine) -> None:
+    (result,) = generate(engine, chat("Tell me a story.", n=3, temperature=1.0, seed=7, max_tokens=10))
+    assert len(result.choices) == 3 and len({c.text for c in result.choices}) > 1
+    assert result.completion_tokens == sum(c.completion_tokens for c in result.choices)
+    (greedy,) = generate(engine, chat("Tell me a story.", n=2, max_tokens=10))
+    assert greedy.choices[0].text == greedy.choices[1].text
+
+
+def test_a_seed_makes_sampling_reproducible(engine: Engine) -> None:
+    first = generate(engine, chat("Tell me a story.", temperature=1.0, seed=11, max_tokens=12))[0].choices[0].text
+    again = generate(engine, chat("Tell me a story.", temperature=1.0, seed=11, max_tokens=12))[0].choices[0].text
+    assert first == again
+
+
+def test_a_tiny_top_p_is_greedy(engine: Engine) -> None:
+    greedy = generate(engine, chat("Name a colour.", max_tokens=8))[0].choices[0].text
+    nucleus = generate(engine, chat("Name a colour.", temperature=1.0, top_p=1e-6, max_tokens=8))[0].choices[0].text
+    assert nucleus == greedy
+
+
+def test_logprobs_are_the_models_own(engine: Engine, reference: Any) -> None:
+    request = chat("What is 3 + 4?", max_tokens=6, logprobs=3)
+    (result,) = generate(engine, request)
+    choice = result.choices[0]
+    assert choice.logprobs is not None and len(choice.logprobs) == choice.completion_tokens
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    prompt = tokenizer(tokenizer.apply_chat_template(request.messages, tokenize=False, add_generation_prompt=True), add_special_tokens=False)["input_ids"]
+    generated = tokenizer(choice.text, add_special_tokens=False)["input_ids"][: choice.completion_tokens]
+    with torch.inference_mode():
+        logits = reference(input_ids=torch.tensor([prompt + generated])).logits[0].float()
+    expected = torch.log_softmax(logits[len(prompt) - 1 : -1], dim=-1)
+    for k, (entry, token) in enumerate(zip(choice.logprobs, generated, strict=False)):
+        assert entry.logprob == pytest.approx(float(expected[k, token]), abs=1e-3)
+        assert len(entry.top) == 3 and entry.top[0][1] >= entry.logprob - 1e-4  # greedy: the chosen token is the most likely
+        assert [t for t, _, _ in entry.top][0] == tokenizer.decode([token])
+
+
+def test_prompt_logprobs_score_the_prompt(engine: Engine, reference: Any) -> None:
+    if Feature.prompt_logprobs not in engine.features:
+        pytest.skip("engine does not score prompts")
+    (result,) = generate(engine, GenerationRequest(prompt="The capital of France is", max_tokens=0, prompt_logprobs=1, logprobs=1))
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    ids = tokenizer("The capital of France is")["input_ids"]
+    with torch.inference_mode():
+        logprobs = torch.log_softmax(reference(input_ids=torch.tensor([ids])).logits[0].float(), dim=-1)
+    assert result.prompt_logprobs is not None and result.prompt_logprobs[0] is None
+    assert [round(e.logprob, 3) for e in result.prompt_logprobs[1:] if e] == [round(float(logprobs[i - 1, ids[i]]), 3) for i in range(1, len(ids))]
+    assert result.choices[0].completion_tokens == 0 and result.prompt_text == "The capital of France is"
+
+
+SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}}, "required": ["name", "age"],
+          "additionalProperties": False}
+
+
+def test_a_json_schema_constrains_the_answer(engine: Engine) -> None:
+    (result,) = generate(engine, chat("Describe a person.", json_schema=SCHEMA, max_tokens=60), chat("Say hi.", json_schema={"type": "object"}, max_tokens=40))[:1]
+    choice = result.choices[0]
+    assert choice.finish_reason == "stop"
+    jsonschema.validate(json.loads(choice.text), SCHEMA)
+    free = generate(engine, chat("Say hi.", max_tokens=40), chat("Say hi.", json_schema={"type": "object"}, max_tokens=40))
+    assert not free[0].choices[0].text.lstrip().startswith("{")
+    assert isinstance(json.loads(free[1].choices[0].text), dict)
+
+
+def test_logit_bias_forces_and_forbids_tokens(engine: Engine) -> None:
+    tokenizer = AutoTokenizer.from_pretrained(MODEL_DIR)
+    banana = tokenizer(" banana", add_special_tokens=False)["input_ids"][0]
+    forced = generate(engine, chat("Name a colour.", max_tokens=3, logit_bias={banana: 100.0}))[0].choices[0]
+    assert forced.text.split() == ["banana"] * 3
+    greedy = generate(engine, chat("What is 3 + 4?", max_tokens=1))[0].choices[0].text
+    first = tokenizer(greedy, add_special_tokens=False)["input_ids"][0]
+    banned = generate(engine, chat("What is 3 + 4?", max_tokens=1, logit_bias={first: -100.0}))[0].choices[0].text
+    assert banned != greedy
+
+
+def test_penalties_discourage_repeated_tokens(engine: Engine) -> None:
+    prompt = "Repeat the word cat ten times."
+    plain = generate(engine, chat(prompt, max_tokens=24))[0].choices[0].text
+    penalised = generate(engine, chat(prompt, max_tokens=24, frequency_penalty=2.0, presence_penalty=2.0))[0].choices[0].text
+    assert plain.lower().count("cat") > penalised.lower().count("cat")
+
+
+def test_a_cancelled_generation_stops_and_reports_what_it_generated(engine: Engine) -> None:
+    async def main() -> tuple[int, GenerationResult]:
+        generation = await engine.submit(chat("Write a long story about a cat.", max_tokens=200, stream=True))
+        seen = 0
+        async for _ in generation.deltas():
+            seen += 1
+            if seen == 3:
+                generation.cancel()
+        return seen, await generation.result()
+
+    seen, result = asyncio.run(main())
+    choice = result.choices[0]
+    assert 3 <= choice.completion_tokens < 200 and choice.finish_reason == "stop"
+
+
+def test_an_adapter_changes_output_and_the_base_is_unchanged_after(engine: Engine, tmp_path: Path) -> None:
     from peft import LoraConfig, get_peft_model
-    from transformers import AutoModelForCausalLM
 
-    base_dir = prepared_models() / "smollm2-135m-instruct"
-    model = get_peft_model(AutoModelForCausalLM.from_pretrained(base_dir), LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
+    model = get_peft_model(AutoModelForCausalLM.from_pretrained(MODEL_DIR), LoraConfig(r=4, target_modules="all-linear", init_lora_weights=False))
     torch.manual_seed(0)
     with torch.no_grad():
         for name, p in model.named_parameters():
             if "lora_B" in name:
                 p.normal_(0, 0.05)
     model.save_pretrained(tmp_path / "adapter")
-    before = [r.text for r in engine.generate([_req(q) for q in QUESTIONS])]
-    adapted = [r.text for r in engine.generate([_req(q) for q in QUESTIONS], tmp_path / "adapter", "ckpt_test")]
-    after = [r.text for r in engine.generate([_req(q) for q in QUESTIONS])]
+    before = [r.choices[0].text for r in generate(engine, *[chat(q) for q in QUESTIONS])]
+    adapted = [r.choices[0].text for r in generate(engine, *[chat(q) for q in QUESTIONS], adapter=Adapter("ckpt_test", tmp_path / "adapter"))]
+    after = [r.choices[0].text for r in generate(engine, *[chat(q) for q in QUESTIONS])]
     assert adapted != before
     assert after == before
-
-
-def test_micro_batcher_serves_concurrent_requests(engine: TransformersEngine) -> None:
-    expected = [r.text for r in engine.generate([_req(q) for q in QUESTIONS])]
-
-    async def main() -> list[str]:
-        batcher = MicroBatcher(engine, max_wait_ms=50)
-        results = await asyncio.gather(*[batcher.submit(_req(q), None, None) for q in QUESTIONS])
-        return [r.text for r in results]
-
-    assert asyncio.run(main()) == expected
 
 
 def test_prompt_tokens_from_a_prefix_cache_are_metered_as_their_own_kind() -> None:

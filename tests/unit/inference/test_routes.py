@@ -1,80 +1,23 @@
-"""The inference service's routes in this process: the app from ``create_app`` with the real model, its ledger
-calls answered by the real ledger app (SQLite) in this process, its checkpoint look-ups by a stub trainer that
-knows none. Calls are made as the gateway would, through :class:`InferenceClient`, or raw where the request
-itself is wrong."""
+"""The inference service's routes in this process (the app of ``conftest.py``). Calls are made as the gateway would,
+through :class:`InferenceClient`, or raw where the request itself is wrong."""
 
 from __future__ import annotations
-
-from collections.abc import Iterator
 
 import httpx
 import pytest
 from fastapi.testclient import TestClient
-from inference_service.app import create_app
 from inference_service.client import InferenceClient
 from inference_service.models import CompletionLog
-from inference_service.service import Inference
 from sqlalchemy import select
-from trainer_service.client import TrainerClient
 
 from services.common.auth import RunContext, run_headers
-from services.common.contracts import ChatCompletionRequest, ChatMessage
 from services.common.errors import UpstreamProblem
-from services.common.http import ServiceClient
-from services.common.settings import ServiceSettings
-from services.ledger.app import create_app as create_ledger_app
+from services.common.openai_protocol import ChatCompletionRequest, ChatMessage
 from services.ledger.client import LedgerClient
-from services.ledger.schemas import AccountCreate, EntryType, HoldCreate, HoldStatus, UsageItem, UsageKind
-from services.ledger.settings import LedgerSettings
-from tests.conftest import prepared_models
-from tests.unit.inprocess import in_process
+from services.ledger.schemas import EntryType, HoldCreate, HoldStatus, UsageItem, UsageKind
+from tests.unit.inference.conftest import GATEWAY_TOKEN, INFERENCE_TOKEN, MODEL, run
 
-MODEL = "smollm2-135m-instruct"
-GATEWAY_TOKEN, INFERENCE_TOKEN = "gateway-token", "inference-token"
-ROUTES = [("GET", "/internal/models"), ("GET", f"/internal/models/{MODEL}"), ("POST", "/internal/chat/completions")]
-
-
-def no_checkpoints(request: httpx.Request) -> httpx.Response:
-    """The trainer, knowing no checkpoint."""
-    return httpx.Response(404, json={"type": "urn:crucible:problem:not_found", "title": "Not found", "status": 404, "code": "not_found",
-                                     "detail": "unknown checkpoint"})
-
-
-@pytest.fixture(scope="module")
-def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerClient]:
-    tmp = tmp_path_factory.mktemp("ledger")
-    app = create_ledger_app(LedgerSettings(database_url=f"sqlite:///{tmp}/ledger.db", service_token="ledger-token",
-                                           trusted_tokens={"inference": INFERENCE_TOKEN}))
-    with TestClient(app, base_url="http://ledger", headers={"Authorization": f"Bearer {INFERENCE_TOKEN}"}) as client:
-        yield LedgerClient(in_process(client, INFERENCE_TOKEN, "ledger"))
-
-
-@pytest.fixture(scope="module")
-def served(tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> Iterator[TestClient]:
-    """The inference app, started (engine loaded), called with the gateway's token."""
-    data_dir = tmp_path_factory.mktemp("inference")
-    (data_dir / "models").symlink_to(prepared_models())
-    settings = ServiceSettings(data_dir=data_dir, service_token=INFERENCE_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN})
-    with TestClient(create_app(settings), base_url="http://inference", headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"}) as client:
-        inference: Inference = client.app.state.inference
-        inference.ledger.close()
-        inference.ledger = ledger
-        inference.trainer.close()
-        trainer = ServiceClient("http://trainer", INFERENCE_TOKEN, name="trainer")
-        trainer.client = httpx.Client(base_url="http://trainer", transport=httpx.MockTransport(no_checkpoints))
-        inference.trainer = TrainerClient(trainer)
-        yield client
-
-
-@pytest.fixture(scope="module")
-def inference(served: TestClient) -> InferenceClient:
-    return InferenceClient(in_process(served, GATEWAY_TOKEN, "inference"))
-
-
-def run(ledger: LedgerClient, run_id: str, budget_usd_micros: int = 1_000_000) -> RunContext:
-    """A run with an open ledger account of ``budget_usd_micros``."""
-    ledger.open_account(AccountCreate(account_id=run_id, budget_usd_micros=budget_usd_micros))
-    return RunContext(run_id=run_id, task_id="bench_t")
+ROUTES = [("GET", "/internal/models"), ("GET", f"/internal/models/{MODEL}"), ("POST", "/internal/chat/completions"), ("POST", "/internal/completions")]
 
 
 def ask(max_tokens: int = 3, model: str = MODEL) -> ChatCompletionRequest:
@@ -190,43 +133,6 @@ def test_test_grading_is_not_charged(inference: InferenceClient, ledger: LedgerC
     ctx = run(ledger, "run_graded")
     inference.chat_completions(ctx, ask(), unmetered=True)
     assert [e.type for e in ledger.list_entries(ctx.run_id)] == [EntryType.grant]
-
-
-# Every parameter of OpenAI's chat schema (as the unmodified `openai` SDK declares it) is honoured or refused, never
-# ignored: each is a declared field of ChatCompletionRequest, and one the engine does not serve is a 422 naming it.
-REFUSED = {
-    "logprobs": True, "top_logprobs": 2, "response_format": {"type": "json_object"}, "tool_choice": "required",
-    "parallel_tool_calls": False, "frequency_penalty": 0.5, "presence_penalty": -0.5, "logit_bias": {"50256": -100},
-    "stream": True, "stream_options": {"include_usage": True}, "n": 2, "modalities": ["text", "audio"], "audio": {"voice": "alloy", "format": "wav"},
-    "prediction": {"type": "content", "content": "x"}, "web_search_options": {}, "reasoning_effort": "high", "verbosity": "low",
-    "functions": [{"name": "f"}], "function_call": "auto", "moderation": {},
-}
-
-
-def test_every_parameter_of_openais_chat_schema_is_a_declared_field() -> None:
-    from openai.types.chat.completion_create_params import CompletionCreateParamsBase
-
-    assert sorted(set(CompletionCreateParamsBase.__annotations__) - set(ChatCompletionRequest.model_fields)) == []
-
-
-@pytest.mark.parametrize(("param", "value"), sorted(REFUSED.items()))
-def test_a_parameter_the_engine_does_not_serve_is_a_422_naming_it(served: TestClient, param: str, value: object) -> None:
-    body = {"model": MODEL, "messages": [{"role": "user", "content": "hi"}], "max_tokens": 2, param: value}
-    assert problem(served.post("/internal/chat/completions", json=body), 422)["field"].split(".")[0] == param
-
-
-def test_the_openai_sdk_unmodified_gets_a_completion_and_a_422_naming_what_is_not_served(served: TestClient, ledger: LedgerClient) -> None:
-    import openai
-
-    ctx = run(ledger, "run_openai_sdk")
-    client = openai.OpenAI(base_url="http://inference/internal", api_key=GATEWAY_TOKEN, http_client=served,
-                           default_headers=run_headers(ctx, GATEWAY_TOKEN), max_retries=0)
-    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "What is 2 + 3?"}], max_tokens=3, temperature=0,
-                                         tool_choice="auto", logprobs=False, response_format={"type": "text"}, user="agent-1", seed=1)
-    assert out.choices[0].message.role == "assistant" and 1 <= out.usage.completion_tokens <= 3
-    with pytest.raises(openai.UnprocessableEntityError) as exc:
-        client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "hi"}], max_tokens=2, logprobs=True, top_logprobs=2)
-    assert exc.value.body["field"] in ("logprobs", "top_logprobs")
 
 
 def test_messages_as_openai_sends_them_are_served_and_other_parts_refused(served: TestClient, ledger: LedgerClient) -> None:

