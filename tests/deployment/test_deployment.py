@@ -8,6 +8,8 @@
   then the rendered NetworkPolicies are evaluated pod by pod.
 - Service tokens, in both: each service and worker holds its own service's token, and a service holds the tokens
   of exactly the callers ``services.common.auth.trusted_callers`` names (README.md's Secret snippet is run too).
+- vLLM, in both: the inference service is pointed at it (engine ``upstream``), and it serves run checkpoints
+  (LoRA up to the recipe's rank limit, loaded at run time from the artifact store mounted where inference sees it).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import json
 import os
 import re
 import shutil
+import struct
 import subprocess
 import sys
 import tomllib
@@ -25,6 +28,7 @@ from dataclasses import dataclass, field
 from functools import cache
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 import helm_python as helm
 import jsonschema
@@ -65,6 +69,90 @@ def _tool(name: str) -> Path:
 def _read_env_file(path: Path) -> dict[str, str]:
     lines = (line.strip() for line in path.read_text().splitlines())
     return dict(line.split("=", 1) for line in lines if line and not line.startswith("#"))
+
+
+def _cli(argv: list[str]) -> tuple[list[str], dict[str, str | None]]:
+    """A command line's positional words and its options (``--k=v``, ``--k v``; a bare ``--flag`` maps to None)."""
+    positional: list[str] = []
+    options: dict[str, str | None] = {}
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if not word.startswith("--"):
+            positional.append(word)
+        elif "=" in word:
+            key, value = word.split("=", 1)
+            options[key] = value
+        elif i + 1 < len(argv) and not argv[i + 1].startswith("--"):
+            options[word] = argv[i + 1]
+            i += 1
+        else:
+            options[word] = None
+        i += 1
+    return positional, options
+
+
+def _lora_rank_limit() -> int:
+    """The largest ``lora_r`` a training recipe may ask for (``Recipe.lora_r``'s ``le``)."""
+    from services.common.contracts import Recipe
+
+    (limit,) = [m.le for m in Recipe.model_fields["lora_r"].metadata if hasattr(m, "le")]
+    return int(limit)
+
+
+def _gguf_metadata(path: Path, key: str) -> Any:
+    """One metadata value of a GGUF file, read from its header (GGUF v2/v3: little-endian, 64-bit lengths)."""
+    scalars = {0: "B", 1: "b", 2: "H", 3: "h", 4: "I", 5: "i", 6: "f", 7: "?", 10: "Q", 11: "q", 12: "d"}
+    with path.open("rb") as f:
+        def read(fmt: str) -> Any:
+            return struct.unpack(f"<{fmt}", f.read(struct.calcsize(fmt)))[0]
+
+        def value(kind: int) -> Any:
+            if kind == 8:
+                return f.read(read("Q")).decode()
+            if kind == 9:
+                item, count = read("I"), read("Q")
+                return [value(item) for _ in range(count)]
+            return read(scalars[kind])
+
+        assert f.read(4) == b"GGUF", path
+        read("I"), read("Q")  # version, tensor count
+        for _ in range(read("Q")):
+            name = f.read(read("Q")).decode()
+            found = value(read("I"))
+            if name == key:
+                return found
+    raise KeyError(key)
+
+
+def _model_context(name: str) -> int:
+    """The context window of built-in model ``name`` as prepared (its config's max_position_embeddings), which the
+    upstream engine fits calls into: the GGUF source's ``<architecture>.context_length``."""
+    from services.common.llms import BUILTIN_CARDS, PackageGGUFSource, gguf_path
+
+    source = BUILTIN_CARDS[name].source
+    assert isinstance(source, PackageGGUFSource), f"{name}: read its context from its source"
+    path = gguf_path(source)
+    return int(_gguf_metadata(path, f"{_gguf_metadata(path, 'general.architecture')}.context_length"))
+
+
+def _check_vllm_serves_checkpoints(positional: list[str], options: dict[str, str | None], env: dict[str, str], data_dir: str) -> None:
+    """vLLM's command line and environment (as compose or the chart start it) serve a built-in base model from the
+    artifact store under Crucible's name for it, and run checkpoints: LoRA adapters up to the recipe's rank limit,
+    loaded at run time (what inference-service/engines/upstream.py needs)."""
+    from services.common.llms import BUILTIN_CARDS
+
+    assert positional[:2] == ["vllm", "serve"] and len(positional) == 3, positional
+    served = options["--served-model-name"]
+    assert served in BUILTIN_CARDS and positional[2] == f"{data_dir}/models/{served}"
+    assert int(options["--max-model-len"]) == _model_context(served)  # inference fits calls into the model's context
+    assert options["--dtype"] in ("bfloat16", "float16")  # the prepared weights are float32
+    assert "--enable-lora" in options and options["--enable-lora"] is None
+    assert int(options["--max-lora-rank"]) >= _lora_rank_limit()
+    assert int(options["--max-lora-rank"]) in (1, 8, 16, 32, 64, 128, 256, 320, 512)  # the ranks vLLM accepts
+    assert int(options["--max-loras"]) >= 1
+    assert env["VLLM_ALLOW_RUNTIME_LORA_UPDATING"].strip().lower() in ("1", "true")  # POST /v1/load_lora_adapter
+    assert env["HF_HUB_OFFLINE"] == "1"
 
 
 # --- docker-compose.yml -----------------------------------------------------------------------------------------
@@ -214,6 +302,52 @@ def test_expected_services_and_the_gpu_profile() -> None:
     devices = SERVICES["vllm"]["deploy"]["resources"]["reservations"]["devices"]
     assert devices[0]["capabilities"] == ["gpu"]
     assert "--tensor-parallel-size" in SERVICES["vllm"]["command"]
+
+
+def test_gpu_profile_points_inference_at_vllm_which_serves_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Resolved with CRUCIBLE_ENGINE=upstream (what deploy/.env.example says the gpu profile wants): inference generates
+    on the vllm service's port and /v1, on a shared network; vLLM loads LoRA checkpoints at run time from the path
+    inference sends (the artifacts volume at the same mount point as in inference and the train workers)."""
+    from inference_service.settings import InferenceSettings
+
+    resolved = _resolved(tmp_path, _read_env_file(ENV_EXAMPLE) | {"CRUCIBLE_ENGINE": "upstream"})["services"]
+    vllm, inference = resolved["vllm"], resolved["inference"]
+    env = inference["environment"]
+    data_dir = env["CRUCIBLE_DATA_DIR"]
+    positional, options = _cli(vllm["entrypoint"] + vllm["command"])
+    _check_vllm_serves_checkpoints(positional, options, vllm["environment"], data_dir)
+    port = int(options["--port"])
+    assert options["--host"] == "0.0.0.0" and f"127.0.0.1:{port}/health" in " ".join(vllm["healthcheck"]["test"])
+
+    url = urlsplit(env["CRUCIBLE_UPSTREAM_URL"])
+    assert env["CRUCIBLE_ENGINE"] == "upstream"
+    assert (url.scheme, url.hostname, url.port, url.path) == ("http", "vllm", port, "/v1")
+    assert set(inference["networks"]) & set(vllm["networks"])
+    for key in [k for k in os.environ if k.startswith("CRUCIBLE_")]:
+        monkeypatch.delenv(key)
+    for key, value in env.items():
+        monkeypatch.setenv(key, value)
+    settings = InferenceSettings()
+    assert (settings.engine, settings.upstream_url, str(settings.data_dir)) == ("upstream", env["CRUCIBLE_UPSTREAM_URL"], data_dir)
+
+    def artifacts_at(service: str) -> set[str]:
+        return {v["target"] for v in resolved[service].get("volumes", []) if v["type"] == "volume" and v["source"] == "artifacts"}
+
+    for service in ("inference", "trainer", "train-worker", "vllm"):  # checkpoints are written, sent and read at one path
+        assert data_dir in artifacts_at(service), service
+    assert "--tensor-parallel-size" in options and resolved["vllm"]["image"] == f"vllm/vllm-openai:{_read_env_file(ENV_EXAMPLE)['VLLM_IMAGE_TAG']}"
+
+
+def test_compose_engine_defaults_to_transformers(tmp_path: Path) -> None:
+    """Without the gpu profile nothing serves vLLM's URL: the default engine stays in the inference container, and
+    the example's engine is the default (its comment says to set upstream with --profile gpu)."""
+    values = _read_env_file(ENV_EXAMPLE)
+    assert values["CRUCIBLE_ENGINE"] == "transformers"
+    assert re.search(r"--profile gpu.*set upstream", ENV_EXAMPLE.read_text())
+    assert _resolved(tmp_path, values)["services"]["inference"]["environment"]["CRUCIBLE_ENGINE"] == "transformers"
+    del values["CRUCIBLE_ENGINE"]
+    assert _resolved(tmp_path, values)["services"]["inference"]["environment"]["CRUCIBLE_ENGINE"] == "transformers"
+    assert not re.search(r"(?<!\$)\$\{VLLM_IMAGE_TAG:-latest", COMPOSE_FILE.read_text())  # a pinned image by default
 
 
 def test_only_the_gateway_publishes_a_port() -> None:
@@ -601,6 +735,56 @@ def test_gpu_worker_pools_and_vllm_with_tensor_parallelism() -> None:
     assert {v["name"] for v in vllm["volumes"]} == {"data", "shm"}
 
 
+def test_chart_points_inference_at_vllm_which_serves_checkpoints() -> None:
+    """With vllm.enabled: inference generates on the vllm Service (engine upstream, its port, /v1); vLLM loads LoRA
+    checkpoints at run time from the claim inference and the train workers mount at the same path. Without it,
+    inference keeps its default engine."""
+    docs = _render(_values("gpu-values.yaml"))
+    deployments, services, pods = _kind(docs, "Deployment"), _kind(docs, "Service"), _pods(docs)
+    (c,) = deployments["vllm"]["spec"]["template"]["spec"]["containers"]
+    (inference,) = deployments["inference"]["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e.get("value") for e in inference["env"]}
+    data_dir = env["CRUCIBLE_DATA_DIR"]
+    positional, options = _cli(c["command"] + c["args"])
+    _check_vllm_serves_checkpoints(positional, options, {e["name"]: e["value"] for e in c["env"]}, data_dir)
+    assert options["--tensor-parallel-size"] == "3" and c["image"] == "vllm/vllm-openai:v0.32.0"
+
+    url = urlsplit(env["CRUCIBLE_UPSTREAM_URL"])
+    assert env["CRUCIBLE_ENGINE"] == "upstream" and url.scheme == "http" and url.path == "/v1"
+    service = services[url.hostname.removeprefix(f"{FULL}-")]
+    (port,) = [p for p in service["spec"]["ports"] if p["port"] == url.port]
+    assert service["spec"]["selector"] == deployments["vllm"]["spec"]["selector"]["matchLabels"]
+    assert {p["name"]: p["containerPort"] for p in c["ports"]}[port["targetPort"]] == int(options["--port"])
+
+    def claim_at(name: str) -> str | None:
+        pod = pods[name]["spec"]
+        claims = {v["name"]: v["persistentVolumeClaim"]["claimName"] for v in pod["volumes"] if "persistentVolumeClaim" in v}
+        return next((claims.get(m["name"]) for k in pod["containers"] for m in k.get("volumeMounts", []) if m["mountPath"] == data_dir), None)
+
+    claim = claim_at("vllm")
+    assert claim and all(claim_at(n) == claim for n in pods if n == "inference" or n.startswith("train-worker-")), claim
+    for name in pods:  # only inference is pointed at vLLM
+        names = {e["name"] for k in pods[name]["spec"]["containers"] for e in k.get("env", [])}
+        assert ("CRUCIBLE_ENGINE" in names) == (name == "inference"), name
+
+    default = _pods(_render(_values("default-values.yaml")))
+    assert not any(e["name"] in ("CRUCIBLE_ENGINE", "CRUCIBLE_UPSTREAM_URL") for p in default.values() for k in p["spec"]["containers"] for e in k.get("env", []))
+    assert yaml.safe_load((CHART / "values.yaml").read_text())["vllm"]["maxLoraRank"] >= _lora_rank_limit()
+
+
+def test_chart_refuses_vllm_values_that_break_the_upstream_engine() -> None:
+    gpu = _values("gpu-values.yaml")
+    for key in ("CRUCIBLE_ENGINE", "CRUCIBLE_UPSTREAM_URL"):  # the chart points inference at its vLLM itself
+        mixed = copy.deepcopy(gpu)
+        mixed["config"][key] = "x"
+        with pytest.raises(helm.HelmError, match="vllm.enabled"):
+            _render(mixed)
+    odd_rank = copy.deepcopy(gpu)
+    odd_rank["vllm"]["maxLoraRank"] = 100
+    with pytest.raises(helm.HelmError, match="maxLoraRank"):
+        _render(odd_rank)
+
+
 def test_chart_refuses_unsafe_values() -> None:
     base = _values("default-values.yaml")
     with pytest.raises(helm.HelmError, match="networkPolicy.postgres.to"):
@@ -633,11 +817,14 @@ def test_chart_settings_are_settings_the_services_read() -> None:
 
 
 def _known_settings() -> set[str]:
+    from inference_service.settings import InferenceSettings
+
     from gateway.settings import GatewaySettings
     from grader.settings import GraderSettings
     from services.ledger.settings import LedgerSettings
 
-    return {f"CRUCIBLE_{f.upper()}" for cls in (GatewaySettings, GraderSettings, LedgerSettings) for f in cls.model_fields}
+    classes = (GatewaySettings, GraderSettings, InferenceSettings, LedgerSettings)  # each extends ServiceSettings
+    return {f"CRUCIBLE_{f.upper()}" for cls in classes for f in cls.model_fields}
 
 
 # --- NetworkPolicy evaluation ----------------------------------------------------------------------------------

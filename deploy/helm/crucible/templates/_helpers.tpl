@@ -19,6 +19,7 @@
 {{/*
 What each workload is and which Secrets it gets. platform: a Crucible pod that may call the core services;
 testStore: a grader pod (the only ones given the test-store Secret and egress to the test store);
+upstream: the pod generates on vLLM when vllm.enabled (CRUCIBLE_ENGINE=upstream, CRUCIBLE_UPSTREAM_URL);
 token: whose service token the pod uses (secrets.tokens); callers: the services it accepts calls from, whose
 tokens its token Secret holds in CRUCIBLE_TRUSTED_TOKENS (MAY_CALL in services/common/auth.py, inverted).
 Workers serve nothing, so they have no callers and read CRUCIBLE_SERVICE_TOKEN alone.
@@ -27,7 +28,7 @@ Workers serve nothing, so they have no callers and read CRUCIBLE_SERVICE_TOKEN a
 gateway: {image: gateway, port: 8000, database: gateway, token: gateway, callers: [], platform: true, admin: true}
 ledger: {image: ledger, port: 8001, database: ledger, token: ledger, callers: [gateway, trainer, inference, grader], platform: true}
 trainer: {image: trainer, port: 8002, database: trainer, token: trainer, callers: [gateway, inference, grader], platform: true, broker: true, artifacts: true}
-inference: {image: inference, port: 8003, database: inference, token: inference, callers: [gateway, grader], platform: true, artifacts: true}
+inference: {image: inference, port: 8003, database: inference, token: inference, callers: [gateway, grader], platform: true, artifacts: true, upstream: true}
 grader: {image: grader, port: 8004, database: grader, token: grader, callers: [gateway], platform: true, broker: true, testStore: true}
 train-worker: {image: trainer, database: trainer, token: trainer, platform: true, broker: true, artifacts: true, queue: train, app: trainer_service.tasks}
 grader-worker: {image: grader, database: grader, token: grader, platform: true, broker: true, testStore: true, queue: eval, app: grader.tasks}
@@ -90,6 +91,9 @@ crucible.io/migrate: "true"
 {{- if has $key (list "CRUCIBLE_SERVICE_TOKEN" "CRUCIBLE_TRUSTED_TOKENS" "CRUCIBLE_ADMIN_KEY" "CRUCIBLE_BROKER_URL" "CRUCIBLE_DATABASE_URL" "CRUCIBLE_GRADER_TEST_STORE_URL" "CRUCIBLE_GRADER_TEST_SEED") -}}
 {{- fail (printf "config.%s would reach every pod: it belongs in a Secret (see `secrets`)" $key) -}}
 {{- end -}}
+{{- if and $.Values.vllm.enabled (has $key (list "CRUCIBLE_ENGINE" "CRUCIBLE_UPSTREAM_URL")) -}}
+{{- fail (printf "config.%s: with vllm.enabled the chart points inference at its vLLM server (engine upstream)" $key) -}}
+{{- end -}}
 {{- end -}}
 {{- end -}}
 
@@ -110,6 +114,10 @@ env:
   - {name: CRUCIBLE_GRADER_URL, value: "http://{{ $full }}-grader:8004"}
   - {name: HF_HUB_OFFLINE, value: "1"}
   - {name: TRANSFORMERS_OFFLINE, value: "1"}
+{{- if and .spec.upstream $root.Values.vllm.enabled }}
+  - {name: CRUCIBLE_ENGINE, value: upstream}
+  - {name: CRUCIBLE_UPSTREAM_URL, value: "http://{{ $full }}-vllm:8000/v1"}
+{{- end }}
 {{- range $key, $value := $root.Values.config }}
   - name: {{ $key }}
     value: {{ $value | toString | quote }}
