@@ -34,14 +34,26 @@ PortBase = Annotated[int, typer.Option(help="Gateway port; the ledger, trainer, 
 GatewayUrl = Annotated[str, typer.Option(envvar="CRUCIBLE_GATEWAY_URL", help="Gateway base URL.")]
 
 
-def _prepare(data_dir: Path) -> float:
-    from services.common.llms import BASE_MODELS, prepare_base_model
+ModelsFile = Annotated[Path | None, typer.Option(envvar="CRUCIBLE_MODELS_FILE", exists=True, dir_okay=False,
+                                                 help="YAML file of base model cards (or built-in names) under `models:`, prepared besides the default.")]
+
+
+def _prepare(data_dir: Path, models_file: Path | None = None, names: tuple[str, ...] = ()) -> float:
+    """Prepare the default base model(s), the built-in ``names`` and the cards of ``models_file`` into the data
+    directory's models folder (each once; cached): that folder is the registry every service reads."""
+    from services.common.llms import BUILTIN_CARDS, DEFAULT_MODELS, ModelConflict, ModelPreparationError, parse_card, prepare_model, read_models_file
 
     start = time.monotonic()
-    for name in BASE_MODELS:
-        with console.status(f"preparing base model {name} (dequantized once, then cached)"):
-            path = prepare_base_model(name, data_dir / "models")
-        console.print(f"[green]✓[/] base model {name} at {path}")
+    try:
+        cards = {name: parse_card(name) for name in (*DEFAULT_MODELS, *names)}
+        cards |= {card.name: card for card in (read_models_file(models_file) if models_file else [])}
+        for card in cards.values():
+            with console.status(f"preparing base model {card.name} ({card.source.kind}; once, then cached)"):
+                path = prepare_model(card, data_dir / "models")
+            console.print(f"[green]✓[/] base model {card.name} at {path}")
+    except (ModelPreparationError, ModelConflict) as exc:
+        console.print(f"[red]{exc}[/] (built-in models: {', '.join(sorted(BUILTIN_CARDS))})")
+        raise typer.Exit(1) from exc
     return time.monotonic() - start
 
 
@@ -83,15 +95,17 @@ def _wait_forever(stack) -> None:  # noqa: ANN001
 
 
 @app.command("prepare-model")
-def prepare_model(data_dir: DataDir = Path(".crucible")) -> None:
-    """Dequantize the base model(s) shipped as GGUF in PyPI packages into HF folders (once; cached)."""
-    _prepare(data_dir)
+def prepare_model(names: Annotated[list[str] | None, typer.Argument(help="Built-in models to prepare besides the default.")] = None,
+                  data_dir: DataDir = Path(".crucible"), models_file: ModelsFile = None) -> None:
+    """Prepare base models into the data directory's models folder (once; cached): the default (SmolLM2), the built-in
+    NAMES (e.g. gemma3-270m) and the models file's cards."""
+    _prepare(data_dir, models_file, tuple(names or ()))
 
 
 @app.command()
-def up(data_dir: DataDir = Path(".crucible"), port_base: PortBase = 8000) -> None:
+def up(data_dir: DataDir = Path(".crucible"), port_base: PortBase = 8000, models_file: ModelsFile = None) -> None:
     """Start every service and worker as local processes; Ctrl-C stops them all."""
-    _prepare(data_dir)
+    _prepare(data_dir, models_file)
     stack = _start(data_dir, port_base)
     console.print(f"gateway at {stack.gateway_url} (docs at {stack.gateway_url}/docs); admin key in {data_dir / 'secrets' / 'gateway.env'}. Ctrl-C stops.")
     try:
@@ -136,13 +150,14 @@ def demo(
     benchmark: Annotated[Path, typer.Option(help="Benchmark file.")] = DEMO_BENCHMARK,
     steps: Annotated[int, typer.Option(help="LoRA SFT steps of the baseline's training job.")] = 100,
     exit_after: Annotated[bool, typer.Option("--exit", help="Stop the stack when done instead of serving the leaderboard.")] = False,
+    models_file: ModelsFile = None,
 ) -> None:
     """The main job: start the stack, run the baseline research agent on the demo benchmark, grade, rank."""
     from crucible.agent import AgentConfig, BaselineAgent
 
     t0 = time.monotonic()
     with _PeakMemory() as mem:
-        _prepare(data_dir)
+        _prepare(data_dir, models_file)
         stack = _start(data_dir, port_base)
         try:
             admin = AdminClient(stack.gateway_url, _admin_key(data_dir))
@@ -233,6 +248,44 @@ def admin_load_benchmark(path: Path, gateway: GatewayUrl = "http://127.0.0.1:800
     console.print(f"benchmark {bm['name']} loaded as {bm['id']}")
     for warning in bm.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+@admin_app.command("add-model")
+def admin_add_model(card: Annotated[str, typer.Argument(help="A model card YAML file, or the name of a built-in model (gemma3-270m).")],
+                    gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """Register a base model: inference prepares it into the models folder and serves it without a restart."""
+    from services.common.llms import BUILTIN_CARDS
+
+    path = Path(card)
+    if path.is_file():
+        doc = yaml.safe_load(path.read_text(encoding="utf-8"))
+        source = doc.get("source") if isinstance(doc, dict) else None
+        if isinstance(source, dict) and "path" in source:  # a relative path is relative to the card's file, as in a models file
+            source["path"] = str((path.resolve().parent / source["path"]).resolve())
+    elif card in BUILTIN_CARDS:
+        doc = BUILTIN_CARDS[card].model_dump(mode="json")
+    else:
+        console.print(f"[red]{card}: no such file, and no built-in model of this name[/] (built in: {', '.join(sorted(BUILTIN_CARDS))})")
+        raise typer.Exit(1)
+    try:
+        with console.status(f"registering {doc.get('name') if isinstance(doc, dict) else card} (inference prepares it; minutes for a large GGUF)"):
+            out = _admin(gateway, data_dir).add_model(doc)
+    except CrucibleAPIError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from exc
+    console.print(f"base model {out['name']} registered and served ({out['source']['kind']})")
+
+
+@admin_app.command("models")
+def admin_models(gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """List the served base models."""
+    table = Table(title="base models")
+    for col in ("name", "source", "context cap", "thinking", "chat template"):
+        table.add_column(col)
+    for m in _admin(gateway, data_dir).models():
+        table.add_row(m["name"], m["source"]["kind"], str(m["context_tokens"] or "model's"), "yes" if m["thinking"] else "no",
+                      "card's" if m["chat_template"] else "tokenizer's")
+    console.print(table)
 
 
 @admin_app.command("check-benchmark")

@@ -174,6 +174,14 @@ class AdminClient(_GatewayClient):
                 return status
             time.sleep(poll_s)
 
+    def add_model(self, card: dict[str, Any]) -> dict[str, Any]:
+        """Register a base model card (``services.common.llms.ModelCard`` as JSON); returns it once it is served."""
+        return self._call("POST", "/admin/models", json=card)
+
+    def models(self) -> list[dict[str, Any]]:
+        """The cards of the base models served now."""
+        return self._call("GET", "/admin/models")["data"]
+
     def create_run(self, benchmark: str, agent_name: str, **overrides: Any) -> dict[str, Any]:
         return self._call("POST", "/admin/runs", json={"benchmark": benchmark, "agent_name": agent_name, **overrides})
 

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from pathlib import Path as FilePath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
+from fastapi import APIRouter, Body, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, StreamingResponse
 from fastapi.templating import Jinja2Templates
@@ -68,6 +68,7 @@ from services.common.errors import (
     UpstreamUnavailable,
     problem_responses,
 )
+from services.common.llms import ModelCard, ModelPreparationError, parse_card
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelOut
 from services.ledger.schemas import Balance, Entry, Refund
 
@@ -397,6 +398,26 @@ def list_benchmarks(gw: GatewayDep) -> Page[BenchmarkOut]:
 async def benchmark_baselines(benchmark_id: Annotated[str, Path(max_length=200)], gw: GatewayDep) -> BenchmarkBaselines:
     """Per task, the grader's view: split sizes, the initial (and reference) system's hidden-test score and status."""
     return await benchmarks.benchmark_baselines(gw, benchmark_id)
+
+
+@admin_router.post("/models", status_code=201, summary="Register a base model", responses=problem_responses(Unprocessable, Conflict))
+async def register_model(doc: Annotated[dict[str, Any], Body(openapi_examples={"gemma": {"value": ModelCard.model_json_schema()["example"]}})],
+                         gw: GatewayDep) -> ModelCard:
+    """A model card (``services.common.llms.ModelCard``; the CLI reads it from YAML): inference prepares the weights into the
+    models folder (once; minutes for a large GGUF) and serves the model at once, no restart; benchmarks and training jobs
+    may name it from then on. 422 names the card's field (``source.path``); 409 (``name``) when the name is registered
+    from another source, chat template or stop tokens; the same card again changes nothing."""
+    try:
+        card = parse_card(doc)
+    except ModelPreparationError as exc:
+        raise Unprocessable(str(exc), field=exc.field) from exc
+    return await gw.inference.register_base_model(card)
+
+
+@admin_router.get("/models", summary="List the served base models")
+async def list_models_cards(gw: GatewayDep) -> Page[ModelCard]:
+    """The cards of the base models inference serves now."""
+    return await gw.inference.list_base_models()
 
 
 @admin_router.post("/runs", status_code=201, summary="Create a run and its API key", responses=problem_responses(NotFound))

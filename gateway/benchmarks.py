@@ -20,7 +20,6 @@ from services.common.contracts import BenchmarkBaselines, GradingSpec
 from services.common.db import utcnow
 from services.common.errors import Conflict, NotFound, Unprocessable
 from services.common.ids import has_prefix, new_id
-from services.common.llms import BASE_MODELS
 
 
 def benchmark_out(b: Benchmark, warnings: list[str] | None = None) -> BenchmarkOut:
@@ -28,25 +27,31 @@ def benchmark_out(b: Benchmark, warnings: list[str] | None = None) -> BenchmarkO
 
 
 def parse_benchmark(doc: Any) -> BenchmarkFile:
-    """Validate a benchmark document; raises ``Unprocessable`` naming the key path and the reason (also for an
-    initial or reference system whose model is no base model: a benchmark cannot start from a run's checkpoint)."""
+    """Validate a benchmark document; raises ``Unprocessable`` naming the key path and the reason. Which models it
+    names is checked against what inference serves when it is loaded (:func:`check_models`)."""
     try:
-        spec = BenchmarkFile.model_validate(doc)
+        return BenchmarkFile.model_validate(doc)
     except ValidationError as exc:
         err = exc.errors()[0]
         field = ".".join(str(p) for p in err["loc"]) or "(document)"
         raise Unprocessable(f"{field}: {err['msg']}", field=field) from exc
+
+
+async def check_models(gw: Gateway, spec: BenchmarkFile) -> None:
+    """Every initial and reference system of ``spec`` names a base model inference serves now (not a run's checkpoint;
+    the served models' cards, ``InferenceClient.list_base_models``), and a task that switches thinking on starts from a model that has a thinking mode; else ``Unprocessable`` naming
+    the key path (``tasks.1.initial_system.model``)."""
+    served = {card.name: card for card in (await gw.inference.list_base_models()).data}
     for i, task in enumerate(spec.task_list()):
         prefix = "" if spec.tasks is None else f"tasks.{i}."
         for key, system in (("initial_system", task.initial_system), ("reference.system", task.reference.system)):
-            if system is not None and system.model not in BASE_MODELS:
+            if system is not None and system.model not in served:
                 field = f"{prefix}{key}.model"
-                raise Unprocessable(f"{field}: unknown base model {system.model!r}; known: {', '.join(sorted(BASE_MODELS))}", field=field)
-        model = BASE_MODELS[task.initial_system.model]
-        if task.evaluation and task.evaluation.thinking and not model.thinking:
+                raise Unprocessable(f"{field}: unknown base model {system.model!r}; served: {', '.join(sorted(served)) or 'none'} "
+                                    "(an operator registers more with POST /admin/models)", field=field)
+        if task.evaluation and task.evaluation.thinking and not served[task.initial_system.model].thinking:
             field = "evaluation.thinking" if spec.tasks is None or not spec.tasks[i].evaluation else f"tasks.{i}.evaluation.thinking"
-            raise Unprocessable(f"{field}: {model.name} has no thinking mode; leave it null or false", field=field)
-    return spec
+            raise Unprocessable(f"{field}: {task.initial_system.model} has no thinking mode; leave it null or false", field=field)
 
 
 def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str) -> GradingSpec:
@@ -64,10 +69,11 @@ def find_benchmark(s: Session, ref: str) -> Benchmark:
 
 
 async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
-    """Register a benchmark: validate, have the grader build each task's splits, store it. Same name and same
+    """Register a benchmark: validate (its models among those inference serves), have the grader build each task's splits, store it. Same name and same
     document → the existing benchmark; same name, different document → ``Conflict``. The answer's ``warnings``
     (first load only) are the grader's, e.g. a task whose items are few enough to enumerate."""
     spec = parse_benchmark(doc)
+    await check_models(gw, spec)
 
     def existing() -> BenchmarkOut | None:
         with gw.db.session() as s:

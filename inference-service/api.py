@@ -6,6 +6,7 @@ token of a service inference trusts; a run context is optional, but a metered co
 
 from __future__ import annotations
 
+import asyncio
 from collections.abc import AsyncIterator
 from typing import Annotated
 
@@ -16,7 +17,8 @@ from inference_service.service import Inference, Metering
 
 from services.common.auth import ServiceCaller
 from services.common.contracts import Page
-from services.common.errors import NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
+from services.common.errors import Conflict, NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
+from services.common.llms import ModelCard, ModelConflict, ModelPreparationError
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelOut
 
 
@@ -39,6 +41,27 @@ def list_models(_ctx: ServiceCaller, inference: InferenceDep) -> Page[ModelOut]:
 def get_model(model: str, ctx: ServiceCaller, inference: InferenceDep) -> ModelDetail:
     """``{"id", "object": "model", "owned_by", "base_model", "adapter"}`` for a served base model or one of the run's checkpoints."""
     return inference.describe_model(ctx, model)
+
+
+@router.post("/base-models", status_code=201, summary="Register a base model", responses=problem_responses(Unprocessable, Conflict))
+async def register_base_model(card: ModelCard, _ctx: ServiceCaller, inference: InferenceDep) -> ModelCard:
+    """Prepare the model card's weights into the models folder (once; a GGUF is dequantized, which takes minutes for a
+    large one) and serve it from now on, without a restart. Registering the same card again changes nothing; a card
+    differing only in description, context cap, thinking or prices replaces the stored one. 422 naming the card's field
+    (a source that is missing or cannot be loaded, a stop token not in the vocabulary); 409 (field ``name``) when the
+    name is registered from another source, chat template or stop tokens."""
+    try:
+        return await asyncio.to_thread(inference.register_model, card)
+    except ModelPreparationError as exc:
+        raise Unprocessable(str(exc), field=exc.field) from exc
+    except ModelConflict as exc:
+        raise Conflict(str(exc), field="name") from exc
+
+
+@router.get("/base-models", summary="List the served base models' cards")
+def list_base_models(_ctx: ServiceCaller, inference: InferenceDep) -> Page[ModelCard]:
+    """The cards (``services.common.llms.ModelCard``) of the base models served now, by name."""
+    return Page[ModelCard](data=[inference.cards[name] for name in sorted(inference.engines) if name in inference.cards])
 
 
 def metering(

@@ -19,6 +19,7 @@ from inference_service.schemas import ModelDetail
 from services.common.auth import RunContext
 from services.common.contracts import Page
 from services.common.http import ServiceAPI, ServiceClient, Transport
+from services.common.llms import ModelCard
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelOut
 from services.common.settings import ServiceSettings
 
@@ -42,6 +43,15 @@ class InferenceClient(ServiceAPI):
     def get_model(self, ctx: RunContext | None, model: str) -> ModelDetail:
         """What ``model`` (a base model name or one of ``ctx``'s run's ``ckpt_…``) resolves to; 404 for anything else."""
         return self._call("GET", f"/internal/models/{quote(model, safe='')}", ModelDetail, ctx=ctx)
+
+    def register_base_model(self, card: ModelCard) -> ModelCard:
+        """Prepare and serve base model ``card`` (no restart); 422 naming the card's field, 409 (``name``) when the name is
+        registered from another source. Waits for the preparation (a large GGUF takes minutes)."""
+        return self._call("POST", "/internal/base-models", ModelCard, body=card.model_dump(mode="json"))
+
+    def list_base_models(self) -> Page[ModelCard]:
+        """The cards of the base models served now."""
+        return self._call("GET", "/internal/base-models", Page[ModelCard])
 
     def chat_completions(self, ctx: RunContext | None, body: ChatCompletionRequest, *, hold_id: str | None = None,
                          unmetered: bool = False, idempotency_key: str | None = None, context_tokens: int | None = None) -> ChatCompletion:

@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import threading
 import time
 import uuid
 from collections.abc import AsyncIterator, Callable
@@ -37,6 +38,7 @@ from services.common.auth import RunContext
 from services.common.db import Database, utcnow
 from services.common.errors import NotFound, Unprocessable, UpstreamProblem
 from services.common.ids import has_prefix
+from services.common.llms import ModelCard, prepare_model, registry
 from services.common.openai_protocol import (
     AssistantMessage,
     ChatChoice,
@@ -136,13 +138,30 @@ class Inference:
     ledger: LedgerClient
     trainer: TrainerClient
     engines: dict[str, Engine] = field(default_factory=dict)
+    cards: dict[str, ModelCard] = field(default_factory=dict)  # the served base models' cards (services.common.llms)
     _background: set[asyncio.Task[Any]] = field(default_factory=set)
+    _registering: threading.Lock = field(default_factory=threading.Lock)
 
     def load_engines(self) -> None:
         """Load one engine of ``settings.engine``'s kind per base model prepared under ``settings.models_dir``."""
         from inference_service.engines import load_engines
 
+        self.cards.update(registry(self.settings.models_dir))
         self.engines.update(load_engines(self.settings))
+
+    def register_model(self, card: ModelCard) -> ModelCard:
+        """Prepare ``card`` into ``settings.models_dir`` (once) and serve it from now on, without a restart: one engine
+        of ``settings.engine``'s kind is loaded for it unless it is served already (a card differing only in metadata
+        replaces the served one's). Blocking (minutes for a large GGUF): call it in a thread. Raises what
+        :func:`services.common.llms.prepare_model` raises."""
+        from inference_service.engines import load_engine
+
+        prepare_model(card, self.settings.models_dir)
+        with self._registering:
+            if card.name not in self.engines:
+                self.engines[card.name] = load_engine(card.name, self.settings)
+            self.cards[card.name] = card
+        return card
 
     async def aclose(self) -> None:
         """Settle what is still settling, stop the engines, close the clients and the database."""
@@ -238,7 +257,8 @@ class Inference:
             prompt_tokens = [await asyncio.to_thread(engine.count_prompt_tokens, r) for r in requests]
         except ValueError as exc:
             raise Unprocessable(str(exc), field=field) from exc
-        context = min(engine.context_tokens, metering.context_tokens or engine.context_tokens)
+        card = self.cards.get(resolved.base)
+        context = min(engine.context_tokens, (card and card.context_tokens) or engine.context_tokens, metering.context_tokens or engine.context_tokens)
         limits = []
         for request, tokens in zip(requests, prompt_tokens, strict=True):
             limit = request.max_tokens if request.max_tokens is not None else context - tokens

@@ -34,13 +34,22 @@ TEST_BENCHMARK = {
 }
 
 
-def prepared_models() -> Path:
-    """The base model prepared once into the repository's cache (shared with ``make demo``)."""
-    from services.common.llms import BASE_MODELS, prepare_base_model
+def prepared_models(*names: str) -> Path:
+    """A models folder holding exactly the built-in models ``names`` (default: ``DEFAULT_MODELS``, SmolLM2), each
+    prepared once into the repository's cache (shared with ``make demo``) and linked into a folder of its own, so a
+    model that ``make demo`` or another test prepared into the cache is not served where a test does not ask for it."""
+    from services.common.llms import DEFAULT_MODELS, prepare_base_model
 
-    for name in BASE_MODELS:
+    names = tuple(sorted(set(names or DEFAULT_MODELS)))
+    view = ROOT / ".crucible" / "test-models" / "+".join(names)
+    view.mkdir(parents=True, exist_ok=True)
+    for name in names:
         prepare_base_model(name, MODEL_CACHE)
-    return MODEL_CACHE
+        link = view / name
+        if not link.is_symlink():
+            with contextlib.suppress(FileExistsError):
+                link.symlink_to(MODEL_CACHE / name, target_is_directory=True)
+    return view
 
 
 PG_ADMIN = os.environ.get("CRUCIBLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")

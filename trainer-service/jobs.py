@@ -7,6 +7,7 @@ A job's row is its truth (``services.common.jobs``); its events are an append-on
 from __future__ import annotations
 
 import hashlib
+from pathlib import Path
 from typing import Any
 
 import structlog
@@ -24,7 +25,7 @@ from services.common.contracts import CheckpointOut, JobEventOut, Recipe, Traini
 from services.common.db import utcnow
 from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable, UpstreamUnavailable
 from services.common.ids import has_prefix, new_id
-from services.common.llms import BASE_MODELS
+from services.common.llms import UnknownBaseModel, model_card
 from services.ledger.schemas import HoldRelease, UsageItem, UsageKind
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -41,15 +42,18 @@ def _job_out(s: Session, job: TrainingJob) -> TrainingJobOut:
     )
 
 
-def _resolve_model(s: Session, ctx: RunContext, model: str) -> tuple[str, Checkpoint | None]:
-    """``(base_model, parent_checkpoint)`` for a base name or one of the run's checkpoints; else 422."""
+def _resolve_model(s: Session, ctx: RunContext, model: str, models_dir: Path) -> tuple[str, Checkpoint | None]:
+    """``(base_model, parent_checkpoint)`` for a base model prepared under ``models_dir`` (the registry) or one of the
+    run's checkpoints; else 422."""
     if has_prefix(model, "ckpt"):
         ckpt = s.get(Checkpoint, model)
         if ckpt is None or ckpt.run_id != ctx.run_id:
             raise Unprocessable(f"unknown checkpoint {model!r}", field="model")
         return ckpt.base_model, ckpt
-    if model not in BASE_MODELS:
-        raise Unprocessable(f"unknown base model {model!r}; available: {', '.join(sorted(BASE_MODELS))}", field="model")
+    try:
+        model_card(model, models_dir)
+    except UnknownBaseModel as exc:
+        raise Unprocessable(str(exc), field="model") from exc
     return model, None
 
 
@@ -73,7 +77,7 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     if recipe.adapter != "lora":
         raise Unprocessable("recipe.adapter 'full' is not available on CPU deployments (supported: lora)", field="recipe.adapter")
     with trainer.db.session() as s:
-        base_model, parent = _resolve_model(s, ctx, req.model)
+        base_model, parent = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
         datasets = [owned_dataset(s, ctx, d) for d in req.datasets]
     examples, tokens = estimate_tokens(trainer, base_model, datasets, recipe)
     job_id = new_id("job")

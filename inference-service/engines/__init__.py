@@ -10,7 +10,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from services.common.llms import BASE_MODELS, base_model_dir
+from services.common.llms import base_model_dir, registry
 
 if TYPE_CHECKING:
     from inference_service.engines.base import Engine
@@ -29,15 +29,14 @@ def register_engine(name: str) -> Callable[[Loader], Loader]:
     return register
 
 
-def load_engines(settings: InferenceSettings) -> dict[str, Engine]:
-    """One engine of ``settings.engine``'s kind per base model prepared under ``settings.models_dir``."""
+def load_engine(name: str, settings: InferenceSettings) -> Engine:
+    """An engine of ``settings.engine``'s kind for base model ``name``, prepared under ``settings.models_dir``
+    (``UnknownBaseModel`` if it is not)."""
     importlib.import_module(f"{__name__}.{settings.engine}")
-    loader = _LOADERS[settings.engine]
-    engines = {}
-    for name in BASE_MODELS:
-        try:
-            path = base_model_dir(name, settings.models_dir)
-        except FileNotFoundError:
-            continue
-        engines[name] = loader(name, path, settings)
-    return engines
+    return _LOADERS[settings.engine](name, base_model_dir(name, settings.models_dir), settings)
+
+
+def load_engines(settings: InferenceSettings) -> dict[str, Engine]:
+    """One engine of ``settings.engine``'s kind per base model prepared under ``settings.models_dir`` (the registry,
+    :func:`services.common.llms.registry`)."""
+    return {name: load_engine(name, settings) for name in registry(settings.models_dir)}

@@ -2,17 +2,21 @@
 
 from __future__ import annotations
 
+import asyncio
 import copy
 import datetime as dt
+from types import SimpleNamespace
 
 import pytest
 import yaml
 
-from gateway.benchmarks import parse_benchmark
+from gateway.benchmarks import check_models, parse_benchmark
 from gateway.schemas import BenchmarkFile
 from gateway.service import Caller, apply_recipe_policy, check_editable
 from services.common.auth import RunContext
+from services.common.contracts import Page
 from services.common.errors import OutsideEditableSpace, Unprocessable
+from services.common.llms import BUILTIN_CARDS, ModelCard
 from tests.conftest import ROOT, TEST_BENCHMARK
 
 
@@ -42,10 +46,7 @@ def test_every_shipped_benchmark_file_is_valid() -> None:
     (lambda d: d["recipe"].update(lock={"lernrate": 1}), "recipe"),
     (lambda d: d.update(reference={}), "reference"),
     (lambda d: d.update(surprise=1), "surprise"),
-    (lambda d: d["evaluation"].update(thinking=True), "evaluation.thinking"),  # SmolLM2 has no thinking mode
     (lambda d: d["evaluation"].update(context_tokens=64), "evaluation.context_tokens"),
-    (lambda d: d["initial_system"].update(model="gpt-5"), "initial_system.model"),  # no base model of this deployment
-    (lambda d: d.update(reference={"system": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"}}), "reference.system.model"),
 ])
 def test_bad_benchmark_file_names_the_key(mutate, field: str) -> None:  # noqa: ANN001
     doc = copy.deepcopy(TEST_BENCHMARK)
@@ -55,6 +56,39 @@ def test_bad_benchmark_file_names_the_key(mutate, field: str) -> None:  # noqa: 
     assert exc.value.extra["field"].startswith(field.split(".")[0])
     if "." in field:
         assert exc.value.extra["field"] == field or "test seed" in exc.value.detail
+
+
+class _Inference:
+    """Inference as ``check_models`` calls it: serving the built-in cards of ``names``."""
+
+    def __init__(self, *names: str) -> None:
+        self.names = names
+
+    async def list_base_models(self) -> Page[ModelCard]:
+        return Page[ModelCard](data=[BUILTIN_CARDS[n] for n in self.names])
+
+
+@pytest.mark.parametrize(("mutate", "field"), [
+    (lambda d: d["evaluation"].update(thinking=True), "evaluation.thinking"),  # SmolLM2 has no thinking mode
+    (lambda d: d["initial_system"].update(model="gpt-5"), "initial_system.model"),  # no base model of this deployment
+    (lambda d: d["initial_system"].update(model="gemma3-270m"), "initial_system.model"),  # built in, but not served here
+    (lambda d: d.update(reference={"system": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"}}), "reference.system.model"),
+])
+def test_a_benchmark_starts_from_a_served_base_model_with_the_modes_it_asks(mutate, field: str) -> None:  # noqa: ANN001
+    gw = SimpleNamespace(inference=_Inference("smollm2-135m-instruct"))
+    asyncio.run(check_models(gw, parse_benchmark(TEST_BENCHMARK)))  # type: ignore[arg-type]
+    doc = copy.deepcopy(TEST_BENCHMARK)
+    mutate(doc)
+    with pytest.raises(Unprocessable) as exc:
+        asyncio.run(check_models(gw, parse_benchmark(doc)))  # type: ignore[arg-type]
+    assert exc.value.extra["field"] == field
+
+
+def test_a_benchmark_may_start_from_any_served_model() -> None:
+    doc = yaml.safe_load((ROOT / "benchmarks" / "chain-sum-gemma.yaml").read_text())
+    asyncio.run(check_models(SimpleNamespace(inference=_Inference("smollm2-135m-instruct", "gemma3-270m")), parse_benchmark(doc)))  # type: ignore[arg-type]
+    with pytest.raises(Unprocessable, match="gemma3-270m"):
+        asyncio.run(check_models(SimpleNamespace(inference=_Inference("smollm2-135m-instruct")), parse_benchmark(doc)))  # type: ignore[arg-type]
 
 
 def test_tracks_preset_the_editable_space() -> None:

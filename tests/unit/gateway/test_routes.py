@@ -33,7 +33,6 @@ from gateway.settings import GatewaySettings
 from grader.schemas import ContaminationReport, LeaderboardEntry, TaskRegistered
 from services.common.auth import RunContext
 from services.common.contracts import (
-    ChatCompletion,
     EvaluationCreate,
     EvaluationLimits,
     EvaluationOut,
@@ -52,6 +51,8 @@ from services.common.contracts import (
 from services.common.errors import UpstreamProblem
 from services.common.http import AsyncServiceClient
 from services.common.ids import new_id
+from services.common.llms import BUILTIN_CARDS
+from services.common.openai_protocol import ChatCompletion
 from services.common.settings import ServiceSettings
 from services.ledger.app import create_app as create_ledger_app
 from services.ledger.client import LedgerClient
@@ -75,6 +76,21 @@ def in_process(target: httpx.AsyncBaseTransport, name: str) -> AsyncServiceClien
     http = AsyncServiceClient(f"http://{name}", GATEWAY_TOKEN, name=name)
     http.client = httpx.AsyncClient(base_url=f"http://{name}", headers=http.client.headers, transport=target)
     return http
+
+
+def served_cards() -> httpx.Response:
+    """Inference's answer to ``GET /internal/base-models``: serving every built-in model (the shipped benchmarks name them)."""
+    return httpx.Response(200, json={"object": "list", "data": [card.model_dump(mode="json") for card in BUILTIN_CARDS.values()]})
+
+
+def inference_stand_in(handler: Callable[[httpx.Request], httpx.Response]) -> httpx.MockTransport:
+    """Inference as the gateway calls it: the served models' cards (what loading a benchmark checks against), anything
+    else answered by ``handler``."""
+    return httpx.MockTransport(lambda r: served_cards() if r.method == "GET" and r.url.path == "/internal/base-models" else handler(r))
+
+
+def unreachable(request: httpx.Request) -> httpx.Response:
+    raise httpx.ConnectError("connection refused", request=request)
 
 
 def problem(status: int, code: str, detail: str = "", **extra: Any) -> dict[str, Any]:
@@ -191,6 +207,7 @@ class Served:
         self.gateway.ledger = LedgerClient(in_process(httpx.ASGITransport(app=self.services["ledger"]), "ledger"))
         self.gateway.trainer = TrainerClient(in_process(httpx.ASGITransport(app=self.services["trainer"]), "trainer"))
         self.gateway.grader = self.grader  # type: ignore[assignment]
+        self.gateway.inference = InferenceClient(in_process(inference_stand_in(unreachable), "inference"))
         return self
 
     def load(self, doc: dict[str, Any]) -> dict[str, Any]:
@@ -213,8 +230,10 @@ class Served:
             seen.append(request)
             return handler(request)
 
-        client = {"trainer": TrainerClient, "inference": InferenceClient}[service]
-        monkeypatch.setattr(self.gateway, service, client(in_process(httpx.MockTransport(record), service)))
+        if service == "inference":
+            monkeypatch.setattr(self.gateway, service, InferenceClient(in_process(inference_stand_in(record), service)))
+        else:
+            monkeypatch.setattr(self.gateway, service, TrainerClient(in_process(httpx.MockTransport(record), service)))
         return seen
 
 
