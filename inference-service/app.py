@@ -1,7 +1,8 @@
 """The inference service's FastAPI app (``uvicorn inference_service.app:app``).
 
-On start-up it migrates its database, connects its ledger and trainer clients and loads one engine per
-prepared base model; on shutdown it stops the engines and closes the clients.
+On start-up it migrates its database, connects its ledger and trainer clients, loads one engine per prepared base
+model (the registry in the models folder) and puts the prepared models' card prices on the ledger's table (in the
+background, once the ledger answers); on shutdown it stops the engines and closes the clients.
 """
 
 from __future__ import annotations
@@ -13,6 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 from inference_service.api import router
+from inference_service.prices import register_prices_soon
 from inference_service.service import Inference
 from inference_service.settings import InferenceSettings
 from trainer_service.client import TrainerClient
@@ -36,6 +38,7 @@ def create_app(settings: InferenceSettings | None = None) -> FastAPI:
         app.state.inference = inference = Inference(settings=settings, db=Database(url), ledger=LedgerClient.connect(settings),
                                                     trainer=TrainerClient.connect(settings))
         inference.load_engines()
+        register_prices_soon(inference.ledger, [card for card in inference.cards.values() if card.prices])
         try:
             yield
         finally:

@@ -152,11 +152,13 @@ class Inference:
     def register_model(self, card: ModelCard) -> ModelCard:
         """Prepare ``card`` into ``settings.models_dir`` (once) and serve it from now on, without a restart: one engine
         of ``settings.engine``'s kind is loaded for it unless it is served already (a card differing only in metadata
-        replaces the served one's). Blocking (minutes for a large GGUF): call it in a thread. Raises what
-        :func:`services.common.llms.prepare_model` raises."""
+        replaces the served one's); the card's prices go on the ledger's table first. Blocking (minutes for a large GGUF):
+        call it in a thread. Raises what :func:`services.common.llms.prepare_model` raises, and the ledger's errors."""
         from inference_service.engines import load_engine
+        from inference_service.prices import register_prices
 
         prepare_model(card, self.settings.models_dir)
+        register_prices(self.ledger, card)  # before it is served: never at the default prices
         with self._registering:
             if card.name not in self.engines:
                 self.engines[card.name] = load_engine(card.name, self.settings)

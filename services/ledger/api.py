@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal
 
-from fastapi import APIRouter, Depends, Query, Request, Response
+from fastapi import APIRouter, Depends, Path, Query, Request, Response
 from fastapi import status as http_status
 
 from services.common.auth import service_caller
@@ -26,6 +26,7 @@ from services.ledger.schemas import (
     HoldRelease,
     HoldSettle,
     HoldStatus,
+    ModelPrices,
     PriceTable,
     Refund,
     RefundCreate,
@@ -98,6 +99,15 @@ def list_holds(account_id: str, ledger: LedgerDep, status: HoldStatus | None = N
 def prices(ledger: LedgerDep) -> PriceTable:
     """The price table in force: micro-USD per 1,000,000 units, per kind and model (``"*"`` = default)."""
     return ledger.prices.table()
+
+
+@router.put("/prices/models/{model}", summary="Register a model's prices", responses=problem_responses(Unauthorized, Unprocessable))
+def register_model_prices(model: Annotated[str, Path(pattern=r"^[a-z0-9][a-z0-9._-]{0,63}$", description="A base model's name (not `*`).")],
+                          body: ModelPrices, ledger: LedgerDep) -> PriceTable:
+    """A registered base model's prices (micro-USD per 1,000,000 tokens, per token kind), sent by inference when the
+    model is registered: they replace the model's rows of ``prices.yaml`` for those kinds, and the table's ``version``
+    changes (every entry names the table that priced it). The table in force is returned."""
+    return ledger.register_model_prices(model, body)
 
 
 @router.post(

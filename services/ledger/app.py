@@ -1,7 +1,8 @@
 """The ledger service app: ``uvicorn services.ledger.app:app`` (port 8001 in the embedded mode).
 
-On start-up it migrates its database to the newest revision and loads the price table; while it runs, a
-sweep releases expired holds every ``CRUCIBLE_LEDGER_HOLD_SWEEP_S`` seconds.
+On start-up it migrates its database to the newest revision and loads the price table (``prices.yaml`` with the
+registered models' rows); while it runs, a sweep releases expired holds every ``CRUCIBLE_LEDGER_HOLD_SWEEP_S`` seconds
+and the registered models' prices are read again as often.
 """
 
 from __future__ import annotations
@@ -36,10 +37,14 @@ def create_app(settings: LedgerSettings | None = None) -> FastAPI:
         migrate(url, MIGRATIONS_DIR)
         db = Database(url)
         app.state.ledger = ledger = Ledger(db, prices)
+        ledger.reload_prices()
         sweep = Periodic("ledger.expire_holds", settings.ledger_hold_sweep_s, ledger.expire_holds).start()
+        # registered models' prices (PUT /internal/prices/models/…) reach every replica within a sweep
+        reload = Periodic("ledger.reload_prices", settings.ledger_hold_sweep_s, ledger.reload_prices).start()
         try:
             yield
         finally:
+            reload.stop()
             sweep.stop()
             ledger.close()
             db.engine.dispose()

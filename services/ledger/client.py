@@ -13,6 +13,7 @@ carry idempotency keys, and opening an existing account with the same budget ret
 from __future__ import annotations
 
 from typing import Any
+from urllib.parse import quote
 
 import structlog
 
@@ -32,6 +33,7 @@ from services.ledger.schemas import (
     HoldRelease,
     HoldSettle,
     HoldStatus,
+    ModelPrices,
     PriceTable,
     Refund,
     RefundCreate,
@@ -80,6 +82,11 @@ class LedgerClient(ServiceAPI):
     def prices(self) -> PriceTable:
         """The price table in force (micro-USD per 1,000,000 units, per kind and model)."""
         return self._call("GET", "/internal/prices", PriceTable)
+
+    def register_model_prices(self, model: str, body: ModelPrices) -> PriceTable:
+        """Price base model ``model`` with ``body`` from now on (replacing its ``prices.yaml`` rows for those kinds); the
+        table in force. Idempotent."""
+        return self._call("PUT", f"/internal/prices/models/{quote(model, safe='')}", PriceTable, body=body)
 
     def create_hold(self, body: HoldCreate) -> Hold:
         """Reserve the priced cost of an estimated usage; 402 if the free balance cannot cover it."""

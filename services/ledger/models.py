@@ -128,3 +128,17 @@ class IdempotencyRecord(LedgerBase):
 @event.listens_for(Entry, "before_delete")
 def _entries_are_append_only(_mapper, _connection, target: Entry) -> None:  # noqa: ANN001
     raise RuntimeError(f"ledger entry {target.id} is append-only: it cannot be updated or deleted")
+
+
+class ModelPrice(LedgerBase):
+    """A registered base model's price of one token kind (``PUT /internal/prices/models/{model}``, sent by inference when
+    the model is registered); it replaces ``prices.yaml``'s row for that model and kind (``pricing.with_registered``)."""
+
+    __tablename__ = "model_prices"
+    __table_args__ = (CheckConstraint("usd_micros_per_million_units >= 0", name="price_nonnegative"),)
+
+    model: Mapped[str] = mapped_column(String(200), primary_key=True)
+    kind: Mapped[str] = mapped_column(String(40), primary_key=True)
+    usd_micros_per_million_units: Mapped[int] = mapped_column(Money)
+    updated_at: Mapped[dt.datetime] = mapped_column(UTCDateTime)
+

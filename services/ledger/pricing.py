@@ -7,6 +7,8 @@ integers, so a non-zero usage at a non-zero price is never free. The table is re
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
@@ -75,3 +77,17 @@ def load_prices(path: Path | None = None) -> PriceBook:
     if isinstance(data, dict) and "version" in data:
         data["version"] = str(data["version"])
     return PriceBook(PriceTable.model_validate(data))
+
+
+def with_registered(base: PriceBook, registered: Iterable[Price]) -> PriceBook:
+    """``base`` with the rows of registered models (``Ledger.register_model_prices``) in place of its rows for the same
+    kind and model. The version is ``base``'s plus a digest of the registered rows (``2026-11-30+3f2a9c1e``), so every
+    entry names the exact table that priced it."""
+    extra = sorted(registered, key=lambda r: (r.model, r.kind))
+    if not extra:
+        return base
+    rows = {(r.kind, r.model): r for r in base.table().prices}
+    rows.update({(r.kind, r.model): r for r in extra})
+    digest = hashlib.sha256(json.dumps([r.model_dump(mode="json", exclude={"unit"}) for r in extra], sort_keys=True).encode()).hexdigest()[:8]
+    return PriceBook(PriceTable(version=f"{base.version}+{digest}", prices=[r.model_copy(update={"unit": None}) for r in rows.values()]))
+

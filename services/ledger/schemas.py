@@ -8,9 +8,9 @@ from __future__ import annotations
 
 import datetime as dt
 from enum import StrEnum
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field
+from pydantic import BaseModel, ConfigDict, Field, field_validator
 
 MAX_QUANTITY = 10**12
 MAX_BUDGET_USD_MICROS = 10**15  # one billion dollars
@@ -263,3 +263,25 @@ class PriceTable(BaseModel):
 
     version: str = Field(min_length=1, max_length=64, examples=["2026-11-30"])
     prices: list[Price]
+
+
+TOKEN_KINDS = (UsageKind.training_tokens, UsageKind.prefill_tokens, UsageKind.cached_prefill_tokens, UsageKind.decode_tokens)
+
+
+class ModelPrices(BaseModel):
+    """One base model's prices, registered with the model (its card's ``prices``): micro-USD per 1,000,000 tokens per
+    token kind. They replace the model's rows of ``prices.yaml`` for those kinds; kinds left out keep the table's."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    prices: dict[Literal["training_tokens", "prefill_tokens", "cached_prefill_tokens", "decode_tokens"], int] = Field(
+        min_length=1, examples=[{"prefill_tokens": 200_000, "decode_tokens": 800_000}])
+
+    @field_validator("prices")
+    @classmethod
+    def _in_range(cls, prices: dict[str, int]) -> dict[str, int]:
+        for kind, value in prices.items():
+            if not 0 <= value <= 10**12:
+                raise ValueError(f"{kind}: a price is 0 to 10^12 micro-USD per 1,000,000 tokens")
+        return prices
+

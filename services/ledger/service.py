@@ -45,7 +45,7 @@ from services.common.db import Database, utcnow
 from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, PaymentRequired
 from services.common.ids import new_id
 from services.ledger import models
-from services.ledger.pricing import PriceBook, PricedItem
+from services.ledger.pricing import PriceBook, PricedItem, with_registered
 from services.ledger.schemas import (
     Account,
     AccountCreate,
@@ -61,6 +61,9 @@ from services.ledger.schemas import (
     HoldRelease,
     HoldSettle,
     HoldStatus,
+    ModelPrices,
+    Price,
+    PriceTable,
     Refund,
     RefundCreate,
     UsageBucket,
@@ -136,6 +139,7 @@ class Ledger:
 
     def __init__(self, db: Database, prices: PriceBook) -> None:
         self.db = db
+        self.base_prices = prices  # prices.yaml; ``prices`` adds the registered models' rows (``reload_prices``)
         self.prices = prices
         # PostgreSQL: the common path of a hold and of a charge/settle/release is one call of a function the
         # migrations create, in its own transaction (one round trip); anything else takes the general path.
@@ -383,6 +387,30 @@ class Ledger:
             return account_id, hold
 
         return self._once(operation, key, fingerprint, Hold, work)
+
+    # -- registered models' prices ------------------------------------------------------------------
+
+    def reload_prices(self) -> PriceBook:
+        """The price table in force: ``prices.yaml`` with the registered models' rows (``model_prices``) in place of its
+        own. Called at start-up and periodically, so every replica prices with the rows any of them registered."""
+        with self.db.session() as s:
+            rows = [Price(kind=UsageKind(r.kind), model=r.model, usd_micros_per_million_units=r.usd_micros_per_million_units)
+                    for r in s.scalars(select(models.ModelPrice))]
+        self.prices = with_registered(self.base_prices, rows)
+        return self.prices
+
+    def register_model_prices(self, model: str, body: ModelPrices) -> PriceTable:
+        """Store ``model``'s prices (replacing those it had for the same kinds) and price with them from now on; the
+        table's version changes with them. Repeating the same prices changes nothing."""
+        now = utcnow()
+        with self.db.session() as s:
+            for kind, value in body.prices.items():
+                row = s.get(models.ModelPrice, (model, kind))
+                if row is None:
+                    s.add(models.ModelPrice(model=model, kind=kind, usd_micros_per_million_units=value, updated_at=now))
+                elif row.usd_micros_per_million_units != value:
+                    row.usd_micros_per_million_units, row.updated_at = value, now
+        return self.reload_prices().table()
 
     def expire_holds(self, now: dt.datetime | None = None) -> int:
         """Close every open hold whose ``expires_at`` has passed (status ``expired``); the number closed."""

@@ -84,9 +84,16 @@ def test_the_admin_api_registers_a_model_and_it_is_served_without_a_restart(serv
     assert [m["name"] for m in served.gateway.get("/admin/models", headers=ADMIN).json()["data"]] == ["smol-plain", MODEL]  # by name
     assert (served.models_dir / "smol-plain" / CARD_FILE).is_file() and list(registry(served.models_dir)) == ["smol-plain", MODEL]
 
+    table = ledger.prices()
+    assert {(p.kind, p.usd_micros_per_million_units) for p in table.prices if p.model == "smol-plain"} == {("decode_tokens", 800_000)}
+    assert "+" in table.version  # prices.yaml's version and the registered rows'
+
     ctx = run(ledger, "run_registered")
     out = served.inference.chat_completions(ctx, ask("smol-plain"))
     assert out.model == "smol-plain" and out.usage.completion_tokens >= 1
+    (decode,) = [e for e in ledger.list_entries(ctx.run_id) if e.type == "charge" and e.kind == "decode_tokens"]
+    assert (decode.model, decode.quantity, decode.price_version) == ("smol-plain", out.usage.completion_tokens, table.version)
+    assert decode.amount_usd_micros == -(-out.usage.completion_tokens * 800_000 // 1_000_000)  # the card's price, not the "*" row
     engine = served.service.engines["smol-plain"]
     assert engine.renderer.render([{"role": "user", "content": "hi"}]) == "user: hi\nassistant:"  # type: ignore[attr-defined]
     with pytest.raises(UpstreamProblem) as exc:  # the card's context cap, not SmolLM2's 8192
