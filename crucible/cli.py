@@ -41,7 +41,7 @@ ModelsFile = Annotated[Path | None, typer.Option(envvar="CRUCIBLE_MODELS_FILE", 
 def _prepare(data_dir: Path, models_file: Path | None = None, names: tuple[str, ...] = ()) -> float:
     """Prepare the default base model(s), the built-in ``names`` and the cards of ``models_file`` into the data
     directory's models folder (each once; cached): that folder is the registry every service reads."""
-    from services.common.llms import BUILTIN_CARDS, DEFAULT_MODELS, ModelConflict, ModelPreparationError, parse_card, prepare_model, read_models_file
+    from services.common.llms import DEFAULT_MODELS, ModelConflict, ModelPreparationError, parse_card, prepare_model, read_models_file
 
     start = time.monotonic()
     try:
@@ -52,7 +52,7 @@ def _prepare(data_dir: Path, models_file: Path | None = None, names: tuple[str, 
                 path = prepare_model(card, data_dir / "models")
             console.print(f"[green]✓[/] base model {card.name} at {path}")
     except (ModelPreparationError, ModelConflict) as exc:
-        console.print(f"[red]{exc}[/] (built-in models: {', '.join(sorted(BUILTIN_CARDS))})")
+        console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from exc
     return time.monotonic() - start
 

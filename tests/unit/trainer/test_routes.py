@@ -207,6 +207,7 @@ def test_a_job_the_budget_cannot_cover_is_the_ledgers_402_and_nothing_is_queued(
     ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"epochs": 3}}, "recipe.epochs"),
     ({"model": MODEL, "datasets": []}, "datasets"),
     ({"model": "gpt-5", "datasets": ["ds_x"]}, "model"),
+    ({"model": "gemma3-270m", "datasets": ["ds_x"]}, "model"),  # a built-in card, but not prepared in this trainer's models folder
     ({"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "datasets": ["ds_x"]}, "model"),
     ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"method": "dpo"}}, "recipe.method"),
     ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"adapter": "full"}}, "recipe.adapter"),
