@@ -112,7 +112,8 @@ class Choice:
     """One of a request's ``n`` answers. ``completion_tokens`` counts the tokens generated for it (the end-of-turn
     token included, up to the token that completed a stop string); ``finish_reason`` is ``stop`` (end of turn, a
     stop string, the end of a JSON schema), ``length`` (``max_tokens`` or the context's end) or, when the engine was
-    stopped early, ``stop``. ``logprobs``: one per generated token whose text is in ``text``, if asked."""
+    stopped early, ``stop``. ``logprobs``: one per generated token whose text is in ``text`` (the end-of-turn token has
+    none, as in OpenAI's answers), if asked."""
 
     text: str
     completion_tokens: int

@@ -462,7 +462,7 @@ class _Rows:
         """Append one generated token to ``row``: logprob, grammar, end of turn, stop strings, limit, delta."""
         request = row.request
         row.tokens.append(token)
-        if request.logprobs is not None and row.step_logprobs is not None:
+        if request.logprobs is not None and row.step_logprobs is not None and token not in self.engine._eos:  # the end of turn has no text
             entry = self.engine.token_logprob(row.step_logprobs, token, request.logprobs)
             row.logprobs.append(entry)
             row.unsent_logprobs.append(entry)

@@ -208,7 +208,7 @@ class UpstreamEngine:
                     state = choices[part["index"]]
                     state.tokens += len(part.get("token_ids") or [])
                     state.text += part.get("text", "")
-                    entries = _token_logprobs(part.get("logprobs"), request.logprobs)
+                    entries = [e for e in _token_logprobs(part.get("logprobs"), request.logprobs) if e.token != self.tokenizer.eos_token]
                     state.logprobs.extend(entries)
                     if part.get("finish_reason") in ("stop", "length"):
                         state.finish_reason = part["finish_reason"]

@@ -212,7 +212,7 @@ class ServiceAPI:
         parameters, ``None`` values left out; ``raw``: the answer's bytes, unparsed.
         """
         if isinstance(body, BaseModel):
-            body = body.model_dump(mode="json", exclude_unset=True)
+            body = body.model_dump(mode="json", exclude_unset=True, by_alias=True)
         query = {k: v for k, v in (params or {}).items() if v is not None} or None
         answer = self.http.request(method, path, ctx=ctx, json=body, params=query, content=content, headers=headers,
                                    timeout_s=timeout_s, raw=raw)
@@ -226,7 +226,7 @@ class ServiceAPI:
         if not isinstance(self.http, AsyncServiceClient):
             raise TypeError("streaming needs an AsyncServiceClient transport")
         if isinstance(body, BaseModel):
-            body = body.model_dump(mode="json", exclude_unset=True)
+            body = body.model_dump(mode="json", exclude_unset=True, by_alias=True)
         return self.http.stream(method, path, ctx=ctx, json=body, headers=headers)
 
     def close(self) -> Any:

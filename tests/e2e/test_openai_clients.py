@@ -122,8 +122,6 @@ def test_named_tool_choice_returns_a_call_whose_arguments_follow_the_schema(sdk:
     jsonschema.validate(json.loads(call.function.arguments), parameters)
 
 
-@pytest.mark.xfail(strict=True, reason="product bug: the gateway forwards json_schema.schema to inference as `schema_` "
-                                       "(ServiceAPI dumps bodies without by_alias), so inference decodes under {} (any JSON)")
 def test_json_schema_response_format_answer_validates(sdk: openai.OpenAI) -> None:
     schema = {"type": "object", "additionalProperties": False, "required": ["answer", "confident"],
               "properties": {"answer": {"type": "integer"}, "confident": {"type": "boolean"}}}

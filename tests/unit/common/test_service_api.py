@@ -40,6 +40,23 @@ def test_a_body_carries_what_its_maker_set_and_an_explicit_null_stays_one() -> N
     assert client.send(Settings(samples=4)) == {"samples": 4}  # the callee applies its own default temperature
 
 
+def test_a_field_with_an_alias_is_sent_by_its_wire_name() -> None:
+    """``response_format.json_schema.schema`` is ``schema_`` in Python: sent as ``schema``, or the callee never sees it."""
+    from services.common.openai_protocol import ChatCompletionRequest
+
+    class Chat(ServiceAPI):
+        def send(self, body: ChatCompletionRequest) -> dict:
+            return self._call("POST", "/internal/echo", dict, body=body)
+
+    client, _ = echo_client()
+    schema = {"type": "object", "properties": {"answer": {"type": "integer"}}}
+    body = ChatCompletionRequest.model_validate({"model": "m", "messages": [{"role": "user", "content": "hi"}],
+                                                 "response_format": {"type": "json_schema", "json_schema": {"name": "a", "schema": schema}}})
+    sent = Chat(client.http).send(body)
+    assert sent["response_format"]["json_schema"] == {"name": "a", "schema": schema}
+    assert ChatCompletionRequest.model_validate(sent).response_format.json_schema.schema_ == schema
+
+
 def test_query_parameters_left_as_none_are_not_sent() -> None:
     client, seen = echo_client()
     client.send(Settings(), after=None, limit=5)
