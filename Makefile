@@ -60,17 +60,21 @@ sandbox:
 # processes killed.
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e --ignore=tests/e2e/test_hidden_split_isolation.py
+	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e -m "not vllm" --ignore=tests/e2e/test_hidden_split_isolation.py \
+	  --ignore=tests/e2e/test_openai_clients.py
 
 # The in-process tests alone, those that wait on real clocks left out (marker `slow`): quick feedback while changing a service.
 test-unit: $(STAMP) services sandbox
 	$(PY) -m pytest -q tests/unit -m "not slow"
 
-# The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes) and
-# the differential test (every preset in two deployments whose secret test seeds differ must answer every agent
-# route alike, about 4 minutes on 2 idle cores).
+# The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes), the
+# differential test (every preset in two deployments whose secret test seeds differ must answer every agent route
+# alike, about 4 minutes on 2 idle cores), the engine suite on the vLLM engines (in process, and a vllm serve behind
+# the upstream engine) and unmodified OpenAI clients (the openai SDK, lm-evaluation-harness) against the gateway.
 test-slow: $(STAMP) services sandbox
 	$(PY) -m pytest -q tests/faults tests/e2e/test_hidden_split_isolation.py
+	$(PY) -m pytest -q tests/e2e/test_openai_clients.py -k sqlite  # the protocol does not depend on the database
+	$(PY) -m pytest -q tests/unit/inference/test_engine.py -m vllm
 
 clean:
 	rm -rf .crucible
