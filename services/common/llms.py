@@ -3,8 +3,8 @@ preparation into a Hugging Face folder. The registry is what is prepared.
 
 A base model is registered as data, a :class:`ModelCard`: its name, where its weights come from (``source``: a
 Hugging Face folder, a GGUF file, a Python package that ships a GGUF file, or a package that assembles one;
-nothing is downloaded), an optional chat template (a base model may have none; then it serves text completions
-only, until a card gives it one), extra end-of-turn tokens, a context length cap, whether it has a thinking mode,
+nothing is downloaded), a chat template replacing the tokenizer's (required when the tokenizer has none, as a base
+model's often has not: chat completions and SFT render with it), extra end-of-turn tokens, a context length cap, whether it has a thinking mode,
 and optional prices. Two cards are built in (:data:`BUILTIN_CARDS`); operators add theirs in a YAML file
 (:func:`read_models_file`, the ``CRUCIBLE_MODELS_FILE`` setting of ``crucible up``), with ``crucible admin
 add-model`` or ``POST /admin/models`` (the inference service prepares it and serves it at once).
@@ -109,8 +109,8 @@ class ModelCard(BaseModel):
     source: Source
     chat_template: str | None = Field(
         None, max_length=100_000,
-        description="Jinja chat template replacing the tokenizer's; null keeps the tokenizer's (a base model may have none: then it "
-                    "serves text completions only).")
+        description="Jinja chat template replacing the tokenizer's; null keeps the tokenizer's, and is refused for a tokenizer "
+                    "without one (a base model often has none).")
     stop_tokens: list[str] = Field(
         default_factory=list, max_length=16,
         description="Tokens that also end a generation, e.g. the template's end of turn (`<end_of_turn>`); each must be one token.")
@@ -426,15 +426,17 @@ def _dequantize_into(source: Path, dest: Path) -> None:
 
 
 def _apply_card(card: ModelCard, folder: Path) -> None:
-    """The card's chat template into the tokenizer, its stop tokens into ``generation_config.json``."""
-    if card.chat_template is None and not card.stop_tokens:
-        return
+    """The card's chat template into the tokenizer, its stop tokens into ``generation_config.json``. A model whose
+    tokenizer has no chat template needs the card's (chat completions and SFT render with it)."""
     from transformers import AutoConfig, AutoTokenizer, GenerationConfig
 
     tokenizer = AutoTokenizer.from_pretrained(folder)
     if card.chat_template is not None:
         tokenizer.chat_template = card.chat_template
         tokenizer.save_pretrained(folder)
+    elif not getattr(tokenizer, "chat_template", None):
+        raise ModelPreparationError("chat_template: this model's tokenizer has no chat template (a base model often has none); "
+                                    "give the card one", "chat_template")
     if card.stop_tokens:
         ids = []
         for i, token in enumerate(card.stop_tokens):

@@ -129,6 +129,12 @@ def test_a_bad_card_names_its_field(doc: dict, field: str) -> None:
 
 
 def test_a_card_whose_source_cannot_be_prepared_names_its_field(tmp_path: Path, smol_dir: Path) -> None:
+    untemplated = tmp_path / "untemplated"
+    shutil.copytree(smol_dir, untemplated, ignore=shutil.ignore_patterns(CARD_FILE, "chat_template.jinja"))
+    config = json.loads((untemplated / "tokenizer_config.json").read_text())
+    config.pop("chat_template", None)
+    (untemplated / "tokenizer_config.json").write_text(json.dumps(config))
+    assert not AutoTokenizer.from_pretrained(untemplated).chat_template
     cases = [
         (ModelCard(name="m1", source=HFFolderSource(path=tmp_path)), "source.path"),
         (ModelCard(name="m2", source=GGUFFileSource(path=tmp_path / "missing.gguf")), "source.path"),
@@ -137,6 +143,7 @@ def test_a_card_whose_source_cannot_be_prepared_names_its_field(tmp_path: Path, 
         (ModelCard(name="m5", source=PackageAssembledSource(package="no_such_package_here")), "source.package"),
         (ModelCard(name="m6", source=PackageAssembledSource(package="json", function="nothing")), "source.function"),
         (ModelCard(name="m7", source=HFFolderSource(path=smol_dir), stop_tokens=["<end_of_turn>"]), "stop_tokens.0"),
+        (ModelCard(name="m8", source=HFFolderSource(path=untemplated)), "chat_template"),  # no template, and the card gives none
     ]
     for card, field in cases:
         with pytest.raises(ModelPreparationError) as exc:
