@@ -18,7 +18,7 @@ from inference_service.service import Inference, Metering
 from services.common.auth import ServiceCaller
 from services.common.contracts import Page
 from services.common.errors import Conflict, NotFound, PaymentRequired, Unauthorized, Unprocessable, problem_responses
-from services.common.llms import ModelCard, ModelConflict, ModelPreparationError
+from services.common.llms import ModelCard, ModelConflict, ModelPreparationError, registry
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelOut
 
 
@@ -60,8 +60,9 @@ async def register_base_model(card: ModelCard, _ctx: ServiceCaller, inference: I
 
 @router.get("/base-models", summary="List the served base models' cards")
 def list_base_models(_ctx: ServiceCaller, inference: InferenceDep) -> Page[ModelCard]:
-    """The cards (``services.common.llms.ModelCard``) of the base models served now, by name."""
-    return Page[ModelCard](data=[inference.cards[name] for name in sorted(inference.engines) if name in inference.cards])
+    """The cards (``services.common.llms.ModelCard``) of the base models served, by name: those registered in the models
+    folder (a replica that has not loaded one yet loads it on first use)."""
+    return Page[ModelCard](data=list(registry(inference.settings.models_dir).values()))
 
 
 def metering(

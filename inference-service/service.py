@@ -38,7 +38,7 @@ from services.common.auth import RunContext
 from services.common.db import Database, utcnow
 from services.common.errors import NotFound, Unprocessable, UpstreamProblem
 from services.common.ids import has_prefix
-from services.common.llms import ModelCard, prepare_model, registry
+from services.common.llms import ModelCard, UnknownBaseModel, model_card, prepare_model, registry
 from services.common.openai_protocol import (
     AssistantMessage,
     ChatChoice,
@@ -178,8 +178,21 @@ class Inference:
     # ------------------------------------------------------------------ models
 
     def list_models(self) -> list[ModelOut]:
-        """Servable base models, OpenAI ``model`` objects."""
-        return [ModelOut(id=name) for name in self.engines]
+        """Servable base models, OpenAI ``model`` objects: those loaded, then those registered in the models folder since
+        this process started (by another replica; loaded on first use)."""
+        return [ModelOut(id=name) for name in [*self.engines, *(n for n in registry(self.settings.models_dir) if n not in self.engines)]]
+
+    def _serve_registered(self, name: str) -> bool:
+        """Whether base model ``name`` is served, loading its engine first if it was registered in the models folder since
+        this process started (by another replica of inference)."""
+        if name in self.engines:
+            return True
+        try:
+            card = model_card(name, self.settings.models_dir)
+        except UnknownBaseModel:
+            return False
+        self.register_model(card)
+        return True
 
     def resolve_model(self, ctx: RunContext | None, model: str) -> ResolvedModel:
         """A base name or one of the run's ``ckpt_…``; anything else → ``Unprocessable`` naming ``model``."""
@@ -190,10 +203,10 @@ class Inference:
                 if exc.status == 404:
                     raise Unprocessable(f"unknown model {model!r}", field="model") from exc
                 raise
-            if rec.base_model not in self.engines:
+            if not self._serve_registered(rec.base_model):
                 raise Unprocessable(f"base model {rec.base_model!r} of {model} is not loaded", field="model")
             return ResolvedModel(rec.base_model, Adapter(model, artifacts.local_path(rec.uri)))
-        if model not in self.engines:
+        if not self._serve_registered(model):
             raise Unprocessable(f"unknown model {model!r}; served: {', '.join(sorted(self.engines))} or a checkpoint id", field="model")
         return ResolvedModel(model, None)
 

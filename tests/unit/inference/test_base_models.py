@@ -25,7 +25,7 @@ from gateway.app import create_app as create_gateway_app
 from gateway.settings import GatewaySettings
 from services.common.errors import UpstreamProblem
 from services.common.http import AsyncServiceClient
-from services.common.llms import CARD_FILE, HFFolderSource, ModelCard, registry
+from services.common.llms import CARD_FILE, HFFolderSource, ModelCard, prepare_model, registry
 from services.common.openai_protocol import ChatCompletionRequest, ChatMessage
 from services.ledger.client import LedgerClient
 from tests.conftest import prepared_models
@@ -63,6 +63,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> It
                                              transport=httpx.ASGITransport(app=http.app))
         gateway.app.state.gateway.inference = InferenceClient(transport)  # type: ignore[attr-defined]
         yield Served(InferenceClient(in_process(http, GATEWAY_TOKEN, "inference")), service, gateway, data_dir / "models", http)
+        service.ledger = LedgerClient.connect(settings)  # the app closes its clients on shutdown; the shared ledger stays open
 
 
 def card_doc(name: str, **extra: object) -> dict:
@@ -104,6 +105,15 @@ def test_the_admin_api_registers_a_model_and_it_is_served_without_a_restart(serv
     assert again.status_code == 201 and served.service.cards["smol-plain"].context_tokens == 128  # metadata may change
     conflict = served.gateway.post("/admin/models", json=card_doc("smol-plain"), headers=ADMIN)  # another chat template: another model
     assert (conflict.status_code, conflict.json()["field"]) == (409, "name")
+
+
+def test_a_model_another_replica_registered_is_listed_and_served_on_first_use(served: Served, ledger: LedgerClient) -> None:
+    prepare_model(ModelCard(name="smol-elsewhere", source=HFFolderSource(path=prepared_models() / MODEL)), served.models_dir)
+    assert "smol-elsewhere" not in served.service.engines  # written into the shared folder, not by this process
+    assert "smol-elsewhere" in [m.id for m in served.inference.list_models().data]
+    assert "smol-elsewhere" in [c.name for c in served.inference.list_base_models().data]
+    out = served.inference.chat_completions(run(ledger, "run_elsewhere"), ask("smol-elsewhere"))
+    assert out.model == "smol-elsewhere" and "smol-elsewhere" in served.service.engines
 
 
 @pytest.mark.parametrize(("doc", "status", "field"), [

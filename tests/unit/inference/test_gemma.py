@@ -74,6 +74,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> Ite
         trainer.client = httpx.Client(base_url="http://trainer", transport=httpx.MockTransport(checkpoints))
         service.trainer = TrainerClient(trainer)
         yield Stack(InferenceClient(in_process(http, GRADER_TOKEN, "inference")), service, adapter_dir)
+        service.ledger = LedgerClient.connect(settings)  # the app closes its clients on shutdown; the shared ledger stays open
 
 
 def test_gemma_is_served_with_its_cards_template_context_cap_and_prices(stack: Stack, ledger: LedgerClient) -> None:
@@ -132,9 +133,12 @@ def test_a_benchmark_on_gemma_is_graded_by_the_grader_on_the_real_inference(stac
                            initial_system={"model": GEMMA}, reference_score=1.0,
                            evaluation={"max_tokens": 6, "temperature": 0.0, "samples": 1, "metric": "avg@k", "context_tokens": 512})
         client = GraderClient(in_process(http, GATEWAY_TOKEN, "grader"))
-        assert client.register_task(spec).initial_status == "queued"
-        for eval_id in queue:
-            worker.run_evaluation(grader, eval_id)
-        status = client.task_status("bm_gemma")
+        try:
+            assert client.register_task(spec).initial_status == "queued"
+            for eval_id in queue:
+                worker.run_evaluation(grader, eval_id)
+            status = client.task_status("bm_gemma")
+        finally:  # the app closes its clients on shutdown: not the shared ones
+            grader.ledger, grader.inference = LedgerClient.connect(settings), InferenceClient.connect(settings)
         assert status.initial_status == "succeeded", status
         assert 0.0 <= status.initial.value <= 1.0 and status.initial.n == 4
