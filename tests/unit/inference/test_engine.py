@@ -24,7 +24,7 @@ from tests.conftest import prepared_models
 
 MODEL_DIR = prepared_models() / "smollm2-135m-instruct"
 QUESTIONS = ["What is 3 + 4?", "What is 10 - 7?", "Name a colour.", "What is 12 + 30?"]
-ENGINES = ["transformers"]
+ENGINES = ["transformers", "vllm"]
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -33,6 +33,10 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
         from inference_service.engines.transformers import TransformersEngine
 
         engine = TransformersEngine(MODEL_DIR, max_batch_size=8)
+    elif request.param == "vllm":
+        from inference_service.engines.vllm import VLLMEngine
+
+        engine = VLLMEngine(MODEL_DIR, max_loaded_adapters=2, max_lora_rank=8)  # the test's adapter has rank 4
     yield engine
     asyncio.run(engine.aclose())
 
