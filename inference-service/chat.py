@@ -15,9 +15,13 @@ from __future__ import annotations
 
 import json
 import re
+import threading
 import uuid
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from inference_service.engines.base import GenerationRequest
 
 TOOLS_HEADER = "Here is a list of functions in JSON format that you can invoke, one per line:"
 _PROBE_TOOL = {"type": "function", "function": {"name": "crucible_probe_tool", "description": "", "parameters": {"type": "object", "properties": {}}}}
@@ -57,6 +61,7 @@ class ChatRenderer:
 
     def __init__(self, tokenizer: Any) -> None:
         self.tokenizer = tokenizer
+        self._lock = threading.Lock()  # a fast tokenizer may not be used from two threads at once
         probe = [{"role": "user", "content": "hi"}]
         self.renders_tools = "crucible_probe_tool" in self._apply(probe, [_PROBE_TOOL])
         try:
@@ -76,6 +81,18 @@ class ChatRenderer:
         if tools and not self.renders_tools:
             messages, tools = with_tools_message(messages, tools), None
         return self._apply(messages, tools)
+
+    def prompt_ids(self, request: GenerationRequest, vocab_size: int) -> list[int]:
+        """Token ids of a request's prompt, the same for every engine: chat messages rendered (:meth:`render`) and
+        tokenized without special tokens (the template writes them), a text prompt tokenized with them (as vLLM and
+        OpenAI do), token ids as given. Raises ``ValueError`` for a token id outside ``[0, vocab_size)``."""
+        if isinstance(request.prompt, list):
+            if any(not 0 <= t < vocab_size for t in request.prompt):
+                raise ValueError(f"prompt token ids must be in [0, {vocab_size})")
+            return list(request.prompt)
+        text = request.prompt if request.prompt is not None else self.render(request.messages or [], request.tools)
+        with self._lock:
+            return self.tokenizer(text, add_special_tokens=request.prompt is not None)["input_ids"]
 
     @staticmethod
     def _plain(message: dict[str, Any]) -> dict[str, Any]:

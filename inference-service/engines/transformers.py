@@ -131,7 +131,6 @@ class TransformersEngine:
         self._adapters: OrderedDict[str, str] = OrderedDict()
         self._adapter_serial = 0
         self._lock = threading.Lock()
-        self._tokenizer_lock = threading.Lock()
         self._grammar_compiler: Any = None
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._queue: asyncio.Queue[_Pending] | None = None
@@ -146,15 +145,8 @@ class TransformersEngine:
         return int(self._model.config.max_position_embeddings)
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
-        """Token ids of the request's prompt: chat messages rendered by the template, or the raw prompt.
-        Raises ``ValueError`` for a token id outside the vocabulary. Callable while a batch generates."""
-        if isinstance(request.prompt, list):
-            if any(not 0 <= t < self._vocab for t in request.prompt):
-                raise ValueError(f"prompt token ids must be in [0, {self._vocab})")
-            return list(request.prompt)
-        text = request.prompt if request.prompt is not None else self.renderer.render(request.messages or [], request.tools)
-        with self._tokenizer_lock:
-            return self.tokenizer(text, add_special_tokens=request.prompt is not None)["input_ids"]
+        """Token ids of the request's prompt (:meth:`~inference_service.chat.ChatRenderer.prompt_ids`); callable while generating."""
+        return self.renderer.prompt_ids(request, self._vocab)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Number of prompt tokens (:meth:`prompt_ids`)."""

@@ -21,7 +21,6 @@ from __future__ import annotations
 import asyncio
 import json
 import logging
-import threading
 from collections import OrderedDict
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
@@ -70,7 +69,6 @@ class UpstreamEngine:
         self.max_loaded_adapters = max_loaded_adapters
         self._adapters: OrderedDict[str, Path] = OrderedDict()
         self._adapter_lock: asyncio.Lock | None = None
-        self._tokenizer_lock = threading.Lock()
         self._tasks: set[asyncio.Task[None]] = set()
 
     @property
@@ -90,14 +88,8 @@ class UpstreamEngine:
         return self._context
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
-        """Token ids of the request's prompt (as the transformers engine computes them)."""
-        if isinstance(request.prompt, list):
-            if any(not 0 <= t < self._vocab for t in request.prompt):
-                raise ValueError(f"prompt token ids must be in [0, {self._vocab})")
-            return list(request.prompt)
-        text = request.prompt if request.prompt is not None else self.renderer.render(request.messages or [], request.tools)
-        with self._tokenizer_lock:
-            return self.tokenizer(text, add_special_tokens=request.prompt is not None)["input_ids"]
+        """Token ids of the request's prompt (:meth:`~inference_service.chat.ChatRenderer.prompt_ids`); callable while generating."""
+        return self.renderer.prompt_ids(request, self._vocab)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         return len(self.prompt_ids(request))

@@ -135,7 +135,6 @@ class VLLMEngine:
         self.threads = threads
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
-        self._tokenizer_lock = threading.Lock()
         self._token_texts: dict[int, tuple[str, list[int]]] = {}
         self._engine_args: dict[str, Any] = {
             "model": str(model_dir), "dtype": dtype, "max_model_len": max_model_len, "kv_cache_memory_bytes": kv_cache_bytes,
@@ -169,15 +168,8 @@ class VLLMEngine:
         return self._context_tokens
 
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
-        """Token ids of the request's prompt: chat messages rendered by the template, or the raw prompt (the
-        transformers engine's rule). Raises ``ValueError`` for a token id outside the vocabulary."""
-        if isinstance(request.prompt, list):
-            if any(not 0 <= t < self._vocab for t in request.prompt):
-                raise ValueError(f"prompt token ids must be in [0, {self._vocab})")
-            return list(request.prompt)
-        text = request.prompt if request.prompt is not None else self.renderer.render(request.messages or [], request.tools)
-        with self._tokenizer_lock:
-            return self.tokenizer(text, add_special_tokens=request.prompt is not None)["input_ids"]
+        """Token ids of the request's prompt (:meth:`~inference_service.chat.ChatRenderer.prompt_ids`); callable while generating."""
+        return self.renderer.prompt_ids(request, self._vocab)
 
     def count_prompt_tokens(self, request: GenerationRequest) -> int:
         """Number of prompt tokens (:meth:`prompt_ids`)."""
