@@ -28,6 +28,7 @@ import pytest
 import yaml
 
 from crucible.sdk import AdminClient, CrucibleClient
+from services.common.llms import BUILTIN_CARDS
 from tests.conftest import PORT_BASE, ROOT, prepared_models
 
 pytestmark = pytest.mark.e2e
@@ -63,7 +64,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]
     stacks = []
     for i, seed in enumerate(SEEDS):
         data_dir = tmp_path_factory.mktemp(f"differential-{i}")
-        (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
+        (data_dir / "models").symlink_to(prepared_models(*BUILTIN_CARDS), target_is_directory=True)  # every preset's model
         grader_env = ensure_secrets(data_dir)[2]
         (data_dir / "secrets" / "grader.env").write_text(
             f"CRUCIBLE_GRADER_TEST_SEED={seed}\nCRUCIBLE_GRADER_TEST_STORE_URL={grader_env['CRUCIBLE_GRADER_TEST_STORE_URL']}\n")
