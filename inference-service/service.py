@@ -543,11 +543,13 @@ def _completion_refusal(req: CompletionRequest) -> Callable[[Feature], str]:
     return name
 
 
-def _completion_logprobs(entries: list[TokenLogprob | None], start: int = 0) -> CompletionLogprobs:
+def _completion_logprobs(entries: list[TokenLogprob | None], first_text: str = "") -> CompletionLogprobs:
+    """Per entry: token, log-probability, alternatives, character offset. A missing entry (the first prompt token, which
+    has no log-probability) shows ``first_text``."""
     out = CompletionLogprobs()
-    offset = start
+    offset = 0
     for entry in entries:
-        token = entry.token if entry else ""
+        token = entry.token if entry else first_text
         out.tokens.append(token)
         out.token_logprobs.append(entry.logprob if entry else None)
         out.top_logprobs.append({t: lp for t, lp, _ in entry.top} if entry else None)
@@ -567,25 +569,14 @@ def _completion_choice(req: CompletionRequest, index: int, result: GenerationRes
         if req.echo:
             entries.extend(result.prompt_logprobs or [])
         entries.extend(choice.logprobs or [])
-        logprobs = _completion_logprobs(entries)
-        if req.echo and result.prompt_logprobs:
-            # the first prompt token has no log-probability but has a text
-            logprobs.tokens[0] = _first_token_text(prefix, result)
-            logprobs.text_offset = _offsets(logprobs.tokens)
+        logprobs = _completion_logprobs(entries, _first_token_text(prefix, result) if req.echo else "")
     return CompletionChoice(index=index, text=prefix + choice.text, logprobs=logprobs, finish_reason=choice.finish_reason)
 
 
 def _first_token_text(prefix: str, result: GenerationResult) -> str:
+    """The echoed prompt's first token's text: what the other prompt tokens' texts leave of ``prefix``."""
     rest = "".join(e.token for e in (result.prompt_logprobs or [])[1:] if e)
     return prefix[: max(0, len(prefix) - len(rest))]
-
-
-def _offsets(tokens: list[str]) -> list[int]:
-    offsets, at = [], 0
-    for token in tokens:
-        offsets.append(at)
-        at += len(token)
-    return offsets
 
 
 class _CompletionStream:
