@@ -168,7 +168,7 @@ def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> tuple[str | None
 def may_become_tool_call(text: str) -> bool:
     """Whether a partial answer could still turn out to be a tool call (a stream holds it back until it knows)."""
     stripped = text.lstrip()
-    return not stripped or stripped[0] in "{[" or "<tool_call>".startswith(stripped[:11]) or stripped.startswith("<tool_call>")
+    return not stripped or stripped[0] in "{[" or "<tool_call>".startswith(stripped[:11])
 
 
 def tool_call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:

@@ -484,7 +484,6 @@ class _ChatStream:
         self.mode = _tool_mode(req)
         self.held = {i: "" for i in range(req.n)}
         self.holding = {i: self.mode in ("auto", "required", "named") for i in range(req.n)}
-        self.texts = {i: "" for i in range(req.n)}
 
     def _chunk(self, choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
         return ChatCompletionChunk(id=self.id, created=self.created, model=self.req.model, choices=choices, usage=usage)
@@ -495,7 +494,6 @@ class _ChatStream:
     def delta(self, delta: Delta) -> list[ChatCompletionChunk]:
         """Content as it comes (the choice's end is sent by :meth:`closing`: its calls need the whole text)."""
         i = delta.index
-        self.texts[i] += delta.text
         logprobs = ChoiceLogprobs(content=[_token_logprob(e) for e in delta.logprobs]) if delta.logprobs else None
         text = delta.text
         if self.holding[i]:
