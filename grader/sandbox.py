@@ -26,7 +26,7 @@ Limits in both, set by a few lines of Python run in the sandboxed interpreter ju
   programs that hang without using CPU (sleeping, blocked, deadlocked): the whole process group is killed. It is
   long on purpose: a program within its CPU limit reaches it only if it got less than a tenth of a core on
   average (e.g. 3 CPU-seconds of work behind more than 10 busy processes per core; the grader runs up to
-  ``eval_concurrency`` programs per evaluation at once), or if start-up alone took 30 s. The price: an answer
+  ``scoring_concurrency`` programs per evaluation at once), or if start-up alone took 30 s. The price: an answer
   that sleeps holds one scoring thread for that long.
 - ``RLIMIT_AS`` = ``memory_mb`` MiB, ``RLIMIT_FSIZE`` = 16 MiB per file written (stdout and stderr included), no
   core files.

@@ -12,10 +12,15 @@ class GraderSettings(ServiceSettings):
 
     grader_test_store_url: str | None = Field(None, description="The hidden test-set store; default a separate SQLite file.")
     grader_test_seed: int = Field(..., description="Seed of every hidden test split (mixed with the benchmark's suite).")
-    eval_concurrency: int = Field(
+    inference_concurrency: int = Field(
+        64, ge=1, le=1024,
+        description="Inference calls one evaluation keeps in flight. The transformers engine generates batches of up to its "
+                    "`max_batch_size` (32 by default) calls, one batch at a time: twice that keeps the next batch waiting while one "
+                    "runs, so the engine never idles between them (vLLM batches continuously and takes what comes).")
+    scoring_concurrency: int = Field(
         8, ge=1, le=256,
-        description="Concurrent inference calls per evaluation. Evaluations run side by side (the eval worker's threads), and inference "
-                    "generates one batch at a time: more calls in flight than a batch holds only wait longer.")
+        description="Answers one evaluation scores at once. For suites that run the answer as a program (human-eval) each is a sandboxed "
+                    "process with its own CPU limit, so this bounds how many such programs one evaluation runs side by side.")
     inference_timeout_s: float = Field(
         1800.0, gt=0,
         description="Seconds a grading call may wait for its completion (queued behind other batches included). A call that times out "

@@ -5,6 +5,7 @@ worker left behind. Celery's wrappers are in :mod:`grader.tasks`."""
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -141,6 +142,8 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
         with grader.db.session() as s:
             lease.row(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))
 
+        scoring = threading.BoundedSemaphore(grader.settings.scoring_concurrency)
+
         def one(task: tuple[Item, int]) -> tuple[str, int, float]:
             item, sample = task
             lease.check()
@@ -159,7 +162,8 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
                 completion, prompt_tokens, completion_tokens = "", 0, 0  # does not fit: scores 0
             lease.check()
             answer = extract_answer(harness, completion, entry_point=item.entry.get("entry_point"))
-            score, score_error = score_item(suite, answer, item)
+            with scoring:  # at most scoring_concurrency answers (sandboxed programs, for code suites) at once
+                score, score_error = score_item(suite, answer, item)
             if split == "test":
                 grader.store.record(eval_id, item.id, sample, storable(completion), storable(answer), score, score_error)  # type: ignore[arg-type]
             else:
@@ -176,7 +180,7 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
             return item.id, sample, score
 
         results = dict(done)
-        with ThreadPoolExecutor(grader.settings.eval_concurrency) as pool:
+        with ThreadPoolExecutor(grader.settings.inference_concurrency) as pool:
             for item_id, sample, score in pool.map(one, todo):
                 results[(item_id, sample)] = score
         by_item: dict[str, list[float]] = {}

@@ -18,6 +18,7 @@ import re
 import threading
 import uuid
 from dataclasses import dataclass
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -54,6 +55,20 @@ def tool_call_text(tool_calls: list[dict[str, Any]]) -> str:
             pass
         blocks.append(f"<tool_call>{json.dumps({'name': call['function']['name'], 'arguments': arguments}, ensure_ascii=False)}</tool_call>")
     return "\n".join(blocks)
+
+
+def end_of_turn_ids(model_dir: Path, tokenizer: Any) -> list[int]:
+    """Token ids that end the model's turn, sorted: the tokenizer's end of sequence and ``eos_token_id`` of the
+    folder's ``generation_config.json`` (where a model card's ``stop_tokens`` are written when the model is prepared,
+    :mod:`services.common.llms`; Gemma's ``<end_of_turn>`` is one). Every engine stops a choice at these, and none
+    of them counts as text."""
+    from transformers import GenerationConfig
+
+    ids = {tokenizer.eos_token_id}
+    if (Path(model_dir) / "generation_config.json").exists():
+        eos = GenerationConfig.from_pretrained(model_dir).eos_token_id
+        ids.update(eos if isinstance(eos, list | tuple) else [eos])
+    return sorted(i for i in ids if i is not None)
 
 
 class ChatRenderer:

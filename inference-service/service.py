@@ -269,9 +269,10 @@ class Inference:
                 name = refused(missing[0])
                 raise Unprocessable(f"{name}: this deployment's engine does not serve it ({missing[0].value})", field=name)
         try:
-            prompt_tokens = [await asyncio.to_thread(engine.count_prompt_tokens, r) for r in requests]
+            prompts = [await asyncio.to_thread(engine.prompt_ids, r) for r in requests]
         except ValueError as exc:
             raise Unprocessable(str(exc), field=field) from exc
+        prompt_tokens = [len(p) for p in prompts]
         card = self.cards.get(resolved.base)
         context = min(engine.context_tokens, (card and card.context_tokens) or engine.context_tokens, metering.context_tokens or engine.context_tokens)
         limits = []
@@ -282,7 +283,8 @@ class Inference:
                 raise ContextExceeded(f"the prompt is {tokens} tokens{asked} it exceeds the context of {context} tokens",
                                       field=field, prompt_tokens=tokens, context_tokens=context)
             limits.append(limit)
-        requests = [replace(r, max_tokens=limit) for r, limit in zip(requests, limits, strict=True)]
+        # rendered once: the engine gets the token ids (chat messages and tools are in them)
+        requests = [replace(r, max_tokens=limit, prompt=ids, messages=None, tools=None) for r, limit, ids in zip(requests, limits, prompts, strict=True)]
         call = _Call(id=f"{'chatcmpl' if field == 'messages' else 'cmpl'}-{uuid.uuid4().hex}", ctx=ctx, model=model, resolved=resolved,
                      engine=engine, requests=requests, prompt_tokens=prompt_tokens, metering=metering)
         if metering.metered and metering.hold_id is None:

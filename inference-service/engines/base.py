@@ -214,8 +214,10 @@ class Engine(Protocol):
     def context_tokens(self) -> int:
         """The model's context window in tokens (prompt + completion)."""
 
-    def count_prompt_tokens(self, request: GenerationRequest) -> int:
-        """Tokens the request's prompt takes once rendered (chat template, tools). Callable while generating."""
+    def prompt_ids(self, request: GenerationRequest) -> list[int]:
+        """Token ids of the request's prompt once rendered (chat template, tools), the same for every engine
+        (:meth:`~inference_service.chat.ChatRenderer.prompt_ids`). Raises ``ValueError`` for a token id outside the
+        vocabulary. Callable while generating. The service renders each prompt once, here, and submits its token ids."""
 
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Start generating ``request`` on the base model or ``adapter``. Raises ``ValueError`` for a request the

@@ -26,7 +26,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 import httpx
-from inference_service.chat import ChatRenderer
+from inference_service.chat import ChatRenderer, end_of_turn_ids
 from inference_service.engines import register_engine
 from inference_service.engines.base import (
     Adapter,
@@ -61,6 +61,8 @@ class UpstreamEngine:
         self.served_name = served_name
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
+        self._eos = end_of_turn_ids(model_dir, self.tokenizer)  # sent as stop_token_ids: a server need not read generation_config.json
+        self._eos_texts = {*self.tokenizer.convert_ids_to_tokens(self._eos), *(self.tokenizer.decode([i]) for i in self._eos)}
         self._context = int(AutoConfig.from_pretrained(model_dir).max_position_embeddings)
         self._vocab = len(self.tokenizer)
         self._base_url, self._api_key, self._timeout_s = base_url.rstrip("/"), api_key, timeout_s
@@ -90,9 +92,6 @@ class UpstreamEngine:
     def prompt_ids(self, request: GenerationRequest) -> list[int]:
         """Token ids of the request's prompt (:meth:`~inference_service.chat.ChatRenderer.prompt_ids`); callable while generating."""
         return self.renderer.prompt_ids(request, self._vocab)
-
-    def count_prompt_tokens(self, request: GenerationRequest) -> int:
-        return len(self.prompt_ids(request))
 
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Start the request on the server (the adapter loaded first if new); returns its :class:`Generation`."""
@@ -146,7 +145,7 @@ class UpstreamEngine:
             "n": request.n, "temperature": request.temperature, "top_p": request.top_p, "stop": request.stop or [],
             "presence_penalty": request.presence_penalty, "frequency_penalty": request.frequency_penalty,
             "stream": True, "stream_options": {"include_usage": True, "continuous_usage_stats": True}, "return_token_ids": True,
-            "skip_special_tokens": True,
+            "skip_special_tokens": True, "stop_token_ids": self._eos,
         }
         if request.seed is not None:
             body["seed"] = request.seed
@@ -200,7 +199,7 @@ class UpstreamEngine:
                     state = choices[part["index"]]
                     state.tokens += len(part.get("token_ids") or [])
                     state.text += part.get("text", "")
-                    entries = [e for e in _token_logprobs(part.get("logprobs"), request.logprobs) if e.token != self.tokenizer.eos_token]
+                    entries = [e for e in _token_logprobs(part.get("logprobs"), request.logprobs) if e.token not in self._eos_texts]
                     state.logprobs.extend(entries)
                     if part.get("finish_reason") in ("stop", "length"):
                         state.finish_reason = part["finish_reason"]

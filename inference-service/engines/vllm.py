@@ -47,7 +47,7 @@ os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
 os.environ.setdefault("VLLM_NO_USAGE_STATS", "1")
 os.environ.setdefault("VLLM_DO_NOT_TRACK", "1")
 
-from inference_service.chat import ChatRenderer  # noqa: E402
+from inference_service.chat import ChatRenderer, end_of_turn_ids  # noqa: E402
 from inference_service.engines import register_engine  # noqa: E402
 from inference_service.engines.base import (  # noqa: E402
     Adapter,
@@ -135,6 +135,7 @@ class VLLMEngine:
         self.threads = threads
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
+        self._eos = end_of_turn_ids(model_dir, self.tokenizer)  # vLLM is told them: its generation_config "vllm" reads none
         self._token_texts: dict[int, tuple[str, list[int]]] = {}
         self._engine_args: dict[str, Any] = {
             "model": str(model_dir), "dtype": dtype, "max_model_len": max_model_len, "kv_cache_memory_bytes": kv_cache_bytes,
@@ -171,9 +172,6 @@ class VLLMEngine:
         """Token ids of the request's prompt (:meth:`~inference_service.chat.ChatRenderer.prompt_ids`); callable while generating."""
         return self.renderer.prompt_ids(request, self._vocab)
 
-    def count_prompt_tokens(self, request: GenerationRequest) -> int:
-        """Number of prompt tokens (:meth:`prompt_ids`)."""
-        return len(self.prompt_ids(request))
 
     # ------------------------------------------------------------------ the caller's side
 
@@ -212,7 +210,7 @@ class VLLMEngine:
 
         return SamplingParams(
             n=1 if request.temperature <= 0 else request.n, max_tokens=max_tokens, temperature=request.temperature, top_p=request.top_p,
-            seed=request.seed if request.temperature > 0 else None, stop=[s for s in request.stop or [] if s] or None,
+            seed=request.seed if request.temperature > 0 else None, stop=[s for s in request.stop or [] if s] or None, stop_token_ids=self._eos,
             logprobs=request.logprobs, prompt_logprobs=request.prompt_logprobs,
             presence_penalty=request.presence_penalty, frequency_penalty=request.frequency_penalty,
             logit_bias=dict(request.logit_bias) if request.logit_bias else None,
@@ -362,7 +360,8 @@ class VLLMEngine:
             return
         logprobs = None
         if job.request.logprobs is not None and out.logprobs:
-            logprobs = [self._logprob(entry, token, job.request.logprobs) for entry, token in zip(out.logprobs, out.token_ids, strict=True)]
+            logprobs = [self._logprob(entry, token, job.request.logprobs) for entry, token in zip(out.logprobs, out.token_ids, strict=True)
+                        if token not in self._eos]  # the end of turn has no text
             choice.logprobs.extend(logprobs)
         choice.text += out.text
         choice.tokens += len(out.token_ids)
@@ -439,5 +438,10 @@ def _is_refusal(error: Exception) -> bool:
 
 @register_engine("vllm")
 def load(name: str, model_dir: Path, settings: InferenceSettings) -> VLLMEngine:
-    """The vLLM engine for one base model."""
-    return VLLMEngine(model_dir, max_loaded_adapters=settings.max_loaded_adapters, max_lora_rank=settings.max_lora_rank)
+    """The vLLM engine for one base model, started for its card's context cap (``context_tokens``) where the card has one:
+    vLLM sizes its KV cache for it."""
+    from services.common.llms import model_card
+
+    card = model_card(name, settings.models_dir)
+    return VLLMEngine(model_dir, max_loaded_adapters=settings.max_loaded_adapters, max_lora_rank=settings.max_lora_rank,
+                      max_model_len=card.context_tokens)

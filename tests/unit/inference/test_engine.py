@@ -72,7 +72,7 @@ def test_batched_greedy_equals_one_at_a_time(engine: Engine) -> None:
     batched = generate(engine, *[chat(q) for q in QUESTIONS])
     single = [generate(engine, chat(q))[0] for q in QUESTIONS]
     assert [r.choices[0].text for r in batched] == [r.choices[0].text for r in single]
-    assert [r.prompt_tokens for r in batched] == [engine.count_prompt_tokens(chat(q)) for q in QUESTIONS]
+    assert [r.prompt_tokens for r in batched] == [len(engine.prompt_ids(chat(q))) for q in QUESTIONS]
 
 
 def test_max_tokens_and_stop_strings(engine: Engine) -> None:

@@ -49,22 +49,26 @@ class Stack:
     inference: InferenceClient  # called as the grader calls it (inference trusts the grader)
     service: Inference
     adapter_dir: Path  # where the test's fine-tuned checkpoint is (filled by the training test)
+    engine: str
 
 
-@pytest.fixture(scope="module")
-def stack(tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> Iterator[Stack]:
+@pytest.fixture(scope="module", params=["transformers", pytest.param("vllm", marks=pytest.mark.vllm)])
+def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> Iterator[Stack]:
+    """The inference app on each engine that loads Gemma in this process (vLLM's: in ``make test-slow``)."""
     data_dir = tmp_path_factory.mktemp("gemma")
     (data_dir / "models").symlink_to(prepared_models(GEMMA), target_is_directory=True)
     adapter_dir = data_dir / "adapter"
+    engine = request.param
 
     def checkpoints(request: httpx.Request) -> httpx.Response:
         """The trainer: knows the one checkpoint trained in this module."""
         if request.url.path.endswith(CKPT):
-            return httpx.Response(200, json={"id": CKPT, "run_id": "run_gemma", "base_model": GEMMA, "uri": adapter_dir.as_uri(),
+            return httpx.Response(200, json={"id": CKPT, "run_id": f"run_gemma_{engine}", "base_model": GEMMA, "uri": adapter_dir.as_uri(),
                                              "kind": "lora", "step": 3})
         return httpx.Response(404, json={"status": 404, "title": "Not found", "code": "not_found", "detail": "unknown checkpoint"})
 
-    settings = InferenceSettings(data_dir=data_dir, service_token=INFERENCE_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN, "grader": GRADER_TOKEN})
+    settings = InferenceSettings(data_dir=data_dir, service_token=INFERENCE_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN, "grader": GRADER_TOKEN},
+                                 engine=engine, max_lora_rank=16)
     with TestClient(create_app(settings), base_url="http://inference") as http:
         service: Inference = http.app.state.inference  # type: ignore[attr-defined]
         service.ledger.close()
@@ -73,7 +77,7 @@ def stack(tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> Ite
         trainer = ServiceClient("http://trainer", INFERENCE_TOKEN, name="trainer")
         trainer.client = httpx.Client(base_url="http://trainer", transport=httpx.MockTransport(checkpoints))
         service.trainer = TrainerClient(trainer)
-        yield Stack(InferenceClient(in_process(http, GRADER_TOKEN, "inference")), service, adapter_dir)
+        yield Stack(InferenceClient(in_process(http, GRADER_TOKEN, "inference")), service, adapter_dir, engine)
         service.ledger = LedgerClient.connect(settings)  # the app closes its clients on shutdown; the shared ledger stays open
 
 
@@ -81,7 +85,7 @@ def test_gemma_is_served_with_its_cards_template_context_cap_and_prices(stack: S
     assert [m.id for m in stack.inference.list_models().data] == [GEMMA]
     (card,) = stack.inference.list_base_models().data
     assert (card.name, card.context_tokens, card.stop_tokens) == (GEMMA, 8192, ["<end_of_turn>"])
-    ctx = run(ledger, "run_gemma_serve")
+    ctx = run(ledger, f"run_gemma_serve_{stack.engine}")
     started = time.perf_counter()
     text = stack.inference.completions(ctx, CompletionRequest(model=GEMMA, prompt="The capital of France is", max_tokens=16, temperature=0))
     elapsed = time.perf_counter() - started
@@ -91,7 +95,11 @@ def test_gemma_is_served_with_its_cards_template_context_cap_and_prices(stack: S
                                                                      max_tokens=4, temperature=0))
     rendered = stack.service.engines[GEMMA].renderer.render([{"role": "user", "content": "2 + 3 ="}])  # type: ignore[attr-defined]
     assert rendered == "<bos><start_of_turn>user\n2 + 3 =<end_of_turn>\n<start_of_turn>model\n" and chat.usage.prompt_tokens > 5
-    assert ledger.get_balance(ctx.run_id).usage_by_kind["decode_tokens"] == text.usage.completion_tokens + chat.usage.completion_tokens
+    end_of_turn = stack.service.engines[GEMMA].tokenizer.convert_tokens_to_ids("<end_of_turn>")  # type: ignore[attr-defined]
+    ended = stack.inference.chat_completions(ctx, ChatCompletionRequest(model=GEMMA, messages=[ChatMessage(role="user", content="2 + 3 =")],
+                                                                       max_tokens=8, temperature=0, logit_bias={str(end_of_turn): 100}))
+    assert (ended.choices[0].finish_reason, ended.choices[0].message.content, ended.usage.completion_tokens) == ("stop", "", 1)  # the card's stop token
+    assert ledger.get_balance(ctx.run_id).usage_by_kind["decode_tokens"] == text.usage.completion_tokens + chat.usage.completion_tokens + 1
     too_long = ChatCompletionRequest(model=GEMMA, messages=[ChatMessage(role="user", content="hi")], max_tokens=9000)
     with pytest.raises(Exception) as exc:  # the card's cap (8192), not the model's 32768 positions
         stack.inference.chat_completions(ctx, too_long)
@@ -110,7 +118,7 @@ def test_gemma_fine_tunes_with_lora_on_every_linear_layer_and_its_checkpoint_is_
     adapter = json.loads((result.last_checkpoint / "adapter_config.json").read_text())
     assert set(adapter["target_modules"]) == {"q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"}
     result.last_checkpoint.rename(stack.adapter_dir)
-    ctx = run(ledger, "run_gemma")
+    ctx = run(ledger, f"run_gemma_{stack.engine}")
     out = stack.inference.chat_completions(ctx, ChatCompletionRequest(model=CKPT, messages=[ChatMessage(role="user", content="2 + 3 =")],
                                                                     max_tokens=4, temperature=0))
     assert out.model == CKPT and out.usage.completion_tokens >= 1
