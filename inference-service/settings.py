@@ -19,6 +19,10 @@ class InferenceSettings(ServiceSettings):
                     "`vllm serve`, at `upstream_url`).",
     )
     upstream_url: str = Field("http://127.0.0.1:8010/v1", description="The upstream engine's OpenAI-compatible base URL (with `/v1`).")
+    upstream_urls: dict[str, str] = Field(
+        default_factory=dict,
+        description="Base URL per base model, for the models not served at `upstream_url` (a `vllm serve` serves one base model), "
+                    'e.g. `{"gemma3-270m": "http://vllm-gemma:8000/v1"}` (JSON in `CRUCIBLE_UPSTREAM_URLS`).')
     upstream_api_key: str = Field("", description="Bearer token the upstream server expects (vLLM's `--api-key`), if any.")
     max_batch_size: int = Field(32, ge=1, description="Rows (choices) one batch of the transformers engine generates at once.")
     max_loaded_adapters: int = Field(8, ge=1, description="LoRA adapters kept loaded per base model; the least recently used is unloaded.")

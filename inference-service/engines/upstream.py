@@ -262,6 +262,7 @@ async def _next_or_stop(lines: Any, stop: asyncio.Event) -> str | None:
 
 @register_engine("upstream")
 def load(name: str, model_dir: Path, settings: InferenceSettings) -> UpstreamEngine:
-    """The upstream engine for one base model: the server at ``settings.upstream_url`` serves it under ``name``."""
-    return UpstreamEngine(name, model_dir, settings.upstream_url, api_key=settings.upstream_api_key,
+    """The upstream engine for one base model: the server at ``settings.upstream_urls[name]``, else at
+    ``settings.upstream_url``, serves it under ``name`` (vLLM's ``--served-model-name``)."""
+    return UpstreamEngine(name, model_dir, settings.upstream_urls.get(name, settings.upstream_url), api_key=settings.upstream_api_key,
                           max_loaded_adapters=settings.max_loaded_adapters)

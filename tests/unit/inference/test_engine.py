@@ -218,3 +218,14 @@ def test_prompt_tokens_from_a_prefix_cache_are_metered_as_their_own_kind() -> No
         {"kind": "prefill_tokens", "quantity": 100, "model": "m"}, {"kind": "decode_tokens", "quantity": 7, "model": "m"}]
     assert [(u.kind, u.quantity) for u in usage_items("m", 100, 7, cached_prompt_tokens=60)] == [
         ("prefill_tokens", 40), ("cached_prefill_tokens", 60), ("decode_tokens", 7)]
+
+
+def test_the_upstream_engine_reaches_each_base_model_at_its_own_server(tmp_path: Path) -> None:
+    """A ``vllm serve`` serves one base model: ``upstream_urls`` names the server of each model not at ``upstream_url``."""
+    from inference_service.engines import upstream
+    from inference_service.settings import InferenceSettings
+
+    settings = InferenceSettings(data_dir=tmp_path, service_token="t", engine="upstream", upstream_url="http://vllm:8000/v1",
+                                 upstream_urls={"gemma3-270m": "http://vllm-gemma:8000/v1"})
+    assert upstream.load("gemma3-270m", MODEL_DIR, settings)._base_url == "http://vllm-gemma:8000/v1"
+    assert upstream.load("smollm2-135m-instruct", MODEL_DIR, settings)._base_url == "http://vllm:8000/v1"
