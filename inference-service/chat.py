@@ -57,6 +57,14 @@ def tool_call_text(tool_calls: list[dict[str, Any]]) -> str:
     return "\n".join(blocks)
 
 
+class TokenIdOutOfRange(ValueError):
+    """A token id the model's vocabulary does not have, in the request field ``field``."""
+
+    def __init__(self, message: str, field: str) -> None:
+        super().__init__(message)
+        self.field = field
+
+
 def end_of_turn_ids(model_dir: Path, tokenizer: Any) -> list[int]:
     """Token ids that end the model's turn, sorted: the tokenizer's end of sequence and ``eos_token_id`` of the
     folder's ``generation_config.json`` (where a model card's ``stop_tokens`` are written when the model is prepared,
@@ -100,7 +108,10 @@ class ChatRenderer:
     def prompt_ids(self, request: GenerationRequest, vocab_size: int) -> list[int]:
         """Token ids of a request's prompt, the same for every engine: chat messages rendered (:meth:`render`) and
         tokenized without special tokens (the template writes them), a text prompt tokenized with them (as vLLM and
-        OpenAI do), token ids as given. Raises ``ValueError`` for a token id outside ``[0, vocab_size)``."""
+        OpenAI do), token ids as given. Raises ``ValueError`` for a token id outside ``[0, vocab_size)``
+        (:class:`TokenIdOutOfRange`, naming the field, for one in ``logit_bias``)."""
+        if request.logit_bias and max(request.logit_bias) >= vocab_size:
+            raise TokenIdOutOfRange(f"logit_bias: token id {max(request.logit_bias)} is not in [0, {vocab_size})", "logit_bias")
         if isinstance(request.prompt, list):
             if any(not 0 <= t < vocab_size for t in request.prompt):
                 raise ValueError(f"prompt token ids must be in [0, {vocab_size})")

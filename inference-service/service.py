@@ -26,7 +26,17 @@ from typing import Any
 
 import structlog
 from inference_service.chat import may_become_tool_call, parse_tool_calls, tool_call_schema
-from inference_service.engines.base import Adapter, Delta, Engine, Feature, Generation, GenerationRequest, GenerationResult, TokenLogprob
+from inference_service.engines.base import (
+    Adapter,
+    Delta,
+    Engine,
+    Feature,
+    Generation,
+    GenerationRequest,
+    GenerationResult,
+    SchemaNotServed,
+    TokenLogprob,
+)
 from inference_service.models import CompletionLog
 from inference_service.schemas import ModelDetail
 from inference_service.settings import InferenceSettings
@@ -123,6 +133,8 @@ class _Call:
     requests: list[GenerationRequest]
     prompt_tokens: list[int]
     metering: Metering
+    field: str  # the wire field of the prompt (``messages`` or ``prompt``)
+    refused: Callable[[Feature], str]  # the wire field that asked for a feature (``response_format``, ``tool_choice``, …)
     own_hold: str | None = None
     started: float = field(default_factory=time.perf_counter)
     generations: list[Generation] = field(default_factory=list)
@@ -226,7 +238,8 @@ class Inference:
         Raises ``Unprocessable`` (the model; a feature the engine lacks, naming its field; a metered call without a
         run), ``ContextExceeded`` (messages), and passes the ledger's 402 through before anything is generated.
         """
-        call = await self._admit(ctx, req.model, [_chat_request(req)], metering, field="messages", refused=_chat_refusal(req))
+        call = await self._admit(ctx, req.model, [_chat_request(req)], metering, field="messages", refused=_chat_refusal(req),
+                                 limit_field=_limit_field(req))
         result = await self._run(call)
         choices = [_chat_choice(req, i, choice) for i, choice in enumerate(result.choices)]
         return ChatCompletion(id=call.id, created=int(time.time()), model=req.model, choices=choices, usage=_usage([result]))
@@ -234,7 +247,8 @@ class Inference:
     async def chat_completion_stream(self, ctx: RunContext | None, req: ChatCompletionRequest, metering: Metering) -> AsyncIterator[str]:
         """Admit a streamed chat completion (errors as :meth:`chat_completion`, raised here, before any event) and
         return its server-sent events: ``data: <chat.completion.chunk>`` lines, then ``data: [DONE]``."""
-        call = await self._admit(ctx, req.model, [_chat_request(req)], metering, field="messages", refused=_chat_refusal(req))
+        call = await self._admit(ctx, req.model, [_chat_request(req)], metering, field="messages", refused=_chat_refusal(req),
+                                 limit_field=_limit_field(req))
         return self._events(call, _ChatStream(req, call.id))
 
     # ------------------------------------------------------------------ text completions
@@ -259,7 +273,7 @@ class Inference:
     # ------------------------------------------------------------------ admission, generation, settlement
 
     async def _admit(self, ctx: RunContext | None, model: str, requests: list[GenerationRequest], metering: Metering, *, field: str,
-                     refused: Callable[[Feature], str]) -> _Call:
+                     refused: Callable[[Feature], str], limit_field: str = "max_tokens") -> _Call:
         """Resolve the model, check the engine serves the requests, fit them in the context, hold the worst case."""
         resolved = await asyncio.to_thread(self.resolve_model, ctx, model)
         engine = self.engines[resolved.base]
@@ -268,10 +282,17 @@ class Inference:
             if missing:
                 name = refused(missing[0])
                 raise Unprocessable(f"{name}: this deployment's engine does not serve it ({missing[0].value})", field=name)
+        for request in requests:
+            if request.json_schema is not None:
+                try:
+                    await asyncio.to_thread(engine.check_schema, request.json_schema)
+                except SchemaNotServed as exc:
+                    name = refused(Feature.guided_json)
+                    raise Unprocessable(f"{name}: {exc}", field=name) from exc
         try:
             prompts = [await asyncio.to_thread(engine.prompt_ids, r) for r in requests]
         except ValueError as exc:
-            raise Unprocessable(str(exc), field=field) from exc
+            raise Unprocessable(str(exc), field=getattr(exc, "field", field)) from exc
         prompt_tokens = [len(p) for p in prompts]
         card = self.cards.get(resolved.base)
         context = min(engine.context_tokens, (card and card.context_tokens) or engine.context_tokens, metering.context_tokens or engine.context_tokens)
@@ -280,13 +301,14 @@ class Inference:
             limit = request.max_tokens if request.max_tokens is not None else context - tokens
             if tokens + limit > context or (request.max_tokens is None and limit < 1):
                 asked = "" if request.max_tokens is None else f"; with max_tokens {limit}"
+                at_fault = limit_field if request.max_tokens is not None and tokens < context else field  # the prompt alone fits
                 raise ContextExceeded(f"the prompt is {tokens} tokens{asked} it exceeds the context of {context} tokens",
-                                      field=field, prompt_tokens=tokens, context_tokens=context)
+                                      field=at_fault, prompt_tokens=tokens, context_tokens=context)
             limits.append(limit)
         # rendered once: the engine gets the token ids (chat messages and tools are in them)
         requests = [replace(r, max_tokens=limit, prompt=ids, messages=None, tools=None) for r, limit, ids in zip(requests, limits, prompts, strict=True)]
         call = _Call(id=f"{'chatcmpl' if field == 'messages' else 'cmpl'}-{uuid.uuid4().hex}", ctx=ctx, model=model, resolved=resolved,
-                     engine=engine, requests=requests, prompt_tokens=prompt_tokens, metering=metering)
+                     engine=engine, requests=requests, prompt_tokens=prompt_tokens, metering=metering, field=field, refused=refused)
         if metering.metered and metering.hold_id is None:
             if ctx is None:
                 raise Unprocessable("a metered completion needs a run context", field="model")
@@ -299,13 +321,20 @@ class Inference:
         return call
 
     async def _start(self, call: _Call) -> list[Generation]:
+        """Submit the call's requests; if one is refused, cancel the rest and release the hold. ``Unprocessable`` for
+        a request the engine refuses (its JSON schema: naming the field it came from; else the prompt's field)."""
         try:
             for request in call.requests:
                 call.generations.append(await call.engine.submit(request, call.resolved.adapter))
-        except BaseException:
+        except BaseException as exc:
             for generation in call.generations:
                 generation.cancel()
             await self._release(call)
+            if isinstance(exc, SchemaNotServed):
+                name = call.refused(Feature.guided_json)
+                raise Unprocessable(f"{name}: {exc}", field=name) from exc
+            if isinstance(exc, ValueError):
+                raise Unprocessable(str(exc), field=call.field) from exc
             raise
         return call.generations
 
@@ -366,6 +395,11 @@ class Inference:
                 yield _sse(event)
             finished = True
             await asyncio.shield(self._settle(call, [result]))
+            yield "data: [DONE]\n\n"
+        except Exception as exc:  # noqa: BLE001 - the generation failed once the stream had begun: end the stream with an error event
+            log.exception("generation failed mid-stream", call_id=call.id)
+            error = {"message": f"the generation failed: {type(exc).__name__}", "type": "server_error", "code": "generation_failed"}
+            yield f"data: {json.dumps({'error': error})}\n\n"  # as OpenAI and vLLM report an error inside a stream
             yield "data: [DONE]\n\n"
         finally:
             if not finished:
@@ -430,6 +464,10 @@ def _chat_request(req: ChatCompletionRequest) -> GenerationRequest:
         top_p=req.top_p, seed=req.seed, stop=req.stop_list(), logprobs=top if req.logprobs else None, json_schema=schema,
         presence_penalty=req.presence_penalty, frequency_penalty=req.frequency_penalty, logit_bias=req.bias_by_id(), stream=req.stream,
     )
+
+
+def _limit_field(req: ChatCompletionRequest) -> str:
+    return "max_completion_tokens" if req.max_completion_tokens is not None else "max_tokens"
 
 
 def _chat_refusal(req: ChatCompletionRequest) -> Callable[[Feature], str]:
@@ -543,11 +581,10 @@ def _completion_refusal(req: CompletionRequest) -> Callable[[Feature], str]:
     return name
 
 
-def _completion_logprobs(entries: list[TokenLogprob | None], first_text: str = "") -> CompletionLogprobs:
-    """Per entry: token, log-probability, alternatives, character offset. A missing entry (the first prompt token, which
-    has no log-probability) shows ``first_text``."""
+def _completion_logprobs(entries: list[TokenLogprob | None], first_text: str = "", offset: int = 0) -> CompletionLogprobs:
+    """Per entry: token, log-probability, alternatives, character offset in the choice's text (the first entry's is
+    ``offset``). A missing entry (the first prompt token, which has no log-probability) shows ``first_text``."""
     out = CompletionLogprobs()
-    offset = 0
     for entry in entries:
         token = entry.token if entry else first_text
         out.tokens.append(token)
@@ -584,18 +621,17 @@ class _CompletionStream:
 
     def __init__(self, req: CompletionRequest, call_id: str) -> None:
         self.req, self.id, self.created = req, call_id, int(time.time())
+        self.offsets = [0] * req.n  # characters of each choice's text sent so far (``text_offset`` counts from its start)
 
     def _event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.req.model, choices=choices, usage=usage)
 
     def opening(self) -> list[Completion]:
-        prompt = self.req.prompts()[0]
-        if self.req.echo and isinstance(prompt, str):
-            return [self._event([CompletionChoice(index=i, text=prompt) for i in range(self.req.n)])]
-        return []
+        return []  # echo is not streamed (refused when the request is read)
 
     def delta(self, delta: Delta) -> list[Completion]:
-        logprobs = _completion_logprobs(list(delta.logprobs)) if delta.logprobs else None
+        logprobs = _completion_logprobs(list(delta.logprobs), offset=self.offsets[delta.index]) if delta.logprobs else None
+        self.offsets[delta.index] += len(delta.text)
         return [self._event([CompletionChoice(index=delta.index, text=delta.text, logprobs=logprobs, finish_reason=delta.finish_reason)])]
 
     def closing(self, result: GenerationResult) -> list[Completion]:

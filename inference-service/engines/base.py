@@ -33,6 +33,12 @@ class Feature(enum.StrEnum):
     seed = "seed"  # reproducible sampling
 
 
+class SchemaNotServed(ValueError):
+    """Raised by :meth:`Engine.submit` for a request whose JSON schema the engine cannot decode under (an
+    unresolvable ``$ref``, an unsatisfiable range, a pattern its grammar engine does not take); a 422 on the field
+    the schema came from."""
+
+
 @dataclass(frozen=True)
 class Adapter:
     """A LoRA adapter to serve on the base model: ``name`` (the checkpoint id; always the same weights) and the
@@ -219,9 +225,14 @@ class Engine(Protocol):
         (:meth:`~inference_service.chat.ChatRenderer.prompt_ids`). Raises ``ValueError`` for a token id outside the
         vocabulary. Callable while generating. The service renders each prompt once, here, and submits its token ids."""
 
+    def check_schema(self, schema: dict[str, Any]) -> None:
+        """Raise :class:`SchemaNotServed` if this engine cannot decode under the JSON ``schema``. Called when a
+        request is admitted, before its hold and before a stream begins; an engine that can only tell at
+        :meth:`submit` does nothing here."""
+
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Start generating ``request`` on the base model or ``adapter``. Raises ``ValueError`` for a request the
-        model cannot serve (e.g. a raw token id outside the vocabulary)."""
+        model cannot serve (e.g. a raw token id outside the vocabulary), :class:`SchemaNotServed` for its JSON schema."""
 
     async def aclose(self) -> None:
         """Stop: cancel what is pending and release the model."""

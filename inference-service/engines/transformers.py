@@ -43,6 +43,7 @@ from inference_service.engines.base import (
     Generation,
     GenerationRequest,
     GenerationResult,
+    SchemaNotServed,
     TokenLogprob,
 )
 from transformers import LogitsProcessor, StoppingCriteria
@@ -136,6 +137,7 @@ class TransformersEngine:
         self._adapter_serial = 0
         self._lock = threading.Lock()
         self._grammar_compiler: Any = None
+        self._grammar_lock = threading.Lock()
         self._executor = ThreadPoolExecutor(max_workers=1, thread_name_prefix="engine")
         self._queue: asyncio.Queue[_Pending] | None = None
         self._worker: asyncio.Task[None] | None = None
@@ -157,6 +159,8 @@ class TransformersEngine:
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Queue ``request`` for the next batch on the base model or ``adapter``; returns its :class:`Generation`."""
         prompt = await asyncio.to_thread(self.prompt_ids, request)
+        if request.json_schema is not None:  # compiled here (and cached), so a schema xgrammar refuses fails this request alone
+            await asyncio.to_thread(self.check_schema, request.json_schema)
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.get_loop() is not loop or self._worker.done():
             # the batcher lives on the loop of its callers (a new loop, e.g. a new asyncio.run, gets a new batcher)
@@ -230,7 +234,14 @@ class TransformersEngine:
                 adapter = group[0].adapter
                 if adapter is not None:
                     self._activate_adapter(adapter)
-                rows = [row for p in group for row in self._rows(p)]
+                rows = []
+                for p in list(group):
+                    try:
+                        rows.extend(self._rows(p))
+                    except Exception as error:  # noqa: BLE001 - this request fails alone; the rest of the batch runs
+                        logger.exception("a request of the batch could not be prepared")
+                        p.generation.fail(error)
+                        group.remove(p)
                 for start in range(0, len(rows), self.max_batch_size):
                     self._generate_batch(rows[start : start + self.max_batch_size], use_adapter=adapter is not None)
                 prompt_logprobs = {id(p): self._prompt_logprobs(p.prompt, p.request.prompt_logprobs, use_adapter=adapter is not None)
@@ -268,14 +279,29 @@ class TransformersEngine:
             rows.append(row)
         return rows
 
-    def _matcher(self, schema: str) -> Any:
-        """A fresh xgrammar matcher for a JSON schema (``{}``: any JSON value); the compiler caches compiled grammars."""
+    def _grammar(self, schema: str) -> Any:
+        """The compiled xgrammar grammar of a JSON schema (``{}``: any JSON value), cached by the compiler;
+        :class:`SchemaNotServed` if xgrammar cannot compile it."""
         import xgrammar
 
-        if self._grammar_compiler is None:
-            info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self._vocab, stop_token_ids=sorted(self._eos))
-            self._grammar_compiler = xgrammar.GrammarCompiler(info, max_threads=1)
-        return xgrammar.GrammarMatcher(self._grammar_compiler.compile_json_schema(schema, any_whitespace=False))
+        with self._grammar_lock:
+            if self._grammar_compiler is None:
+                info = xgrammar.TokenizerInfo.from_huggingface(self.tokenizer, vocab_size=self._vocab, stop_token_ids=sorted(self._eos))
+                self._grammar_compiler = xgrammar.GrammarCompiler(info, max_threads=1)
+        try:
+            return self._grammar_compiler.compile_json_schema(schema, any_whitespace=False)
+        except Exception as exc:  # noqa: BLE001 - xgrammar raises RuntimeError (and others) for schemas it cannot decode under
+            raise SchemaNotServed(f"the JSON schema cannot be decoded under: {str(exc).splitlines()[0] if str(exc) else type(exc).__name__}") from exc
+
+    def check_schema(self, schema: dict[str, Any]) -> None:
+        """:class:`SchemaNotServed` unless xgrammar compiles ``schema`` (the grammar is cached for the request's rows)."""
+        self._grammar(json.dumps(schema))
+
+    def _matcher(self, schema: str) -> Any:
+        """A fresh xgrammar matcher for a JSON schema."""
+        import xgrammar
+
+        return xgrammar.GrammarMatcher(self._grammar(schema))
 
     def _generate_batch(self, rows: list[_Row], *, use_adapter: bool) -> None:
         """One ``model.generate`` call over ``rows`` (left-padded ``[batch, longest_prompt]``), controlled per row."""

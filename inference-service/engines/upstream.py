@@ -93,6 +93,9 @@ class UpstreamEngine:
         """Token ids of the request's prompt (:meth:`~inference_service.chat.ChatRenderer.prompt_ids`); callable while generating."""
         return self.renderer.prompt_ids(request, self._vocab)
 
+    def check_schema(self, schema: dict[str, Any]) -> None:
+        """Nothing to check here: the server compiles the schema: a refusal is its 400, passed on from :meth:`submit`."""
+
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Start the request on the server (the adapter loaded first if new); returns its :class:`Generation`."""
         prompt = await asyncio.to_thread(self.prompt_ids, request)

@@ -175,6 +175,9 @@ class VLLMEngine:
 
     # ------------------------------------------------------------------ the caller's side
 
+    def check_schema(self, schema: dict[str, Any]) -> None:
+        """Nothing to check here: vLLM compiles the schema when the request is added: a refusal there is a ``ValueError`` from :meth:`submit`."""
+
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Start ``request`` (joining the running batch at vLLM's next step); returns its :class:`Generation`.
         Raises ``ValueError`` for a request vLLM refuses, or what loading ``adapter`` raised."""

@@ -29,14 +29,37 @@ def problem_response(err: CrucibleError) -> JSONResponse:
     return JSONResponse(body, status_code=err.status, media_type=PROBLEM_JSON, headers=headers)
 
 
+def _field_path(loc: tuple[Any, ...], body: Any) -> str:
+    """The dotted path of a validation error's field in the request, walked along the input itself: pydantic's
+    location also holds the member of a union it tried (``str``, ``literal['none','auto']``, a discriminator's
+    value), which is no field of the request and is left out. A key the input lacks is kept when it is the last
+    (a missing field)."""
+    if not loc or loc[0] not in ("body", "query", "path", "header"):
+        return ".".join(str(p) for p in loc)
+    parts: list[str] = []
+    node = body if loc[0] == "body" else None
+    rest = loc[1:]
+    for i, p in enumerate(rest):
+        if node is None:  # query, path, header: flat
+            parts.append(str(p))
+        elif isinstance(node, dict) and isinstance(p, str) and p in node:
+            parts.append(p)
+            node = node[p]
+        elif isinstance(node, list) and isinstance(p, int) and 0 <= p < len(node):
+            parts.append(str(p))
+            node = node[p]
+        elif isinstance(node, dict) and i == len(rest) - 1:
+            parts.append(str(p))  # a missing field
+    return ".".join(parts)
+
+
 def _validation_problem(exc: RequestValidationError) -> dict[str, Any]:
     errors = exc.errors()
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
         return {"type": "urn:crucible:problem:invalid_input", "title": "Invalid input", "status": 422, "code": "invalid_input",
-                "detail": "the request body is not valid JSON", "field": "body"}
-    loc = [str(p) for p in first.get("loc", ()) if p not in ("body", "query", "path", "header")]
-    field = ".".join(loc) or None
+                "detail": "the request body is not valid JSON", "field": "body", "message": "the request body is not valid JSON", "param": "body"}
+    field = _field_path(first.get("loc", ()), exc.body) or None
     detail = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request"))
     return {
         "type": "urn:crucible:problem:invalid_input",
@@ -46,6 +69,8 @@ def _validation_problem(exc: RequestValidationError) -> dict[str, Any]:
         "code": "invalid_input",
         "field": field,
         "errors": [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg")} for e in errors],
+        "message": detail,  # OpenAI's keys, which its SDKs show in the exception
+        **({"param": field} if field else {}),
     }
 
 

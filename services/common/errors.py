@@ -33,8 +33,9 @@ class CrucibleError(Exception):
         self.extra = {k: v for k, v in extra.items() if v is not None}
 
     def to_problem(self) -> dict[str, Any]:
-        """The problem+json body: ``{type, title, status, detail, code, **extra}``."""
-        return {
+        """The problem+json body: ``{type, title, status, detail, code, **extra}``, plus ``message`` (the detail) and
+        ``param`` (the ``field``, if any): the keys OpenAI's error objects use, which its SDKs show in the exception."""
+        body = {
             "type": f"urn:crucible:problem:{self.code}",
             "title": self.title,
             "status": self.status,
@@ -42,6 +43,7 @@ class CrucibleError(Exception):
             "code": self.code,
             **self.extra,
         }
+        return {**body, "message": self.detail, **({"param": body["field"]} if body.get("field") else {})}
 
 
 class BadRequest(CrucibleError):

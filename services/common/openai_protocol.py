@@ -12,7 +12,7 @@ from __future__ import annotations
 import json
 from typing import Annotated, Any, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, Strict, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 ModelName = Annotated[str, Field(
@@ -45,9 +45,26 @@ def _depth(value: Any) -> int:
 
 
 def _shallow(schema: dict[str, Any] | None) -> dict[str, Any] | None:
-    if schema is not None and _depth(schema) > MAX_SCHEMA_DEPTH:
+    """``schema`` if it is a JSON schema (JSON Schema 2020-12's meta-schema, which every draft's common keywords
+    satisfy) nested at most :data:`MAX_SCHEMA_DEPTH` levels; ``ValueError`` naming the first fault otherwise. A valid
+    schema the engine still cannot decode under (an unresolvable ``$ref``, an unsatisfiable range) is refused when
+    the request is admitted."""
+    if schema is None:
+        return None
+    if _depth(schema) > MAX_SCHEMA_DEPTH:
         raise ValueError(f"the schema is nested more than {MAX_SCHEMA_DEPTH} levels")
+    from jsonschema import Draft202012Validator
+    from jsonschema.exceptions import best_match
+
+    fault = best_match(Draft202012Validator(Draft202012Validator.META_SCHEMA).iter_errors(schema))
+    if fault is not None:
+        where = "/".join(str(p) for p in fault.absolute_path)
+        raise ValueError(f"not a JSON schema{f' at {where}' if where else ''}: {fault.message}")
     return schema
+
+
+StrictInt = Annotated[int, Strict()]  # JSON numbers only: "3", 3.0 and true are refused, not coerced
+StrictBool = Annotated[bool, Strict()]  # JSON true/false only
 
 
 # ----------------------------------------------------------------- messages and tools
@@ -97,6 +114,8 @@ class ChatMessage(BaseModel):
     def _text_parts(cls, content: Any) -> Any:
         if not isinstance(content, list):
             return content
+        if not content:
+            raise PydanticCustomError("content_parts", "content as an array needs at least one part")
         texts = []
         for i, part in enumerate(content):
             kind = part.get("type") if isinstance(part, dict) else type(part).__name__
@@ -114,6 +133,8 @@ class ChatMessage(BaseModel):
             raise PydanticCustomError("missing_content", "content is required (it may be null only in an assistant message with tool_calls)")
         if self.tool_calls and self.role != "assistant":
             raise PydanticCustomError("tool_calls_role", "only assistant messages carry tool_calls")
+        if self.role == "tool" and not self.tool_call_id:
+            raise PydanticCustomError("tool_call_id", "a tool message needs tool_call_id (the call it answers)")
         return self
 
     def chars(self) -> int:
@@ -220,23 +241,25 @@ LogitBias = Annotated[dict[str, Annotated[float, Field(ge=-100, le=100)]], Field
 
 def _check_logit_bias(bias: dict[str, float] | None) -> dict[str, float] | None:
     for key in bias or {}:
-        if not key.isdigit():
-            raise ValueError(f"logit_bias keys are token ids; {key!r} is not")
+        if not (key.isascii() and key.isdigit() and len(key) <= 10):
+            raise ValueError(f"logit_bias keys are token ids (decimal digits); {key!r} is not")
     return bias
 
 
 class _Sampling(BaseModel):
-    """Parameters shared by chat and text completions."""
+    """Parameters shared by chat and text completions. A field not in the request model is a 422 naming it (OpenAI
+    refuses unknown parameters too; vLLM's extensions such as ``top_k`` are not served), as is a value of the wrong
+    JSON type (no coercion of ``"3"`` to 3)."""
 
-    model_config = ConfigDict(extra="ignore")
+    model_config = ConfigDict(extra="forbid")
 
     model: ModelName
     temperature: float = Field(1.0, ge=0.0, le=2.0, description="0 decodes greedily.")
     top_p: float = Field(1.0, gt=0.0, le=1.0)
-    n: int = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate, each charged.")
+    n: StrictInt = Field(1, ge=1, le=MAX_CHOICES, description="Choices to generate, each charged.")
     stop: str | list[str] | None = Field(None, description="Up to 4 strings; the text ends before the first.")
-    seed: int | None = Field(None, ge=0, le=2**63 - 1, description="Reproducible sampling (for the same batch).")
-    stream: bool = Field(False, description="Server-sent events (`data: {chunk}` … `data: [DONE]`).")
+    seed: StrictInt | None = Field(None, ge=0, le=2**63 - 1, description="Reproducible sampling (for the same batch).")
+    stream: StrictBool = Field(False, description="Server-sent events (`data: {chunk}` … `data: [DONE]`).")
     stream_options: StreamOptions | None = None
     frequency_penalty: float = Field(0.0, ge=-2.0, le=2.0)
     presence_penalty: float = Field(0.0, ge=-2.0, le=2.0)
@@ -253,6 +276,8 @@ class _Sampling(BaseModel):
     def _four_stops(cls, stop: str | list[str] | None) -> str | list[str] | None:
         if isinstance(stop, list) and len(stop) > 4:
             raise ValueError("at most 4 stop strings")
+        if stop == "" or (isinstance(stop, list) and "" in stop):
+            raise ValueError("a stop string must not be empty")
         return stop
 
     @field_validator("stream_options")
@@ -284,17 +309,17 @@ class ChatCompletionRequest(_Sampling):
     the end of the context.
     """
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"example": {
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {
         "model": "smollm2-135m-instruct", "messages": [{"role": "user", "content": "What is 12 + 30?"}], "max_tokens": 16, "temperature": 0}})
 
     messages: list[ChatMessage] = Field(min_length=1)
-    max_tokens: int | None = Field(None, ge=1, description="Deprecated by OpenAI for max_completion_tokens; same meaning.")
-    max_completion_tokens: int | None = Field(None, ge=1, description="Cap on generated tokens per choice; omitted: the context's end.")
+    max_tokens: StrictInt | None = Field(None, ge=1, description="Deprecated by OpenAI for max_completion_tokens; same meaning.")
+    max_completion_tokens: StrictInt | None = Field(None, ge=1, description="Cap on generated tokens per choice; omitted: the context's end.")
     tools: list[ChatTool] | None = Field(None, min_length=1, max_length=MAX_TOOLS, description="Functions the model may call (OpenAI format).")
     tool_choice: Literal["none", "auto", "required"] | NamedToolChoice | None = None
-    parallel_tool_calls: bool | None = Field(None, description="false: at most one call per answer.")
-    logprobs: bool | None = Field(None, description="Return each generated token's log-probability.")
-    top_logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="With logprobs: the most likely alternatives per token.")
+    parallel_tool_calls: StrictBool | None = Field(None, description="false: at most one call per answer.")
+    logprobs: StrictBool | None = Field(None, description="Return each generated token's log-probability.")
+    top_logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="With logprobs: the most likely alternatives per token.")
     response_format: ResponseFormat | None = None
     modalities: list[Literal["text"]] | None = Field(None, description="Only text is served.")
     audio: None = Field(None, description="Audio output is not served; omit.")
@@ -333,10 +358,27 @@ class ChatCompletionRequest(_Sampling):
             raise ValueError("top_logprobs needs logprobs: true")
         return top
 
+    @field_validator("max_completion_tokens")
+    @classmethod
+    def _one_limit(cls, limit: int | None, info: ValidationInfo) -> int | None:
+        other = info.data.get("max_tokens")
+        if limit is not None and other is not None and other != limit:
+            raise ValueError(f"max_tokens ({other}) and max_completion_tokens ({limit}) differ; send one")
+        return limit
+
+    @field_validator("parallel_tool_calls")
+    @classmethod
+    def _parallel_needs_tools(cls, parallel: bool | None, info: ValidationInfo) -> bool | None:
+        if parallel is not None and not info.data.get("tools"):
+            raise ValueError("parallel_tool_calls is only allowed with tools")
+        return parallel
+
     @field_validator("tool_choice")
     @classmethod
     def _choice_needs_tools(cls, choice: Any, info: ValidationInfo) -> Any:
         names = {t.function.name for t in info.data.get("tools") or []}
+        if choice is not None and not names:
+            raise ValueError(f"tool_choice {json.dumps(_plain(choice))} is only allowed with tools")
         if (choice == "required" or isinstance(choice, NamedToolChoice)) and not names:
             raise ValueError(f"tool_choice {json.dumps(_plain(choice))} needs tools")
         if isinstance(choice, NamedToolChoice) and choice.function.name not in names:
@@ -469,13 +511,13 @@ class CompletionRequest(_Sampling):
     ``echo`` scores the prompt alone.
     """
 
-    model_config = ConfigDict(extra="ignore", json_schema_extra={"example": {
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {
         "model": "smollm2-135m-instruct", "prompt": "The capital of France is", "max_tokens": 1, "logprobs": 1, "echo": True, "temperature": 0}})
 
-    prompt: str | list[str] | list[int] | list[list[int]] = Field(description="Text, texts, token ids, or lists of token ids.")
-    echo: bool = Field(False, description="Return the prompt before the completion.")
-    max_tokens: int | None = Field(16, ge=0, description="Cap on generated tokens per choice; null: the context's end.")
-    logprobs: int | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="Log-probabilities of each token and this many alternatives.")
+    prompt: str | list[str] | list[StrictInt] | list[list[StrictInt]] = Field(description="Text, texts, token ids, or lists of token ids.")
+    echo: StrictBool = Field(False, description="Return the prompt before the completion (not with `stream`).")
+    max_tokens: StrictInt | None = Field(16, ge=0, description="Cap on generated tokens per choice; null: the context's end.")
+    logprobs: StrictInt | None = Field(None, ge=0, le=MAX_TOP_LOGPROBS, description="Log-probabilities of each token and this many alternatives.")
     best_of: int | None = Field(None, ge=1, le=MAX_CHOICES, description="Only equal to n (or omitted) is served: candidates are not ranked.")
     suffix: None = Field(None, description="Insertion (text after the completion) is not served; omit.")
 
@@ -497,6 +539,13 @@ class CompletionRequest(_Sampling):
         if best_of is not None and best_of != info.data.get("n"):
             raise ValueError("only best_of equal to n is served (candidates are not ranked)")
         return best_of
+
+    @field_validator("echo")
+    @classmethod
+    def _echo_not_streamed(cls, echo: bool, info: ValidationInfo) -> bool:
+        if echo and info.data.get("stream"):
+            raise ValueError("echo is not served with stream: true (send stream: false; the prompt's log-probabilities come with the result)")
+        return echo
 
     @field_validator("max_tokens")
     @classmethod

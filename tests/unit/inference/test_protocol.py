@@ -383,3 +383,69 @@ def test_a_bad_text_completion_is_a_422_naming_the_field(client: openai.OpenAI, 
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         client.completions.create(**{"model": MODEL, "prompt": "hi", "max_tokens": 2, **kwargs})
     assert exc.value.body["field"] == field
+
+
+# ---------------------------------------------------------------------------- hostile and sloppy requests
+
+BAD_REF = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    # schemas: not a JSON schema (the meta-schema), or one the engine cannot decode under (compiled when admitted)
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": {"type": "frobnicate"}}}}, "response_format.json_schema.schema"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BAD_REF}}}, "response_format"),
+    ({"response_format": {"type": "json_schema", "json_schema": {"name": "x", "schema": BAD_REF}}, "stream": True}, "response_format"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": {"type": "object", "properties": {"a": {"type": "nonsense"}}}}}],
+      "tool_choice": "required"}, "tools.0.function.parameters"),
+    ({"tools": [{"type": "function", "function": {"name": "f", "parameters": BAD_REF}}], "tool_choice": "required"}, "tool_choice"),
+    # token ids: digits only, inside the vocabulary
+    ({"logit_bias": {"²": 1}}, "logit_bias"), ({"logit_bias": {"٣": 1}}, "logit_bias"), ({"logit_bias": {"49152": 5}}, "logit_bias"),
+    # JSON types are not coerced
+    ({"max_tokens": "3"}, "max_tokens"), ({"max_tokens": True}, "max_tokens"), ({"stream": "yes"}, "stream"), ({"seed": "42"}, "seed"),
+    ({"n": 2.0}, "n"), ({"logprobs": "true"}, "logprobs"),
+    # nothing silently ignored
+    ({"top_k": 1}, "top_k"), ({"ignore_eos": True}, "ignore_eos"), ({"stop": ""}, "stop"), ({"stop": ["a", ""]}, "stop"),
+    ({"max_tokens": 3, "max_completion_tokens": 1}, "max_completion_tokens"), ({"tool_choice": "auto"}, "tool_choice"),
+    ({"parallel_tool_calls": False}, "parallel_tool_calls"),
+    # the field at fault, not a union member's label
+    ({"tool_choice": "bogus"}, "tool_choice"), ({"stop": 5}, "stop"), ({"max_tokens": 10**12}, "max_tokens"),
+    ({"max_tokens": None, "max_completion_tokens": 10**12}, "max_completion_tokens"),
+    ({"messages": [{"role": "user", "content": []}]}, "messages.0.content"),
+    ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]}, "messages.1"),
+])
+def test_a_bad_chat_request_is_a_422_naming_the_field_the_sdk_shows(client: openai.OpenAI, kwargs: dict, field: str) -> None:
+    """Each case a hostile or sloppy client sent: a 422 problem naming the field (``field``, and OpenAI's ``param``
+    and ``message``, which the SDK puts in its exception), never a 500, a coerced value or an ignored field."""
+    body = {"model": MODEL, "messages": Q, "max_tokens": 8, "temperature": 0, **kwargs}
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        client.chat.completions.create(model=MODEL, messages=body.pop("messages"), extra_body=body)
+    problem = exc.value.body
+    assert (problem["field"], problem["param"]) == (field, field), problem
+    assert problem["message"] in str(exc.value) and exc.value.param == field
+
+
+def test_a_bad_schema_fails_alone_and_the_next_request_is_served(client: openai.OpenAI) -> None:
+    """A schema the engine cannot compile is refused when admitted; requests around it are served as usual."""
+    before = text(plain(client))
+    with pytest.raises(openai.UnprocessableEntityError):
+        create(client, response_format={"type": "json_schema", "json_schema": {"name": "x", "schema": BAD_REF}})
+    assert text(plain(client)) == before
+
+
+@pytest.mark.parametrize(("kwargs", "field"), [
+    ({"echo": True, "stream": True}, "echo"), ({"logit_bias": {"99999999": 5}}, "logit_bias"), ({"max_tokens": "2"}, "max_tokens"),
+    ({"logprobs": True}, "logprobs"), ({"top_k": 1}, "top_k"), ({"prompt": ["1", 2]}, "prompt"),
+])
+def test_a_bad_text_completion_is_refused_not_coerced(client: openai.OpenAI, kwargs: dict, field: str) -> None:
+    body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, **kwargs}
+    with pytest.raises(openai.UnprocessableEntityError) as exc:
+        client.completions.create(model=MODEL, prompt=body.pop("prompt"), extra_body=body)
+    assert exc.value.body["field"] == field, exc.value.body
+
+
+def test_streamed_text_offsets_count_from_the_start_of_the_text(client: openai.OpenAI) -> None:
+    chunks = [c for c in client.completions.create(model=MODEL, prompt="1, 2, 3,", max_tokens=6, temperature=0, stream=True, logprobs=0)
+              if c.choices and c.choices[0].logprobs]
+    offsets = [o for c in chunks for o in c.choices[0].logprobs.text_offset]
+    tokens = [t for c in chunks for t in c.choices[0].logprobs.tokens]
+    assert offsets == [sum(len(t) for t in tokens[:i]) for i in range(len(tokens))]
