@@ -134,7 +134,6 @@ class _Call:
     prompt_tokens: list[int]
     metering: Metering
     field: str  # the wire field of the prompt (``messages`` or ``prompt``)
-    refused: Callable[[Feature], str]  # the wire field that asked for a feature (``response_format``, ``tool_choice``, …)
     own_hold: str | None = None
     started: float = field(default_factory=time.perf_counter)
     generations: list[Generation] = field(default_factory=list)
@@ -308,7 +307,7 @@ class Inference:
         # rendered once: the engine gets the token ids (chat messages and tools are in them)
         requests = [replace(r, max_tokens=limit, prompt=ids, messages=None, tools=None) for r, limit, ids in zip(requests, limits, prompts, strict=True)]
         call = _Call(id=f"{'chatcmpl' if field == 'messages' else 'cmpl'}-{uuid.uuid4().hex}", ctx=ctx, model=model, resolved=resolved,
-                     engine=engine, requests=requests, prompt_tokens=prompt_tokens, metering=metering, field=field, refused=refused)
+                     engine=engine, requests=requests, prompt_tokens=prompt_tokens, metering=metering, field=field)
         if metering.metered and metering.hold_id is None:
             if ctx is None:
                 raise Unprocessable("a metered completion needs a run context", field="model")
@@ -322,7 +321,7 @@ class Inference:
 
     async def _start(self, call: _Call) -> list[Generation]:
         """Submit the call's requests; if one is refused, cancel the rest and release the hold. ``Unprocessable`` for
-        a request the engine refuses (its JSON schema: naming the field it came from; else the prompt's field)."""
+        a request the engine refuses, naming the prompt's field (JSON schemas were checked when it was admitted)."""
         try:
             for request in call.requests:
                 call.generations.append(await call.engine.submit(request, call.resolved.adapter))
@@ -330,9 +329,6 @@ class Inference:
             for generation in call.generations:
                 generation.cancel()
             await self._release(call)
-            if isinstance(exc, SchemaNotServed):
-                name = call.refused(Feature.guided_json)
-                raise Unprocessable(f"{name}: {exc}", field=name) from exc
             if isinstance(exc, ValueError):
                 raise Unprocessable(str(exc), field=call.field) from exc
             raise

@@ -34,9 +34,9 @@ class Feature(enum.StrEnum):
 
 
 class SchemaNotServed(ValueError):
-    """Raised by :meth:`Engine.submit` for a request whose JSON schema the engine cannot decode under (an
-    unresolvable ``$ref``, an unsatisfiable range, a pattern its grammar engine does not take); a 422 on the field
-    the schema came from."""
+    """Raised by :meth:`Engine.check_schema` for a JSON schema the engine cannot decode under (an unresolvable
+    ``$ref``, an unsatisfiable range, a pattern its grammar engine does not take); a 422 on the field the schema
+    came from."""
 
 
 @dataclass(frozen=True)
@@ -232,7 +232,7 @@ class Engine(Protocol):
 
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Start generating ``request`` on the base model or ``adapter``. Raises ``ValueError`` for a request the
-        model cannot serve (e.g. a raw token id outside the vocabulary), :class:`SchemaNotServed` for its JSON schema."""
+        model cannot serve (e.g. a raw token id outside the vocabulary)."""
 
     async def aclose(self) -> None:
         """Stop: cancel what is pending and release the model."""

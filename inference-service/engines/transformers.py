@@ -5,8 +5,8 @@ adapters on it (least recently used unloaded first; a new adapter is loaded on f
 requests are micro-batched: the first waiting request opens a window that stays open while requests keep arriving
 (each within ``max_wait_ms`` of the last, up to ``max_window_ms`` in all and ``max_batch_size`` rows; a request with
 ``n`` choices is ``n`` rows), the batch is split by adapter and seed, and each part runs as one ``model.generate``
-call on one worker thread. The base model runs with every
-adapter disabled, so its output never depends on which adapters were used before.
+call on one worker thread. The base model runs with every adapter disabled, so its output never depends on which
+adapters were used before. A request that cannot be prepared (a JSON schema xgrammar refuses) fails alone.
 
 Per-row control inside one ``generate`` call (:class:`_Rows`): a logits processor reads each row's raw
 log-probabilities (``logprobs``), then applies its penalties, ``logit_bias``, JSON-schema mask (xgrammar, the
@@ -159,8 +159,6 @@ class TransformersEngine:
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Queue ``request`` for the next batch on the base model or ``adapter``; returns its :class:`Generation`."""
         prompt = await asyncio.to_thread(self.prompt_ids, request)
-        if request.json_schema is not None:  # compiled here (and cached), so a schema xgrammar refuses fails this request alone
-            await asyncio.to_thread(self.check_schema, request.json_schema)
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.get_loop() is not loop or self._worker.done():
             # the batcher lives on the loop of its callers (a new loop, e.g. a new asyncio.run, gets a new batcher)
