@@ -1,0 +1,155 @@
+"""What every sandbox backend provides: the :class:`Sandbox` protocol, the :class:`Limits` a run gets, the
+:class:`Mount` s it sees, the :class:`ExecResult` it ends with, and the :func:`workspace` a rollout's runs share.
+
+A sandbox runs one untrusted command (a harness, a task's set-up, a verifier) with:
+
+- **No way out but the model.** A network namespace of its own with loopback only. With ``model_socket``, the
+  sandbox's init (:mod:`grader.sandboxes.init`) forwards ``127.0.0.1:MODEL_PORT`` inside to that Unix socket outside,
+  the rollout's model endpoint (:mod:`grader.model_endpoint`); nothing else is reachable: not the grader, the ledger,
+  the test store, nor the internet.
+- **Only what is mounted.** The sandbox image's userland read-only (``/usr``; for bubblewrap the host's, for Docker
+  the image's), a fresh ``/tmp``, the mounts given (e.g. the workspace at ``/app``), nothing else of the host.
+- **Limits** (:class:`Limits`): wall time (the whole sandbox is killed), CPU seconds, memory, processes, disk (the
+  workspace is a size-limited tmpfs where the machine allows one) and the size of any file written.
+- **Nothing left behind.** Every process the command started is killed when the command ends or a limit is reached
+  (a harness that forks a sleeper and exits leaves nothing running).
+
+Backends (:mod:`grader.sandboxes.bwrap`, :mod:`grader.sandboxes.docker`) are chosen by the grader setting
+``sandbox_backend``; :func:`grader.sandboxes.get_sandbox` returns the configured one.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import os
+import shutil
+import subprocess
+import tempfile
+from collections.abc import Iterator, Mapping, Sequence
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal, Protocol
+
+import structlog
+
+log = structlog.get_logger("sandbox")
+
+INIT_SCRIPT = Path(__file__).with_name("init.py")
+"""The sandbox's init (host path); every backend mounts it at :data:`INIT_TARGET`."""
+INIT_TARGET = "/run/crucible/init.py"
+SOCKET_TARGET = "/run/crucible/model.sock"
+MODEL_PORT = 8000
+"""The port the model endpoint answers on inside a sandbox: ``OPENAI_BASE_URL=http://127.0.0.1:8000/v1``."""
+SANDBOX_PYTHON = "/usr/bin/python3"
+SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
+TAIL_BYTES = 16 * 1024
+
+LimitHit = Literal["wall", "cpu", "memory", "processes", "disk"]
+
+
+@dataclass(frozen=True)
+class Limits:
+    """Per-run limits. ``wall_s``: seconds from launch to kill; ``cpu_s``: CPU seconds of each process (the kernel
+    kills a process at its limit; the bubblewrap backend also kills the whole sandbox when all its processes together
+    pass it, where cgroups allow); ``memory_mb``: MiB of address space per process, and of resident memory for the
+    whole sandbox where cgroups allow; ``processes``: processes and threads alive at once; ``disk_mb``: MiB the
+    workspace holds; ``file_mb``: MiB of any one file written."""
+
+    wall_s: float = 300.0
+    cpu_s: float = 300.0
+    memory_mb: int = 1024
+    processes: int = 64
+    disk_mb: int = 256
+    file_mb: int = 64
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A host path ``source`` shown at the absolute sandbox path ``target``, read-only unless ``writable``."""
+
+    source: Path
+    target: str
+    writable: bool = False
+
+
+@dataclass(frozen=True)
+class ExecResult:
+    """How a run ended. ``exit_code``: the command's status (``128 + n`` when signal ``n`` ended it; ``-9`` when the
+    sandbox was killed from outside); ``limit``: the limit that ended it, when one did (best effort: a process killed
+    by the kernel for CPU reads as ``"cpu"``); ``stdout``/``stderr``: the last 16 KiB of each stream (UTF-8,
+    undecodable bytes replaced); ``elapsed_s``: wall-clock seconds from launch to the end; ``backend``: the backend's
+    name."""
+
+    exit_code: int
+    limit: LimitHit | None
+    stdout: str
+    stderr: str
+    elapsed_s: float
+    backend: str
+
+    @property
+    def ok(self) -> bool:
+        return self.exit_code == 0 and self.limit is None
+
+
+class Sandbox(Protocol):
+    """One sandbox backend."""
+
+    name: str
+
+    def run(self, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str], limits: Limits,
+            stdin: bytes = b"", model_socket: Path | None = None) -> ExecResult:
+        """Run ``argv`` in a fresh sandbox that sees ``mounts``, with working directory ``cwd`` (a sandbox path), the
+        environment ``env`` only (plus ``PATH`` and ``HOME=/tmp`` where not given), ``stdin`` as its input, and
+        ``model_socket`` (a Unix socket on the host) reachable as ``127.0.0.1:MODEL_PORT`` inside. Never raises for
+        anything the command does; raises ``SandboxUnavailable`` when the backend cannot start a sandbox at all."""
+
+
+class SandboxUnavailable(RuntimeError):
+    """The backend cannot start a sandbox on this machine (bubblewrap missing, Docker daemon away)."""
+
+
+def tail(data: bytes) -> str:
+    """The last :data:`TAIL_BYTES` of ``data`` as text."""
+    return data[-TAIL_BYTES:].decode("utf-8", errors="replace")
+
+
+def init_argv(argv: Sequence[str], limits: Limits, model_socket: Path | None) -> list[str]:
+    """The command a backend runs in the sandbox: the init (:mod:`grader.sandboxes.init`) wrapping ``argv``."""
+    head = [SANDBOX_PYTHON, "-I", "-B", INIT_TARGET]
+    if model_socket is not None:
+        head += ["--socket", SOCKET_TARGET, "--port", str(MODEL_PORT)]
+    return head + ["--cpu-s", repr(limits.cpu_s), "--memory-mb", str(limits.memory_mb), "--fsize-mb", str(limits.file_mb), "--", *argv]
+
+
+def sandbox_env(env: Mapping[str, str]) -> dict[str, str]:
+    """``env`` with ``PATH``, ``HOME`` and ``LANG`` defaulted; nothing of the grader's own environment."""
+    return {"PATH": SANDBOX_PATH, "HOME": "/tmp", "LANG": "C.UTF-8", **env}
+
+
+def disk_full(path: Path) -> bool:
+    """Whether the file system at ``path`` has no room left (a workspace filled to its size)."""
+    try:
+        return shutil.disk_usage(path).free < 64 * 1024
+    except OSError:
+        return False
+
+
+@contextlib.contextmanager
+def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
+    """A fresh, empty directory for one rollout's runs, removed afterwards. Where the grader may mount (root, or
+    ``CAP_SYS_ADMIN``) it is a tmpfs of ``disk_mb`` MiB, so filling it ends in "no space left" for the sandbox and
+    nothing for the host; elsewhere a plain directory (only the per-file limit applies)."""
+    path = Path(tempfile.mkdtemp(prefix="crucible-ws-", dir=root))
+    mounted = False
+    if os.geteuid() == 0:
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0755", "tmpfs", str(path)],
+                                 capture_output=True).returncode == 0
+        if not mounted:
+            log.warning("the workspace is not size-limited: tmpfs cannot be mounted here", path=str(path))
+    try:
+        yield path
+    finally:
+        if mounted:
+            subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        shutil.rmtree(path, ignore_errors=True)
