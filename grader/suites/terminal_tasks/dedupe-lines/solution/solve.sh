@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+gawk '!seen[$0]++' /app/urls.txt > /app/unique_urls.txt

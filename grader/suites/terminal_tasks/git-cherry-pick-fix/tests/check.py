@@ -1,0 +1,53 @@
+"""main gains the pagination fix from dev and nothing else from dev; dev is unchanged; the tree is clean."""
+import os
+import subprocess
+import sys
+
+ENV = {k: v for k, v in os.environ.items() if not k.startswith("GIT_")}
+ENV.update(GIT_CONFIG_NOSYSTEM="1", GIT_CONFIG_GLOBAL="/dev/null", GIT_NO_REPLACE_OBJECTS="1", GIT_TERMINAL_PROMPT="0")
+
+
+def git(*args):
+    """Runs git in /app, ignoring any global config or replace refs; returns stdout, or raises."""
+    proc = subprocess.run(["git", "-c", "safe.directory=*", *args], cwd="/app", env=ENV, capture_output=True,
+                          text=True, timeout=30)
+    if proc.returncode != 0:
+        raise RuntimeError(f"git {' '.join(args)}: {proc.stderr.strip()}")
+    return proc.stdout
+
+
+def fail(msg):
+    print("FAIL:", msg)
+    sys.exit(1)
+
+
+OLD_MAIN = "af13fe1eb19eda8c92d3c23d6d483fe16ff52c5e"
+DEV = "b2f1f50e154902fc4c435bfa55100f3288c1423e"
+FILES = {
+    "pagination.py": "def page(items, number, size=10):\n    start = number * size\n    return items[start:start + size]\n",
+    "config.py": "PAGE_SIZE = 10\n",
+    "README.md": "# Pager\n",
+}
+
+if git("symbolic-ref", "HEAD").strip() != "refs/heads/main":
+    fail("HEAD is not on branch main")
+if git("rev-parse", "refs/heads/dev").strip() != DEV:
+    fail("dev was changed")
+head = git("rev-parse", "main").strip()
+if head == OLD_MAIN:
+    fail("main has no new commit")
+ancestor = subprocess.run(["git", "-c", "safe.directory=*", "merge-base", "--is-ancestor", OLD_MAIN, head],
+                          cwd="/app", env=ENV, capture_output=True)
+if ancestor.returncode != 0:
+    fail("the old history is no longer part of main (history was rewritten)")
+if len(git("log", "-1", "--format=%P", "main").split()) != 1:
+    fail("the new commit on main is a merge")
+files = set(git("ls-tree", "-r", "--name-only", "main").split())
+if files != set(FILES):
+    fail(f"main holds {sorted(files)} (only the fix may come from dev)")
+for name, content in FILES.items():
+    if git("show", f"main:{name}") != content:
+        fail(f"{name} on main does not have the expected contents")
+if git("status", "--porcelain").strip():
+    fail("the working tree is not clean")
+print("OK")

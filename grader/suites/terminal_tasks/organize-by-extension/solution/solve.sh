@@ -1,0 +1,9 @@
+#!/bin/bash
+set -e
+cd /app/inbox
+for f in *.*; do
+    [ -f "$f" ] || continue
+    ext="${f##*.}"
+    mkdir -p "$ext"
+    mv "$f" "$ext/"
+done

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+find /app/project -mindepth 1 -empty -delete

@@ -1,0 +1,3 @@
+#!/bin/bash
+set -e
+sed -i '/^\[server\]/,/^\[/ s/^port = 8000$/port = 8080/' /app/settings.ini

@@ -1,0 +1,28 @@
+"""Runs /app/wordfreq.py on texts the agent never saw and compares with a reference count."""
+import re
+import subprocess
+import sys
+from collections import Counter
+
+
+def reference(path, n):
+    with open(path) as f:
+        counts = Counter(w.lower() for w in re.findall(r"[A-Za-z]+", f.read()))
+    return [f"{w} {c}" for w, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
+
+
+CASES = [("/tests/inputs/one.txt", 5), ("/tests/inputs/one.txt", 40), ("/tests/inputs/two.txt", 6),
+         ("/tests/inputs/three.txt", 3), ("/app/sample.txt", 3)]
+for path, n in CASES:
+    try:
+        proc = subprocess.run(["python3", "/app/wordfreq.py", path, str(n)], capture_output=True, text=True,
+                              timeout=20, cwd="/tmp")
+    except subprocess.TimeoutExpired:
+        print(f"FAIL: {path} {n} timed out")
+        sys.exit(1)
+    got = [line.strip() for line in proc.stdout.splitlines() if line.strip()]
+    expected = reference(path, n)
+    if proc.returncode != 0 or got != expected:
+        print(f"FAIL: {path} {n}: exit {proc.returncode}, got {got}, expected {expected}")
+        sys.exit(1)
+print("OK")
