@@ -16,7 +16,7 @@ from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
-from fastapi.responses import HTMLResponse, StreamingResponse
+from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
 from gateway import benchmarks, leaderboard, runs
@@ -42,6 +42,7 @@ from services.common.contracts import (
     DatasetOut,
     EvaluationCreate,
     EvaluationOut,
+    HarnessArchiveOut,
     JobEventOut,
     Page,
     SubmissionCreate,
@@ -144,6 +145,7 @@ JobId = Annotated[str, Path(pattern=ID_PATTERN, description="`job_…`")]
 EvalId = Annotated[str, Path(pattern=ID_PATTERN, description="`eval_…`")]
 SubId = Annotated[str, Path(pattern=ID_PATTERN, description="`sub_…`")]
 RunId = Annotated[str, Path(pattern=ID_PATTERN, description="`run_…`")]
+HarnessId = Annotated[str, Path(pattern=ID_PATTERN, description="`har_…`")]
 
 AGENT_ERRORS = problem_responses(Unauthorized, TooManyRequests, UpstreamUnavailable)  # 503: a service is restarting; retry
 MUTATING_ERRORS = problem_responses(Unauthorized, RunExpired, PaymentRequired)
@@ -193,6 +195,44 @@ async def list_datasets(gw: GatewayDep, caller: AgentDep) -> Page[DatasetOut]:
 @agent_router.get("/datasets/{dataset_id}", tags=["datasets"], summary="Get a dataset", responses=problem_responses(NotFound))
 async def get_dataset(dataset_id: DatasetId, gw: GatewayDep, caller: AgentDep) -> DatasetOut:
     return await gw.trainer.get_dataset(caller.ctx, dataset_id)
+
+
+# --------------------------------------------------------------------------- harness archives
+
+
+@agent_router.post("/harnesses", status_code=201, tags=["harnesses"], summary="Upload a code harness archive",
+                   responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PayloadTooLarge))
+async def upload_harness(gw: GatewayDep, caller: MutatingAgentDep,
+                         file: UploadFile = File(..., description="A .tar.gz with `harness.toml` at its root (name, entry, optional install "
+                                                                  "and limits) and the harness's code; the README's *Code harnesses* states the format"),
+                         name: str | None = Form(None, max_length=200)) -> HarnessArchiveOut:
+    """Validated on upload (422 names the ``member``: absolute paths, ``..``, links out of the tree, device files,
+    too many or too large members; or the ``harness.toml`` key), content-addressed and immutable. Needs the
+    ``harness`` part editable. Use it with ``harness_archive`` in ``POST /v1/evaluations`` and ``/v1/submissions``."""
+    check_editable(caller, "harness", "uploading a harness archive")
+    limit = gw.settings.max_upload_bytes
+    data = await file.read(limit + 1)
+    if len(data) > limit:
+        raise PayloadTooLarge(f"the file is larger than {limit} bytes", field="file")
+    return await gw.grader.upload_harness(caller.ctx, data, name=name)
+
+
+@agent_router.get("/harnesses", tags=["harnesses"], summary="List the run's harness archives and the suites' own")
+async def list_harnesses(gw: GatewayDep, caller: AgentDep) -> Page[HarnessArchiveOut]:
+    """The run's uploads, oldest first, then the suites' own code harnesses (``platform: true``)."""
+    return await gw.grader.list_harnesses(caller.ctx)
+
+
+@agent_router.get("/harnesses/{harness_id}", tags=["harnesses"], summary="Get a harness archive's record", responses=problem_responses(NotFound))
+async def get_harness(harness_id: HarnessId, gw: GatewayDep, caller: AgentDep) -> HarnessArchiveOut:
+    return await gw.grader.get_harness(caller.ctx, harness_id)
+
+
+@agent_router.get("/harnesses/{harness_id}/archive", tags=["harnesses"], summary="Download a harness archive", response_class=Response,
+                  responses={200: {"content": {"application/gzip": {}}}} | problem_responses(NotFound))
+async def download_harness(harness_id: HarnessId, gw: GatewayDep, caller: AgentDep) -> Response:
+    """The ``.tar.gz`` as stored: the run's own, or a suite's (to start an edited copy from the default harness)."""
+    return Response(await gw.grader.harness_archive(caller.ctx, harness_id), media_type="application/gzip")
 
 
 @agent_router.get("/suite/train-sample", tags=["suite"], summary="Items of the suite's training pool")
@@ -323,7 +363,7 @@ async def create_evaluation(req: EvaluationCreate, gw: GatewayDep, caller: Mutat
     ``failed_evaluation_limit``).
     """
     caller = for_task(caller, task)
-    if req.harness is not None:
+    if req.harness is not None or req.harness_archive is not None:
         check_editable(caller, "harness", "evaluating with a custom harness")
     return await gw.grader.create_evaluation(caller.ctx, req, limits=caller.benchmark.limits.evaluation_limits())
 
@@ -350,7 +390,7 @@ async def create_submission(req: SubmissionCreate, gw: GatewayDep, caller: Mutat
     """Graded once on the task's hidden test split, not charged to the run; only the aggregate score is ever returned.
     ``final_submissions`` of the benchmark's limits is per task."""
     caller = for_task(caller, task)
-    if req.harness is not None:
+    if req.harness is not None or req.harness_archive is not None:
         check_editable(caller, "harness", "submitting a custom harness")
     return await gw.grader.create_submission(caller.ctx, req, max_submissions=caller.benchmark.limits.final_submissions)
 

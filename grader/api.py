@@ -9,9 +9,9 @@ from __future__ import annotations
 
 from typing import Annotated
 
-from fastapi import APIRouter, Depends, Query, Request
+from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
-from grader import evaluations, grading_tasks, submissions
+from grader import evaluations, grading_tasks, harness_archives, submissions
 from grader.schemas import LeaderboardEntry, TaskRegistered
 from grader.service import Grader
 from services.common.auth import RunCaller, ServiceCaller
@@ -22,6 +22,7 @@ from services.common.contracts import (
     EvaluationUsage,
     GradingSpec,
     GradingTaskStatus,
+    HarnessArchiveOut,
     Page,
     SubmissionCreate,
     SubmissionOut,
@@ -32,6 +33,7 @@ from services.common.errors import (
     EvaluationRateLimited,
     FailedEvaluationLimit,
     NotFound,
+    PayloadTooLarge,
     PaymentRequired,
     SubmissionLimitReached,
     Unauthorized,
@@ -116,3 +118,28 @@ def get_submission(sub_id: str, grader: GraderDep, ctx: RunCaller) -> Submission
 @router.get("/leaderboard", summary="Per run and task, the submission that counts (latest graded) with its aggregate test score")
 def leaderboard(grader: GraderDep, _caller: ServiceCaller) -> Page[LeaderboardEntry]:
     return Page[LeaderboardEntry](data=submissions.leaderboard_entries(grader))
+
+
+@router.post("/harnesses", status_code=201, summary="Upload a code harness archive", responses=problem_responses(Unprocessable, PayloadTooLarge))
+def upload_harness(grader: GraderDep, ctx: RunCaller,
+                   body: bytes = Body(b"", media_type="application/gzip", description="The .tar.gz archive (grader.harness_archives states the format)"),
+                   name: str | None = Query(None, max_length=200)) -> HarnessArchiveOut:
+    """Validate and store an archive for the run; 422 names the ``member`` (``field: file``) or the manifest key."""
+    return harness_archives.store_archive(grader, ctx.run_id, body, name=name)
+
+
+@router.get("/harnesses", summary="The run's harness archives, then the suites' own")
+def list_harnesses(grader: GraderDep, ctx: RunCaller) -> Page[HarnessArchiveOut]:
+    return Page[HarnessArchiveOut](data=harness_archives.list_archives(grader, ctx))
+
+
+@router.get("/harnesses/{harness_id}", summary="One harness archive", responses=problem_responses(NotFound))
+def get_harness(harness_id: str, grader: GraderDep, ctx: RunCaller) -> HarnessArchiveOut:
+    return harness_archives.get_archive(grader, ctx, harness_id)
+
+
+@router.get("/harnesses/{harness_id}/archive", summary="A harness archive's .tar.gz", response_class=Response,
+            responses={200: {"content": {"application/gzip": {}}}} | problem_responses(NotFound))
+def harness_archive(harness_id: str, grader: GraderDep, ctx: RunCaller) -> Response:
+    """The stored bytes of the run's archive or a suite's own (to start an edited copy)."""
+    return Response(harness_archives.archive_bytes(grader, ctx, harness_id), media_type="application/gzip")

@@ -20,6 +20,7 @@ from services.common.contracts import (
     EvaluationUsage,
     GradingSpec,
     GradingTaskStatus,
+    HarnessArchiveOut,
     Page,
     SubmissionCreate,
     SubmissionOut,
@@ -88,6 +89,21 @@ class GraderClient(ServiceAPI):
     def get_submission(self, ctx: RunContext, sub_id: str) -> SubmissionOut:
         """One of the run's submissions; 404 for any other id."""
         return self._call("GET", f"/internal/submissions/{sub_id}", SubmissionOut, ctx=ctx)
+
+    def upload_harness(self, ctx: RunContext, content: bytes, *, name: str | None = None) -> HarnessArchiveOut:
+        """Store the ``.tar.gz`` ``content`` for the run; 422 names the faulty ``member`` or manifest key."""
+        return self._call("POST", "/internal/harnesses", HarnessArchiveOut, ctx=ctx, content=content, params={"name": name},
+                          headers={"Content-Type": "application/gzip"})
+
+    def list_harnesses(self, ctx: RunContext) -> Page[HarnessArchiveOut]:
+        return self._call("GET", "/internal/harnesses", Page[HarnessArchiveOut], ctx=ctx)
+
+    def get_harness(self, ctx: RunContext, harness_id: str) -> HarnessArchiveOut:
+        return self._call("GET", f"/internal/harnesses/{harness_id}", HarnessArchiveOut, ctx=ctx)
+
+    def harness_archive(self, ctx: RunContext, harness_id: str) -> bytes:
+        """The archive's ``.tar.gz`` bytes."""
+        return self._call("GET", f"/internal/harnesses/{harness_id}/archive", ctx=ctx, raw=True)
 
     def leaderboard(self) -> Page[LeaderboardEntry]:
         """Per run and task, the submission that counts with its aggregate test score."""

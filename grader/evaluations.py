@@ -14,18 +14,21 @@ from sqlalchemy.orm import Session, object_session
 from grader import repository
 from grader.grading_tasks import harness_for
 from grader.harness import check_harness, render_messages
+from grader.harness_archives import code_harness_for
 from grader.models import PLATFORM, Evaluation, Trajectory
+from grader.rollouts import RolloutLimits
 from grader.service import Grader
 from grader.suites import get_suite, suite_tools
 from services.common.auth import RunContext
-from services.common.contracts import EvaluationCreate, EvaluationLimits, EvaluationOut, EvaluationUsage, Harness, Score, TrajectoryOut
+from services.common.contracts import EvaluationCreate, EvaluationLimits, EvaluationOut, EvaluationUsage, GradingSpec, Harness, Score, TrajectoryOut
 from services.common.db import serialize, utcnow
 from services.common.errors import EvaluationRateLimited, FailedEvaluationLimit, Unprocessable, UpstreamProblem
 from services.common.ids import new_id
 from services.ledger.schemas import HoldCreate, HoldRelease, UsageItem, UsageKind
 
 PROMPT_OVERHEAD_TOKENS = 64  # chat-template tokens added around the rendered messages (upper bound)
-TOOLS_OVERHEAD_TOKENS = 256  # tokens a chat template (or inference's tools system message) adds around the tools' JSON (upper bound)
+TOOLS_OVERHEAD_TOKENS = 256
+ROLLOUT_CONTEXT_TOKENS = 8192  # a code harness's prompt bound per call when the benchmark sets no context length  # tokens a chat template (or inference's tools system message) adds around the tools' JSON (upper bound)
 
 
 def check_model(grader: Grader, ctx: RunContext, model: str) -> None:
@@ -44,6 +47,18 @@ def prompt_upper_bound(harness: Harness, question: str, tools: list[dict[str, An
     ≥ 1 byte; ASCII-escaped JSON is never shorter than the UTF-8 text inference renders) + template overhead."""
     tools_bound = len(json.dumps(tools).encode()) + TOOLS_OVERHEAD_TOKENS if tools else 0
     return sum(len(m["content"].encode()) for m in render_messages(harness, question)) + tools_bound + PROMPT_OVERHEAD_TOKENS
+
+
+def rollout_usage(grader: Grader, spec: GradingSpec, base: str, rollouts: int) -> list[UsageItem]:
+    """The worst case of ``rollouts`` code-harness rollouts: each makes at most ``max_turns`` model calls of at most the
+    context length (``context_tokens``, else :data:`ROLLOUT_CONTEXT_TOKENS`) of prompt and ``max_tokens`` of completion,
+    and runs its set-up, harness and verifier for at most their wall limits (sandbox seconds)."""
+    settings, caps = spec.evaluation, RolloutLimits.from_settings(grader.settings)
+    calls = settings.max_turns * rollouts
+    seconds = math.ceil(caps.wall_s + 2 * caps.verifier_wall_s) * rollouts
+    return [UsageItem(kind=UsageKind.prefill_tokens, quantity=calls * (settings.context_tokens or ROLLOUT_CONTEXT_TOKENS), model=base),
+            UsageItem(kind=UsageKind.decode_tokens, quantity=calls * settings.max_tokens, model=base),
+            UsageItem(kind=UsageKind.sandbox_seconds, quantity=seconds)]
 
 
 def evaluation_usage(s: Session, run_id: str, now: dt.datetime | None = None) -> tuple[EvaluationUsage, list[dt.datetime]]:
@@ -97,25 +112,30 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
     if req.harness is not None:
         check_harness(req.harness)
     check_model(grader, ctx, req.model)
+    suite = get_suite(spec.suite.name)
+    archive = code_harness_for(grader, ctx, suite, req.harness, req.harness_archive)
     harness = harness_for(spec, req.harness)
     items = items[: req.limit] if req.limit else items
     k = spec.evaluation.samples
-    suite = get_suite(spec.suite.name)
-    prefill = sum(prompt_upper_bound(harness, it.question, suite_tools(suite, it)) for it in items) * k
-    decode = harness.max_tokens * len(items) * k
-    eval_id = new_id("eval")
     base = spec.initial_system.model
+    if archive is None:
+        prefill = sum(prompt_upper_bound(harness, it.question, suite_tools(suite, it)) for it in items) * k
+        usage = [UsageItem(kind=UsageKind.prefill_tokens, quantity=prefill, model=base),
+                 UsageItem(kind=UsageKind.decode_tokens, quantity=harness.max_tokens * len(items) * k, model=base)]
+    else:
+        usage = rollout_usage(grader, spec, base, len(items) * k)
+    eval_id = new_id("eval")
     hold = grader.ledger.create_hold(HoldCreate(
         account_id=ctx.run_id, purpose=f"validation evaluation {eval_id}", idempotency_key=f"hold:{eval_id}",
         ttl_s=int(grader.settings.eval_time_limit_s) + 3600,  # outlives the evaluation's time limit: expires only if orphaned
-        usage=[UsageItem(kind=UsageKind.prefill_tokens, quantity=prefill, model=base), UsageItem(kind=UsageKind.decode_tokens, quantity=decode, model=base)],
+        usage=usage,
     ))
     try:
         with grader.db.session() as s:
             serialize(s, f"evaluations:{ctx.run_id}")  # the re-check and the insert are one step per run
             check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
             repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="validation", split="validation", model=req.model, harness=harness,
-                                      items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id)
+                                      items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id, harness_archive=archive)
             s.flush()
             out = evaluation_out(s.get(Evaluation, eval_id))  # type: ignore[arg-type]
     except Exception:
@@ -129,6 +149,7 @@ def evaluation_out(ev: Evaluation) -> EvaluationOut:
     """The wire form of ``ev`` (read in its session)."""
     task = repository.spec(object_session(ev), ev.task_id).task  # type: ignore[arg-type]
     return EvaluationOut(id=ev.id, status=ev.status, task=task, split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
+                         harness_archive=ev.harness_archive,
                          items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
                          attempts=ev.attempts, error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)
 
@@ -158,4 +179,4 @@ def trajectories(grader: Grader, ctx: RunContext, eval_id: str) -> list[Trajecto
         rows = s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id).order_by(Trajectory.item_id, Trajectory.sample))
         return [TrajectoryOut(item_id=t.item_id, sample=t.sample, question=t.question, messages=t.messages, completion=t.completion,  # type: ignore[arg-type]
                               answer=t.answer, expected=t.expected, score=t.score, score_error=t.score_error, prompt_tokens=t.prompt_tokens,
-                              completion_tokens=t.completion_tokens) for t in rows]
+                              completion_tokens=t.completion_tokens, rollout=t.rollout) for t in rows]

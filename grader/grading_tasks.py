@@ -11,6 +11,7 @@ import structlog
 
 from grader import repository, splits
 from grader.harness import apply_settings, check_harness
+from grader.harness_archives import code_harness_for
 from grader.models import Evaluation, GradingTask, ValidationItem
 from grader.schemas import TaskRegistered
 from grader.service import Grader
@@ -46,6 +47,9 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
     for system in (spec.initial_system, spec.reference_system):
         if system and system.harness:
             check_harness(system.harness)
+    # baselines may use the suites' own code harnesses only (a run's archive belongs to the run)
+    archives = [code_harness_for(grader, None, suite, system.harness, system.harness_archive) if system else None
+                for system in (spec.initial_system, spec.reference_system)]
     validation = splits.validation_split(spec)
     test = splits.test_split(spec, splits.test_seed(grader.settings.grader_test_seed, spec), validation + splits.training_pool(spec, validation))
     grader.store.put_items(spec.task_id, test)
@@ -60,10 +64,12 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
                   for i, it in enumerate(validation))
         baseline = {"run_id": None, "split": "test", "items_total": len(test)}
         task.initial_evaluation_id = repository.add_evaluation(s, spec, purpose="initial", model=spec.initial_system.model,
-                                                               harness=harness_for(spec, spec.initial_system.harness), **baseline)
+                                                               harness=harness_for(spec, spec.initial_system.harness),
+                                                               harness_archive=archives[0], **baseline)
         if spec.reference_system is not None:
             task.reference_evaluation_id = repository.add_evaluation(s, spec, purpose="reference", model=spec.reference_system.model,
-                                                                     harness=harness_for(spec, spec.reference_system.harness), **baseline)
+                                                                     harness=harness_for(spec, spec.reference_system.harness),
+                                                                     harness_archive=archives[1], **baseline)
         queued = [e for e in (task.initial_evaluation_id, task.reference_evaluation_id) if e]
     for eval_id in queued:
         grader.enqueue(eval_id)
@@ -76,6 +82,7 @@ def task_status(grader: Grader, task_id: str) -> GradingTaskStatus:
         task = repository.grading_task(s, task_id)
         spec = GradingSpec.model_validate(task.spec)
         initial = s.get(Evaluation, task.initial_evaluation_id) if task.initial_evaluation_id else None
+        archive = initial.harness_archive if initial else None
         reference = s.get(Evaluation, task.reference_evaluation_id) if task.reference_evaluation_id else None
         declared = (Score(value=spec.reference_score, n=0, metric=spec.evaluation.metric, k=spec.evaluation.samples)
                     if spec.reference_score is not None else None)
@@ -84,7 +91,8 @@ def task_status(grader: Grader, task_id: str) -> GradingTaskStatus:
             initial=initial.score if initial else None, initial_status=initial.status if initial else None,  # type: ignore[arg-type]
             reference=reference.score if reference else declared,  # type: ignore[arg-type]
             reference_status=reference.status if reference else ("declared" if declared else None),  # type: ignore[arg-type]
-            initial_system=SystemSpec(model=spec.initial_system.model, harness=harness_for(spec, spec.initial_system.harness)),
+            initial_system=SystemSpec(model=spec.initial_system.model, harness_archive=archive,
+                                      harness=None if archive else harness_for(spec, spec.initial_system.harness)),
         )
 
 

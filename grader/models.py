@@ -57,6 +57,7 @@ class Evaluation(JobColumns, Base):
     split: Mapped[str] = mapped_column(String(20))
     model: Mapped[str] = mapped_column(String(100))
     harness: Mapped[dict[str, Any]] = mapped_column(JSON)
+    harness_archive: Mapped[str | None] = mapped_column(String(40), nullable=True)  # a code harness (HarnessArchive.id); then `harness` is unused
     status: Mapped[str] = mapped_column(String(20), index=True)
     items_total: Mapped[int] = mapped_column(Integer)
     items_done: Mapped[int] = mapped_column(Integer, default=0)
@@ -91,6 +92,7 @@ class Trajectory(Base):
     score_error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why the scorer could not score the answer (score 0)
     prompt_tokens: Mapped[int] = mapped_column(Integer)
     completion_tokens: Mapped[int] = mapped_column(Integer)
+    rollout: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # a code harness's rollout (grader.rollouts.RolloutTrajectory)
 
 
 class Submission(Base):
@@ -103,7 +105,25 @@ class Submission(Base):
     task_id: Mapped[str] = mapped_column(ForeignKey("grading_tasks.id"), index=True)
     model: Mapped[str] = mapped_column(String(100))
     harness: Mapped[dict[str, Any]] = mapped_column(JSON)
+    harness_archive: Mapped[str | None] = mapped_column(String(40), nullable=True)
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     evaluation_id: Mapped[str] = mapped_column(String(40))
     contamination: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # grader.schemas.ContaminationReport
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class HarnessArchive(Base):
+    """A code harness archive (:mod:`grader.harness_archives`): a run's upload, or a suite's own (``run_id`` ``""``);
+    immutable, content-addressed (``sha256``) within its run."""
+
+    __tablename__ = "harness_archives"
+    __table_args__ = (UniqueConstraint("run_id", "sha256"),)
+
+    id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    name: Mapped[str] = mapped_column(String(200))
+    sha256: Mapped[str] = mapped_column(String(64))
+    bytes: Mapped[int] = mapped_column(Integer)
+    uri: Mapped[str] = mapped_column(Text)
+    manifest: Mapped[dict[str, Any]] = mapped_column(JSON)  # grader.harness_archives.HarnessManifest
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

@@ -44,12 +44,14 @@ def count_validation_items(s: Session, task_id: str) -> int:
 
 
 def add_evaluation(s: Session, spec: GradingSpec, *, run_id: str | None, purpose: str, split: str, model: str, harness: Harness,
-                   items_total: int, hold_id: str | None = None, eval_id: str | None = None) -> str:
-    """Add a queued evaluation of ``model`` with ``harness`` on ``items_total`` items of the task's ``split``; returns its
-    id (``eval_id``, or a new one). ``purpose``: validation (a run's), submission, initial or reference (baselines)."""
+                   items_total: int, hold_id: str | None = None, eval_id: str | None = None, harness_archive: str | None = None) -> str:
+    """Add a queued evaluation of ``model`` with ``harness`` (or the code harness ``harness_archive``) on ``items_total``
+    items of the task's ``split``; returns its id (``eval_id``, or a new one). ``purpose``: validation (a run's),
+    submission, initial or reference (baselines)."""
     eval_id = eval_id or new_id("eval")
     s.add(Evaluation(id=eval_id, run_id=run_id, task_id=spec.task_id, purpose=purpose, split=split, model=model, harness=harness.model_dump(),
-                     status="queued", items_total=items_total, hold_id=hold_id, created_at=utcnow(), enqueued_at=utcnow()))
+                     harness_archive=harness_archive, status="queued", items_total=items_total, hold_id=hold_id, created_at=utcnow(),
+                     enqueued_at=utcnow()))
     return eval_id
 
 

@@ -9,6 +9,7 @@ from typing import Literal
 from pydantic import BaseModel, Field
 
 from services.common.contracts import GradingTaskStatus, Score
+from services.common.openai_protocol import ModelOut
 
 
 class TaskRegistered(GradingTaskStatus):
@@ -43,3 +44,11 @@ class LeaderboardEntry(BaseModel):
     graded_at: dt.datetime | None = None
     validation_evaluations: int = Field(description="Validation evaluations the run has started, over all its tasks.")
     contamination: ContaminationReport | None = Field(None, description="The audit's counts (never which items); null until audited.")
+
+
+class RolloutModels(BaseModel):
+    """OpenAI's model list, as the rollout model endpoint (:mod:`grader.model_endpoint`) answers ``GET /v1/models``:
+    the one model the rollout may call."""
+
+    object: Literal["list"] = "list"
+    data: list[ModelOut]

@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+from typing import Literal
+
 from pydantic import Field
 
 from services.common.settings import ServiceSettings
@@ -25,6 +27,16 @@ class GraderSettings(ServiceSettings):
         1800.0, gt=0,
         description="Seconds a grading call may wait for its completion (queued behind other batches included). A call that times out "
                     "is sent again while the first still runs, so this is long.")
+
+    sandbox_backend: Literal["bwrap", "docker"] = Field(
+        "bwrap", description="Where code harnesses and task verifiers run (grader/sandboxes): `bwrap` (bubblewrap, local processes) or "
+                             "`docker` (a container per sandbox through the Docker SDK).")
+    rollout_concurrency: int = Field(4, ge=1, le=256, description="Code-harness rollouts (sandboxes) one evaluation runs at once.")
+    rollout_wall_s: float = Field(600.0, gt=0, le=7200, description="Cap on a harness's wall-clock seconds per rollout (its manifest may ask for less).")
+    rollout_memory_mb: int = Field(2048, ge=64, description="Cap on a rollout's memory (MiB).")
+    rollout_processes: int = Field(128, ge=4, description="Cap on a rollout's processes and threads alive at once.")
+    rollout_disk_mb: int = Field(512, ge=16, description="Cap on what a rollout's working directory holds (MiB).")
+    verifier_wall_s: float = Field(120.0, gt=0, le=3600, description="Cap on a task's set-up and verifier, wall-clock seconds each.")
 
     def test_store_url(self) -> str:
         if self.grader_test_store_url:

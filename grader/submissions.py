@@ -10,9 +10,11 @@ from grader import repository
 from grader.evaluations import check_model
 from grader.grading_tasks import harness_for
 from grader.harness import check_harness
+from grader.harness_archives import code_harness_for
 from grader.models import AGENT, PLATFORM, Evaluation, Submission
 from grader.schemas import ContaminationReport, LeaderboardEntry
 from grader.service import Grader
+from grader.suites import get_suite
 from services.common.auth import RunContext
 from services.common.contracts import Harness, Score, SubmissionCreate, SubmissionOut
 from services.common.db import serialize, utcnow
@@ -38,6 +40,7 @@ def submission_out(s: Session, sub: Submission) -> SubmissionOut:
     else:
         error = None
     return SubmissionOut(id=sub.id, status=status, task=repository.spec(s, sub.task_id).task, model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
+                         harness_archive=sub.harness_archive,
                          score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=counted,  # type: ignore[union-attr, arg-type]
                          created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
 
@@ -77,6 +80,9 @@ def create_submission(grader: Grader, ctx: RunContext, req: SubmissionCreate, ma
         check_harness(req.harness)
     check_model(grader, ctx, req.model)
     with grader.db.session() as s:
+        suite = get_suite(repository.spec(s, ctx.task_id).suite.name)
+    archive = code_harness_for(grader, ctx, suite, req.harness, req.harness_archive)
+    with grader.db.session() as s:
         serialize(s, f"submissions:{ctx.run_id}")  # two submissions at once cannot both see one left
         spec = repository.spec(s, ctx.task_id)
         if counted_submissions(s, ctx.run_id, ctx.task_id) >= max_submissions:
@@ -84,9 +90,9 @@ def create_submission(grader: Grader, ctx: RunContext, req: SubmissionCreate, ma
                                          "(a grading that failed by the platform's fault is given back)", limit=max_submissions)
         harness = harness_for(spec, req.harness)
         eval_id = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="submission", split="test", model=req.model, harness=harness,
-                                            items_total=spec.suite.splits.test.size)
+                                            items_total=spec.suite.splits.test.size, harness_archive=archive)
         sub = Submission(id=new_id("sub"), run_id=ctx.run_id, task_id=ctx.task_id, model=req.model, harness=harness.model_dump(),
-                         note=req.note, evaluation_id=eval_id, created_at=utcnow())
+                         harness_archive=archive, note=req.note, evaluation_id=eval_id, created_at=utcnow())
         s.add(sub)
         s.flush()
         out = submission_out(s, sub)

@@ -9,6 +9,7 @@ import threading
 import time
 from collections.abc import Callable, Iterator
 from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
 from typing import Any, TypeVar
 
 import structlog
@@ -20,16 +21,21 @@ from grader import repository
 from grader.audit import audit
 from grader.grading_tasks import train_pool
 from grader.harness import extract_answer, render_messages
+from grader.harness_archives import HarnessManifest, archive_bytes, owned_archive
+from grader.model_endpoint import Binding, ModelEndpoint
 from grader.models import AGENT, PLATFORM, Evaluation, Submission, Trajectory
+from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout
+from grader.sandboxes import Sandbox, get_sandbox
 from grader.scoring import aggregate, score_item, storable
 from grader.service import Grader
-from grader.suites import Item, Suite, get_suite, suite_canonical, suite_tools
+from grader.suites import Item, Suite, get_suite, suite_canonical, suite_environment, suite_tools
 from services.common import jobs
 from services.common.auth import RunContext
 from services.common.contracts import GradingSpec, Harness
 from services.common.db import utcnow
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
 from services.common.openai_protocol import ChatCompletionRequest
+from services.ledger.schemas import HoldCharge, UsageItem, UsageKind
 
 log = structlog.get_logger("grader")
 T = TypeVar("T")
@@ -102,6 +108,38 @@ def _with_retries(call: Callable[[], T], attempts: int = 6, backoff_s: float = 2
     raise AssertionError("unreachable")
 
 
+_ENDPOINTS: dict[int, ModelEndpoint] = {}
+_ENDPOINTS_LOCK = threading.Lock()
+
+
+def model_endpoint(grader: Grader) -> ModelEndpoint:
+    """This process's rollout model endpoint (:mod:`grader.model_endpoint`), one per grader, started on first use."""
+    with _ENDPOINTS_LOCK:
+        endpoint = _ENDPOINTS.get(id(grader))
+        if endpoint is None:
+            endpoint = _ENDPOINTS[id(grader)] = ModelEndpoint(grader)
+    endpoint.start()
+    return endpoint
+
+
+@dataclass(frozen=True)
+class _CodeHarness:
+    """What an evaluation of a code harness runs with: the archive (``id``, bytes, manifest), the sandbox backend and
+    the process's model endpoint."""
+
+    id: str
+    data: bytes
+    manifest: HarnessManifest
+    sandbox: Sandbox
+    endpoint: ModelEndpoint
+
+    @classmethod
+    def load(cls, grader: Grader, ctx: RunContext | None, archive_id: str) -> _CodeHarness:
+        row = owned_archive(grader, ctx, archive_id)
+        return cls(id=archive_id, data=archive_bytes(grader, ctx, archive_id), manifest=HarnessManifest.model_validate(row.manifest),
+                   sandbox=get_sandbox(grader.settings.sandbox_backend), endpoint=model_endpoint(grader))
+
+
 def run_evaluation(grader: Grader, eval_id: str) -> None:
     """Run an evaluation to the end in this worker; items already scored (an earlier attempt) are skipped.
 
@@ -120,6 +158,7 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
         ev = s.get(Evaluation, eval_id)
         spec = repository.spec(s, ev.task_id)  # type: ignore[union-attr]
         split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total  # type: ignore[union-attr]
+        archive_id = ev.harness_archive  # type: ignore[union-attr]
     lease = jobs.Lease(grader.db, Evaluation, eval_id, grader.settings.job_heartbeat_s)
 
     outcome: tuple[str, Any] | None = None
@@ -143,10 +182,46 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
             lease.row(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))
 
         scoring = threading.BoundedSemaphore(grader.settings.scoring_concurrency)
+        code = _CodeHarness.load(grader, ctx, archive_id) if archive_id else None
+
+        def rollout(item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
+            """A code harness's rollout of one sample: ``(score, answer, outcome)``; its sandbox seconds charged."""
+            key = f"{eval_id}:{item.id}:{sample}"
+            binding = Binding(model=model, ctx=ctx, hold_id=charged, key=key, context_tokens=spec.evaluation.context_tokens,
+                              max_tokens=spec.evaluation.max_tokens, max_calls=spec.evaluation.max_turns)
+            outcome = run_rollout(code.sandbox, code.endpoint, archive=code.data, archive_id=code.id, manifest=code.manifest,  # type: ignore[union-attr]
+                                  instruction=item.question, binding=binding, environment=suite_environment(suite, item),
+                                  caps=RolloutLimits.from_settings(grader.settings), check=lease.check)
+            if charged and outcome.sandbox_s:
+                _with_retries(lambda: grader.ledger.charge_hold(charged, HoldCharge(
+                    usage=[UsageItem(kind=UsageKind.sandbox_seconds, quantity=outcome.sandbox_s)], idempotency_key=f"{key}:sandbox")))
+            if outcome.reward is not None:
+                return outcome.reward, None, outcome
+            answer = storable(outcome.answer.strip()) if outcome.answer else None
+            with scoring:
+                return score_item(suite, answer, item)[0], answer, outcome
 
         def one(task: tuple[Item, int]) -> tuple[str, int, float]:
             item, sample = task
             lease.check()
+            if code is not None:
+                score, answer, outcome = rollout(item, sample)
+                if split == "test":
+                    grader.store.record(eval_id, item.id, sample, "", answer, score, outcome.trajectory.failure)
+                    if sample == k - 1:
+                        with grader.db.session() as s:
+                            lease.row(s).items_done += 1
+                else:
+                    with grader.db.session() as s:
+                        ev = lease.row(s)
+                        s.add(Trajectory(evaluation_id=eval_id, item_id=item.id, sample=sample, question=item.question,
+                                         messages=[{"role": "user", "content": item.question}], completion=storable(outcome.answer or "") or "",
+                                         answer=answer, expected=item.answer, score=score, score_error=outcome.trajectory.failure,
+                                         prompt_tokens=outcome.trajectory.prompt_tokens, completion_tokens=outcome.trajectory.completion_tokens,
+                                         rollout=outcome.trajectory.model_dump(mode="json")))
+                        if sample == k - 1:
+                            ev.items_done += 1
+                return item.id, sample, score
             messages = render_messages(harness, item.question)
             request = completion_request(model, harness, messages, sample, suite_tools(suite, item))
             try:  # one key per (evaluation, item, sample): a sample re-run after a crash is not charged twice
@@ -180,7 +255,7 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
             return item.id, sample, score
 
         results = dict(done)
-        with ThreadPoolExecutor(grader.settings.inference_concurrency) as pool:
+        with ThreadPoolExecutor(grader.settings.rollout_concurrency if code else grader.settings.inference_concurrency) as pool:
             for item_id, sample, score in pool.map(one, todo):
                 results[(item_id, sample)] = score
         by_item: dict[str, list[float]] = {}

@@ -2,9 +2,9 @@
 stack. Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
 
 - Network: ``--unshare-net`` (loopback only); the model endpoint's Unix socket is the one host object bound in.
-- File system: the host's ``/usr`` (and the ``/bin``, ``/lib`` … links into it) read-only, fresh ``/proc``, ``/dev``
-  and tmpfs ``/tmp``, the init script and the mounts given; nothing else of the host (no ``/etc``, ``/root``,
-  ``/home``, no grader data). New PID, IPC and UTS namespaces, no capabilities, ``--die-with-parent``.
+- File system: the host's ``/usr`` (and the ``/bin``, ``/lib`` … links into it) and ``/etc/alternatives`` (Debian's
+  command links: ``awk`` → ``gawk``) read-only, fresh ``/proc``, ``/dev`` and tmpfs ``/tmp``, the init script and the
+  mounts given; nothing else of the host (no rest of ``/etc``, no ``/root``, ``/home``, grader data). New PID, IPC and UTS namespaces, no capabilities, ``--die-with-parent``.
 - Nothing left behind: the command runs under the sandbox's init inside a new PID namespace; when it ends, the
   namespace's first process exits and the kernel kills every process left in it. On a limit the whole process group
   is killed from outside, and every process still in the run's cgroup.
@@ -31,8 +31,20 @@ from pathlib import Path
 
 import structlog
 
-from grader.sandboxes.base import (INIT_SCRIPT, INIT_TARGET, SOCKET_TARGET, ExecResult, LimitHit, Limits, Mount, SandboxUnavailable, disk_full,
-                                   init_argv, sandbox_env, tail)
+from grader.sandboxes.base import (
+    INIT_SCRIPT,
+    INIT_TARGET,
+    SOCKET_TARGET,
+    ExecResult,
+    LimitHit,
+    Limits,
+    Mount,
+    SandboxUnavailable,
+    disk_full,
+    init_argv,
+    sandbox_env,
+    tail,
+)
 
 log = structlog.get_logger("sandbox")
 
@@ -171,6 +183,8 @@ def _system_binds() -> list[str]:
             argv += ["--symlink", os.readlink(top), top]
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
+    if os.path.isdir("/etc/alternatives"):  # Debian's command links (awk -> gawk, …) go through it
+        argv += ["--ro-bind", "/etc/alternatives", "/etc/alternatives"]
     return argv
 
 

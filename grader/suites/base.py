@@ -11,6 +11,7 @@ from __future__ import annotations
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import Any, Protocol, TypeVar
 
 from grader.canonical import Canonical
@@ -28,6 +29,21 @@ class Item:
     entry: dict[str, Any] = field(default_factory=dict)
 
 
+@dataclass(frozen=True)
+class TaskEnvironment:
+    """What a multi-turn task runs in, Harbor's task folder read for a rollout (:mod:`grader.rollouts`): the files
+    copied into the working directory ``/app`` (``app``, may be ``None``), a set-up script run there before the agent
+    (``setup``, bash, no model), and the verifier's folder (``tests``, mounted read-only at ``/tests`` only after the
+    agent has finished; ``tests/test.sh`` writes ``/logs/verifier/reward.txt`` or ``reward.json``). Seconds: the
+    agent's and the verifier's time limits."""
+
+    app: Path | None
+    setup: Path | None
+    tests: Path
+    agent_timeout_s: float
+    verifier_timeout_s: float
+
+
 class Suite(Protocol):
     """What the grader needs from a suite.
 
@@ -35,6 +51,9 @@ class Suite(Protocol):
     ``tools`` sent with the item's chat completion (read through :func:`suite_tools`; other suites need nothing).
     A suite whose items wrap a task in instruction text also has ``canonical(item) -> Canonical | None``: what
     stays of the item when its wording changes (:mod:`grader.canonical`; read through :func:`suite_canonical`).
+    A suite of multi-turn tasks run in a sandbox has ``environment(item) -> TaskEnvironment`` and
+    ``default_harness_folder`` (its default code harness; read through :func:`suite_environment`); its score is the
+    verifier's reward and ``score`` is not called. Such a suite's ``default_harness`` is never used alone.
     """
 
     name: str
@@ -93,3 +112,10 @@ def suite_canonical(suite: Suite, item: Item) -> Canonical | None:
     the suite has none (its items are compared by n-grams only)."""
     canonical = getattr(suite, "canonical", None)
     return canonical(item) if canonical else None
+
+
+def suite_environment(suite: Suite, item: Item) -> TaskEnvironment | None:
+    """The sandboxed environment ``item`` runs in: the suite's optional ``environment(item)``; ``None`` for a suite
+    whose items are answered in one completion."""
+    environment = getattr(suite, "environment", None)
+    return environment(item) if environment else None

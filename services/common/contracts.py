@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from services.common import extraction
@@ -158,13 +158,43 @@ class Harness(BaseModel):
         raise PydanticCustomError("literal_error", "Input should be {expected}", {"expected": expected})
 
 
-class SystemSpec(BaseModel):
+HarnessArchiveId = Annotated[str, Field(pattern=r"^har_[0-9a-z]{26}$", examples=["har_01jd3k4m5n6p7q8r9s0t1v2w3x"])]
+
+
+class _OneHarness(BaseModel):
+    """A system names a declarative ``harness`` or a ``harness_archive`` (a code harness), not both."""
+
+    @field_validator("harness_archive", check_fields=False)
+    @classmethod
+    def _one_harness(cls, value: Any, info: ValidationInfo) -> Any:
+        if value is not None and info.data.get("harness") is not None:
+            raise ValueError("give either harness (declarative) or harness_archive (code), not both")
+        return value
+
+
+class HarnessArchiveOut(BaseModel):
+    """A code harness archive (``POST /v1/harnesses``): immutable, content-addressed by ``sha256``. ``platform``: a
+    suite's own harness (every run may read it and use it, and download it to start an edited copy)."""
+
+    id: str = Field(examples=["har_01jd3k4m5n6p7q8r9s0t1v2w3x"])
+    object: Literal["harness"] = "harness"
+    name: str
+    sha256: str
+    bytes: int
+    entry: str = Field(description="The manifest's entry command.")
+    install: str | None = Field(None, description="The manifest's install command.")
+    platform: bool = False
+    created_at: dt.datetime
+
+
+class SystemSpec(_OneHarness):
     """A system = model (base name or ``ckpt_…``) + harness (``None``: the suite's default harness)."""
 
     model_config = ConfigDict(extra="forbid")
 
     model: ModelName
     harness: Harness | None = None
+    harness_archive: HarnessArchiveId | None = Field(None, description="A code harness (`har_…`) instead of `harness`.")
 
 
 class SplitSpec(BaseModel):
@@ -234,13 +264,14 @@ class GradingSpec(BaseModel):
     audit: AuditSettings = Field(default_factory=AuditSettings)
 
 
-class EvaluationCreate(BaseModel):
+class EvaluationCreate(_OneHarness):
     """Evaluate a system on the validation split."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "split": "validation"}})
 
     model: ModelName = Field(description="Base model name or `ckpt_…`.")
-    harness: Harness | None = Field(None, description="Omit for the suite's default harness.")
+    harness: Harness | None = Field(None, description="A declarative harness; omit both harness fields for the suite's default.")
+    harness_archive: HarnessArchiveId | None = Field(None, description="A code harness (`har_…`, `POST /v1/harnesses`) instead of `harness`.")
     split: Literal["validation"] = "validation"
     limit: int | None = Field(None, ge=1, description="Evaluate only the first `limit` validation items.")
 
@@ -292,6 +323,7 @@ class EvaluationOut(BaseModel):
     split: Literal["validation", "test"]
     model: str
     harness: Harness
+    harness_archive: str | None = Field(None, description="The code harness evaluated (`har_…`); `harness` is then unused.")
     items_total: int
     items_done: int
     score: Score | None = None
@@ -299,6 +331,49 @@ class EvaluationOut(BaseModel):
     error: str | None = None
     created_at: dt.datetime
     finished_at: dt.datetime | None = None
+
+
+class RolloutStep(BaseModel):
+    """One turn of a rollout, as Harbor's ATIF (Agent Trajectory Interchange Format) records a step: who spoke
+    (``system``/``user`` prompts the harness sent, ``agent`` the model's answer, ``environment`` a tool's or
+    command's output the harness sent back), what was said, the model's tool calls, and the call's tokens."""
+
+    step_id: int = Field(description="1, 2, … in order.")
+    timestamp: str | None = Field(None, description="ISO 8601 UTC, for the agent's steps: when the answer came back.")
+    source: Literal["system", "user", "agent", "environment"]
+    message: str
+    tool_calls: list[dict[str, Any]] | None = None
+    prompt_tokens: int | None = None
+    completion_tokens: int | None = None
+
+
+class RolloutRun(BaseModel):
+    """How one sandboxed program of a rollout ended (the harness, or the task's verifier): exit status (``128 + n``
+    when signal ``n`` ended it, ``-9`` when the sandbox was killed), the limit that ended it, seconds, output tails."""
+
+    exit_code: int
+    limit: Literal["wall", "cpu", "memory", "processes", "disk"] | None = None
+    elapsed_s: float
+    stdout: str = Field("", description="The last 16 KiB of standard output.")
+    stderr: str = Field("", description="The last 16 KiB of standard error.")
+
+
+class RolloutTrajectory(BaseModel):
+    """A code harness's rollout of one task (schema ``crucible-rollout/1``, modelled on Harbor's ATIF v1): the model
+    calls turned into steps, how the harness and the verifier ended, the reward and, for a failed rollout, why."""
+
+    schema_version: Literal["crucible-rollout/1"] = "crucible-rollout/1"
+    harness: str = Field(description="The harness archive (`har_…`).")
+    model: str
+    sandbox: str = Field(description="The sandbox backend: `bwrap` or `docker`.")
+    steps: list[RolloutStep]
+    harness_run: RolloutRun | None = None
+    verifier_run: RolloutRun | None = None
+    reward: float = Field(description="What the verifier wrote (reward.txt / reward.json), in [0, 1]; 0 for a failed rollout.")
+    failure: str | None = Field(None, description="Why the rollout failed (a limit, a crash, a verifier with no reward); null otherwise.")
+    model_calls: int
+    prompt_tokens: int
+    completion_tokens: int
 
 
 class TrajectoryOut(BaseModel):
@@ -317,15 +392,17 @@ class TrajectoryOut(BaseModel):
                                                       "Null when the answer was scored.")
     prompt_tokens: int
     completion_tokens: int
+    rollout: RolloutTrajectory | None = Field(None, description="A code harness's rollout, turn by turn; null for a declarative harness.")
 
 
-class SubmissionCreate(BaseModel):
+class SubmissionCreate(_OneHarness):
     """Submit the final system; it is graded once on the hidden test split."""
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"}})
 
     model: ModelName
     harness: Harness | None = None
+    harness_archive: HarnessArchiveId | None = Field(None, description="A code harness (`har_…`) instead of `harness`.")
     note: str | None = Field(None, max_length=2000)
 
 
@@ -344,6 +421,7 @@ class SubmissionOut(BaseModel):
     task: str = Field("main", description="The benchmark's task this system is submitted for.")
     model: str
     harness: Harness
+    harness_archive: str | None = Field(None, description="The code harness submitted (`har_…`); `harness` is then unused.")
     score: Score | None = None
     error: str | None = Field(None, description="Why grading failed (never a test item or a per-item result).")
     failure_cause: Literal["agent", "platform"] | None = Field(

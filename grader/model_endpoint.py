@@ -1,0 +1,202 @@
+"""The rollout model endpoint: the one network peer of a code harness's sandbox.
+
+Each eval worker process serves one small OpenAI-compatible HTTP app on a Unix socket (:class:`ModelEndpoint`); the
+sandbox backends bind that socket into each sandbox, where the sandbox's init forwards ``127.0.0.1:8000`` to it, and
+the harness gets ``OPENAI_BASE_URL=http://127.0.0.1:8000/v1`` and ``OPENAI_API_KEY=<token>``. A token is bound to one
+rollout (:class:`Binding`) for as long as it runs and is useless after:
+
+- it serves exactly the rollout's model (the evaluated base model or checkpoint); a request naming any other model
+  is a 404 ``model_not_found``, whoever owns it;
+- every completion is charged against the evaluation's budget hold under the idempotency key
+  ``<eval>:<item>:<sample>:<call>`` (test grading: not charged), through inference's own metering;
+- at most ``max_calls`` completions per rollout (429 after), ``max_tokens`` at most the benchmark's cap (a request
+  without it gets the cap; one asking for more is a 422 naming ``max_tokens``), the evaluation's context length;
+- ``stream: true`` is refused (422 naming ``stream``): a harness reads whole answers;
+- every call is recorded (request messages, the answer, token counts) for the rollout's trajectory.
+
+Routes: ``GET /v1/models`` (the bound model), ``POST /v1/chat/completions``. Errors are problem+json with OpenAI's
+``message``/``param``, as on the gateway, so an unmodified ``openai`` client reads them.
+"""
+
+from __future__ import annotations
+
+import datetime as dt
+import secrets
+import tempfile
+import threading
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any
+
+import structlog
+import uvicorn
+from fastapi import Depends, Header, Request
+
+from grader.sandboxes.base import MODEL_PORT
+from grader.schemas import RolloutModels
+from grader.service import Grader
+from services.common.app import create_service_app
+from services.common.auth import RunContext
+from services.common.errors import NotFound, TooManyRequests, Unauthorized, Unprocessable, problem_responses
+from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ModelOut
+
+log = structlog.get_logger("grader")
+
+
+@dataclass
+class Call:
+    """One completion a rollout asked for: the request's messages, the answer's message, its tokens and when."""
+
+    messages: list[dict[str, Any]]
+    message: dict[str, Any]
+    finish_reason: str | None
+    prompt_tokens: int
+    completion_tokens: int
+    at: str
+
+
+@dataclass
+class Binding:
+    """What a rollout's token allows. ``model``: the only model served; ``ctx``: the run (``None`` for a baseline);
+    ``hold_id``: the evaluation's hold every completion is charged against (``None``: test grading, not charged);
+    ``key``: the idempotency prefix ``<eval>:<item>:<sample>``; ``context_tokens``/``max_tokens``: the benchmark's
+    caps (tokens); ``max_calls``: completions allowed. ``calls`` grows as the rollout calls."""
+
+    model: str
+    ctx: RunContext | None
+    hold_id: str | None
+    key: str
+    context_tokens: int | None
+    max_tokens: int
+    max_calls: int
+    calls: list[Call] = field(default_factory=list)
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def tokens(self) -> tuple[int, int]:
+        """``(prompt tokens, completion tokens)`` of every call so far."""
+        done = [c for c in self.calls if c is not None]
+        return sum(c.prompt_tokens for c in done), sum(c.completion_tokens for c in done)
+
+
+def rollout_binding(request: Request, authorization: Annotated[str | None, Header()] = None) -> Binding:
+    """The rollout the request's bearer token is bound to (401 otherwise)."""
+    return request.app.state.endpoint.binding((authorization or "").removeprefix("Bearer ").strip())
+
+
+RolloutDep = Annotated["Binding", Depends(rollout_binding)]
+
+
+class ModelEndpoint:
+    """The worker's rollout endpoint (see the module docstring): :meth:`bind` a rollout for a token, :meth:`unbind`
+    it when the rollout ends. The server starts on first use, in a daemon thread of this process."""
+
+    def __init__(self, grader: Grader, socket_dir: Path | None = None) -> None:
+        self.grader = grader
+        self._dir = Path(tempfile.mkdtemp(prefix="crucible-model-", dir=socket_dir))
+        self.socket_path = self._dir / "model.sock"
+        self._bindings: dict[str, Binding] = {}
+        self._lock = threading.Lock()
+        self._server: uvicorn.Server | None = None
+
+    @property
+    def base_url(self) -> str:
+        """``OPENAI_BASE_URL`` inside a sandbox, where the sandbox's init forwards this port to :attr:`socket_path`."""
+        return f"http://127.0.0.1:{MODEL_PORT}/v1"
+
+    def start(self) -> None:
+        """Start serving on :attr:`socket_path` (idempotent); returns once the socket accepts connections."""
+        with self._lock:
+            if self._server is not None:
+                return
+            config = uvicorn.Config(self.app(), uds=str(self.socket_path), log_level="warning", lifespan="off", access_log=False)
+            self._server = uvicorn.Server(config)
+            threading.Thread(target=self._server.run, name="rollout-model-endpoint", daemon=True).start()
+            deadline = time.monotonic() + 30
+            while not self._server.started:
+                if time.monotonic() > deadline:
+                    raise RuntimeError("the rollout model endpoint did not start")
+                time.sleep(0.01)
+
+    def stop(self) -> None:
+        if self._server is not None:
+            self._server.should_exit = True
+
+    def bind(self, binding: Binding) -> str:
+        """A fresh token (URL-safe, 256 bits) for ``binding``."""
+        self.start()
+        token = "rk-" + secrets.token_urlsafe(32)
+        with self._lock:
+            self._bindings[token] = binding
+        return token
+
+    def unbind(self, token: str) -> Binding:
+        """End ``token``: later requests with it are 401. Returns its binding with the calls it made."""
+        with self._lock:
+            return self._bindings.pop(token)
+
+    def binding(self, token: str) -> Binding:
+        """The binding of ``token``; ``Unauthorized`` for a token no running rollout holds."""
+        with self._lock:
+            binding = self._bindings.get(token)
+        if binding is None:
+            raise Unauthorized("this token is not bound to a running rollout")
+        return binding
+
+    def app(self):  # noqa: ANN201 - a FastAPI app
+        """The endpoint's FastAPI app."""
+        app = create_service_app("rollout-model", title="Crucible rollout model endpoint", max_body_bytes=8 * 1024 * 1024,
+                                 description="The OpenAI-compatible endpoint a harness's sandbox reaches: one model, one rollout.")
+        app.state.endpoint = self
+
+        @app.get("/v1/models", summary="The rollout's model", responses=problem_responses(Unauthorized))
+        def list_models(binding: RolloutDep) -> RolloutModels:
+            """The one model this rollout may call."""
+            return RolloutModels(data=[ModelOut(id=binding.model)])
+
+        @app.post("/v1/chat/completions", summary="A chat completion of the rollout's model",
+                  responses=problem_responses(Unauthorized, NotFound, Unprocessable, TooManyRequests))
+        def chat_completions(body: ChatCompletionRequest, binding: RolloutDep) -> ChatCompletion:
+            """OpenAI's chat completion, non-streamed; see the module docstring for what is refused."""
+            return self._complete(binding, body)
+
+        return app
+
+    def _complete(self, binding: Binding, body: ChatCompletionRequest) -> ChatCompletion:
+        if body.model != binding.model:
+            raise NotFound(f"model {body.model!r} is not served to this rollout; it serves {binding.model!r} only", field="model")
+        if body.stream:
+            raise Unprocessable("the rollout endpoint does not stream; send stream: false", field="stream")
+        asked = body.max_completion_tokens or body.max_tokens
+        if asked is not None and asked > binding.max_tokens:
+            raise Unprocessable(f"max_tokens {asked} is more than the benchmark allows per call ({binding.max_tokens})",
+                                field="max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+        with binding.lock:
+            number = len(binding.calls)  # the call's number within the rollout
+            if number >= binding.max_calls:
+                raise TooManyRequests(f"this rollout has made its {binding.max_calls} model calls", limit="model_calls")
+            binding.calls.append(None)  # type: ignore[arg-type] - reserves the number; filled below
+        request = body.model_copy(update={"max_tokens": asked or binding.max_tokens, "max_completion_tokens": None})
+        try:
+            out = self.grader.inference.chat_completions(binding.ctx, request, hold_id=binding.hold_id, unmetered=binding.hold_id is None,
+                                                         idempotency_key=f"{binding.key}:{number}", context_tokens=binding.context_tokens)
+        except Exception:
+            with binding.lock:
+                binding.calls[number] = Call(messages=_messages(body), message={}, finish_reason="error", prompt_tokens=0,
+                                             completion_tokens=0, at=_now())
+            raise
+        choice = out.choices[0]
+        with binding.lock:
+            binding.calls[number] = Call(messages=_messages(body), message=choice.message.model_dump(exclude_none=True),
+                                         finish_reason=choice.finish_reason, prompt_tokens=out.usage.prompt_tokens,
+                                         completion_tokens=out.usage.completion_tokens, at=_now())
+        return out
+
+
+def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:
+    return [m.model_dump(exclude_none=True) for m in body.messages]
+
+
+def _now() -> str:
+    return dt.datetime.now(dt.UTC).isoformat()

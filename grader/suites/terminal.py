@@ -1,0 +1,94 @@
+"""The ``terminal`` suite: multi-turn tasks in Harbor's task-folder format (Terminal-Bench's), each solved by an agent
+driving a shell in a sandbox and checked by the task's own verifier.
+
+A task is a folder of ``terminal_tasks/`` (its README lists them and states the format): ``task.toml`` (metadata,
+agent and verifier time limits), ``instruction.md`` (the agent's prompt), ``environment/app/`` (the files of the
+working directory ``/app``) and optional ``environment/setup.sh``, ``tests/test.sh`` (the verifier: writes the reward),
+``solution/solve.sh`` (the oracle; never shown to a harness). A Terminal-Bench task whose environment is files and a
+set-up script drops in as a folder.
+
+Items: one per task (``id`` = folder name, ``question`` = the instruction, ``answer`` = ``""``: the verifier is the
+reference). The score of a rollout is the verifier's reward (:mod:`grader.rollouts`); systems are code harnesses
+(:mod:`grader.harness_archives`). Default harness: ``terminal_harness/``, a minimal terminal agent loop (the model
+proposes one command, the harness runs it and sends back the output, until the model says it is done or runs out of
+turns).
+
+Params: ``categories`` (list: keep tasks of these ``[metadata] category`` values), ``tasks`` (list of folder names).
+"""
+
+from __future__ import annotations
+
+import random
+import tomllib
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from grader.suites.base import Item, TaskEnvironment, register_suite
+from services.common.contracts import Harness
+from services.common.errors import Unprocessable
+
+TASKS_DIR = Path(__file__).with_name("terminal_tasks")
+HARNESS_DIR = Path(__file__).with_name("terminal_harness")
+_PARAMS = ("categories", "tasks")
+
+
+@cache
+def tasks() -> dict[str, dict[str, Any]]:
+    """Every shipped task: folder name → its ``task.toml`` (parsed) and instruction, sorted by name."""
+    out = {}
+    for folder in sorted(p for p in TASKS_DIR.iterdir() if (p / "task.toml").is_file()):
+        meta = tomllib.loads((folder / "task.toml").read_text())
+        out[folder.name] = {"toml": meta, "instruction": (folder / "instruction.md").read_text()}
+    return out
+
+
+@register_suite
+class TerminalSuite:
+    """See the module docstring."""
+
+    name = "terminal"
+    default_harness = Harness()  # never used alone: a terminal task is run by a code harness
+    default_harness_folder = HARNESS_DIR
+
+    def check_params(self, params: dict[str, Any]) -> None:
+        for key, value in params.items():
+            if key not in _PARAMS:
+                raise Unprocessable(f"terminal takes no parameter {key!r}; allowed: {', '.join(_PARAMS)}", field=f"suite.params.{key}")
+            if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
+                raise Unprocessable(f"suite.params.{key} must be a non-empty list of strings", field=f"suite.params.{key}")
+        if unknown := sorted(set(params.get("tasks", [])) - tasks().keys()):
+            raise Unprocessable(f"unknown terminal tasks: {', '.join(unknown[:5])}", field="suite.params.tasks")
+        if not self._names(params):
+            raise Unprocessable("no terminal task matches these params", field="suite.params")
+
+    def _names(self, params: dict[str, Any]) -> list[str]:
+        wanted, categories = params.get("tasks"), params.get("categories")
+        return [name for name, task in tasks().items() if (wanted is None or name in wanted)
+                and (categories is None or task["toml"].get("metadata", {}).get("category") in categories)]
+
+    def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
+        """``size`` tasks chosen by ``seed``; raises ``Unprocessable`` (field ``suite.splits.<split>.size``) if fewer remain."""
+        names = self._names(params)
+        random.Random(seed).shuffle(names)
+        left = [n for n in names if tasks()[n]["instruction"] not in exclude]
+        if size > len(left):
+            raise Unprocessable(f"terminal: only {len(left)} {split} tasks are left outside the other splits; ask for at most that many",
+                                field=f"suite.splits.{split}.size")
+        return [Item(id=n, question=tasks()[n]["instruction"], answer="", entry={"task": n}) for n in left[:size]]
+
+    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        return len(self._names(params)), True
+
+    def score(self, answer: str | None, item: Item) -> float:
+        """Not used: a terminal task's score is its verifier's reward. 0.0."""
+        return 0.0
+
+    def environment(self, item: Item) -> TaskEnvironment:
+        """The task folder of ``item`` as a :class:`TaskEnvironment`."""
+        folder = TASKS_DIR / item.entry["task"]
+        meta = tasks()[folder.name]["toml"]
+        app, setup = folder / "environment" / "app", folder / "environment" / "setup.sh"
+        return TaskEnvironment(app=app if app.is_dir() else None, setup=setup if setup.is_file() else None, tests=folder / "tests",
+                               agent_timeout_s=float(meta.get("agent", {}).get("timeout_sec", 600)),
+                               verifier_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", 120)))

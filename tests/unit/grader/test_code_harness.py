@@ -1,0 +1,387 @@
+"""Code harnesses, for real: archives validated at upload, rollouts in the bubblewrap sandbox with the rollout model
+endpoint as the only peer, task verifiers run after the harness is gone, trajectories and charges.
+
+The grader app runs in this process on temporary SQLite databases with the real ledger app; inference is a stand-in
+that plays a terminal agent's model (it proposes a command, then says DONE). Every sandbox is real.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import io
+import json
+import socket
+import tarfile
+import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from inference_service.client import InferenceClient
+from trainer_service.client import TrainerClient
+
+from grader import worker
+from grader.app import create_app
+from grader.client import GraderClient
+from grader.harness_archives import inspect_archive
+from grader.model_endpoint import Binding, ModelEndpoint
+from grader.rollouts import RolloutLimits, run_rollout
+from grader.sandboxes import get_sandbox
+from grader.service import Grader
+from grader.settings import GraderSettings
+from grader.suites import get_suite
+from grader.suites.terminal import TASKS_DIR, tasks
+from services.common.auth import RunContext, run_headers
+from services.common.contracts import EvaluationCreate, EvaluationLimits, GradingSpec, SubmissionCreate
+from services.common.errors import UpstreamProblem
+from services.ledger.app import create_app as create_ledger_app
+from services.ledger.client import LedgerClient
+from services.ledger.schemas import AccountCreate, HoldStatus
+from services.ledger.settings import LedgerSettings
+from tests.unit.grader.test_routes import GATEWAY_TOKEN, GRADER_TOKEN, stand_in
+from tests.unit.inprocess import in_process
+
+BASE = "smollm2-135m-instruct"
+TASK = "count-log-errors"
+
+
+def archive(files: dict[str, str | bytes], manifest: str | None = None) -> bytes:
+    """A .tar.gz of ``files`` (name → content) with ``manifest`` as harness.toml."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for name, content in ({"harness.toml": manifest} if manifest is not None else {}).items() | files.items():
+            data = content.encode() if isinstance(content, str) else content
+            info = tarfile.TarInfo(name)
+            info.size, info.mode = len(data), 0o755
+            tar.addfile(info, io.BytesIO(data))
+    return buf.getvalue()
+
+
+def code_harness(script: str, **limits: Any) -> bytes:
+    """An archive whose entry runs ``script`` with bash."""
+    extra = "".join(f"{k} = {v}\n" for k, v in limits.items())
+    return archive({"run.sh": script}, 'name = "test"\nentry = "bash /harness/run.sh"\n' + (f"[limits]\n{extra}" if extra else ""))
+
+
+def oracle_archive() -> bytes:
+    """A harness that knows every shipped task's solution: it finds the one for the instruction it reads on stdin."""
+    files = {f"solutions/{hashlib.sha256(t['instruction'].encode()).hexdigest()}.sh": (TASKS_DIR / name / "solution" / "solve.sh").read_text()
+             for name, t in tasks().items()}
+    files["oracle.py"] = ("import hashlib, subprocess, sys\n"
+                          "key = hashlib.sha256(sys.stdin.read().encode()).hexdigest()\n"
+                          "sys.exit(subprocess.run(['bash', f'/harness/solutions/{key}.sh'], cwd='/app').returncode)\n")
+    return archive(files, 'name = "oracle"\nentry = "python3 /harness/oracle.py"\n')
+
+
+METERED: list[tuple[str | None, str | None]] = []  # (hold, idempotency key) of every completion inference was asked for
+
+
+def agent_model(request: httpx.Request) -> httpx.Response:
+    """Inference playing a terminal agent's model: the first answer is a command, the next ``DONE``. Inference
+    charges each completion to the hold it is given, once per idempotency key; here they are recorded."""
+    if request.method == "GET":
+        model = request.url.path.rsplit("/", 1)[1]
+        return httpx.Response(200, json={"id": model, "object": "model", "owned_by": "crucible", "base_model": model})
+    body = json.loads(request.content)
+    METERED.append((request.headers.get("x-crucible-hold"), request.headers.get("idempotency-key")))
+    answered = any(m["role"] == "assistant" for m in body["messages"])
+    content = "DONE" if answered else "```bash\nls /app\n```"
+    return httpx.Response(200, json={"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content}, "finish_reason": "stop"}],
+                                     "usage": {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45}})
+
+
+@dataclass
+class Served:
+    http: TestClient
+    grader: GraderClient
+    service: Grader
+    ledger: LedgerClient
+    queue: list[str]
+    task_id: str
+    tmp: Path
+
+    def ctx(self, run_id: str) -> RunContext:
+        self.ledger.open_account(AccountCreate(account_id=run_id, budget_usd_micros=10_000_000))
+        return RunContext(run_id=run_id, task_id=self.task_id)
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
+    tmp = tmp_path_factory.mktemp("code-harness")
+    ledger_app = create_ledger_app(LedgerSettings(data_dir=tmp / "ledger", service_token="ledger-token", trusted_tokens={"grader": GRADER_TOKEN}))
+    settings = GraderSettings(data_dir=tmp, grader_test_seed=99, service_token=GRADER_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN},
+                              rollout_concurrency=2, rollout_wall_s=60, verifier_wall_s=60)
+    with TestClient(ledger_app, base_url="http://ledger") as ledger_http, TestClient(create_app(settings), base_url="http://grader") as http:
+        service: Grader = http.app.state.grader  # type: ignore[attr-defined]
+        service.close()
+        queue: list[str] = []
+        service.ledger = ledger = LedgerClient(in_process(ledger_http, GRADER_TOKEN, "ledger"))
+        service.inference = InferenceClient(stand_in("inference", agent_model))
+        service.trainer = TrainerClient(stand_in("trainer", lambda _r: httpx.Response(200, json={"object": "list", "data": []})))
+        service.enqueue = queue.append
+        client = GraderClient(in_process(http, GATEWAY_TOKEN, "grader"))
+        spec = GradingSpec(task_id="bm_terminal", suite={"name": "terminal", "params": {"tasks": [TASK, "dedupe-lines", "extract-emails", "csv-column-sum", "find-large-files"]},
+                                                          "splits": {"validation": {"seed": 1, "size": 2}, "train": {"seed": 0, "size": 1},
+                                                                     "test": {"size": 2}}},
+                           initial_system={"model": BASE}, reference_score=1.0, evaluation={"max_tokens": 64, "max_turns": 4, "samples": 1})
+        client.register_task(spec)
+        yield Served(http, client, service, ledger, queue, spec.task_id, tmp)
+
+
+@pytest.fixture(scope="module")
+def endpoint(served: Served) -> ModelEndpoint:
+    return worker.model_endpoint(served.service)
+
+
+def rollout(endpoint: ModelEndpoint, data: bytes, task: str = TASK, model: str = BASE, max_calls: int = 4, **caps: Any):  # noqa: ANN201
+    suite = get_suite("terminal")
+    [item] = [it for it in suite.generate({"tasks": [task]}, 0, 1, split="validation")]
+    binding = Binding(model=model, ctx=None, hold_id=None, key=f"eval_test:{task}:0", context_tokens=None, max_tokens=64, max_calls=max_calls)
+    return run_rollout(get_sandbox("bwrap"), endpoint, archive=data, archive_id="har_test", manifest=inspect_archive(data), instruction=item.question,
+                       binding=binding, environment=suite.environment(item), caps=RolloutLimits(**{"wall_s": 30, "verifier_wall_s": 30, **caps}))
+
+
+# --------------------------------------------------------------------------- the shipped tasks
+
+
+def test_the_terminal_suite_ships_at_least_30_tasks_in_harbors_format() -> None:
+    assert len(tasks()) >= 30
+    categories = {t["toml"]["metadata"]["category"] for t in tasks().values()}
+    assert {"files", "text-processing", "scripting", "git", "data"} <= categories
+    for name in tasks():
+        folder = TASKS_DIR / name
+        assert (folder / "instruction.md").is_file() and (folder / "tests" / "test.sh").is_file() and (folder / "solution" / "solve.sh").is_file(), name
+
+
+def test_the_oracle_harness_scores_1_and_a_noop_harness_0_on_every_shipped_task(endpoint: ModelEndpoint) -> None:
+    oracle, noop = oracle_archive(), code_harness("exit 0\n")
+    with ThreadPoolExecutor(2) as pool:
+        oracle_rewards = dict(zip(tasks(), pool.map(lambda t: rollout(endpoint, oracle, t).reward, tasks()), strict=True))
+        noop_rewards = dict(zip(tasks(), pool.map(lambda t: rollout(endpoint, noop, t).reward, tasks()), strict=True))
+    assert {t: r for t, r in oracle_rewards.items() if r != 1.0} == {}
+    assert {t: r for t, r in noop_rewards.items() if r != 0.0} == {}
+
+
+# --------------------------------------------------------------------------- archives
+
+
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"x") -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        manifest = b'name = "h"\nentry = "true"\n'
+        info = tarfile.TarInfo("harness.toml")
+        info.size = len(manifest)
+        tar.addfile(info, io.BytesIO(manifest))
+        info = tarfile.TarInfo(name)
+        info.type, info.linkname = kind, link
+        info.size = len(data) if kind == tarfile.REGTYPE else 0
+        tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
+    return buf.getvalue()
+
+
+@pytest.mark.parametrize(("data", "member", "says"), [
+    (_member("/etc/cron.d/evil"), "/etc/cron.d/evil", "unsafe"),
+    (_member("../outside.sh"), "../outside.sh", "unsafe"),
+    (_member("lib/../../outside.sh"), "lib/../../outside.sh", "unsafe"),
+    (_member("escape", tarfile.SYMTYPE, "/etc/passwd"), "escape", "unsafe"),
+    (_member("escape", tarfile.SYMTYPE, "../../etc"), "escape", "unsafe"),
+    (_member("hard", tarfile.LNKTYPE, "harness.toml"), "hard", "hard links"),
+    (_member("null", tarfile.CHRTYPE), "null", "unsafe"),
+    (_member("pipe", tarfile.FIFOTYPE), "pipe", "unsafe"),
+], ids=["absolute", "dotdot", "dotdot-inside", "symlink-absolute", "symlink-out", "hardlink", "device", "fifo"])
+def test_an_unsafe_archive_is_refused_naming_the_member(served: Served, data: bytes, member: str, says: str) -> None:
+    ctx = served.ctx(f"run_unsafe_{hashlib.sha256(data).hexdigest()[:8]}")
+    response = served.http.post("/internal/harnesses", content=data, headers={**run_headers(ctx, GATEWAY_TOKEN), "Content-Type": "application/gzip"})
+    assert response.status_code == 422, response.text
+    assert (response.json()["field"], response.json()["member"]) == ("file", member)
+    assert says in response.json()["detail"]
+
+
+@pytest.mark.parametrize(("data", "field", "says"), [
+    (b"not a tarball", "file", "gzip"),
+    (archive({"run.sh": "true"}), "harness.toml", "no harness.toml"),
+    (archive({}, 'entry = "true"\n'), "harness.toml.name", "Field required"),
+    (archive({}, 'name = "h"\nentry = "true"\n[limits]\nwall_s = -1\n'), "harness.toml.limits.wall_s", "greater than 0"),
+    (archive({}, 'name = "h"\nentry = "true"\nnetwork = true\n'), "harness.toml.network", "Extra inputs"),
+    (archive({}, "name = [\n"), "harness.toml", "not TOML"),
+    (archive({f"f{i}": "" for i in range(2001)}, 'name = "h"\nentry = "true"\n'), "file", "more than 2000 members"),
+], ids=["not-gzip", "no-manifest", "manifest-missing-key", "manifest-bad-limit", "manifest-unknown-key", "manifest-not-toml", "too-many-members"])
+def test_a_bad_archive_is_a_422_naming_the_field(served: Served, data: bytes, field: str, says: str) -> None:
+    ctx = served.ctx(f"run_bad_{hashlib.sha256(data).hexdigest()[:8]}")
+    response = served.http.post("/internal/harnesses", content=data, headers={**run_headers(ctx, GATEWAY_TOKEN), "Content-Type": "application/gzip"})
+    assert response.status_code == 422, response.text
+    assert response.json()["field"] == field and says in response.json()["detail"], response.json()
+
+
+def test_an_archive_is_content_addressed_per_run_and_another_run_cannot_see_it(served: Served) -> None:
+    ours, theirs = served.ctx("run_archive_owner"), served.ctx("run_archive_other")
+    data = code_harness("echo hi\n")
+    first, again = served.grader.upload_harness(ours, data, name="mine"), served.grader.upload_harness(ours, data)
+    assert first.id == again.id and first.id.startswith("har_") and first.sha256 == hashlib.sha256(data).hexdigest()
+    assert served.grader.harness_archive(ours, first.id) == data
+    listed = served.grader.list_harnesses(ours).data
+    assert [a.id for a in listed if not a.platform] == [first.id] and any(a.platform and a.name == "terminal-agent" for a in listed)
+    for call in (lambda: served.grader.get_harness(theirs, first.id), lambda: served.grader.harness_archive(theirs, first.id),
+                 lambda: served.grader.create_evaluation(theirs, EvaluationCreate(model=BASE, harness_archive=first.id), limits=EvaluationLimits())):
+        with pytest.raises(UpstreamProblem) as refused:
+            call()
+        assert refused.value.status == 404
+    assert served.grader.upload_harness(theirs, data).id != first.id  # the same bytes are the other run's own archive
+
+
+def test_a_terminal_task_needs_a_code_harness(served: Served) -> None:
+    ctx = served.ctx("run_declarative")
+    with pytest.raises(UpstreamProblem) as refused:
+        served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, harness={"user_template": "{{ question }}"}), limits=EvaluationLimits())
+    assert (refused.value.status, refused.value.problem["field"]) == (422, "harness")
+    body = {"model": BASE, "harness": {}, "harness_archive": "har_01jd3k4m5n6p7q8r9s0t1v2w3x"}
+    response = served.http.post("/internal/evaluations", json=body, headers=run_headers(ctx, GATEWAY_TOKEN))
+    assert response.status_code == 422 and response.json()["field"] == "harness_archive"
+
+
+# --------------------------------------------------------------------------- evaluations of code harnesses
+
+
+def test_the_default_harness_evaluates_through_the_rollout_endpoint_and_every_cost_is_charged(served: Served) -> None:
+    ctx = served.ctx("run_default_harness")
+    created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE), limits=EvaluationLimits())
+    assert created.harness_archive and created.harness_archive.startswith("har_")
+    [hold] = served.ledger.list_holds(ctx.run_id)
+    worker.run_evaluation(served.service, created.id)
+    done = served.grader.get_evaluation(ctx, created.id)
+    assert (done.status, done.items_done) == ("succeeded", 2), done.error
+    trajectories = served.grader.get_trajectories(ctx, created.id).data
+    for t in trajectories:
+        rollout = t.rollout
+        assert rollout is not None and rollout.model_calls == 2 and rollout.harness == created.harness_archive, t
+        assert [s.source for s in rollout.steps] == ["system", "user", "agent", "environment", "agent"]
+        assert rollout.steps[2].message.startswith("```bash") and "(exit code 0)" in rollout.steps[3].message
+        assert rollout.verifier_run is not None and rollout.reward == t.score == 0.0 and rollout.failure is None
+        assert (t.prompt_tokens, t.completion_tokens) == (80, 10)
+    assert served.ledger.get_hold(hold.hold_id).status == HoldStatus.settled
+    keys = sorted(key for held, key in METERED if held == hold.hold_id)  # every model call charged to the evaluation's hold, once
+    assert keys == sorted(f"{created.id}:{t.item_id}:0:{call}" for t in trajectories for call in (0, 1))
+    [sandbox] = [b for b in served.ledger.usage(ctx.run_id) if b.kind == "sandbox_seconds"]
+    assert sandbox.quantity >= 2 and sandbox.amount_usd_micros > 0
+
+
+def test_an_edited_harness_is_evaluated_and_submitted(served: Served) -> None:
+    ctx = served.ctx("run_edited_harness")
+    uploaded = served.grader.upload_harness(ctx, oracle_archive())
+    created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, harness_archive=uploaded.id), limits=EvaluationLimits())
+    worker.run_evaluation(served.service, created.id)
+    done = served.grader.get_evaluation(ctx, created.id)
+    assert (done.status, done.score.value, done.harness_archive) == ("succeeded", 1.0, uploaded.id)  # type: ignore[union-attr]
+    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE, harness_archive=uploaded.id), max_submissions=1)
+    worker.run_evaluation(served.service, served.queue[-1])
+    graded = served.grader.get_submission(ctx, sub.id)
+    assert (graded.status, graded.score.value, graded.harness_archive) == ("graded", 1.0, uploaded.id)  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- hostile harnesses
+
+
+@pytest.fixture(scope="module")
+def listeners() -> Iterator[dict[str, int]]:
+    """TCP servers on the host standing in for the grader, the ledger and the test store (loopback), and one on
+    the host's outward address: a sandbox must reach none of them."""
+    servers, ports = [], {}
+    outward = socket.gethostbyname(socket.gethostname())
+    for name, host in (("grader", "127.0.0.1"), ("ledger", "127.0.0.1"), ("teststore", "127.0.0.1"), ("host", outward)):
+        s = socket.socket()
+        s.bind((host, 0))
+        s.listen()
+        servers.append(s)
+        ports[name] = s.getsockname()[1]
+        threading.Thread(target=lambda srv=s: [c.close() for c, _ in iter(srv.accept, None)], daemon=True).start()
+    ports["outward"] = outward  # type: ignore[assignment]
+    yield ports
+    for s in servers:
+        s.close()
+
+
+def test_a_harness_cannot_open_a_socket_to_any_service_or_the_outside(endpoint: ModelEndpoint, listeners: dict[str, Any]) -> None:
+    targets = [("127.0.0.1", listeners["grader"]), ("127.0.0.1", listeners["ledger"]), ("127.0.0.1", listeners["teststore"]),
+               (listeners["outward"], listeners["host"]), ("1.1.1.1", 53), ("8.8.8.8", 443)]
+    probe = "import socket\n" + "".join(
+        f"try:\n    socket.create_connection(({h!r}, {p}), timeout=3); print('REACHED {h}:{p}')\nexcept OSError as e:\n    print('refused {h}:{p}', e)\n"
+        for h, p in targets)
+    out = rollout(endpoint, archive({"probe.py": probe}, 'name = "probe"\nentry = "python3 /harness/probe.py"\n'))
+    assert "REACHED" not in out.trajectory.harness_run.stdout, out.trajectory.harness_run.stdout  # type: ignore[union-attr]
+    assert [line.split()[0] for line in out.trajectory.harness_run.stdout.splitlines()] == ["refused"] * len(targets)  # type: ignore[union-attr]
+    assert out.reward == 0.0
+
+
+def test_a_harness_cannot_read_or_write_outside_its_workspace(served: Served, endpoint: ModelEndpoint) -> None:
+    secret = served.tmp / "grader-teststore.sqlite"
+    assert secret.exists()
+    script = (f"cat {secret} && echo READ-TESTSTORE; cat /etc/hostname && echo READ-ETC; ls /root && echo READ-ROOT; "
+              f"ls {TASKS_DIR} && echo READ-TASKS; echo x > /usr/planted && echo WROTE-USR; echo x > {served.tmp}/planted && echo WROTE-DATA; "
+              "echo ok > /app/mine && echo WROTE-APP\n")
+    out = rollout(endpoint, code_harness(script))
+    stdout = out.trajectory.harness_run.stdout  # type: ignore[union-attr]
+    assert "WROTE-APP" in stdout and not [w for w in ("READ-TESTSTORE", "READ-ETC", "READ-ROOT", "READ-TASKS", "WROTE-USR", "WROTE-DATA") if w in stdout]
+    assert not (served.tmp / "planted").exists() and not Path("/usr/planted").exists()
+
+
+def test_files_planted_where_the_tests_go_do_not_count(endpoint: ModelEndpoint) -> None:
+    script = ("mkdir -p /tests /logs/verifier && echo 1 > /logs/verifier/reward.txt && printf '#!/bin/bash\\necho 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; "
+              "echo 'def pytest_configure(): open(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")' > /app/conftest.py; echo 999 > /app/error_count.txt\n")
+    out = rollout(endpoint, code_harness(script))
+    assert (out.reward, out.trajectory.failure) == (0.0, None)
+    assert out.trajectory.verifier_run is not None and out.trajectory.verifier_run.exit_code == 0
+
+
+@pytest.mark.parametrize(("script", "caps", "limit"), [
+    ("sleep 600\n", {"wall_s": 3}, "wall"),
+    (":(){ :|:& };:\nsleep 5\n", {"processes": 32, "wall_s": 20}, "processes"),
+    ("head -c 200000000 /dev/zero > /app/fill; sleep 1\n", {"disk_mb": 16}, "disk"),
+], ids=["sleeps-past-the-limit", "fork-bomb", "fills-the-disk"])
+def test_a_harness_past_a_limit_is_a_failed_rollout_with_a_reason(endpoint: ModelEndpoint, script: str, caps: dict[str, Any], limit: str) -> None:
+    out = rollout(endpoint, code_harness(script), **caps)
+    assert out.trajectory.harness_run.limit == limit, out.trajectory  # type: ignore[union-attr]
+    assert (out.reward, out.trajectory.failure) == (0.0, f"the harness was stopped by its {limit} limit")
+    assert out.trajectory.verifier_run is None
+
+
+def test_a_harness_that_forks_a_sleeper_leaves_nothing_running(endpoint: ModelEndpoint) -> None:
+    import subprocess
+
+    marker = f"sleeper-{hashlib.sha256(str(id(endpoint)).encode()).hexdigest()[:12]}"
+    out = rollout(endpoint, code_harness(f"(exec -a {marker} sleep 1000) &\nsetsid sleep 999 &\necho started\n"))
+    assert out.trajectory.harness_run.exit_code == 0  # type: ignore[union-attr]
+    assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
+
+
+ASK = ("import json, os, urllib.request, urllib.error\n"
+       "def ask(model=os.environ['OPENAI_MODEL'], key=os.environ['OPENAI_API_KEY']):\n"
+       "    body = json.dumps({'model': model, 'messages': [{'role': 'user', 'content': 'hi'}]}).encode()\n"
+       "    req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', data=body, method='POST',\n"
+       "                                 headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + key})\n"
+       "    try:\n        return urllib.request.urlopen(req, timeout=30).status\n"
+       "    except urllib.error.HTTPError as e:\n        return e.code\n")
+
+
+def asking(calls: str) -> bytes:
+    """A harness that prints the HTTP status of each ``ask(...)`` in ``calls`` (a Python expression list)."""
+    return archive({"call.py": ASK + f"print(*[{calls}])\n"}, 'name = "c"\nentry = "python3 /harness/call.py"\n')
+
+
+def test_the_model_endpoint_serves_only_the_rollouts_model_and_only_while_it_runs(endpoint: ModelEndpoint) -> None:
+    out = rollout(endpoint, asking("ask(), ask('ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x'), ask('another-base-model'), ask(key='rk-guessed')"))
+    assert out.trajectory.harness_run.stdout.split() == ["200", "404", "404", "401"], out.trajectory.harness_run  # type: ignore[union-attr]
+    assert out.trajectory.model_calls == 1
+    # the token is gone with the rollout
+    with httpx.Client(transport=httpx.HTTPTransport(uds=str(endpoint.socket_path))) as client:
+        assert client.get("http://rollout/v1/models", headers={"Authorization": "Bearer rk-guessed"}).status_code == 401
+
+
+def test_a_harness_cannot_call_the_model_more_than_the_benchmark_allows(endpoint: ModelEndpoint) -> None:
+    out = rollout(endpoint, asking("ask(), ask(), ask()"), max_calls=2)
+    assert out.trajectory.harness_run.stdout.split() == ["200", "200", "429"] and out.trajectory.model_calls == 2  # type: ignore[union-attr]
