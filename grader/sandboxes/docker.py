@@ -1,0 +1,237 @@
+"""The container sandbox backend: one Docker container per run, through the Docker SDK for Python, for docker-compose
+and Kubernetes deployments. Its image (default ``crucible-sandbox:bookworm``) is built from Debian packages, no registry
+needed: ``deploy/sandbox-image/build.sh`` (``deploy/sandbox-image/ensure-dockerd.sh`` starts the daemon first).
+Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
+
+- Network: ``network_mode="none"`` (loopback only); the model endpoint's Unix socket is bind-mounted at
+  :data:`~grader.sandboxes.base.SOCKET_TARGET`, where the init forwards ``127.0.0.1:8000`` to it.
+- File system: the image's userland with the root file system read-only, a tmpfs ``/tmp`` of ``disk_mb`` MiB
+  (executable, as bubblewrap's is), the init script read-only, and the mounts given as bind mounts (read-only unless
+  writable); nothing else of the host. No capabilities (``cap_drop=ALL``), ``no-new-privileges``, the daemon's default
+  seccomp profile. The command runs as the grader's own uid and gid, as under bubblewrap, so the workspace it writes
+  is the grader's to read and remove (as root, without capabilities, it cannot read what the grader keeps private).
+- Stdin: written to a file that is bind-mounted read-only at :data:`STDIN_TARGET`; ``/bin/sh`` opens it as the
+  command's standard input and ``exec`` s the init, so the init is still the container's first process. (Attaching to
+  the container's stdin would also work, but a socket's half-close through the daemon is fragile; a file is exact.)
+- Environment: exactly :func:`~grader.sandboxes.base.sandbox_env`, plus ``PWD`` (the working directory, exported by
+  the launching shell, as bubblewrap's ``--chdir`` does); the ``HOSTNAME`` the daemon adds to every container is
+  removed unless given.
+- Nothing left behind: the init is the container's PID 1; when it exits the kernel kills every process left in the
+  container's PID namespace. The container is removed after its output is read, however the run ended.
+- Limits: per process ``RLIMIT_CPU``/``RLIMIT_AS``/``RLIMIT_FSIZE`` (the init sets them); for the whole container
+  ``mem_limit`` = ``memswap_limit`` = ``memory_mb`` (no swap), ``pids_limit`` = ``processes``, one CPU
+  (``nano_cpus``), wall time (the backend kills the container), and the CPU seconds of all its processes together,
+  read from the daemon's stats stream (one sample a second, so a run may overshoot ``cpu_s`` by about a second). The
+  logs the daemon keeps are capped (:data:`LOG_MAX`), so a flood of output cannot fill the host's disk.
+- How a run ended: ``"wall"``/``"cpu"`` when the backend killed it (``exit_code`` -9), ``"memory"`` when the kernel's
+  out-of-memory killer acted in the container (``State.OOMKilled``), ``"processes"`` when a stats sample found the
+  container at ``pids_limit`` (best effort: a fork refused between two samples goes unseen), ``"disk"`` when a writable
+  mount is full, ``"cpu"`` when the command died of ``SIGKILL``/``SIGXCPU`` (what ``RLIMIT_CPU`` sends).
+"""
+
+from __future__ import annotations
+
+import os
+import shlex
+import signal
+import tempfile
+import threading
+import time
+import uuid
+from collections.abc import Mapping, Sequence
+from pathlib import Path
+
+import docker
+import docker.errors
+import docker.types
+import requests.exceptions
+import structlog
+from docker.models.containers import Container
+
+from grader.sandboxes.base import (
+    INIT_SCRIPT,
+    INIT_TARGET,
+    SOCKET_TARGET,
+    ExecResult,
+    LimitHit,
+    Limits,
+    Mount,
+    SandboxUnavailable,
+    disk_full,
+    init_argv,
+    sandbox_env,
+    tail,
+)
+
+log = structlog.get_logger("sandbox")
+
+DEFAULT_IMAGE = "crucible-sandbox:bookworm"
+STDIN_TARGET = "/run/crucible/stdin"
+LABEL = "crucible.sandbox"
+"""Every sandbox container carries this label (``docker ps -a --filter label=crucible.sandbox`` finds any left over)."""
+LOG_MAX = {"max-size": "1m", "max-file": "2"}
+"""The daemon's json-file log of a run: at most two files of 1 MiB, so at least the last MiB of output is kept."""
+_ADDED_ENV = ("HOSTNAME",)
+"""Variables the daemon adds to every container's environment; removed unless given."""
+_CPU_STATUSES = frozenset({128 + signal.SIGKILL, 128 + signal.SIGXCPU})
+_HOW_TO_BUILD = "run deploy/sandbox-image/ensure-dockerd.sh (starts the daemon) and deploy/sandbox-image/build.sh (builds the image)"
+
+
+class _Watch:
+    """The container's stats stream, read in a thread: kills the container when its processes together pass ``cpu_s``
+    CPU seconds, and notes whether it was ever seen at its process limit."""
+
+    def __init__(self, container: Container, limits: Limits) -> None:
+        self.container = container
+        self.limits = limits
+        self.cpu_exceeded = False
+        self.at_process_limit = False
+        self._stop = threading.Event()
+        self._thread = threading.Thread(target=self._run, name=f"sandbox-stats-{container.short_id}", daemon=True)
+
+    def start(self) -> None:
+        self._thread.start()
+
+    def stop(self) -> None:
+        self._stop.set()
+
+    def _run(self) -> None:
+        try:
+            for sample in self.container.stats(stream=True, decode=True):
+                if self._stop.is_set():
+                    return
+                pids = sample.get("pids_stats") or {}
+                if pids.get("limit") and pids.get("current", 0) >= pids["limit"]:
+                    self.at_process_limit = True
+                used_ns = ((sample.get("cpu_stats") or {}).get("cpu_usage") or {}).get("total_usage", 0)
+                if used_ns > self.limits.cpu_s * 1e9:
+                    self.cpu_exceeded = True
+                    _kill(self.container)
+                    return
+        except (docker.errors.DockerException, requests.exceptions.RequestException, ValueError):
+            return  # the container is gone: the run is over
+
+
+def _kill(container: Container) -> None:
+    try:
+        container.kill()
+    except (docker.errors.NotFound, docker.errors.APIError):
+        pass  # it has already stopped
+
+
+class DockerSandbox:
+    """The Docker backend (see the module docstring). ``image``: the sandbox image; ``base_url``: the daemon (default:
+    ``DOCKER_HOST`` or the local socket)."""
+
+    name = "docker"
+
+    def __init__(self, image: str = DEFAULT_IMAGE, base_url: str | None = None) -> None:
+        self.image = image
+        self.base_url = base_url
+
+    def _client(self) -> docker.DockerClient:
+        try:
+            if self.base_url is not None:
+                return docker.DockerClient(base_url=self.base_url, version="auto")
+            return docker.from_env(version="auto")
+        except docker.errors.DockerException as exc:
+            raise SandboxUnavailable(f"the Docker daemon cannot be reached ({exc}): {_HOW_TO_BUILD}") from exc
+
+    def run(self, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str], limits: Limits,
+            stdin: bytes = b"", model_socket: Path | None = None) -> ExecResult:
+        client = self._client()
+        try:
+            with tempfile.TemporaryDirectory(prefix="crucible-stdin-") as tmp:
+                stdin_file = Path(tmp) / "stdin"
+                stdin_file.write_bytes(stdin)
+                os.chmod(tmp, 0o755)
+                stdin_file.chmod(0o644)
+                return self._run(client, argv, mounts=mounts, cwd=cwd, env=env, limits=limits, stdin_file=stdin_file, model_socket=model_socket)
+        finally:
+            client.close()
+
+    def _run(self, client: docker.DockerClient, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str],
+             limits: Limits, stdin_file: Path, model_socket: Path | None) -> ExecResult:
+        binds = [docker.types.Mount(INIT_TARGET, str(INIT_SCRIPT), type="bind", read_only=True),
+                 docker.types.Mount(STDIN_TARGET, str(stdin_file), type="bind", read_only=True)]
+        if model_socket is not None:
+            binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind"))
+        binds += [docker.types.Mount(m.target, str(m.source), type="bind", read_only=not m.writable) for m in mounts]
+        environment = sandbox_env(env)
+        unset = " ".join(name for name in _ADDED_ENV if name not in environment)
+        prelude = f"unset {unset}; " if unset else ""
+        command = ["/bin/sh", "-c", f'{prelude}exec "$@" <{shlex.quote(STDIN_TARGET)}', "sh", *init_argv(argv, limits, model_socket)]
+        try:
+            container = client.containers.create(
+                self.image, command, name=f"crucible-sandbox-{uuid.uuid4().hex[:12]}", labels={LABEL: "1"},
+                entrypoint=[], environment=environment, working_dir=cwd, user=f"{os.getuid()}:{os.getgid()}", hostname="sandbox",
+                network_mode="none", mounts=binds, read_only=True,
+                tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
+                cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                mem_limit=limits.memory_mb * 1024 * 1024, memswap_limit=limits.memory_mb * 1024 * 1024,
+                pids_limit=limits.processes, nano_cpus=1_000_000_000,
+                log_config=docker.types.LogConfig(type=docker.types.LogConfig.types.JSON, config=LOG_MAX),
+                stdin_open=False, tty=False)
+        except docker.errors.ImageNotFound as exc:
+            raise SandboxUnavailable(f"the sandbox image {self.image} is missing: {_HOW_TO_BUILD}") from exc
+        except docker.errors.APIError as exc:
+            if not exc.is_client_error():
+                raise SandboxUnavailable(f"the Docker daemon cannot create a container: {exc}") from exc
+            return self._refused(exc, 0.0)  # e.g. a mount's source is missing
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise SandboxUnavailable(f"the Docker daemon cannot create a container: {exc}") from exc
+        try:
+            return self._supervise(container, limits, mounts)
+        finally:
+            try:
+                container.remove(force=True)
+            except docker.errors.NotFound:
+                pass
+            except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+                log.warning("a sandbox container could not be removed", container=container.name, error=str(exc))
+
+    def _refused(self, exc: docker.errors.APIError, elapsed_s: float) -> ExecResult:
+        """A run the daemon would not start for what it was given (as bubblewrap exits 1 on a missing mount source)."""
+        return ExecResult(exit_code=125, limit=None, stdout="", stderr=f"crucible sandbox: the run cannot start: {exc.explanation or exc}",
+                          elapsed_s=elapsed_s, backend=self.name)
+
+    def _supervise(self, container: Container, limits: Limits, mounts: Sequence[Mount]) -> ExecResult:
+        started = time.monotonic()
+        try:
+            container.start()
+        except docker.errors.APIError as exc:  # the runtime refused what was asked (a mount it cannot make): the run fails
+            return self._refused(exc, time.monotonic() - started)
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise SandboxUnavailable(f"the Docker daemon cannot start a container: {exc}") from exc
+        watch = _Watch(container, limits)
+        watch.start()
+        killed: LimitHit | None = None
+        try:
+            try:
+                status = container.wait(timeout=max(limits.wall_s - (time.monotonic() - started), 0.001))["StatusCode"]
+            except requests.exceptions.RequestException:
+                if time.monotonic() - started < limits.wall_s:  # not the wait timing out: the daemon went away
+                    raise
+                killed = "wall"
+                _kill(container)
+                status = container.wait(timeout=60)["StatusCode"]
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            watch.stop()
+            raise SandboxUnavailable(f"the Docker daemon stopped answering during a run: {exc}") from exc
+        elapsed = time.monotonic() - started
+        watch.stop()
+        if killed is None and watch.cpu_exceeded:
+            killed = "cpu"
+        container.reload()
+        hit: LimitHit | None = None
+        if container.attrs["State"].get("OOMKilled"):
+            hit = "memory"
+        elif watch.at_process_limit:
+            hit = "processes"
+        elif any(m.writable and disk_full(m.source) for m in mounts):
+            hit = "disk"
+        limit = hit or killed or ("cpu" if status in _CPU_STATUSES else None)
+        stdout = container.logs(stdout=True, stderr=False)
+        stderr = container.logs(stdout=False, stderr=True)
+        return ExecResult(exit_code=-signal.SIGKILL if killed else status, limit=limit, stdout=tail(stdout), stderr=tail(stderr),
+                          elapsed_s=elapsed, backend=self.name)

@@ -1,0 +1,321 @@
+"""The sandbox contract (:mod:`grader.sandboxes.base`), held by every backend: the same stories run, for real, on
+bubblewrap and on Docker. The Docker cases need a daemon and the sandbox image (``deploy/sandbox-image/ensure-dockerd.sh``
+then ``deploy/sandbox-image/build.sh``); without them they fail, saying so, rather than skip. Marker ``docker``."""
+
+from __future__ import annotations
+
+import contextlib
+import errno
+import hashlib
+import http.server
+import json
+import os
+import shutil
+import socket
+import socketserver
+import subprocess
+import tempfile
+import textwrap
+import threading
+import time
+import uuid
+from collections.abc import Callable, Iterator
+from pathlib import Path
+
+import pytest
+
+from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, workspace
+from grader.sandboxes.bwrap import BubblewrapSandbox
+from grader.sandboxes.docker import DockerSandbox
+from tests.conftest import ROOT
+
+BACKENDS: dict[str, Callable[[], Sandbox]] = {"bwrap": BubblewrapSandbox, "docker": DockerSandbox}
+
+
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
+def sandbox(request: pytest.FixtureRequest) -> Sandbox:
+    """Each backend in turn. One that cannot start a sandbox here raises ``SandboxUnavailable`` from ``run``, which
+    fails the test with what to do (install bubblewrap; start the daemon and build the image)."""
+    return BACKENDS[request.param]()
+
+
+def python(sandbox: Sandbox, code: str, *args: str, mounts: list[Mount] | None = None, cwd: str = "/", limits: Limits | None = None,
+           **kwargs) -> ExecResult:
+    """Run ``code`` with the sandbox's ``python3``."""
+    return sandbox.run(["python3", "-c", textwrap.dedent(code), *args], mounts=mounts or [], cwd=cwd, env=kwargs.pop("env", {}),
+                       limits=limits or Limits(wall_s=60), **kwargs)
+
+
+def processes_with(token: str) -> list[str]:
+    """The command lines of host processes whose argv mentions ``token``."""
+    found = []
+    for proc in Path("/proc").iterdir():
+        if proc.name.isdigit() and proc.name != str(os.getpid()):
+            with contextlib.suppress(OSError):
+                cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+                if token in cmdline:
+                    found.append(f"{proc.name}: {cmdline}")
+    return found
+
+
+def host_addresses() -> list[str]:
+    """The host's IPv4 addresses other than loopback."""
+    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
+    addresses = [line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3]
+    assert addresses, "the host has no non-loopback IPv4 address to test against"
+    return addresses
+
+
+@contextlib.contextmanager
+def tcp_server() -> Iterator[tuple[int, list[tuple[str, int]]]]:
+    """A TCP server on every host address (``0.0.0.0``): its port, and the peers that connected."""
+    server = socket.create_server(("0.0.0.0", 0))
+    peers: list[tuple[str, int]] = []
+
+    def accept() -> None:
+        with contextlib.suppress(OSError):
+            while True:
+                conn, peer = server.accept()
+                peers.append(peer)
+                conn.close()
+
+    thread = threading.Thread(target=accept, daemon=True)
+    thread.start()
+    try:
+        yield server.getsockname()[1], peers
+    finally:
+        server.close()
+
+
+class _ModelHandler(http.server.BaseHTTPRequestHandler):
+    def do_GET(self) -> None:
+        body = json.dumps({"model": "answers", "path": self.path}).encode()
+        self.send_response(200)
+        self.send_header("Content-Type", "application/json")
+        self.send_header("Content-Length", str(len(body)))
+        self.end_headers()
+        self.wfile.write(body)
+
+    def log_message(self, format: str, *args: object) -> None:
+        pass
+
+    def address_string(self) -> str:
+        return "unix"
+
+
+class _UnixHTTPServer(socketserver.ThreadingMixIn, socketserver.UnixStreamServer):
+    daemon_threads = True
+
+
+@contextlib.contextmanager
+def model_endpoint() -> Iterator[Path]:
+    """A tiny HTTP app on a Unix socket, as the rollout's model endpoint is."""
+    folder = Path(tempfile.mkdtemp(prefix="crucible-test-model-"))
+    path = folder / "model.sock"
+    server = _UnixHTTPServer(str(path), _ModelHandler)
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield path
+    finally:
+        server.shutdown()
+        server.server_close()
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+def test_a_command_runs_with_its_stdin_env_and_cwd_and_its_status_and_output_come_back(sandbox: Sandbox, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("CRUCIBLE_HOST_ONLY", "the grader's own environment")
+    stdin = os.urandom(300_000) + b"end"
+    with workspace(disk_mb=16) as ws:
+        (ws / "given.txt").write_text("from the host")
+        result = python(sandbox, """
+            import hashlib, json, os, sys
+            data = sys.stdin.buffer.read()
+            print(json.dumps({"sha256": hashlib.sha256(data).hexdigest(), "cwd": os.getcwd(), "env": dict(os.environ),
+                              "given": open("given.txt").read()}))
+            print("to stderr", file=sys.stderr)
+            sys.exit(3)
+        """, mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={"TASK": "t-1", "HOME": "/app"}, stdin=stdin)
+    assert (result.exit_code, result.limit, result.ok) == (3, None, False), result
+    assert result.stderr == "to stderr\n"
+    seen = json.loads(result.stdout)
+    assert seen["sha256"] == hashlib.sha256(stdin).hexdigest()
+    assert seen["cwd"] == "/app"
+    assert seen["given"] == "from the host"
+    env = seen["env"]
+    assert env.pop("PWD", "/app") == "/app"  # the working directory, as a shell would export it; nothing else is added
+    assert env == {"TASK": "t-1", "HOME": "/app", "PATH": "/usr/local/bin:/usr/bin:/bin", "LANG": "C.UTF-8"}
+    assert result.backend == sandbox.name and 0 < result.elapsed_s < 30
+
+
+def test_a_sandbox_sees_only_what_is_mounted_and_cannot_write_what_is_read_only(sandbox: Sandbox, tmp_path: Path) -> None:
+    host_hostname = Path("/etc/hostname").read_text().strip() if Path("/etc/hostname").exists() else None
+    home_marker = Path(tempfile.mkdtemp(prefix=".crucible-sandbox-test-", dir=Path.home()))
+    stray = Path("/") / f"crucible-stray-{uuid.uuid4().hex}"  # written at the sandbox's root: never the host's
+    given = tmp_path / "given"
+    given.mkdir()
+    (given / "data.txt").write_text("read me")
+    try:
+        with workspace(disk_mb=16) as ws:
+            result = python(sandbox, """
+                import json, os, sys
+                def write(path):
+                    try:
+                        with open(path, "w") as f:
+                            f.write("x")
+                        return "written"
+                    except OSError as exc:
+                        return exc.__class__.__name__
+                def read(path):
+                    try:
+                        return open(path).read().strip()
+                    except OSError as exc:
+                        return exc.__class__.__name__
+                home_marker, repo, stray = sys.argv[1], sys.argv[2], sys.argv[3]
+                print(json.dumps({
+                    "hostname": read("/etc/hostname"),
+                    "home_marker": os.path.exists(home_marker),
+                    "root": sorted(os.listdir("/root")) if os.path.isdir("/root") else None,
+                    "repo": [os.path.exists(os.path.join(repo, p)) for p in ("pyproject.toml", "grader", "tests")],
+                    "given": read("/data/data.txt"),
+                    "write_given": write("/data/new.txt"),
+                    "write_usr": write("/usr/new.txt"),
+                    "write_root": write(stray),
+                    "write_init": write("/run/crucible/init.py"),
+                    "write_app": write("/app/out.txt"),
+                    "write_tmp": write("/tmp/out.txt"),
+                }))
+            """, str(home_marker), str(ROOT), str(stray), mounts=[Mount(given, "/data"), Mount(ws, "/app", writable=True)])
+            assert result.ok, result
+            seen = json.loads(result.stdout)
+            assert (ws / "out.txt").read_text() == "x"
+    finally:
+        shutil.rmtree(home_marker, ignore_errors=True)
+    assert seen["hostname"] != host_hostname
+    assert seen["home_marker"] is False
+    assert home_marker.name not in (seen["root"] or [])
+    assert seen["repo"] == [False, False, False]
+    assert seen["given"] == "read me"
+    assert not (given / "new.txt").exists()
+    assert seen["write_given"] != "written" and seen["write_usr"] != "written", seen
+    assert not stray.exists()  # the sandbox's root is its own (bubblewrap: a fresh tmpfs; Docker: the image, read-only)
+    assert seen["write_init"] != "written", seen
+    assert seen["write_app"] == "written" and seen["write_tmp"] == "written"
+
+
+def test_a_sandbox_cannot_reach_the_host_or_the_internet(sandbox: Sandbox) -> None:
+    with tcp_server() as (port, peers):
+        targets = [("1.1.1.1", 53), ("127.0.0.1", port)] + [(address, port) for address in host_addresses()]
+        result = python(sandbox, """
+            import json, socket, sys
+            outcome = {}
+            for target in json.loads(sys.argv[1]):
+                try:
+                    socket.create_connection(tuple(target), timeout=3).close()
+                    outcome[f"{target[0]}:{target[1]}"] = "connected"
+                except OSError as exc:
+                    outcome[f"{target[0]}:{target[1]}"] = exc.__class__.__name__ + ": " + str(exc)
+            print(json.dumps(outcome))
+        """, json.dumps(targets))
+        time.sleep(0.2)
+    assert result.ok, result
+    outcome = json.loads(result.stdout)
+    assert len(outcome) == len(targets)
+    assert not [target for target, how in outcome.items() if how == "connected"], outcome
+    assert peers == []
+
+
+def test_the_model_endpoint_is_reachable_inside_at_127_0_0_1_8000(sandbox: Sandbox) -> None:
+    with model_endpoint() as model_socket:
+        result = python(sandbox, """
+            import json, urllib.request
+            with urllib.request.urlopen("http://127.0.0.1:8000/v1/models?x=1", timeout=10) as response:
+                print(response.status, response.read().decode())
+        """, model_socket=model_socket)
+    assert result.ok, result
+    status, body = result.stdout.split(" ", 1)
+    assert status == "200"
+    assert json.loads(body) == {"model": "answers", "path": "/v1/models?x=1"}
+
+
+@pytest.mark.slow
+def test_the_wall_limit_kills_a_sleeper(sandbox: Sandbox) -> None:
+    result = sandbox.run(["sleep", "60"], mounts=[], cwd="/", env={}, limits=Limits(wall_s=2))
+    assert (result.exit_code, result.limit) == (-9, "wall"), result
+    assert 2 <= result.elapsed_s < 4
+
+
+def test_a_forked_sleeper_does_not_outlive_the_run(sandbox: Sandbox) -> None:
+    token = f"crucible-orphan-{uuid.uuid4().hex}"
+    with workspace(disk_mb=16) as ws:
+        result = sandbox.run(["/bin/sh", "-c", 'python3 -c "import time; time.sleep(1000)" "$1" & echo $! > /app/sleeper; sleep 0.5; kill -0 $! && echo alive',
+                              "sh", token], mounts=[Mount(ws, "/app", writable=True)], cwd="/", env={}, limits=Limits(wall_s=30))
+        assert (ws / "sleeper").read_text().strip().isdigit()
+    assert result.ok and result.stdout == "alive\n", result
+    assert processes_with(token) == []
+
+
+@pytest.mark.slow
+def test_a_fork_bomb_is_contained_and_the_host_still_forks(sandbox: Sandbox) -> None:
+    token = f"crucible-bomb-{uuid.uuid4().hex}"
+    limits = Limits(wall_s=5, processes=32)
+    result = python(sandbox, """
+        import os
+        while True:
+            try:
+                os.fork()
+            except OSError:
+                pass
+    """, token, limits=limits)
+    assert result.limit in ("processes", "wall"), result
+    assert result.elapsed_s < limits.wall_s + 5, result
+    assert processes_with(token) == []
+    for _ in range(20):
+        assert subprocess.run(["true"]).returncode == 0
+
+
+def test_allocating_past_the_memory_limit_fails_inside(sandbox: Sandbox) -> None:
+    result = python(sandbox, "x = b'x' * (512 << 20)", limits=Limits(wall_s=60, memory_mb=256))
+    assert result.exit_code != 0, result
+    assert "MemoryError" in result.stderr or result.limit == "memory", result
+    assert subprocess.run(["python3", "-c", "x = b'x' * (512 << 20)"]).returncode == 0  # the host's memory is its own
+
+
+@pytest.mark.slow
+def test_processes_together_past_the_memory_limit_are_stopped(sandbox: Sandbox) -> None:
+    """Each process stays under its own address-space limit; together they pass the sandbox's memory."""
+    result = python(sandbox, """
+        import subprocess, sys
+        child = "import time; x = b'x' * (150 << 20); time.sleep(4)"
+        children = [subprocess.Popen([sys.executable, "-c", child]) for _ in range(3)]
+        sys.exit(max(abs(c.wait()) for c in children))
+    """, limits=Limits(wall_s=60, memory_mb=256))
+    assert result.exit_code != 0 and result.limit == "memory", result
+
+
+def test_filling_the_workspace_ends_with_no_space_left(sandbox: Sandbox) -> None:
+    with workspace(disk_mb=16) as ws:
+        assert shutil.disk_usage(ws).total <= 17 << 20, "the workspace is not size-limited: tmpfs mounts need root"
+        result = python(sandbox, """
+            import errno
+            written = 0
+            try:
+                with open("/app/fill", "wb") as f:
+                    while True:
+                        f.write(b"x" * (1 << 20))
+                        f.flush()
+                        written += 1
+            except OSError as exc:
+                print(errno.errorcode[exc.errno], written)
+                raise SystemExit(1)
+        """, mounts=[Mount(ws, "/app", writable=True)], limits=Limits(wall_s=60, disk_mb=16, file_mb=64))
+    assert result.stdout.split()[0] == errno.errorcode[errno.ENOSPC], result
+    assert 10 <= int(result.stdout.split()[1]) <= 16
+    assert (result.exit_code, result.limit) == (1, "disk"), result
+
+
+@pytest.mark.slow
+def test_a_busy_loop_is_stopped_at_its_cpu_limit(sandbox: Sandbox) -> None:
+    result = python(sandbox, "while True: pass", limits=Limits(wall_s=30, cpu_s=2))
+    assert result.limit == "cpu", result
+    assert result.elapsed_s < 10, result
