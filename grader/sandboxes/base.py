@@ -8,7 +8,8 @@ A sandbox runs one untrusted command (a harness, a task's set-up, a verifier) wi
   the rollout's model endpoint (:mod:`grader.model_endpoint`); nothing else is reachable: not the grader, the ledger,
   the test store, nor the internet.
 - **Only what is mounted.** The sandbox image's userland read-only (``/usr``; for bubblewrap the host's, for Docker
-  the image's), a fresh ``/tmp``, the mounts given (e.g. the workspace at ``/app``), nothing else of the host.
+  the image's), a read-only root, a fresh ``/tmp`` of ``disk_mb`` MiB, the mounts given (e.g. the workspace at
+  ``/app``), nothing else of the host.
 - **Limits** (:class:`Limits`): wall time (the whole sandbox is killed), CPU seconds, memory, processes, disk (the
   workspace is a size-limited tmpfs where the machine allows one) and the size of any file written.
 - **Nothing left behind.** Every process the command started is killed when the command ends or a limit is reached
@@ -100,7 +101,7 @@ class Sandbox(Protocol):
     def run(self, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str], limits: Limits,
             stdin: bytes = b"", model_socket: Path | None = None) -> ExecResult:
         """Run ``argv`` in a fresh sandbox that sees ``mounts``, with working directory ``cwd`` (a sandbox path), the
-        environment ``env`` only (plus ``PATH`` and ``HOME=/tmp`` where not given), ``stdin`` as its input, and
+        environment ``env`` only (plus ``PATH``, ``HOME=/tmp`` and ``LANG`` where not given, and ``PWD``), ``stdin`` as its input, and
         ``model_socket`` (a Unix socket on the host) reachable as ``127.0.0.1:MODEL_PORT`` inside. Never raises for
         anything the command does; raises ``SandboxUnavailable`` when the backend cannot start a sandbox at all."""
 

@@ -3,8 +3,9 @@ stack. Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps th
 
 - Network: ``--unshare-net`` (loopback only); the model endpoint's Unix socket is the one host object bound in.
 - File system: the host's ``/usr`` (and the ``/bin``, ``/lib`` … links into it) and ``/etc/alternatives`` (Debian's
-  command links: ``awk`` → ``gawk``) read-only, fresh ``/proc``, ``/dev`` and tmpfs ``/tmp``, the init script and the
-  mounts given; nothing else of the host (no rest of ``/etc``, no ``/root``, ``/home``, grader data). New PID, IPC and UTS namespaces, no capabilities, ``--die-with-parent``.
+  command links: ``awk`` → ``gawk``) read-only, fresh ``/proc`` and ``/dev``, a tmpfs ``/tmp`` of ``disk_mb`` MiB,
+  the init script and the mounts given; the root itself read-only; nothing else of the host (no rest of ``/etc``, no
+  ``/root``, ``/home``, grader data). New PID, IPC and UTS namespaces, no capabilities, ``--die-with-parent``.
 - Nothing left behind: the command runs under the sandbox's init inside a new PID namespace; when it ends, the
   namespace's first process exits and the kernel kills every process left in it. On a limit the whole process group
   is killed from outside, and every process still in the run's cgroup.
@@ -203,13 +204,13 @@ class BubblewrapSandbox:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `make sandbox` installs it")
-        args = [bwrap, *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--dir", "/run/crucible",
-                "--ro-bind", str(INIT_SCRIPT), INIT_TARGET]
+        args = [bwrap, *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--size", str(limits.disk_mb * 1024 * 1024), "--tmpfs", "/tmp",
+                "--dir", "/run/crucible", "--ro-bind", str(INIT_SCRIPT), INIT_TARGET]
         if model_socket is not None:
             args += ["--bind", str(model_socket), SOCKET_TARGET]
         for m in mounts:
             args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]
-        args += ["--chdir", cwd, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
+        args += ["--remount-ro", "/", "--chdir", cwd, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
                  "--new-session", "--clearenv"]
         for key, value in sandbox_env(env).items():
             args += ["--setenv", key, value]

@@ -139,11 +139,17 @@ def endpoint(served: Served) -> ModelEndpoint:
     return worker.model_endpoint(served.service)
 
 
-def rollout(endpoint: ModelEndpoint, data: bytes, task: str = TASK, model: str = BASE, max_calls: int = 4, **caps: Any):  # noqa: ANN201
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
+def backend(request: pytest.FixtureRequest) -> str:
+    """The sandbox backend a rollout test runs on: bubblewrap in `make test`, Docker in `make test-slow`."""
+    return request.param
+
+
+def rollout(endpoint: ModelEndpoint, backend: str, data: bytes, task: str = TASK, model: str = BASE, max_calls: int = 4, **caps: Any):  # noqa: ANN201
     suite = get_suite("terminal")
     [item] = [it for it in suite.generate({"tasks": [task]}, 0, 1, split="validation")]
     binding = Binding(model=model, ctx=None, hold_id=None, key=f"eval_test:{task}:0", context_tokens=None, max_tokens=64, max_calls=max_calls)
-    return run_rollout(get_sandbox("bwrap"), endpoint, archive=data, archive_id="har_test", manifest=inspect_archive(data), instruction=item.question,
+    return run_rollout(get_sandbox(backend), endpoint, archive=data, archive_id="har_test", manifest=inspect_archive(data), instruction=item.question,
                        binding=binding, environment=suite.environment(item), caps=RolloutLimits(**{"wall_s": 30, "verifier_wall_s": 30, **caps}))
 
 
@@ -159,11 +165,11 @@ def test_the_terminal_suite_ships_at_least_30_tasks_in_harbors_format() -> None:
         assert (folder / "instruction.md").is_file() and (folder / "tests" / "test.sh").is_file() and (folder / "solution" / "solve.sh").is_file(), name
 
 
-def test_the_oracle_harness_scores_1_and_a_noop_harness_0_on_every_shipped_task(endpoint: ModelEndpoint) -> None:
+def test_the_oracle_harness_scores_1_and_a_noop_harness_0_on_every_shipped_task(endpoint: ModelEndpoint, backend: str) -> None:
     oracle, noop = oracle_archive(), code_harness("exit 0\n")
     with ThreadPoolExecutor(2) as pool:
-        oracle_rewards = dict(zip(tasks(), pool.map(lambda t: rollout(endpoint, oracle, t).reward, tasks()), strict=True))
-        noop_rewards = dict(zip(tasks(), pool.map(lambda t: rollout(endpoint, noop, t).reward, tasks()), strict=True))
+        oracle_rewards = dict(zip(tasks(), pool.map(lambda t: rollout(endpoint, backend, oracle, t).reward, tasks()), strict=True))
+        noop_rewards = dict(zip(tasks(), pool.map(lambda t: rollout(endpoint, backend, noop, t).reward, tasks()), strict=True))
     assert {t: r for t, r in oracle_rewards.items() if r != 1.0} == {}
     assert {t: r for t, r in noop_rewards.items() if r != 0.0} == {}
 
@@ -306,34 +312,37 @@ def listeners() -> Iterator[dict[str, int]]:
         s.close()
 
 
-def test_a_harness_cannot_open_a_socket_to_any_service_or_the_outside(endpoint: ModelEndpoint, listeners: dict[str, Any]) -> None:
+def test_a_harness_cannot_open_a_socket_to_any_service_or_the_outside(endpoint: ModelEndpoint, backend: str, listeners: dict[str, Any]) -> None:
     targets = [("127.0.0.1", listeners["grader"]), ("127.0.0.1", listeners["ledger"]), ("127.0.0.1", listeners["teststore"]),
                (listeners["outward"], listeners["host"]), ("1.1.1.1", 53), ("8.8.8.8", 443)]
     probe = "import socket\n" + "".join(
         f"try:\n    socket.create_connection(({h!r}, {p}), timeout=3); print('REACHED {h}:{p}')\nexcept OSError as e:\n    print('refused {h}:{p}', e)\n"
         for h, p in targets)
-    out = rollout(endpoint, archive({"probe.py": probe}, 'name = "probe"\nentry = "python3 /harness/probe.py"\n'))
+    out = rollout(endpoint, backend, archive({"probe.py": probe}, 'name = "probe"\nentry = "python3 /harness/probe.py"\n'))
     assert "REACHED" not in out.trajectory.harness_run.stdout, out.trajectory.harness_run.stdout  # type: ignore[union-attr]
     assert [line.split()[0] for line in out.trajectory.harness_run.stdout.splitlines()] == ["refused"] * len(targets)  # type: ignore[union-attr]
     assert out.reward == 0.0
 
 
-def test_a_harness_cannot_read_or_write_outside_its_workspace(served: Served, endpoint: ModelEndpoint) -> None:
-    secret = served.tmp / "grader-teststore.sqlite"
-    assert secret.exists()
-    script = (f"cat {secret} && echo READ-TESTSTORE; cat /etc/hostname && echo READ-ETC; ls /root && echo READ-ROOT; "
-              f"ls {TASKS_DIR} && echo READ-TASKS; echo x > /usr/planted && echo WROTE-USR; echo x > {served.tmp}/planted && echo WROTE-DATA; "
+def test_a_harness_cannot_read_or_write_outside_its_workspace(served: Served, endpoint: ModelEndpoint, backend: str) -> None:
+    secret = served.tmp / "grader-secret.txt"
+    secret.write_text("s3cr3t-the-harness-must-not-see")
+    store = served.tmp / "grader-teststore.sqlite"
+    assert store.exists()
+    script = (f"cat {secret}; cat {store} > /dev/null && echo READ-TESTSTORE; ls {TASKS_DIR} {TASKS_DIR.parent}; "
+              f"echo x > /usr/planted && echo WROTE-USR; echo x > {served.tmp}/planted && echo WROTE-DATA; echo x > /planted && echo WROTE-ROOT; "
               "echo ok > /app/mine && echo WROTE-APP\n")
-    out = rollout(endpoint, code_harness(script))
+    out = rollout(endpoint, backend, code_harness(script))
     stdout = out.trajectory.harness_run.stdout  # type: ignore[union-attr]
-    assert "WROTE-APP" in stdout and not [w for w in ("READ-TESTSTORE", "READ-ETC", "READ-ROOT", "READ-TASKS", "WROTE-USR", "WROTE-DATA") if w in stdout]
-    assert not (served.tmp / "planted").exists() and not Path("/usr/planted").exists()
+    assert "WROTE-APP" in stdout and not [w for w in ("READ-TESTSTORE", "WROTE-USR", "WROTE-DATA", "WROTE-ROOT") if w in stdout], stdout
+    assert "s3cr3t" not in stdout and TASK not in stdout and "terminal.py" not in stdout
+    assert not (served.tmp / "planted").exists() and not Path("/usr/planted").exists() and not Path("/planted").exists()
 
 
-def test_files_planted_where_the_tests_go_do_not_count(endpoint: ModelEndpoint) -> None:
+def test_files_planted_where_the_tests_go_do_not_count(endpoint: ModelEndpoint, backend: str) -> None:
     script = ("mkdir -p /tests /logs/verifier && echo 1 > /logs/verifier/reward.txt && printf '#!/bin/bash\\necho 1 > /logs/verifier/reward.txt\\n' > /tests/test.sh; "
               "echo 'def pytest_configure(): open(\"/logs/verifier/reward.txt\", \"w\").write(\"1\")' > /app/conftest.py; echo 999 > /app/error_count.txt\n")
-    out = rollout(endpoint, code_harness(script))
+    out = rollout(endpoint, backend, code_harness(script))
     assert (out.reward, out.trajectory.failure) == (0.0, None)
     assert out.trajectory.verifier_run is not None and out.trajectory.verifier_run.exit_code == 0
 
@@ -343,18 +352,18 @@ def test_files_planted_where_the_tests_go_do_not_count(endpoint: ModelEndpoint) 
     (":(){ :|:& };:\nsleep 5\n", {"processes": 32, "wall_s": 20}, "processes"),
     ("head -c 200000000 /dev/zero > /app/fill; sleep 1\n", {"disk_mb": 16}, "disk"),
 ], ids=["sleeps-past-the-limit", "fork-bomb", "fills-the-disk"])
-def test_a_harness_past_a_limit_is_a_failed_rollout_with_a_reason(endpoint: ModelEndpoint, script: str, caps: dict[str, Any], limit: str) -> None:
-    out = rollout(endpoint, code_harness(script), **caps)
+def test_a_harness_past_a_limit_is_a_failed_rollout_with_a_reason(endpoint: ModelEndpoint, backend: str, script: str, caps: dict[str, Any], limit: str) -> None:
+    out = rollout(endpoint, backend, code_harness(script), **caps)
     assert out.trajectory.harness_run.limit == limit, out.trajectory  # type: ignore[union-attr]
     assert (out.reward, out.trajectory.failure) == (0.0, f"the harness was stopped by its {limit} limit")
     assert out.trajectory.verifier_run is None
 
 
-def test_a_harness_that_forks_a_sleeper_leaves_nothing_running(endpoint: ModelEndpoint) -> None:
+def test_a_harness_that_forks_a_sleeper_leaves_nothing_running(endpoint: ModelEndpoint, backend: str) -> None:
     import subprocess
 
     marker = f"sleeper-{hashlib.sha256(str(id(endpoint)).encode()).hexdigest()[:12]}"
-    out = rollout(endpoint, code_harness(f"(exec -a {marker} sleep 1000) &\nsetsid sleep 999 &\necho started\n"))
+    out = rollout(endpoint, backend, code_harness(f"(exec -a {marker} sleep 1000) &\nsetsid sleep 999 &\necho started\n"))
     assert out.trajectory.harness_run.exit_code == 0  # type: ignore[union-attr]
     assert subprocess.run(["pgrep", "-f", marker], capture_output=True).stdout == b""
 
@@ -373,8 +382,8 @@ def asking(calls: str) -> bytes:
     return archive({"call.py": ASK + f"print(*[{calls}])\n"}, 'name = "c"\nentry = "python3 /harness/call.py"\n')
 
 
-def test_the_model_endpoint_serves_only_the_rollouts_model_and_only_while_it_runs(endpoint: ModelEndpoint) -> None:
-    out = rollout(endpoint, asking("ask(), ask('ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x'), ask('another-base-model'), ask(key='rk-guessed')"))
+def test_the_model_endpoint_serves_only_the_rollouts_model_and_only_while_it_runs(endpoint: ModelEndpoint, backend: str) -> None:
+    out = rollout(endpoint, backend, asking("ask(), ask('ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x'), ask('another-base-model'), ask(key='rk-guessed')"))
     assert out.trajectory.harness_run.stdout.split() == ["200", "404", "404", "401"], out.trajectory.harness_run  # type: ignore[union-attr]
     assert out.trajectory.model_calls == 1
     # the token is gone with the rollout
@@ -382,6 +391,6 @@ def test_the_model_endpoint_serves_only_the_rollouts_model_and_only_while_it_run
         assert client.get("http://rollout/v1/models", headers={"Authorization": "Bearer rk-guessed"}).status_code == 401
 
 
-def test_a_harness_cannot_call_the_model_more_than_the_benchmark_allows(endpoint: ModelEndpoint) -> None:
-    out = rollout(endpoint, asking("ask(), ask(), ask()"), max_calls=2)
+def test_a_harness_cannot_call_the_model_more_than_the_benchmark_allows(endpoint: ModelEndpoint, backend: str) -> None:
+    out = rollout(endpoint, backend, asking("ask(), ask(), ask()"), max_calls=2)
     assert out.trajectory.harness_run.stdout.split() == ["200", "200", "429"] and out.trajectory.model_calls == 2  # type: ignore[union-attr]
