@@ -18,7 +18,7 @@ from grader.harness_archives import code_harness_for
 from grader.models import PLATFORM, Evaluation, Trajectory
 from grader.rollouts import RolloutLimits
 from grader.service import Grader
-from grader.suites import get_suite, suite_tools
+from grader.suites import get_suite, suite_converse, suite_tools
 from services.common.auth import RunContext
 from services.common.contracts import EvaluationCreate, EvaluationLimits, EvaluationOut, EvaluationUsage, GradingSpec, Harness, Score, TrajectoryOut
 from services.common.db import serialize, utcnow
@@ -49,16 +49,18 @@ def prompt_upper_bound(harness: Harness, question: str, tools: list[dict[str, An
     return sum(len(m["content"].encode()) for m in render_messages(harness, question)) + tools_bound + PROMPT_OVERHEAD_TOKENS
 
 
-def rollout_usage(grader: Grader, spec: GradingSpec, base: str, rollouts: int) -> list[UsageItem]:
-    """The worst case of ``rollouts`` code-harness rollouts: each makes at most ``max_turns`` model calls of at most the
-    context length (``context_tokens``, else :data:`ROLLOUT_CONTEXT_TOKENS`) of prompt and ``max_tokens`` of completion,
-    and runs its set-up, harness and verifier for at most their wall limits (sandbox seconds)."""
+def rollout_usage(grader: Grader, spec: GradingSpec, base: str, rollouts: int, *, sandboxed: bool) -> list[UsageItem]:
+    """The worst case of ``rollouts`` multi-turn rollouts: each makes at most ``max_turns`` model calls of at most the
+    context length (``context_tokens``, else :data:`ROLLOUT_CONTEXT_TOKENS`) of prompt and ``max_tokens`` of completion;
+    a code harness's (``sandboxed``) also runs its set-up, harness and verifier for at most their wall limits (sandbox
+    seconds)."""
     settings, caps = spec.evaluation, RolloutLimits.from_settings(grader.settings)
     calls = settings.max_turns * rollouts
-    seconds = math.ceil(caps.wall_s + 2 * caps.verifier_wall_s) * rollouts
-    return [UsageItem(kind=UsageKind.prefill_tokens, quantity=calls * (settings.context_tokens or ROLLOUT_CONTEXT_TOKENS), model=base),
-            UsageItem(kind=UsageKind.decode_tokens, quantity=calls * settings.max_tokens, model=base),
-            UsageItem(kind=UsageKind.sandbox_seconds, quantity=seconds)]
+    usage = [UsageItem(kind=UsageKind.prefill_tokens, quantity=calls * (settings.context_tokens or ROLLOUT_CONTEXT_TOKENS), model=base),
+             UsageItem(kind=UsageKind.decode_tokens, quantity=calls * settings.max_tokens, model=base)]
+    if sandboxed:
+        usage.append(UsageItem(kind=UsageKind.sandbox_seconds, quantity=math.ceil(caps.wall_s + 2 * caps.verifier_wall_s) * rollouts))
+    return usage
 
 
 def evaluation_usage(s: Session, run_id: str, now: dt.datetime | None = None) -> tuple[EvaluationUsage, list[dt.datetime]]:
@@ -118,12 +120,12 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
     items = items[: req.limit] if req.limit else items
     k = spec.evaluation.samples
     base = spec.initial_system.model
-    if archive is None:
+    if archive is None and suite_converse(suite) is None:
         prefill = sum(prompt_upper_bound(harness, it.question, suite_tools(suite, it)) for it in items) * k
         usage = [UsageItem(kind=UsageKind.prefill_tokens, quantity=prefill, model=base),
                  UsageItem(kind=UsageKind.decode_tokens, quantity=harness.max_tokens * len(items) * k, model=base)]
     else:
-        usage = rollout_usage(grader, spec, base, len(items) * k)
+        usage = rollout_usage(grader, spec, base, len(items) * k, sandboxed=archive is not None)
     eval_id = new_id("eval")
     hold = grader.ledger.create_hold(HoldCreate(
         account_id=ctx.run_id, purpose=f"validation evaluation {eval_id}", idempotency_key=f"hold:{eval_id}",

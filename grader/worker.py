@@ -22,16 +22,16 @@ from grader.audit import audit
 from grader.grading_tasks import train_pool
 from grader.harness import extract_answer, render_messages
 from grader.harness_archives import HarnessManifest, archive_bytes, owned_archive
-from grader.model_endpoint import Binding, ModelEndpoint
+from grader.model_endpoint import Binding, Call, ModelEndpoint
 from grader.models import AGENT, PLATFORM, Evaluation, Submission, Trajectory
-from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout
+from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout, steps_of
 from grader.sandboxes import Sandbox, get_sandbox
 from grader.scoring import aggregate, score_item, storable
 from grader.service import Grader
-from grader.suites import Item, Suite, get_suite, suite_canonical, suite_environment, suite_tools
+from grader.suites import Item, Suite, TurnLimitReached, get_suite, suite_canonical, suite_converse, suite_environment, suite_tools
 from services.common import jobs
 from services.common.auth import RunContext
-from services.common.contracts import GradingSpec, Harness
+from services.common.contracts import GradingSpec, Harness, RolloutTrajectory
 from services.common.db import utcnow
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
 from services.common.openai_protocol import ChatCompletionRequest
@@ -183,6 +183,7 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
 
         scoring = threading.BoundedSemaphore(grader.settings.scoring_concurrency)
         code = _CodeHarness.load(grader, ctx, archive_id) if archive_id else None
+        converse = suite_converse(suite) if code is None else None
 
         def rollout(item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
             """A code harness's rollout of one sample: ``(score, answer, outcome)``; its sandbox seconds charged."""
@@ -201,11 +202,49 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
             with scoring:
                 return score_item(suite, answer, item)[0], answer, outcome
 
+        def conversation(item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
+            """A conversation the suite drives (``converse``): ``(score, None, outcome)``, the outcome's failure saying why a
+            0 could not be scored otherwise; each model turn metered under ``<eval>:<item>:<sample>:<turn>``."""
+            calls: list[Call] = []
+
+            def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+                lease.check()
+                if len(calls) >= spec.evaluation.max_turns:
+                    raise TurnLimitReached(f"the benchmark allows {spec.evaluation.max_turns} model turns per item")
+                request = completion_request(model, harness, messages, sample, tools)
+                key = f"{eval_id}:{item.id}:{sample}:{len(calls)}"
+                try:
+                    out = _with_retries(lambda: grader.inference.chat_completions(ctx, request, hold_id=charged, unmetered=charged is None,
+                                                                                  idempotency_key=key, context_tokens=spec.evaluation.context_tokens))
+                except UpstreamProblem as exc:
+                    if exc.code != "context_exceeded":
+                        raise _refusal(exc) or exc from exc
+                    raise TurnLimitReached("the conversation no longer fits the context") from exc
+                message = out.choices[0].message
+                calls.append(Call(messages=messages, message=message.model_dump(exclude_none=True), finish_reason=out.choices[0].finish_reason,
+                                  prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens, at=utcnow().isoformat()))
+                return message.content or ""
+
+            failure = None
+            try:
+                score = converse(item, harness, complete)  # type: ignore[misc]
+            except (SystemRefused, jobs.LeaseLost, UpstreamUnavailable):
+                raise
+            except UpstreamProblem as exc:
+                if _unavailable(exc):
+                    raise
+                score, failure = 0.0, storable(f"{exc.__class__.__name__}: {exc}"[:500])
+            except Exception as exc:  # noqa: BLE001 - what the suite raises on a conversation is that item's 0
+                score, failure = 0.0, storable(f"{exc.__class__.__name__}: {exc}"[:500])
+            trajectory = RolloutTrajectory(model=model, steps=steps_of(calls), reward=score, failure=failure, model_calls=len(calls),
+                                           prompt_tokens=sum(c.prompt_tokens for c in calls), completion_tokens=sum(c.completion_tokens for c in calls))
+            return score, None, RolloutOutcome(trajectory=trajectory, answer=None, reward=score, sandbox_s=0)
+
         def one(task: tuple[Item, int]) -> tuple[str, int, float]:
             item, sample = task
             lease.check()
-            if code is not None:
-                score, answer, outcome = rollout(item, sample)
+            if code is not None or converse is not None:
+                score, answer, outcome = rollout(item, sample) if code is not None else conversation(item, sample)
                 if split == "test":
                     grader.store.record(eval_id, item.id, sample, "", answer, score, outcome.trajectory.failure)
                     if sample == k - 1:
@@ -255,7 +294,7 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
             return item.id, sample, score
 
         results = dict(done)
-        with ThreadPoolExecutor(grader.settings.rollout_concurrency if code else grader.settings.inference_concurrency) as pool:
+        with ThreadPoolExecutor(grader.settings.rollout_concurrency if code or converse else grader.settings.inference_concurrency) as pool:
             for item_id, sample, score in pool.map(one, todo):
                 results[(item_id, sample)] = score
         by_item: dict[str, list[float]] = {}

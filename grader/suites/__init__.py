@@ -12,11 +12,24 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from grader.suites.base import SUITES, Item, Suite, TaskEnvironment, chao1, suite_canonical, suite_environment, suite_tools
+from grader.suites.base import (
+    SUITES,
+    Complete,
+    Item,
+    Suite,
+    TaskEnvironment,
+    TurnLimitReached,
+    chao1,
+    suite_canonical,
+    suite_converse,
+    suite_environment,
+    suite_tools,
+)
 from services.common.errors import Unprocessable
 from services.common.lazy import once
 
-__all__ = ["Item", "Suite", "TaskEnvironment", "chao1", "get_suite", "suite_canonical", "suite_environment", "suite_names", "suite_tools"]
+__all__ = ["Complete", "Item", "Suite", "TaskEnvironment", "TurnLimitReached", "chao1", "get_suite", "suite_canonical", "suite_converse", "suite_environment",
+           "suite_names", "suite_tools"]
 
 
 @once

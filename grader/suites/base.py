@@ -44,6 +44,17 @@ class TaskEnvironment:
     verifier_timeout_s: float
 
 
+Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]
+"""One model turn of a conversation: ``complete(messages, tools) -> the answer's text``. ``messages`` are OpenAI chat
+messages; ``tools`` (OpenAI ``tools``) are shown to the model with ``tool_choice: none`` (the suite reads calls from the
+text, BFCL's prompting format). Metered and recorded by the grader; raises :class:`TurnLimitReached` past the
+benchmark's ``max_turns`` model turns for the item."""
+
+
+class TurnLimitReached(Exception):
+    """A conversation asked for more model turns than the benchmark's ``max_turns``: it ends there."""
+
+
 class Suite(Protocol):
     """What the grader needs from a suite.
 
@@ -51,6 +62,9 @@ class Suite(Protocol):
     ``tools`` sent with the item's chat completion (read through :func:`suite_tools`; other suites need nothing).
     A suite whose items wrap a task in instruction text also has ``canonical(item) -> Canonical | None``: what
     stays of the item when its wording changes (:mod:`grader.canonical`; read through :func:`suite_canonical`).
+    A suite of multi-turn conversations that the grader drives (the suite executes what the model asks for and says
+    what the user says next) has ``converse(item, harness, complete) -> float``: it calls ``complete(messages, tools)``
+    (:data:`Complete`) once per model turn and returns the item's score (read through :func:`suite_converse`).
     A suite of multi-turn tasks run in a sandbox has ``environment(item) -> TaskEnvironment`` and
     ``default_harness_folder`` (its default code harness; read through :func:`suite_environment`); its score is the
     verifier's reward and ``score`` is not called. Such a suite's ``default_harness`` is never used alone.
@@ -119,3 +133,9 @@ def suite_environment(suite: Suite, item: Item) -> TaskEnvironment | None:
     whose items are answered in one completion."""
     environment = getattr(suite, "environment", None)
     return environment(item) if environment else None
+
+
+def suite_converse(suite: Suite) -> Callable[[Item, Harness, Complete], float] | None:
+    """The suite's optional ``converse(item, harness, complete)`` (multi-turn conversations the grader drives);
+    ``None`` for a suite whose items are answered in one completion or run in a sandbox."""
+    return getattr(suite, "converse", None)

@@ -359,13 +359,14 @@ class RolloutRun(BaseModel):
 
 
 class RolloutTrajectory(BaseModel):
-    """A code harness's rollout of one task (schema ``crucible-rollout/1``, modelled on Harbor's ATIF v1): the model
-    calls turned into steps, how the harness and the verifier ended, the reward and, for a failed rollout, why."""
+    """A multi-turn rollout of one task (schema ``crucible-rollout/1``, modelled on Harbor's ATIF v1): a code harness's
+    in its sandbox, or a conversation the grader drives (BFCL multi-turn). The model calls turned into steps, how the
+    harness and the verifier ended, the reward and, for a failed rollout, why."""
 
     schema_version: Literal["crucible-rollout/1"] = "crucible-rollout/1"
-    harness: str = Field(description="The harness archive (`har_…`).")
+    harness: str | None = Field(None, description="The harness archive (`har_…`); null for a conversation the grader drives.")
     model: str
-    sandbox: str = Field(description="The sandbox backend: `bwrap` or `docker`.")
+    sandbox: str | None = Field(None, description="The sandbox backend (`bwrap` or `docker`); null for a conversation the grader drives.")
     steps: list[RolloutStep]
     harness_run: RolloutRun | None = None
     verifier_run: RolloutRun | None = None
