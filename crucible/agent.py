@@ -5,11 +5,18 @@ from the task's training pool (questions seen in validation removed) → LoRA SF
 events → evaluate each checkpoint on validation → keep the best → submit it → wait for the grade.
 It stops searching when the budget left cannot cover another step, and submits what it has. It edits only
 what the run's track allows: training needs data or trainer editable, else it submits the initial system.
+
+A task whose system is a code harness (the terminal suite's) is improved through the harness instead, where the
+harness is editable: the agent downloads the suite's harness archive, edits its system prompt (:func:`edit_harness`),
+uploads the edited archive, evaluates it, and keeps whichever harness scores higher. Such a task's training pool has
+no reference answers (its verifiers are the reference), so the agent trains nothing there.
 """
 
 from __future__ import annotations
 
+import io
 import json
+import tarfile
 import time
 from dataclasses import dataclass, field
 from typing import Any
@@ -49,6 +56,25 @@ class AgentConfig:
         return config
 
 
+HARNESS_HINT = ("Work step by step: first look at the files you need (ls, head), then write the exact output the task asks for, "
+                "to the exact path it names. Use non-interactive commands only. ")
+"""What :func:`edit_harness` adds in front of the default terminal harness's system prompt."""
+
+
+def edit_harness(archive: bytes, hint: str = HARNESS_HINT) -> bytes | None:
+    """The terminal suite's default harness (``agent.py``, whose prompt starts ``SYSTEM = (``) with ``hint`` put in
+    front of its system prompt, repacked; ``None`` when the archive is not that harness."""
+    out, edited = io.BytesIO(), False
+    with tarfile.open(fileobj=io.BytesIO(archive), mode="r:gz") as src, tarfile.open(fileobj=out, mode="w:gz") as dst:
+        for member in src:
+            data = src.extractfile(member).read() if member.isfile() else None  # type: ignore[union-attr]
+            if member.name == "agent.py" and data is not None and b"SYSTEM = (" in data:
+                data = data.replace(b"SYSTEM = (", b"SYSTEM = (" + json.dumps(hint).encode() + b"\n    ", 1)
+                member.size, edited = len(data), True
+            dst.addfile(member, io.BytesIO(data) if data is not None else None)
+    return out.getvalue() if edited else None
+
+
 @dataclass
 class TaskResult:
     task: str
@@ -56,6 +82,7 @@ class TaskResult:
     best_model: str
     best_validation: float
     submission: dict[str, Any]
+    best_harness: str | None = None
 
 
 @dataclass
@@ -102,10 +129,10 @@ class BaselineAgent:
     def step(self, message: str) -> None:
         self.console.print(f"[bold cyan]agent[/] {message}")
 
-    def evaluate(self, model: str, harness: dict[str, Any] | None, label: str, task: str | None = None) -> float:
-        """Validation score of ``model`` on ``task`` (a progress bar while it runs)."""
+    def evaluate(self, model: str, harness: dict[str, Any] | None, label: str, task: str | None = None, harness_archive: str | None = None) -> float:
+        """Validation score of ``model`` (with ``harness`` or the code harness ``harness_archive``) on ``task`` (a progress bar while it runs)."""
         start = time.monotonic()
-        ev = self.client.create_evaluation(model, harness, limit=self.config.validation_limit, task=task)
+        ev = self.client.create_evaluation(model, harness, limit=self.config.validation_limit, task=task, harness_archive=harness_archive)
         with Progress(TextColumn(f"  evaluating {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True) as bar:
             task = bar.add_task("eval", total=ev["items_total"])
             ev = self.client.wait_evaluation(ev["id"], self.config.poll_s, on_poll=lambda e: bar.update(task, completed=e["items_done"]))
@@ -114,7 +141,11 @@ class BaselineAgent:
             raise RuntimeError(f"evaluation {ev['id']} {ev['status']}: {ev.get('error')}")
         trajectories = self.client.trajectories(ev["id"])
         wrong = [t for t in trajectories if t["score"] < 1.0][:1]
-        example = f" (e.g. {wrong[0]['question'][-40:]!r} → {wrong[0]['completion'][:20]!r}, expected {wrong[0]['expected']})" if wrong else ""
+        if wrong and wrong[0].get("rollout"):
+            rollout = wrong[0]["rollout"]
+            example = f" (e.g. task {wrong[0]['item_id']}: {rollout['model_calls']} model calls{', ' + rollout['failure'] if rollout['failure'] else ''})"
+        else:
+            example = f" (e.g. {wrong[0]['question'][-40:]!r} → {wrong[0]['completion'][:20]!r}, expected {wrong[0]['expected']})" if wrong else ""
         self.step(f"validation {label}: {_pct(ev['score']['value'])} on n={ev['score']['n']}{example}")
         return float(ev["score"]["value"])
 
@@ -195,9 +226,55 @@ class BaselineAgent:
         self.step(f"done: spent {_usd(budget['spent_usd_micros'])} of {_usd(budget['budget_usd_micros'])}")
         return AgentResult(tasks=results, timings_s=dict(self.timings))
 
+    def improve_harness(self, base: str, archive_id: str, label: str, task: str | None) -> tuple[str, float] | None:
+        """Download the code harness ``archive_id``, edit it (:func:`edit_harness`), upload and evaluate it: ``(new archive
+        id, its validation score)``, or ``None`` when the archive is not one the agent knows how to edit."""
+        edited = edit_harness(self.client.harness_archive(archive_id))
+        if edited is None:
+            self.step(f"{label}harness {archive_id} is not the terminal agent; leaving it as it is")
+            return None
+        uploaded = self.client.upload_harness(edited, name="terminal-agent-edited")
+        self.step(f"{label}uploaded edited harness {uploaded['id']} ({uploaded['bytes']} bytes): a planning hint in its system prompt")
+        return uploaded["id"], self.evaluate(base, None, f"{label}edited harness {uploaded['id']}", task, harness_archive=uploaded["id"])
+
+    def run_code_harness_task(self, spec: dict[str, Any], card: dict[str, Any], task: str | None) -> TaskResult:
+        """The loop on a task run by a code harness: evaluate the suite's harness, try an edited one if the harness is
+        editable, submit the base model with the better harness."""
+        base, archive = spec["initial_system"]["model"], spec["initial_system"]["harness_archive"]
+        label = f"[{spec['name']}] " if task else ""
+        best_harness, best = archive, self.evaluate(base, None, f"{label}initial system ({base}, harness {archive})", task)
+        initial = best
+        if "harness" in card["editable"]:
+            try:
+                tried = self.improve_harness(base, archive, label, task)
+            except CrucibleAPIError as exc:
+                if exc.status not in (402, 403):
+                    raise
+                self.step(f"{label}cannot try another harness ({exc.status} {exc.code}: {exc.problem.get('detail')})")
+                tried = None
+            if tried is not None and tried[1] > best:
+                best_harness, best = tried
+        self.step(f"{label}best on validation: harness {best_harness} at {_pct(best)} (initial {_pct(initial)}); submitting it")
+        sub = self.submit_and_wait(base, label, task, harness_archive=best_harness if best_harness != archive else None)
+        return TaskResult(task=spec["name"], initial_validation=initial, best_model=base, best_validation=best, submission=sub, best_harness=best_harness)
+
+    def submit_and_wait(self, model: str, label: str, task: str | None, harness_archive: str | None = None) -> dict[str, Any]:
+        """Submit ``model`` (with ``harness_archive``, if given) and wait for its grade."""
+        start = time.monotonic()
+        sub = self.client.submit(model, note="baseline agent: best on validation", task=task, harness_archive=harness_archive)
+        with Progress(TextColumn(f"  {label}grading on the hidden test split"), BarColumn(pulse_style="cyan"), TimeElapsedColumn(),
+                      console=self.console, transient=True) as bar:
+            bar.add_task("grade", total=None)
+            sub = self.client.wait_submission(sub["id"], self.config.poll_s)
+        self.timings["grading"] += time.monotonic() - start
+        self.step(f"{label}submission {sub['id']} {sub['status']}: hidden test {_pct(sub['score']['value'] if sub.get('score') else None)}")
+        return sub
+
     def run_task(self, spec: dict[str, Any], card: dict[str, Any], task: str | None) -> TaskResult:
         """The loop on one task (``task`` is ``None`` for a one-task benchmark)."""
         c = self.client
+        if spec["initial_system"].get("harness_archive"):
+            return self.run_code_harness_task(spec, card, task)
         harness = spec["initial_system"]["harness"]
         base = spec["initial_system"]["model"]
         label = f"[{spec['name']}] " if task else ""
@@ -232,12 +309,5 @@ class BaselineAgent:
                 if score > best:
                     best_model, best = ckpt["id"], score
         self.step(f"{label}best on validation: {best_model} at {_pct(best)} (initial {_pct(initial)}); submitting it")
-        start = time.monotonic()
-        sub = c.submit(best_model, note="baseline agent: best validation checkpoint", task=task)
-        with Progress(TextColumn(f"  {label}grading on the hidden test split"), BarColumn(pulse_style="cyan"), TimeElapsedColumn(),
-                      console=self.console, transient=True) as bar:
-            bar.add_task("grade", total=None)
-            sub = c.wait_submission(sub["id"], self.config.poll_s)
-        self.timings["grading"] += time.monotonic() - start
-        self.step(f"{label}submission {sub['id']} {sub['status']}: hidden test {_pct(sub['score']['value'] if sub.get('score') else None)}")
+        sub = self.submit_and_wait(best_model, label, task)
         return TaskResult(task=spec["name"], initial_validation=initial, best_model=best_model, best_validation=best, submission=sub)

@@ -104,10 +104,39 @@ class CrucibleClient(_GatewayClient):
         return self._call("POST", "/v1/chat/completions", json={"model": model, "messages": messages, **params})
 
     # evaluations
-    def create_evaluation(self, model: str, harness: dict[str, Any] | None = None, limit: int | None = None, task: str | None = None) -> dict[str, Any]:
+    # ------------------------------------------------------------------ code harnesses
+
+    def upload_harness(self, data: bytes | Path, name: str | None = None) -> dict[str, Any]:
+        """Upload a harness archive (``.tar.gz`` bytes or a file path; ``harness.toml`` at its root)."""
+        content = data.read_bytes() if isinstance(data, Path) else data
+        return self._call("POST", "/v1/harnesses", files={"file": ("harness.tar.gz", content, "application/gzip")},
+                          data={"name": name} if name else None)
+
+    def harnesses(self) -> list[dict[str, Any]]:
+        """The run's harness archives, then the suites' own (``platform: true``)."""
+        return self._call("GET", "/v1/harnesses")["data"]
+
+    def harness(self, harness_id: str) -> dict[str, Any]:
+        return self._call("GET", f"/v1/harnesses/{harness_id}")
+
+    def harness_archive(self, harness_id: str) -> bytes:
+        """The archive's ``.tar.gz`` bytes (a suite's own, to start an edited copy)."""
+        resp = self.http.get(f"/v1/harnesses/{harness_id}/archive")
+        if resp.status_code >= 400:
+            raise CrucibleAPIError(resp.json())
+        return resp.content
+
+    # ------------------------------------------------------------------ evaluations
+
+    def create_evaluation(self, model: str, harness: dict[str, Any] | None = None, limit: int | None = None, task: str | None = None,
+                          harness_archive: str | None = None) -> dict[str, Any]:
+        """Evaluate ``model`` on validation with a declarative ``harness`` or the code harness ``harness_archive``
+        (neither: the suite's default)."""
         body: dict[str, Any] = {"model": model, "split": "validation"}
         if harness is not None:
             body["harness"] = harness
+        if harness_archive is not None:
+            body["harness_archive"] = harness_archive
         if limit is not None:
             body["limit"] = limit
         return self._call("POST", "/v1/evaluations", json=body, params=_task({}, task))
@@ -132,10 +161,13 @@ class CrucibleClient(_GatewayClient):
             time.sleep(poll_s)
 
     # submissions
-    def submit(self, model: str, harness: dict[str, Any] | None = None, note: str | None = None, task: str | None = None) -> dict[str, Any]:
+    def submit(self, model: str, harness: dict[str, Any] | None = None, note: str | None = None, task: str | None = None,
+               harness_archive: str | None = None) -> dict[str, Any]:
         body: dict[str, Any] = {"model": model}
         if harness is not None:
             body["harness"] = harness
+        if harness_archive is not None:
+            body["harness_archive"] = harness_archive
         if note:
             body["note"] = note
         return self._call("POST", "/v1/submissions", json=body, params=_task({}, task))

@@ -22,11 +22,12 @@ from crucible.sdk import CrucibleAPIError, CrucibleClient
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
-PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini"]
+PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini", "vibetraining-terminal"]
 
 
 def scaled(doc: dict) -> dict:
-    """The preset at test scale: 4 validation and 4 test items per task, short outputs, at most 2 samples, 2 steps."""
+    """The preset at test scale: 4 validation and 4 test items per task, short outputs, at most 2 samples and 3 model
+    turns per item, 2 steps."""
     doc = copy.deepcopy(doc)
     doc["name"] = f"{doc['name']}-{uuid.uuid4().hex[:6]}"
     tasks = doc.get("tasks") or [doc]
@@ -37,6 +38,7 @@ def scaled(doc: dict) -> dict:
         for settings in filter(None, [task.get("evaluation"), doc.get("evaluation") if task is tasks[0] else None]):
             settings["max_tokens"] = min(settings["max_tokens"], 24)
             settings["samples"] = min(settings["samples"], 2)
+            settings["max_turns"] = min(settings.get("max_turns", 1), 3)
     lock = doc.get("recipe", {}).get("lock", {})
     if "max_steps" in lock:
         lock.update(max_steps=2, checkpoint_every=2, batch_size=4, warmup_steps=0)
@@ -70,7 +72,13 @@ def test_preset_runs_end_to_end_with_the_reference_agent(pg_stack, admin, preset
     assert all(r.submission["status"] == "graded" and r.submission["score"]["n"] == 4 for r in result.tasks)
 
     jobs = client.training_jobs()
-    assert len(jobs) == len(tasks) and all(j["status"] == "succeeded" for j in jobs)
+    coded = {t["name"] for t in card["benchmark"]["tasks"] if t["initial_system"].get("harness_archive")}  # run by a code harness: no training
+    assert len(jobs) == len(tasks) - len(coded) and all(j["status"] == "succeeded" for j in jobs)
+    for r in result.tasks:
+        if r.task in coded:  # the agent swapped in an edited harness archive and evaluated it
+            edited = [a["id"] for a in client.harnesses() if not a["platform"]]
+            assert len(edited) == 1 and any(e["harness_archive"] == edited[0] and e["status"] == "succeeded" for e in client.evaluations())
+            assert r.submission["harness_archive"] in (edited[0], None)
     if "trainer" not in card["editable"]:  # the locked recipe ran, scaled as above
         assert all(j["recipe"]["max_steps"] == 2 and j["recipe"]["learning_rate"] == shipped["recipe"]["lock"]["learning_rate"] for j in jobs)
 

@@ -40,6 +40,7 @@ from services.common.contracts import (
     GradingSpec,
     GradingTaskStatus,
     Harness,
+    HarnessArchiveOut,
     Page,
     Score,
     SubmissionCreate,
@@ -97,7 +98,7 @@ def problem(status: int, code: str, detail: str = "", **extra: Any) -> dict[str,
     return {"type": f"urn:crucible:problem:{code}", "title": code, "status": status, "code": code, "detail": detail, **extra}
 
 
-EVAL_ID, SUB_ID, JOB_ID = new_id("eval"), new_id("sub"), new_id("job")  # ids the stand-ins know; JOB_ID: none
+EVAL_ID, SUB_ID, JOB_ID, HAR_ID = new_id("eval"), new_id("sub"), new_id("job"), new_id("har")  # ids the stand-ins know; JOB_ID: none
 
 @dataclass
 class Grader:
@@ -184,6 +185,22 @@ class Grader:
     async def get_submission(self, ctx: RunContext, sub_id: str) -> SubmissionOut:
         self._record("get_submission", ctx, sub_id=sub_id)
         return self._submission(ctx, sub_id=sub_id)
+
+    async def upload_harness(self, ctx: RunContext, content: bytes, *, name: str | None = None) -> HarnessArchiveOut:
+        self._record("upload_harness", ctx, content=content, name=name)
+        return HarnessArchiveOut(id=HAR_ID, name=name or "h", sha256="0" * 64, bytes=len(content), entry="true", created_at=dt.datetime.now(dt.UTC))
+
+    async def list_harnesses(self, ctx: RunContext) -> Page[HarnessArchiveOut]:
+        self._record("list_harnesses", ctx)
+        return Page[HarnessArchiveOut](data=[])
+
+    async def get_harness(self, ctx: RunContext, harness_id: str) -> HarnessArchiveOut:
+        self._record("get_harness", ctx, harness_id=harness_id)
+        raise UpstreamProblem(problem(404, "not_found", f"harness archive {harness_id} not found", field="harness_archive"))
+
+    async def harness_archive(self, ctx: RunContext, harness_id: str) -> bytes:
+        self._record("harness_archive", ctx, harness_id=harness_id)
+        return b"\x1f\x8b archive bytes"
 
     async def close(self) -> None:
         """Nothing to close: no connections."""
@@ -420,6 +437,29 @@ def test_a_dataset_upload_reaches_the_trainer_as_the_runs(served: Served) -> Non
     assert assert_problem(bad, 422)["line"] == 1
     big = served.http.post("/v1/datasets", files={"file": ("big.jsonl", GOOD_ROW * (MAX_UPLOAD_BYTES // len(GOOD_ROW) + 1))}, headers=agent)
     assert assert_problem(big, 413)["field"] == "file"
+
+
+def test_a_harness_archive_reaches_the_grader_as_the_runs_and_only_where_the_harness_is_editable(served: Served) -> None:
+    run_id, agent = served.new_run()
+    served.grader.calls.clear()
+    up = served.http.post("/v1/harnesses", files={"file": ("h.tar.gz", b"\x1f\x8b tarball")}, data={"name": "mine"}, headers=agent)
+    assert up.status_code == 201 and up.json()["id"] == HAR_ID, up.text
+    assert served.http.get("/v1/harnesses", headers=agent).json()["data"] == []
+    assert assert_problem(served.http.get(f"/v1/harnesses/{HAR_ID}", headers=agent), 404)["field"] == "harness_archive"  # the grader's, unchanged
+    download = served.http.get(f"/v1/harnesses/{HAR_ID}/archive", headers=agent)
+    assert (download.status_code, download.headers["content-type"], download.content) == (200, "application/gzip", b"\x1f\x8b archive bytes")
+    assert_problem(served.http.get("/v1/harnesses/not-an-id", headers=agent), 422)
+    assert [(m, ctx.run_id) for m, ctx, _ in served.grader.calls] == [(m, run_id) for m in ("upload_harness", "list_harnesses", "get_harness", "harness_archive")]
+    assert served.grader.calls[0][2] == {"content": b"\x1f\x8b tarball", "name": "mine"}
+    big = served.http.post("/v1/harnesses", files={"file": ("h.tar.gz", b"x" * (MAX_UPLOAD_BYTES + 1))}, headers=agent)
+    assert assert_problem(big, 413)["field"] == "file"
+
+    _run, data_only = served.new_run(track="data")
+    for refused in (served.http.post("/v1/harnesses", files={"file": ("h.tar.gz", b"x")}, headers=data_only),
+                    served.http.post("/v1/evaluations", json={"model": MODEL, "harness_archive": HAR_ID}, headers=data_only),
+                    served.http.post("/v1/submissions", json={"model": MODEL, "harness_archive": HAR_ID}, headers=data_only)):
+        assert assert_problem(refused, 403, "not_editable")["operation"] in ("uploading a harness archive", "evaluating with a custom harness",
+                                                                             "submitting a custom harness")
 
 
 def test_a_harness_track_run_cannot_upload_data(served: Served) -> None:
