@@ -27,5 +27,7 @@ def run_evaluation(eval_id: str) -> None:
 
 @worker_ready.connect
 def _reconcile(**_kwargs: object) -> None:
-    """On worker start, take back evaluations a dead worker left behind (see ``worker.reconcile``)."""
+    """On worker start, remove the sandboxes a dead worker left (see ``worker.reap_sandboxes``) and take back its
+    evaluations (see ``worker.reconcile``)."""
+    worker.reap_sandboxes(grader())
     worker.reconcile(grader())

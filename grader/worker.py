@@ -25,7 +25,7 @@ from grader.harness_archives import HarnessManifest, archive_bytes, owned_archiv
 from grader.model_endpoint import Binding, Call, ModelEndpoint
 from grader.models import AGENT, PLATFORM, Evaluation, Submission, Trajectory
 from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout, steps_of
-from grader.sandboxes import Sandbox, get_sandbox
+from grader.sandboxes import Sandbox, SandboxUnavailable, get_sandbox
 from grader.scoring import aggregate, score_item, storable
 from grader.service import Grader
 from grader.suites import Item, Suite, TurnLimitReached, get_suite, suite_canonical, suite_converse, suite_environment, suite_tools
@@ -363,6 +363,19 @@ def close_hold(grader: Grader, eval_id: str) -> None:
         grader.ledger.settle_or_charge(hold_id, [], f"settle:{eval_id}")
         with grader.db.session() as s:
             s.get(Evaluation, eval_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
+
+
+def reap_sandboxes(grader: Grader) -> int:
+    """Remove what sandboxes of dead grader processes on this host left behind (the configured backend's ``reap``;
+    a sandbox also ends itself shortly after its wall limit). Logs and returns how many; 0 when the backend is away."""
+    try:
+        reaped = get_sandbox(grader.settings.sandbox_backend).reap()
+    except SandboxUnavailable as exc:
+        log.warning("sandboxes left by dead workers cannot be checked", backend=grader.settings.sandbox_backend, error=str(exc))
+        return 0
+    if reaped:
+        log.warning("removed sandboxes a dead worker left behind", backend=grader.settings.sandbox_backend, count=reaped)
+    return reaped
 
 
 def reconcile(grader: Grader) -> jobs.ReconcileReport:

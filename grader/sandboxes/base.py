@@ -24,6 +24,7 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import socket
 import subprocess
 import tempfile
 from collections.abc import Iterator, Mapping, Sequence
@@ -44,6 +45,9 @@ MODEL_PORT = 8000
 SANDBOX_PYTHON = "/usr/bin/python3"
 SANDBOX_PATH = "/usr/local/bin:/usr/bin:/bin"
 TAIL_BYTES = 16 * 1024
+INIT_GRACE_S = 10.0
+"""Seconds past the wall limit at which the sandbox's init ends the sandbox itself (the backend kills it at the limit;
+the init's own limit bounds a sandbox whose grader died)."""
 
 LimitHit = Literal["wall", "cpu", "memory", "processes", "disk"]
 
@@ -106,6 +110,30 @@ class Sandbox(Protocol):
         anything the command does; raises ``SandboxUnavailable`` when the backend cannot start a sandbox at all."""
 
 
+    def reap(self) -> int:
+        """Remove what runs of a grader process that died left behind on this host (containers, cgroups), never a live
+        process's; returns how many were removed. Called when an eval worker starts."""
+
+
+def owner() -> str:
+    """This process as the owner of its sandboxes: ``<host>:<pid>`` (a sandbox's name or label carries it)."""
+    return f"{socket.gethostname()}:{os.getpid()}"
+
+
+def owner_alive(owner_tag: str) -> bool:
+    """Whether the process ``<host>:<pid>`` is alive; ``True`` for another host's (not ours to judge)."""
+    host, _, pid = owner_tag.rpartition(":")
+    if host != socket.gethostname() or not pid.isdigit():
+        return True
+    try:
+        os.kill(int(pid), 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
 class SandboxUnavailable(RuntimeError):
     """The backend cannot start a sandbox on this machine (bubblewrap missing, Docker daemon away)."""
 
@@ -120,7 +148,8 @@ def init_argv(argv: Sequence[str], limits: Limits, model_socket: Path | None) ->
     head = [SANDBOX_PYTHON, "-I", "-B", INIT_TARGET]
     if model_socket is not None:
         head += ["--socket", SOCKET_TARGET, "--port", str(MODEL_PORT)]
-    return head + ["--cpu-s", repr(limits.cpu_s), "--memory-mb", str(limits.memory_mb), "--fsize-mb", str(limits.file_mb), "--", *argv]
+    return head + ["--cpu-s", repr(limits.cpu_s), "--memory-mb", str(limits.memory_mb), "--fsize-mb", str(limits.file_mb),
+                   "--wall-s", repr(limits.wall_s + INIT_GRACE_S), "--", *argv]
 
 
 def sandbox_env(env: Mapping[str, str]) -> dict[str, str]:

@@ -21,6 +21,7 @@ from __future__ import annotations
 import os
 import shutil
 import signal
+import socket
 import subprocess
 import tempfile
 import time
@@ -43,6 +44,7 @@ from grader.sandboxes.base import (
     SandboxUnavailable,
     disk_full,
     init_argv,
+    owner_alive,
     sandbox_env,
     tail,
 )
@@ -73,7 +75,7 @@ class _Cgroups:
 
     @classmethod
     def create(cls, limits: Limits) -> _Cgroups | None:
-        name = f"crucible-{uuid.uuid4().hex[:12]}"
+        name = f"crucible-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the owner's pid: reap() removes a dead owner's
         dirs: dict[str, Path] = {}
         try:
             if (_CGROUP_ROOT / "cgroup.controllers").exists():  # cgroup v2
@@ -194,10 +196,35 @@ def _warn_without_cgroups() -> None:
     log.warning("cgroups cannot be created here: sandboxes get per-process limits only (the number of processes is not limited)")
 
 
+def _run_cgroups() -> list[Path]:
+    """Every run cgroup (``crucible-<pid>-<id>``) under this process's own cgroups."""
+    if (_CGROUP_ROOT / "cgroup.controllers").exists():
+        parents = [_CGROUP_ROOT / _own_cgroup("").lstrip("/")]
+    else:
+        parents = [_CGROUP_ROOT / c / _own_cgroup(c).lstrip("/") for c in ("pids", "memory", "cpuacct")]
+    return [d for parent in parents if parent.is_dir() for d in parent.glob("crucible-*-*") if d.is_dir()]
+
+
 class BubblewrapSandbox:
     """The bubblewrap backend (see the module docstring)."""
 
     name = "bwrap"
+
+    def reap(self) -> int:
+        """Kill what is left in, and remove, the run cgroups of grader processes on this host that are gone."""
+        reaped = 0
+        for d in _run_cgroups():
+            pid = d.name.split("-")[1]
+            if not pid.isdigit() or owner_alive(f"{socket.gethostname()}:{pid}"):
+                continue
+            for p in _read(d / "cgroup.procs").split():
+                try:
+                    os.kill(int(p), signal.SIGKILL)
+                except (ProcessLookupError, ValueError):
+                    pass
+            _remove(d)
+            reaped += 1
+        return reaped
 
     def run(self, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str], limits: Limits,
             stdin: bytes = b"", model_socket: Path | None = None) -> ExecResult:

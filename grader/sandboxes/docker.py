@@ -59,6 +59,8 @@ from grader.sandboxes.base import (
     SandboxUnavailable,
     disk_full,
     init_argv,
+    owner,
+    owner_alive,
     sandbox_env,
     tail,
 )
@@ -68,6 +70,7 @@ log = structlog.get_logger("sandbox")
 DEFAULT_IMAGE = "crucible-sandbox:bookworm"
 STDIN_TARGET = "/run/crucible/stdin"
 LABEL = "crucible.sandbox"
+OWNER_LABEL = "crucible.owner"  # <host>:<pid> of the grader process that runs it (reap() removes a dead owner's)
 """Every sandbox container carries this label (``docker ps -a --filter label=crucible.sandbox`` finds any left over)."""
 LOG_MAX = {"max-size": "1m", "max-file": "2"}
 """The daemon's json-file log of a run: at most two files of 1 MiB, so at least the last MiB of output is kept."""
@@ -137,6 +140,25 @@ class DockerSandbox:
         except docker.errors.DockerException as exc:
             raise SandboxUnavailable(f"the Docker daemon cannot be reached ({exc}): {_HOW_TO_BUILD}") from exc
 
+    def reap(self) -> int:
+        """Remove the sandbox containers whose grader process on this host is gone (stopped or still running)."""
+        client = self._client()
+        try:
+            reaped = 0
+            for container in client.containers.list(all=True, filters={"label": LABEL}):
+                if owner_alive(container.labels.get(OWNER_LABEL, "")):
+                    continue
+                try:
+                    container.remove(force=True)
+                    reaped += 1
+                except docker.errors.NotFound:
+                    pass
+            return reaped
+        except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
+            raise SandboxUnavailable(f"the Docker daemon cannot be reached ({exc}): {_HOW_TO_BUILD}") from exc
+        finally:
+            client.close()
+
     def run(self, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str], limits: Limits,
             stdin: bytes = b"", model_socket: Path | None = None) -> ExecResult:
         client = self._client()
@@ -163,7 +185,7 @@ class DockerSandbox:
         command = ["/bin/sh", "-c", f'{prelude}exec "$@" <{shlex.quote(STDIN_TARGET)}', "sh", *init_argv(argv, limits, model_socket)]
         try:
             container = client.containers.create(
-                self.image, command, name=f"crucible-sandbox-{uuid.uuid4().hex[:12]}", labels={LABEL: "1"},
+                self.image, command, name=f"crucible-sandbox-{uuid.uuid4().hex[:12]}", labels={LABEL: "1", OWNER_LABEL: owner()},
                 entrypoint=[], environment=environment, working_dir=cwd, user=f"{os.getuid()}:{os.getgid()}", hostname="sandbox",
                 network_mode="none", mounts=binds, read_only=True,
                 tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},

@@ -1,7 +1,7 @@
 """The sandbox's init: the first program every sandbox runs, with the sandbox's own Python (``/usr/bin/python3``,
 standard library only; this file is mounted read-only at ``/run/crucible/init.py``).
 
-``python3 -I -B init.py [--socket PATH --port N] --cpu-s S --memory-mb M --fsize-mb F -- ARGV...``
+``python3 -I -B init.py [--socket PATH --port N] --cpu-s S --memory-mb M --fsize-mb F --wall-s W -- ARGV...``
 
 1. Sets the per-process resource limits every later process inherits: ``RLIMIT_CPU`` (``S`` seconds, soft = hard,
    so the kernel kills at the limit), ``RLIMIT_AS`` (``M`` MiB), ``RLIMIT_FSIZE`` (``F`` MiB per file written), no
@@ -10,8 +10,9 @@ standard library only; this file is mounted read-only at ``/run/crucible/init.py
    forwards each connection, byte for byte, to the Unix socket ``PATH`` — the rollout's model endpoint, bind-mounted
    in by the backend. That is the sandbox's only way out, and it reaches that endpoint alone.
 3. Runs ``ARGV`` with this process's stdin, stdout and stderr, waits for it, and exits with its status (``128 + n``
-   when a signal ``n`` ended it). When this process exits the backend ends everything left in the sandbox (the PID
-   namespace's init dies, or the container stops).
+   when a signal ``n`` ended it), or with 137 after ``W`` seconds. When this process exits everything left in the
+   sandbox ends (the PID namespace's init dies, or the container stops). The backend enforces the wall limit from
+   outside; this one (a little longer) bounds a sandbox whose grader died.
 """
 
 import argparse
@@ -58,6 +59,7 @@ def main() -> int:
     parser.add_argument("--cpu-s", type=float, required=True)
     parser.add_argument("--memory-mb", type=int, required=True)
     parser.add_argument("--fsize-mb", type=int, required=True)
+    parser.add_argument("--wall-s", type=float, required=True)
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
@@ -76,7 +78,10 @@ def main() -> int:
     except OSError as exc:
         print(f"crucible sandbox: cannot start {argv[:1]}: {exc}", file=sys.stderr)
         return 127
-    status = proc.wait()
+    try:
+        status = proc.wait(timeout=args.wall_s)
+    except subprocess.TimeoutExpired:
+        return 137
     return 128 - status if status < 0 else status
 
 

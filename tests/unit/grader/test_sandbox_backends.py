@@ -14,6 +14,7 @@ import shutil
 import socket
 import socketserver
 import subprocess
+import sys
 import tempfile
 import textwrap
 import threading
@@ -319,3 +320,31 @@ def test_a_busy_loop_is_stopped_at_its_cpu_limit(sandbox: Sandbox) -> None:
     result = python(sandbox, "while True: pass", limits=Limits(wall_s=30, cpu_s=2))
     assert result.limit == "cpu", result
     assert result.elapsed_s < 10, result
+
+
+def test_a_sandbox_whose_grader_died_is_removed_when_a_worker_starts(sandbox: Sandbox, tmp_path: Path) -> None:
+    """A grader process killed mid-run (SIGKILL: no clean-up of its own) leaves nothing running once a worker's
+    ``reap()`` has run, and a live process's sandboxes are never touched."""
+    token = f"orphan-{uuid.uuid4().hex[:12]}"
+    script = tmp_path / "dying_worker.py"
+    script.write_text(textwrap.dedent(f"""
+        from grader.sandboxes import Limits, get_sandbox
+        get_sandbox({sandbox.name!r}).run(["sleep", "1000", {token!r}], mounts=[], cwd="/", env={{}}, limits=Limits(wall_s=900))
+    """))
+    dying = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    deadline = time.monotonic() + 60
+    while not processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(token), "the sandbox never started"
+    live = threading.Thread(target=lambda: sandbox.run(["sleep", "3"], mounts=[], cwd="/", env={}, limits=Limits(wall_s=30)))
+    live.start()  # a run of this (live) process while reap() runs
+    time.sleep(1.5)
+    dying.kill()
+    dying.wait()
+    assert sandbox.reap() >= (1 if sandbox.name == "docker" else 0)  # bubblewrap's sandbox died with its parent; its cgroup is left
+    deadline = time.monotonic() + 10
+    while processes_with(token) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    assert processes_with(token) == []
+    live.join()
+    assert sandbox.reap() == 0  # nothing of a dead owner is left, and the live run was not counted
