@@ -1,7 +1,7 @@
 """The sandbox's init: the first program every sandbox runs, with the sandbox's own Python (``/usr/bin/python3``,
 standard library only; this file is mounted read-only at ``/run/crucible/init.py``).
 
-``python3 -I -B init.py [--socket PATH --port N] --cpu-s S --memory-mb M --fsize-mb F --wall-s W -- ARGV...``
+``python3 -I -B init.py [--socket PATH --port N] --cpu-s S --memory-mb M --fsize-mb F [--wall-s W] -- ARGV...``
 
 1. Sets the per-process resource limits every later process inherits: ``RLIMIT_CPU`` (``S`` seconds, soft = hard,
    so the kernel kills at the limit), ``RLIMIT_AS`` (``M`` MiB), ``RLIMIT_FSIZE`` (``F`` MiB per file written), no
@@ -59,7 +59,7 @@ def main() -> int:
     parser.add_argument("--cpu-s", type=float, required=True)
     parser.add_argument("--memory-mb", type=int, required=True)
     parser.add_argument("--fsize-mb", type=int, required=True)
-    parser.add_argument("--wall-s", type=float, required=True)
+    parser.add_argument("--wall-s", type=float)
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
