@@ -329,7 +329,7 @@ def test_a_sandbox_whose_grader_died_is_removed_when_a_worker_starts(sandbox: Sa
     script = tmp_path / "dying_worker.py"
     script.write_text(textwrap.dedent(f"""
         from grader.sandboxes import Limits, get_sandbox
-        get_sandbox({sandbox.name!r}).run(["sleep", "1000", {token!r}], mounts=[], cwd="/", env={{}}, limits=Limits(wall_s=900))
+        get_sandbox({sandbox.name!r}).run(["bash", "-c", "sleep 1000; true", {token!r}], mounts=[], cwd="/", env={{}}, limits=Limits(wall_s=900))
     """))
     dying = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 60
