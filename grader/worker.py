@@ -211,7 +211,12 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
                 lease.check()
                 if len(calls) >= spec.evaluation.max_turns:
                     raise TurnLimitReached(f"the benchmark allows {spec.evaluation.max_turns} model turns per item")
-                request = completion_request(model, harness, messages, sample, tools)
+                try:
+                    request = completion_request(model, harness, messages, sample, tools)
+                except SystemRefused as exc:
+                    if "(field messages" not in str(exc):
+                        raise
+                    raise TurnLimitReached(f"the conversation no longer fits a request: {exc}") from exc  # it grew too long
                 key = f"{eval_id}:{item.id}:{sample}:{len(calls)}"
                 try:
                     out = _with_retries(lambda: grader.inference.chat_completions(ctx, request, hold_id=charged, unmetered=charged is None,

@@ -394,3 +394,32 @@ def test_the_model_endpoint_serves_only_the_rollouts_model_and_only_while_it_run
 def test_a_harness_cannot_call_the_model_more_than_the_benchmark_allows(endpoint: ModelEndpoint, backend: str) -> None:
     out = rollout(endpoint, backend, asking("ask(), ask(), ask()"), max_calls=2)
     assert out.trajectory.harness_run.stdout.split() == ["200", "200", "429"] and out.trajectory.model_calls == 2  # type: ignore[union-attr]
+
+
+# --------------------------------------------------------------------------- conversations the grader drives
+
+
+def test_a_bfcl_multi_turn_conversation_is_metered_turn_by_turn_and_recorded(served: Served) -> None:
+    spec = GradingSpec(task_id="bm_multi_turn", suite={"name": "bfcl_multi_turn", "params": {},
+                                                       "splits": {"validation": {"seed": 1, "size": 2}, "train": {"seed": 0, "size": 2}, "test": {"size": 2}}},
+                       initial_system={"model": BASE}, reference_score=1.0, evaluation={"max_tokens": 64, "max_turns": 3, "samples": 1})
+    served.grader.register_task(spec)
+    served.ledger.open_account(AccountCreate(account_id="run_multi_turn", budget_usd_micros=10_000_000))
+    ctx = RunContext(run_id="run_multi_turn", task_id=spec.task_id)
+    created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE), limits=EvaluationLimits())
+    assert created.harness_archive is None
+    [hold] = served.ledger.list_holds(ctx.run_id)
+    METERED.clear()
+    worker.run_evaluation(served.service, created.id)
+    done = served.grader.get_evaluation(ctx, created.id)
+    assert (done.status, done.items_done) == ("succeeded", 2), done.error
+    for t in served.grader.get_trajectories(ctx, created.id).data:
+        rollout = t.rollout
+        assert rollout is not None and rollout.harness is None and rollout.sandbox is None
+        # the stand-in's answers hold no call, so each user turn takes one model turn; three turns allowed, then the limit
+        assert rollout.model_calls == 3 and [s.source for s in rollout.steps][:3] == ["system", "user", "agent"]
+        assert t.score == 0.0 and rollout.failure is not None and "TurnLimitReached" in rollout.failure
+        assert (t.prompt_tokens, t.completion_tokens) == (120, 15)
+    assert sorted(key for held, key in METERED if held == hold.hold_id) == sorted(
+        f"{created.id}:{t.item_id}:0:{turn}" for t in served.grader.get_trajectories(ctx, created.id).data for turn in range(3))
+    assert served.ledger.get_hold(hold.hold_id).status == HoldStatus.settled
