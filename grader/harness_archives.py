@@ -17,8 +17,9 @@ The rollout unpacks it at ``/harness`` (writable, the rollout's own copy), gives
 stdin and ``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL`` in its environment (:mod:`grader.rollouts`).
 
 Refused with a 422 naming the member (``field: "file"``, ``member``): absolute paths, ``..``, links pointing out of
-the tree (or anywhere, for hard links), device files, FIFOs, names that are not UTF-8, more than the limits; and a
-missing or invalid manifest (``field: "harness.toml"`` and the key). Python's ``tarfile.data_filter`` (PEP 706)
+the tree (or anywhere, for hard links), device files, FIFOs, setuid or setgid files, names that are not UTF-8 or hold
+control characters, paths deeper than :data:`MAX_DEPTH`, more than the limits, a second manifest; and a missing or
+invalid manifest (``field: "harness.toml"`` and the key; values are not coerced: ``wall_s = "10"`` is refused). Python's ``tarfile.data_filter`` (PEP 706)
 decides what is unsafe; this module adds the limits and the manifest.
 """
 
@@ -47,6 +48,8 @@ from services.common.ids import new_id
 MAX_ARCHIVE_BYTES = 16 * 1024 * 1024
 MAX_UNPACKED_BYTES = 64 * 1024 * 1024
 MAX_MEMBERS = 2000
+MAX_DEPTH = 32  # directories in a member's path
+MAX_NAME_CHARS = 1024
 MANIFEST = "harness.toml"
 PLATFORM_RUN = ""
 """The ``run_id`` of the suites' own harnesses: every run may read and use them."""
@@ -55,7 +58,7 @@ PLATFORM_RUN = ""
 class HarnessLimits(BaseModel):
     """Limits a harness declares for its rollouts; each is capped by the platform's, and ``None`` takes the cap."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
     wall_s: float | None = Field(None, gt=0, le=3600, description="Seconds a rollout may run.")
     memory_mb: int | None = Field(None, ge=64, le=16384, description="MiB of memory.")
@@ -66,11 +69,12 @@ class HarnessLimits(BaseModel):
 class HarnessManifest(BaseModel):
     """``harness.toml`` (see the module docstring)."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True)
 
-    name: str = Field(min_length=1, max_length=100)
-    entry: str = Field(min_length=1, max_length=2000, description="Command line, run with `bash -c` in /app; the instruction on stdin.")
-    install: str | None = Field(None, min_length=1, max_length=2000, description="Command line run before the entry, in the same sandbox.")
+    name: str = Field(min_length=1, max_length=100, pattern=r"^[^\x00-\x1f\x7f]+$")
+    entry: str = Field(min_length=1, max_length=2000, pattern=r"^[^\x00]+$", description="Command line, run with `bash -c` in /app; the instruction on stdin.")
+    install: str | None = Field(None, min_length=1, max_length=2000, pattern=r"^[^\x00]+$",
+                                description="Command line run before the entry, in the same sandbox.")
     limits: HarnessLimits = Field(default_factory=HarnessLimits)
 
 
@@ -100,6 +104,12 @@ def inspect_archive(data: bytes) -> HarnessManifest:
                     name.encode("utf-8")
                 except UnicodeEncodeError as exc:
                     raise _refuse("a member's name is not UTF-8", name.encode("utf-8", "replace").decode()) from exc
+                if any(ord(c) < 32 or ord(c) == 127 for c in name):
+                    raise _refuse("a member's name holds a control character (a newline, a tab …)", name.encode("unicode_escape").decode())
+                if len(PurePosixPath(name).parts) > MAX_DEPTH or len(name) > MAX_NAME_CHARS:
+                    raise _refuse(f"a member's path is deeper than {MAX_DEPTH} directories or longer than {MAX_NAME_CHARS} characters", name[:200])
+                if member.mode & 0o6000:
+                    raise _refuse("setuid and setgid files are not allowed", name)
                 if name.startswith("/") or PurePosixPath(name).is_absolute():
                     raise _refuse("unsafe member: an absolute path", name)
                 if ".." in PurePosixPath(name).parts:
@@ -116,6 +126,8 @@ def inspect_archive(data: bytes) -> HarnessManifest:
                 if total > MAX_UNPACKED_BYTES:
                     raise _refuse(f"more than {MAX_UNPACKED_BYTES} bytes unpacked", name)
                 if member.isfile() and PurePosixPath(name) == PurePosixPath(MANIFEST):
+                    if manifest is not None:
+                        raise _refuse(f"the archive holds {MANIFEST} twice", name)
                     manifest = tar.extractfile(member).read()  # type: ignore[union-attr]
         except (tarfile.TarError, OSError, EOFError) as exc:
             raise _refuse(f"the archive is damaged: {exc}") from exc

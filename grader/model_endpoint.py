@@ -9,8 +9,11 @@ rollout (:class:`Binding`) for as long as it runs and is useless after:
   is a 404 ``model_not_found``, whoever owns it;
 - every completion is charged against the evaluation's budget hold under the idempotency key
   ``<eval>:<item>:<sample>:<call>`` (test grading: not charged), through inference's own metering;
-- at most ``max_calls`` completions per rollout (429 after), ``max_tokens`` at most the benchmark's cap (a request
-  without it gets the cap; one asking for more is a 422 naming ``max_tokens``), the evaluation's context length;
+- at most ``max_calls`` completions per rollout (429 after), :data:`MAX_INFLIGHT` at once (429 beyond), one choice
+  each (``n`` > 1: 422), ``max_tokens`` at most the benchmark's cap (a request without it gets the cap; one asking for
+  more is a 422 naming ``max_tokens``), the evaluation's context length;
+- a call whose harness is gone (it ended, or was killed) still completes, is charged and recorded: the rollout waits
+  for it before it ends (:meth:`ModelEndpoint.unbind`), while the evaluation's hold is still open;
 - ``stream: true`` is refused (422 naming ``stream``): a harness reads whole answers;
 - every call is recorded (request messages, the answer, token counts) for the rollout's trajectory.
 
@@ -43,6 +46,9 @@ from services.common.openai_protocol import ChatCompletion, ChatCompletionReques
 
 log = structlog.get_logger("grader")
 
+MAX_INFLIGHT = 2
+"""Model calls one rollout may have in flight at once (a 429 ``calls_in_flight`` beyond)."""
+
 
 @dataclass
 class Call:
@@ -72,6 +78,11 @@ class Binding:
     max_calls: int
     calls: list[Call] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+    inflight: int = 0
+    idle: threading.Condition = field(init=False)
+
+    def __post_init__(self) -> None:
+        self.idle = threading.Condition(self.lock)
 
     @property
     def tokens(self) -> tuple[int, int]:
@@ -131,10 +142,15 @@ class ModelEndpoint:
             self._bindings[token] = binding
         return token
 
-    def unbind(self, token: str) -> Binding:
-        """End ``token``: later requests with it are 401. Returns its binding with the calls it made."""
+    def unbind(self, token: str, wait_s: float = 1800.0) -> Binding:
+        """End ``token``: later requests with it are 401. Calls still in flight (their harness gone) are waited for, up to
+        ``wait_s`` seconds, so that each is charged while the evaluation's hold is open and recorded. Returns the
+        binding with the calls it made."""
         with self._lock:
-            return self._bindings.pop(token)
+            binding = self._bindings.pop(token)
+        with binding.idle:
+            binding.idle.wait_for(lambda: binding.inflight == 0, timeout=wait_s)
+        return binding
 
     def binding(self, token: str) -> Binding:
         """The binding of ``token``; ``Unauthorized`` for a token no running rollout holds."""
@@ -172,26 +188,30 @@ class ModelEndpoint:
         if asked is not None and asked > binding.max_tokens:
             raise Unprocessable(f"max_tokens {asked} is more than the benchmark allows per call ({binding.max_tokens})",
                                 field="max_completion_tokens" if body.max_completion_tokens else "max_tokens")
+        if body.n not in (None, 1):
+            raise Unprocessable("the rollout endpoint answers one choice per call; send n: 1", field="n")
         with binding.lock:
             number = len(binding.calls)  # the call's number within the rollout
             if number >= binding.max_calls:
                 raise TooManyRequests(f"this rollout has made its {binding.max_calls} model calls", limit="model_calls")
+            if binding.inflight >= MAX_INFLIGHT:
+                raise TooManyRequests(f"a rollout has at most {MAX_INFLIGHT} calls in flight; wait for one to answer", limit="calls_in_flight")
             binding.calls.append(None)  # type: ignore[arg-type] - reserves the number; filled below
+            binding.inflight += 1
         request = body.model_copy(update={"max_tokens": asked or binding.max_tokens, "max_completion_tokens": None})
+        call = Call(messages=_messages(body), message={}, finish_reason="error", prompt_tokens=0, completion_tokens=0, at=_now())
         try:
             out = self.grader.inference.chat_completions(binding.ctx, request, hold_id=binding.hold_id, unmetered=binding.hold_id is None,
                                                          idempotency_key=f"{binding.key}:{number}", context_tokens=binding.context_tokens)
-        except Exception:
-            with binding.lock:
-                binding.calls[number] = Call(messages=_messages(body), message={}, finish_reason="error", prompt_tokens=0,
-                                             completion_tokens=0, at=_now())
-            raise
-        choice = out.choices[0]
-        with binding.lock:
-            binding.calls[number] = Call(messages=_messages(body), message=choice.message.model_dump(exclude_none=True),
-                                         finish_reason=choice.finish_reason, prompt_tokens=out.usage.prompt_tokens,
-                                         completion_tokens=out.usage.completion_tokens, at=_now())
-        return out
+            choice = out.choices[0]
+            call = Call(messages=call.messages, message=choice.message.model_dump(exclude_none=True), finish_reason=choice.finish_reason,
+                        prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens, at=_now())
+            return out
+        finally:
+            with binding.idle:
+                binding.calls[number] = call
+                binding.inflight -= 1
+                binding.idle.notify_all()
 
 
 def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:

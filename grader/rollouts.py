@@ -140,15 +140,16 @@ def _text(content: Any) -> str:
 
 def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, archive_id: str, manifest: HarnessManifest,
                 instruction: str, binding: Binding, environment: TaskEnvironment | None, caps: RolloutLimits,
-                check: Callable[[], None] = lambda: None) -> RolloutOutcome:
+                check: Callable[[], None] = lambda: None, unbind_wait_s: float = 1800.0) -> RolloutOutcome:
     """Run one rollout (see the module docstring). ``binding``: what the rollout's model token allows (its calls are
-    recorded on it); ``check()``: called between the steps (the evaluation's lease check; it raises to stop).
+    recorded on it); ``check()``: called between the steps (the evaluation's lease check; it raises to stop);
+    ``unbind_wait_s``: how long to wait for model calls still in flight when the harness has ended (their charges).
     Raises :class:`TaskSetupFailed` when the task's set-up fails, ``SandboxUnavailable`` when no sandbox starts."""
     limits = caps.for_harness(manifest, environment.agent_timeout_s if environment else None)
-    with workspace(limits.disk_mb) as app, tempfile.TemporaryDirectory(prefix="crucible-rollout-") as scratch:
-        harness_dir, logs = Path(scratch, "harness"), Path(scratch, "verifier")
+    with workspace(limits.disk_mb) as root:  # /app and /harness in one size-limited file system
+        app, harness_dir = root / "app", root / "harness"
+        app.mkdir()
         harness_dir.mkdir()
-        logs.mkdir()
         unpack(archive, harness_dir)
         spent = 0.0
         if environment is not None:
@@ -168,7 +169,7 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
             ran = sandbox.run(["bash", "-c", _HARNESS_SCRIPT], mounts=[Mount(app, APP_DIR, True), Mount(harness_dir, HARNESS_DIR, True)],
                               cwd=APP_DIR, env=env, limits=limits, stdin=instruction.encode(), model_socket=endpoint.socket_path)
         finally:
-            endpoint.unbind(token)
+            endpoint.unbind(token, wait_s=unbind_wait_s)
         spent += ran.elapsed_s
         failure = f"the harness was stopped by its {ran.limit} limit" if ran.limit else None
         verifier, reward, answer = None, None, None
@@ -178,14 +179,16 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
             reward = 0.0
         else:
             check()
-            verifier = sandbox.run(["bash", f"{TESTS_DIR}/test.sh"], mounts=[Mount(app, APP_DIR, True), Mount(environment.tests, TESTS_DIR),
-                                                                          Mount(logs, VERIFIER_LOGS, True)],
-                                   cwd=APP_DIR, env={}, limits=caps.for_verifier(environment.verifier_timeout_s))
+            with tempfile.TemporaryDirectory(prefix="crucible-verifier-") as logs:  # the grader's (mode 0700): only the verifier's root writes it
+                verifier = sandbox.run(["bash", f"{TESTS_DIR}/test.sh"], mounts=[Mount(app, APP_DIR, True), Mount(environment.tests, TESTS_DIR),
+                                                                              Mount(Path(logs), VERIFIER_LOGS, True)],
+                                       cwd=APP_DIR, env={}, limits=caps.for_verifier(environment.verifier_timeout_s), agent_user=True)
+                reward = read_reward(Path(logs))
             spent += verifier.elapsed_s
-            reward = read_reward(logs)
-            if reward is None:
-                failure = failure or f"the verifier wrote no reward in [0, 1] (exit {verifier.exit_code}{f', limit {verifier.limit}' if verifier.limit else ''})"
-                reward = 0.0
+            if verifier.limit:
+                failure, reward = f"the verifier was stopped by its {verifier.limit} limit", 0.0
+            elif reward is None:
+                failure, reward = f"the verifier wrote no reward in [0, 1] (exit {verifier.exit_code})", 0.0
     calls = [c for c in binding.calls if c is not None]
     prompt_tokens, completion_tokens = binding.tokens
     trajectory = RolloutTrajectory(harness=archive_id, model=binding.model, sandbox=sandbox.name, steps=steps_of(calls), harness_run=_run_out(ran),

@@ -119,8 +119,10 @@ def _bwrap_argv(work: Path) -> list[str]:
     prefix = os.path.realpath(sys.base_prefix)
     if not prefix.startswith("/usr/"):
         argv += ["--ro-bind", prefix, prefix]
+    # bubblewrap run by root keeps every capability unless told otherwise: --cap-drop ALL
     return argv + ["--proc", "/proc", "--dev", "/dev", "--tmpfs", "/tmp", "--bind", str(work), _SANDBOX_DIR, "--chdir", _SANDBOX_DIR,
-                   "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent", "--"]
+                   "--cap-drop", "ALL", "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                   "--die-with-parent", "--"]
 
 
 def _run(work: Path, isolation: str, cpu_s: float, wall_s: float, memory_mb: int,

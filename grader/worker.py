@@ -192,7 +192,7 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
                               max_tokens=spec.evaluation.max_tokens, max_calls=spec.evaluation.max_turns)
             outcome = run_rollout(code.sandbox, code.endpoint, archive=code.data, archive_id=code.id, manifest=code.manifest,  # type: ignore[union-attr]
                                   instruction=item.question, binding=binding, environment=suite_environment(suite, item),
-                                  caps=RolloutLimits.from_settings(grader.settings), check=lease.check)
+                                  caps=RolloutLimits.from_settings(grader.settings), check=lease.check, unbind_wait_s=grader.settings.inference_timeout_s)
             if charged and outcome.sandbox_s:
                 _with_retries(lambda: grader.ledger.charge_hold(charged, HoldCharge(
                     usage=[UsageItem(kind=UsageKind.sandbox_seconds, quantity=outcome.sandbox_s)], idempotency_key=f"{key}:sandbox")))

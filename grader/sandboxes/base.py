@@ -7,6 +7,8 @@ A sandbox runs one untrusted command (a harness, a task's set-up, a verifier) wi
   sandbox's init (:mod:`grader.sandboxes.init`) forwards ``127.0.0.1:MODEL_PORT`` inside to that Unix socket outside,
   the rollout's model endpoint (:mod:`grader.model_endpoint`); nothing else is reachable: not the grader, the ledger,
   the test store, nor the internet.
+- **No privileges.** Root of the sandbox without capabilities, ``no_new_privs`` set (a task's verifier keeps setuid
+  and setgid only, to run the agent's code as an unprivileged user).
 - **Only what is mounted.** The sandbox image's userland read-only (``/usr``; for bubblewrap the host's, for Docker
   the image's), a read-only root, a fresh ``/tmp`` of ``disk_mb`` MiB, the mounts given (e.g. the workspace at
   ``/app``), nothing else of the host.
@@ -39,6 +41,10 @@ log = structlog.get_logger("sandbox")
 INIT_SCRIPT = Path(__file__).with_name("init.py")
 """The sandbox's init (host path); every backend mounts it at :data:`INIT_TARGET`."""
 INIT_TARGET = "/run/crucible/init.py"
+AS_AGENT_SCRIPT = Path(__file__).with_name("as_agent.sh")
+AS_AGENT_TARGET = "/run/crucible/as-agent"
+"""In a run with ``agent_user``: ``/run/crucible/as-agent COMMAND…`` runs COMMAND as the unprivileged agent user."""
+AGENT_UID = 65534
 SOCKET_TARGET = "/run/crucible/model.sock"
 MODEL_PORT = 8000
 """The port the model endpoint answers on inside a sandbox: ``OPENAI_BASE_URL=http://127.0.0.1:8000/v1``."""
@@ -103,11 +109,15 @@ class Sandbox(Protocol):
     name: str
 
     def run(self, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str], limits: Limits,
-            stdin: bytes = b"", model_socket: Path | None = None) -> ExecResult:
+            stdin: bytes = b"", model_socket: Path | None = None, agent_user: bool = False) -> ExecResult:
         """Run ``argv`` in a fresh sandbox that sees ``mounts``, with working directory ``cwd`` (a sandbox path), the
-        environment ``env`` only (plus ``PATH``, ``HOME=/tmp`` and ``LANG`` where not given, and ``PWD``), ``stdin`` as its input, and
-        ``model_socket`` (a Unix socket on the host) reachable as ``127.0.0.1:MODEL_PORT`` inside. Never raises for
-        anything the command does; raises ``SandboxUnavailable`` when the backend cannot start a sandbox at all."""
+        environment ``env`` only (plus ``PATH``, ``HOME=/tmp`` and ``LANG`` where not given, and ``PWD``), ``stdin`` as
+        its input, and ``model_socket`` (a Unix socket on the host) reachable as ``127.0.0.1:MODEL_PORT`` inside.
+
+        The command runs as root of the sandbox with no capabilities at all; with ``agent_user`` (a task's verifier) it
+        keeps only setuid and setgid, for :data:`AS_AGENT_TARGET` to run what the agent wrote as uid
+        :data:`AGENT_UID`, which cannot write what root owns (the verifier's reward). Never raises for anything the
+        command does; raises ``SandboxUnavailable`` when the backend cannot start a sandbox at all."""
 
 
     def reap(self) -> int:
@@ -167,7 +177,8 @@ def disk_full(path: Path) -> bool:
 
 @contextlib.contextmanager
 def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
-    """A fresh, empty directory for one rollout's runs, removed afterwards. Where the grader may mount (root, or
+    """A fresh, empty directory for one rollout's runs (the rollout keeps its working directory and its copy of the
+    harness under it, so both count against ``disk_mb``), removed afterwards. Where the grader may mount (root, or
     ``CAP_SYS_ADMIN``) it is a tmpfs of ``disk_mb`` MiB, so filling it ends in "no space left" for the sandbox and
     nothing for the host; elsewhere a plain directory (only the per-file limit applies)."""
     path = Path(tempfile.mkdtemp(prefix="crucible-ws-", dir=root))
@@ -182,4 +193,12 @@ def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
     finally:
         if mounted:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
-        shutil.rmtree(path, ignore_errors=True)
+        remove_tree(path)
+
+
+def remove_tree(path: Path) -> None:
+    """Remove ``path`` and everything under it, however deep (a harness may leave a tree thousands of levels deep, past
+    Python's recursion limit) or oddly permissioned; never raises (a leftover is logged)."""
+    done = subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], capture_output=True)
+    if done.returncode != 0 or path.exists():
+        log.warning("a sandbox directory could not be removed", path=str(path), error=done.stderr.decode(errors="replace")[-300:])

@@ -3,9 +3,13 @@ stack. Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps th
 
 - Network: ``--unshare-net`` (loopback only); the model endpoint's Unix socket is the one host object bound in.
 - File system: the host's ``/usr`` (and the ``/bin``, ``/lib`` … links into it) and ``/etc/alternatives`` (Debian's
-  command links: ``awk`` → ``gawk``) read-only, fresh ``/proc`` and ``/dev``, a tmpfs ``/tmp`` of ``disk_mb`` MiB,
+  command links: ``awk`` → ``gawk``) read-only, fresh ``/proc`` and a read-only ``/dev`` (its devices usable), tmpfs
+  ``/tmp`` and ``/dev/shm`` of ``disk_mb`` MiB each,
   the init script and the mounts given; the root itself read-only; nothing else of the host (no rest of ``/etc``, no
-  ``/root``, ``/home``, grader data). New PID, IPC and UTS namespaces, no capabilities, ``--die-with-parent``.
+  ``/root``, ``/home``, grader data). New PID, IPC, UTS and cgroup namespaces, ``--die-with-parent``.
+- Privileges: none. bubblewrap started by root keeps every capability unless told, so every run gets
+  ``--cap-drop ALL`` (a verifier ``--cap-add`` setuid and setgid only, for ``as-agent``); bubblewrap sets
+  ``no_new_privs``.
 - Nothing left behind: the command runs under the sandbox's init inside a new PID namespace; when it ends, the
   namespace's first process exits and the kernel kills every process left in it. On a limit the whole process group
   is killed from outside, and every process still in the run's cgroup.
@@ -34,6 +38,8 @@ from pathlib import Path
 import structlog
 
 from grader.sandboxes.base import (
+    AS_AGENT_SCRIPT,
+    AS_AGENT_TARGET,
     INIT_SCRIPT,
     INIT_TARGET,
     SOCKET_TARGET,
@@ -54,6 +60,7 @@ log = structlog.get_logger("sandbox")
 _CGROUP_ROOT = Path("/sys/fs/cgroup")
 _POLL_S = 0.05
 _CPU_SIGNALS = frozenset({128 + signal.SIGKILL, 128 + signal.SIGXCPU, -signal.SIGKILL, -signal.SIGXCPU})
+_FSIZE_SIGNALS = frozenset({128 + signal.SIGXFSZ, -signal.SIGXFSZ})  # a file written past RLIMIT_FSIZE
 
 
 def _own_cgroup(controller: str) -> str:
@@ -112,16 +119,17 @@ class _Cgroups:
             return 0.0
 
     def hit(self) -> LimitHit | None:
-        """The cgroup limit that was reached, if one was: ``memory`` (an out-of-memory kill or a failed charge),
-        ``processes`` (a fork refused at ``pids.max``)."""
+        """The cgroup limit that was reached, if one was: ``memory`` (the out-of-memory killer acted), ``processes`` (a
+        fork refused at ``pids.max``)."""
         try:
             if self.v2:
                 events = dict(line.split() for line in (self.dirs[""] / "memory.events").read_text().splitlines())
-                if int(events.get("oom_kill", 0)) or int(events.get("max", 0)):
+                if int(events.get("oom_kill", 0)):
                     return "memory"
                 pid_events = dict(line.split() for line in (self.dirs[""] / "pids.events").read_text().splitlines())
                 return "processes" if int(pid_events.get("max", 0)) else None
-            if int((self.dirs["memory"] / "memory.failcnt").read_text() or 0):
+            oom = dict(line.split() for line in (self.dirs["memory"] / "memory.oom_control").read_text().splitlines() if len(line.split()) == 2)
+            if int(oom.get("oom_kill", 0)):
                 return "memory"
             events = self.dirs["pids"] / "pids.events"
             if events.exists() and int(dict(line.split() for line in events.read_text().splitlines()).get("max", 0)):
@@ -227,18 +235,24 @@ class BubblewrapSandbox:
         return reaped
 
     def run(self, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str], limits: Limits,
-            stdin: bytes = b"", model_socket: Path | None = None) -> ExecResult:
+            stdin: bytes = b"", model_socket: Path | None = None, agent_user: bool = False) -> ExecResult:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `make sandbox` installs it")
-        args = [bwrap, *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--size", str(limits.disk_mb * 1024 * 1024), "--tmpfs", "/tmp",
+        size = str(limits.disk_mb * 1024 * 1024)
+        args = [bwrap, *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+                "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
                 "--dir", "/run/crucible", "--ro-bind", str(INIT_SCRIPT), INIT_TARGET]
         if model_socket is not None:
             args += ["--bind", str(model_socket), SOCKET_TARGET]
         for m in mounts:
             args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]
-        args += ["--remount-ro", "/", "--chdir", cwd, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--die-with-parent",
-                 "--new-session", "--clearenv"]
+        if agent_user:
+            args += ["--ro-bind", str(AS_AGENT_SCRIPT), AS_AGENT_TARGET]
+        # bubblewrap run by root keeps every capability unless told otherwise: drop them all (setuid/setgid stay for as-agent)
+        args += ["--cap-drop", "ALL", *(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if agent_user else [])]
+        args += ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", cwd, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
+                 "--die-with-parent", "--new-session", "--clearenv"]
         for key, value in sandbox_env(env).items():
             args += ["--setenv", key, value]
         args += ["--", *init_argv(argv, limits, model_socket)]
@@ -284,7 +298,7 @@ class BubblewrapSandbox:
             hit = cgroups.hit() if cgroups is not None else None
             if hit is None and any(m.writable and disk_full(m.source) for m in mounts):
                 hit = "disk"
-            limit = hit or killed or ("cpu" if status in _CPU_SIGNALS else None)
+            limit = hit or killed or ("cpu" if status in _CPU_SIGNALS else "disk" if status in _FSIZE_SIGNALS else None)
             out.seek(0)
             err.seek(0)
             return ExecResult(exit_code=status, limit=limit, stdout=tail(out.read()), stderr=tail(err.read()), elapsed_s=elapsed, backend=self.name)

@@ -49,6 +49,8 @@ import structlog
 from docker.models.containers import Container
 
 from grader.sandboxes.base import (
+    AS_AGENT_SCRIPT,
+    AS_AGENT_TARGET,
     INIT_SCRIPT,
     INIT_TARGET,
     SOCKET_TARGET,
@@ -160,7 +162,7 @@ class DockerSandbox:
             client.close()
 
     def run(self, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str], limits: Limits,
-            stdin: bytes = b"", model_socket: Path | None = None) -> ExecResult:
+            stdin: bytes = b"", model_socket: Path | None = None, agent_user: bool = False) -> ExecResult:
         client = self._client()
         try:
             with tempfile.TemporaryDirectory(prefix="crucible-stdin-") as tmp:
@@ -168,14 +170,17 @@ class DockerSandbox:
                 stdin_file.write_bytes(stdin)
                 os.chmod(tmp, 0o755)
                 stdin_file.chmod(0o644)
-                return self._run(client, argv, mounts=mounts, cwd=cwd, env=env, limits=limits, stdin_file=stdin_file, model_socket=model_socket)
+                return self._run(client, argv, mounts=mounts, cwd=cwd, env=env, limits=limits, stdin_file=stdin_file, model_socket=model_socket,
+                                 agent_user=agent_user)
         finally:
             client.close()
 
     def _run(self, client: docker.DockerClient, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str],
-             limits: Limits, stdin_file: Path, model_socket: Path | None) -> ExecResult:
+             limits: Limits, stdin_file: Path, model_socket: Path | None, agent_user: bool) -> ExecResult:
         binds = [docker.types.Mount(INIT_TARGET, str(INIT_SCRIPT), type="bind", read_only=True),
                  docker.types.Mount(STDIN_TARGET, str(stdin_file), type="bind", read_only=True)]
+        if agent_user:
+            binds.append(docker.types.Mount(AS_AGENT_TARGET, str(AS_AGENT_SCRIPT), type="bind", read_only=True))
         if model_socket is not None:
             binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind"))
         binds += [docker.types.Mount(m.target, str(m.source), type="bind", read_only=not m.writable) for m in mounts]
@@ -186,10 +191,11 @@ class DockerSandbox:
         try:
             container = client.containers.create(
                 self.image, command, name=f"crucible-sandbox-{uuid.uuid4().hex[:12]}", labels={LABEL: "1", OWNER_LABEL: owner()},
-                entrypoint=[], environment=environment, working_dir=cwd, user=f"{os.getuid()}:{os.getgid()}", hostname="sandbox",
+                entrypoint=[], environment=environment, working_dir=cwd, hostname="sandbox",
+                user="0:0" if agent_user else f"{os.getuid()}:{os.getgid()}",  # as-agent needs root to drop to the agent user
                 network_mode="none", mounts=binds, read_only=True,
                 tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
-                cap_drop=["ALL"], security_opt=["no-new-privileges"],
+                cap_drop=["ALL"], cap_add=["SETUID", "SETGID"] if agent_user else None, security_opt=["no-new-privileges"],
                 mem_limit=limits.memory_mb * 1024 * 1024, memswap_limit=limits.memory_mb * 1024 * 1024,
                 pids_limit=limits.processes, nano_cpus=1_000_000_000,
                 log_config=docker.types.LogConfig(type=docker.types.LogConfig.types.JSON, config=LOG_MAX),

@@ -12,7 +12,9 @@ import io
 import json
 import socket
 import tarfile
+import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
@@ -88,6 +90,8 @@ def agent_model(request: httpx.Request) -> httpx.Response:
         model = request.url.path.rsplit("/", 1)[1]
         return httpx.Response(200, json={"id": model, "object": "model", "owned_by": "crucible", "base_model": model})
     body = json.loads(request.content)
+    if body["messages"][-1]["content"] == "slow":  # a call still in flight when its harness is gone
+        time.sleep(3)
     METERED.append((request.headers.get("x-crucible-hold"), request.headers.get("idempotency-key")))
     answered = any(m["role"] == "assistant" for m in body["messages"])
     content = "DONE" if answered else "```bash\nls /app\n```"
@@ -423,3 +427,47 @@ def test_a_bfcl_multi_turn_conversation_is_metered_turn_by_turn_and_recorded(ser
     assert sorted(key for held, key in METERED if held == hold.hold_id) == sorted(
         f"{created.id}:{t.item_id}:0:{turn}" for t in served.grader.get_trajectories(ctx, created.id).data for turn in range(3))
     assert served.ledger.get_hold(hold.hold_id).status == HoldStatus.settled
+
+
+def test_a_harness_has_no_capabilities_and_cannot_mount_anything(endpoint: ModelEndpoint, backend: str) -> None:
+    """The escape a root harness with capabilities had: mount the host's cgroup hierarchy and set its release_agent."""
+    script = ("grep CapEff /proc/self/status; mkdir -p /tmp/cg; mount -t cgroup -o pids none /tmp/cg && echo MOUNTED-CGROUP; "
+              "mount -t tmpfs none /tmp/cg && echo MOUNTED-TMPFS; mount -o remount,rw / && echo REMOUNTED; "
+              "for f in /sys/fs/cgroup/release_agent /sys/fs/cgroup/*/release_agent; do echo /x > $f && echo WROTE-RELEASE-AGENT; done 2>/dev/null\n")
+    out = rollout(endpoint, backend, code_harness(script))
+    stdout = out.trajectory.harness_run.stdout  # type: ignore[union-attr]
+    assert "CapEff:\t0000000000000000" in stdout, stdout
+    assert not [w for w in ("MOUNTED-CGROUP", "MOUNTED-TMPFS", "REMOUNTED", "WROTE-RELEASE-AGENT") if w in stdout], stdout
+
+
+def test_a_deep_tree_left_behind_fails_only_its_rollout_and_is_removed(endpoint: ModelEndpoint, backend: str) -> None:
+    script = "python3 -c \"import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')\"; cd /harness && mkdir -p $(printf 'x/%.0s' $(seq 600))\n"
+    before = set(Path(tempfile.gettempdir()).glob("crucible-ws-*"))
+    out = rollout(endpoint, backend, code_harness(script))
+    assert out.reward == 0.0 and out.trajectory.verifier_run is not None
+    assert set(Path(tempfile.gettempdir()).glob("crucible-ws-*")) - before == set()
+
+
+def test_a_model_call_in_flight_when_its_harness_ends_is_charged_and_recorded(endpoint: ModelEndpoint, backend: str) -> None:
+    calls = ("import json, os, threading, urllib.request\n"
+             "def slow():\n"
+             "    body = json.dumps({'model': os.environ['OPENAI_MODEL'], 'messages': [{'role': 'user', 'content': 'slow'}]}).encode()\n"
+             "    req = urllib.request.Request(os.environ['OPENAI_BASE_URL'] + '/chat/completions', data=body, method='POST',\n"
+             "                                 headers={'Content-Type': 'application/json', 'Authorization': 'Bearer ' + os.environ['OPENAI_API_KEY']})\n"
+             "    urllib.request.urlopen(req, timeout=30)\n"
+             "threading.Thread(target=slow, daemon=True).start()\n"
+             "import time; time.sleep(1); print('leaving')\n")
+    METERED.clear()
+    out = rollout(endpoint, backend, archive({"call.py": calls}, 'name = "c"\nentry = "python3 /harness/call.py"\n'))
+    assert out.trajectory.harness_run.stdout == "leaving\n"  # type: ignore[union-attr]
+    assert out.trajectory.model_calls == 1 and out.trajectory.steps[-1].source == "agent" and [(None, f"eval_test:{TASK}:0:0")] == METERED
+
+
+def test_the_model_endpoint_refuses_several_choices_and_more_than_two_calls_at_once(endpoint: ModelEndpoint, backend: str) -> None:
+    n2 = ASK.replace("'content': 'hi'}]", "'content': 'hi'}], 'n': 2")
+    out = rollout(endpoint, backend, archive({"call.py": n2 + "print(ask())\n"}, 'name = "c"\nentry = "python3 /harness/call.py"\n'))
+    assert out.trajectory.harness_run.stdout.split() == ["422"]  # type: ignore[union-attr]
+    slow = ASK.replace("'content': 'hi'", "'content': 'slow'")
+    together = slow + "import concurrent.futures as f\nprint(*sorted(f.ThreadPoolExecutor(3).map(lambda _: ask(), range(3))))\n"
+    out = rollout(endpoint, backend, archive({"call.py": together}, 'name = "c"\nentry = "python3 /harness/call.py"\n'))
+    assert out.trajectory.harness_run.stdout.split() == ["200", "200", "429"], out.trajectory.harness_run  # type: ignore[union-attr]

@@ -1,7 +1,12 @@
-"""Runs /app/colsum.py on CSV files the agent never saw and compares the printed sums."""
+"""Runs /app/colsum.py on CSV files the agent never saw and compares the printed sums.
+
+The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
+rights of this check."""
 import re
 import subprocess
 import sys
+
+AS_AGENT = "/run/crucible/as-agent"  # runs its command as the agent user (uid 65534): cannot touch the reward or /tests
 
 CASES = [
     ("/tests/inputs/a.csv", "amount", 4175.50),
@@ -13,7 +18,7 @@ CASES = [
 
 for path, column, expected in CASES:
     try:
-        proc = subprocess.run(["python3", "/app/colsum.py", path, column], capture_output=True, text=True,
+        proc = subprocess.run([AS_AGENT, "python3", "/app/colsum.py", path, column], capture_output=True, text=True,
                               timeout=20, cwd="/tmp")
     except subprocess.TimeoutExpired:
         print(f"FAIL: {path} {column} timed out")

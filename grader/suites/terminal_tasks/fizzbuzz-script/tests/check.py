@@ -1,6 +1,11 @@
-"""Runs /app/fizzbuzz.sh for several N and compares with a reference FizzBuzz."""
+"""Runs /app/fizzbuzz.sh for several N and compares with a reference FizzBuzz.
+
+The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
+rights of this check."""
 import subprocess
 import sys
+
+AS_AGENT = "/run/crucible/as-agent"  # runs its command as the agent user (uid 65534): cannot touch the reward or /tests
 
 
 def reference(n):
@@ -12,7 +17,7 @@ def reference(n):
 
 for n in (1, 2, 7, 15, 31, 100):
     try:
-        proc = subprocess.run(["bash", "/app/fizzbuzz.sh", str(n)], capture_output=True, text=True, timeout=20,
+        proc = subprocess.run([AS_AGENT, "bash", "/app/fizzbuzz.sh", str(n)], capture_output=True, text=True, timeout=20,
                               cwd="/tmp")
     except subprocess.TimeoutExpired:
         print(f"FAIL: N={n} timed out")

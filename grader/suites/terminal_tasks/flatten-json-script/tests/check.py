@@ -1,7 +1,12 @@
-"""Feeds /app/flatten.py JSON documents it never saw and compares the set of PATH=VALUE lines."""
+"""Feeds /app/flatten.py JSON documents it never saw and compares the set of PATH=VALUE lines.
+
+The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
+rights of this check."""
 import json
 import subprocess
 import sys
+
+AS_AGENT = "/run/crucible/as-agent"  # runs its command as the agent user (uid 65534): cannot touch the reward or /tests
 
 
 def reference(value, path=()):
@@ -20,7 +25,7 @@ for path in ("/tests/inputs/1.json", "/tests/inputs/2.json", "/tests/inputs/3.js
         text = f.read()
     expected = sorted(reference(json.loads(text)))
     try:
-        proc = subprocess.run(["python3", "/app/flatten.py"], input=text, capture_output=True, text=True,
+        proc = subprocess.run([AS_AGENT, "python3", "/app/flatten.py"], input=text, capture_output=True, text=True,
                               timeout=20, cwd="/tmp")
     except subprocess.TimeoutExpired:
         print(f"FAIL: {path} timed out")

@@ -1,6 +1,11 @@
-"""Runs /app/roman.py on numbers across 1..3999 and compares with a reference conversion."""
+"""Runs /app/roman.py on numbers across 1..3999 and compares with a reference conversion.
+
+The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
+rights of this check."""
 import subprocess
 import sys
+
+AS_AGENT = "/run/crucible/as-agent"  # runs its command as the agent user (uid 65534): cannot touch the reward or /tests
 
 VALUES = [(1000, "M"), (900, "CM"), (500, "D"), (400, "CD"), (100, "C"), (90, "XC"),
           (50, "L"), (40, "XL"), (10, "X"), (9, "IX"), (5, "V"), (4, "IV"), (1, "I")]
@@ -17,7 +22,7 @@ def reference(n):
 
 for n in (1, 3, 8, 14, 40, 49, 90, 99, 444, 500, 944, 1666, 2024, 2999, 3888, 3999):
     try:
-        proc = subprocess.run(["python3", "/app/roman.py", str(n)], capture_output=True, text=True, timeout=20,
+        proc = subprocess.run([AS_AGENT, "python3", "/app/roman.py", str(n)], capture_output=True, text=True, timeout=20,
                               cwd="/tmp")
     except subprocess.TimeoutExpired:
         print(f"FAIL: {n} timed out")

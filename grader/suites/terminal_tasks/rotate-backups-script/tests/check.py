@@ -1,9 +1,14 @@
-"""Runs /app/rotate.sh on fresh directories with chosen mtimes and checks which files survive."""
+"""Runs /app/rotate.sh on fresh directories with chosen mtimes and checks which files survive.
+
+The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
+rights of this check."""
 import os
 import shutil
 import subprocess
 import sys
 import tempfile
+
+AS_AGENT = "/run/crucible/as-agent"  # runs its command as the agent user (uid 65534): cannot touch the reward or /tests
 
 # name -> mtime (seconds since the epoch); names deliberately do not sort like the times.
 BACKUPS = {
@@ -28,7 +33,7 @@ def run_case(keep):
             f.write(rel)
         os.utime(path, (mtime, mtime))
     try:
-        proc = subprocess.run(["bash", "/app/rotate.sh", root, str(keep)], capture_output=True, text=True,
+        proc = subprocess.run([AS_AGENT, "bash", "/app/rotate.sh", root, str(keep)], capture_output=True, text=True,
                               timeout=20, cwd="/tmp")
     except subprocess.TimeoutExpired:
         return f"K={keep}: timed out"

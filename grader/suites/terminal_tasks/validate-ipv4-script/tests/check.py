@@ -1,6 +1,11 @@
-"""Feeds /app/check_ip.py addresses it never saw, one per line, and compares the verdicts."""
+"""Feeds /app/check_ip.py addresses it never saw, one per line, and compares the verdicts.
+
+The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
+rights of this check."""
 import subprocess
 import sys
+
+AS_AGENT = "/run/crucible/as-agent"  # runs its command as the agent user (uid 65534): cannot touch the reward or /tests
 
 CASES = [
     ("1.2.3.4", "valid"), ("255.255.255.255", "valid"), ("0.0.0.0", "valid"), ("10.20.30.40", "valid"),
@@ -15,7 +20,7 @@ CASES = [
 
 stdin = "".join(line + "\n" for line, _ in CASES)
 try:
-    proc = subprocess.run(["python3", "/app/check_ip.py"], input=stdin, capture_output=True, text=True,
+    proc = subprocess.run([AS_AGENT, "python3", "/app/check_ip.py"], input=stdin, capture_output=True, text=True,
                           timeout=20, cwd="/tmp")
 except subprocess.TimeoutExpired:
     print("FAIL: timed out")

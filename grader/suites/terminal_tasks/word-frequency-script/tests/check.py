@@ -1,8 +1,13 @@
-"""Runs /app/wordfreq.py on texts the agent never saw and compares with a reference count."""
+"""Runs /app/wordfreq.py on texts the agent never saw and compares with a reference count.
+
+The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
+rights of this check."""
 import re
 import subprocess
 import sys
 from collections import Counter
+
+AS_AGENT = "/run/crucible/as-agent"  # runs its command as the agent user (uid 65534): cannot touch the reward or /tests
 
 
 def reference(path, n):
@@ -15,7 +20,7 @@ CASES = [("/tests/inputs/one.txt", 5), ("/tests/inputs/one.txt", 40), ("/tests/i
          ("/tests/inputs/three.txt", 3), ("/app/sample.txt", 3)]
 for path, n in CASES:
     try:
-        proc = subprocess.run(["python3", "/app/wordfreq.py", path, str(n)], capture_output=True, text=True,
+        proc = subprocess.run([AS_AGENT, "python3", "/app/wordfreq.py", path, str(n)], capture_output=True, text=True,
                               timeout=20, cwd="/tmp")
     except subprocess.TimeoutExpired:
         print(f"FAIL: {path} {n} timed out")
