@@ -165,6 +165,7 @@ class ModelEndpoint:
         app = create_service_app("rollout-model", title="Crucible rollout model endpoint", max_body_bytes=8 * 1024 * 1024,
                                  description="The OpenAI-compatible endpoint a harness's sandbox reaches: one model, one rollout.")
         app.state.endpoint = self
+        app.openapi_url = app.docs_url = app.redoc_url = None  # a harness has nothing to learn here that this module does not say
 
         @app.get("/v1/models", summary="The rollout's model", responses=problem_responses(Unauthorized))
         def list_models(binding: RolloutDep) -> RolloutModels:

@@ -181,7 +181,7 @@ def test_the_oracle_harness_scores_1_and_a_noop_harness_0_on_every_shipped_task(
 # --------------------------------------------------------------------------- archives
 
 
-def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"x") -> bytes:
+def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: bytes = b"x", mode: int = 0o644) -> bytes:
     buf = io.BytesIO()
     with tarfile.open(fileobj=buf, mode="w:gz") as tar:
         manifest = b'name = "h"\nentry = "true"\n'
@@ -189,7 +189,7 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: byte
         info.size = len(manifest)
         tar.addfile(info, io.BytesIO(manifest))
         info = tarfile.TarInfo(name)
-        info.type, info.linkname = kind, link
+        info.type, info.linkname, info.mode = kind, link, mode
         info.size = len(data) if kind == tarfile.REGTYPE else 0
         tar.addfile(info, io.BytesIO(data) if kind == tarfile.REGTYPE else None)
     return buf.getvalue()
@@ -204,7 +204,8 @@ def _member(name: str, kind: bytes = tarfile.REGTYPE, link: str = "", data: byte
     (_member("hard", tarfile.LNKTYPE, "harness.toml"), "hard", "hard links"),
     (_member("null", tarfile.CHRTYPE), "null", "unsafe"),
     (_member("pipe", tarfile.FIFOTYPE), "pipe", "unsafe"),
-], ids=["absolute", "dotdot", "dotdot-inside", "symlink-absolute", "symlink-out", "hardlink", "device", "fifo"])
+    (_member("suid", mode=0o4755), "suid", "setuid"),
+], ids=["absolute", "dotdot", "dotdot-inside", "symlink-absolute", "symlink-out", "hardlink", "device", "fifo", "setuid"])
 def test_an_unsafe_archive_is_refused_naming_the_member(served: Served, data: bytes, member: str, says: str) -> None:
     ctx = served.ctx(f"run_unsafe_{hashlib.sha256(data).hexdigest()[:8]}")
     response = served.http.post("/internal/harnesses", content=data, headers={**run_headers(ctx, GATEWAY_TOKEN), "Content-Type": "application/gzip"})
@@ -221,7 +222,13 @@ def test_an_unsafe_archive_is_refused_naming_the_member(served: Served, data: by
     (archive({}, 'name = "h"\nentry = "true"\nnetwork = true\n'), "harness.toml.network", "Extra inputs"),
     (archive({}, "name = [\n"), "harness.toml", "not TOML"),
     (archive({f"f{i}": "" for i in range(2001)}, 'name = "h"\nentry = "true"\n'), "file", "more than 2000 members"),
-], ids=["not-gzip", "no-manifest", "manifest-missing-key", "manifest-bad-limit", "manifest-unknown-key", "manifest-not-toml", "too-many-members"])
+    (archive({"a\nb": ""}, 'name = "h"\nentry = "true"\n'), "file", "control character"),
+    (archive({"/".join(["d"] * 40) + "/f": ""}, 'name = "h"\nentry = "true"\n'), "file", "deeper than 32"),
+    (archive({"./harness.toml": 'name = "h2"\nentry = "true"\n'}, 'name = "h"\nentry = "true"\n'), "file", "harness.toml twice"),
+    (archive({}, 'name = "h"\nentry = "true"\n[limits]\nwall_s = "10"\n'), "harness.toml.limits.wall_s", "valid number"),
+    (archive({}, 'name = "h"\nentry = "a\\u0000b"\n'), "harness.toml.entry", "pattern"),
+], ids=["not-gzip", "no-manifest", "manifest-missing-key", "manifest-bad-limit", "manifest-unknown-key", "manifest-not-toml", "too-many-members",
+        "newline-in-name", "too-deep", "two-manifests", "limit-as-string", "nul-in-entry"])
 def test_a_bad_archive_is_a_422_naming_the_field(served: Served, data: bytes, field: str, says: str) -> None:
     ctx = served.ctx(f"run_bad_{hashlib.sha256(data).hexdigest()[:8]}")
     response = served.http.post("/internal/harnesses", content=data, headers={**run_headers(ctx, GATEWAY_TOKEN), "Content-Type": "application/gzip"})
