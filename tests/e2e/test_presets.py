@@ -72,13 +72,14 @@ def test_preset_runs_end_to_end_with_the_reference_agent(pg_stack, admin, preset
     assert all(r.submission["status"] == "graded" and r.submission["score"]["n"] == 4 for r in result.tasks)
 
     jobs = client.training_jobs()
-    coded = {t["name"] for t in card["benchmark"]["tasks"] if t["initial_system"].get("harness_archive")}  # run by a code harness: no training
+    coded = {t["name"]: t["initial_system"]["harness_archive"] for t in card["benchmark"]["tasks"]
+             if t["initial_system"].get("harness_archive")}  # run by a code harness: no training
     assert len(jobs) == len(tasks) - len(coded) and all(j["status"] == "succeeded" for j in jobs)
     for r in result.tasks:
         if r.task in coded:  # the agent swapped in an edited harness archive and evaluated it
             edited = [a["id"] for a in client.harnesses() if not a["platform"]]
             assert len(edited) == 1 and any(e["harness_archive"] == edited[0] and e["status"] == "succeeded" for e in client.evaluations())
-            assert r.submission["harness_archive"] in (edited[0], None)
+            assert r.submission["harness_archive"] in (edited[0], coded[r.task])  # the better of the two on validation
     if "trainer" not in card["editable"]:  # the locked recipe ran, scaled as above
         assert all(j["recipe"]["max_steps"] == 2 and j["recipe"]["learning_rate"] == shipped["recipe"]["lock"]["learning_rate"] for j in jobs)
 
