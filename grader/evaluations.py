@@ -150,7 +150,8 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
 def evaluation_out(ev: Evaluation) -> EvaluationOut:
     """The wire form of ``ev`` (read in its session)."""
     task = repository.spec(object_session(ev), ev.task_id).task  # type: ignore[arg-type]
-    return EvaluationOut(id=ev.id, status=ev.status, task=task, split=ev.split, model=ev.model, harness=Harness(**ev.harness),  # type: ignore[arg-type]
+    return EvaluationOut(id=ev.id, status=ev.status, task=task, split=ev.split, model=ev.model,  # type: ignore[arg-type]
+                         harness=None if ev.harness_archive else Harness(**ev.harness),
                          harness_archive=ev.harness_archive,
                          items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
                          attempts=ev.attempts, error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)

@@ -39,7 +39,8 @@ def submission_out(s: Session, sub: Submission) -> SubmissionOut:
                                                              f"it counts: the task had more than {FREE_PLATFORM_FAILURES} such failures")
     else:
         error = None
-    return SubmissionOut(id=sub.id, status=status, task=repository.spec(s, sub.task_id).task, model=sub.model, harness=Harness(**sub.harness),  # type: ignore[arg-type]
+    return SubmissionOut(id=sub.id, status=status, task=repository.spec(s, sub.task_id).task, model=sub.model,  # type: ignore[arg-type]
+                         harness=None if sub.harness_archive else Harness(**sub.harness),
                          harness_archive=sub.harness_archive,
                          score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=counted,  # type: ignore[union-attr, arg-type]
                          created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]

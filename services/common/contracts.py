@@ -322,8 +322,8 @@ class EvaluationOut(BaseModel):
     task: str = Field("main", description="The benchmark's task evaluated.")
     split: Literal["validation", "test"]
     model: str
-    harness: Harness
-    harness_archive: str | None = Field(None, description="The code harness evaluated (`har_…`); `harness` is then unused.")
+    harness: Harness | None = Field(description="The declarative harness evaluated, with the benchmark's settings applied; null for a code harness.")
+    harness_archive: str | None = Field(None, description="The code harness evaluated (`har_…`); null for a declarative harness.")
     items_total: int
     items_done: int
     score: Score | None = None
@@ -421,8 +421,8 @@ class SubmissionOut(BaseModel):
     status: Literal["queued", "running", "graded", "failed"]
     task: str = Field("main", description="The benchmark's task this system is submitted for.")
     model: str
-    harness: Harness
-    harness_archive: str | None = Field(None, description="The code harness submitted (`har_…`); `harness` is then unused.")
+    harness: Harness | None = Field(description="The declarative harness submitted; null for a code harness.")
+    harness_archive: str | None = Field(None, description="The code harness submitted (`har_…`); null for a declarative harness.")
     score: Score | None = None
     error: str | None = Field(None, description="Why grading failed (never a test item or a per-item result).")
     failure_cause: Literal["agent", "platform"] | None = Field(

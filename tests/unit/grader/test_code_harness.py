@@ -448,11 +448,12 @@ def test_a_harness_has_no_capabilities_and_cannot_mount_anything(endpoint: Model
 
 
 def test_a_deep_tree_left_behind_fails_only_its_rollout_and_is_removed(endpoint: ModelEndpoint, backend: str) -> None:
-    script = "python3 -c \"import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')\"; cd /harness && mkdir -p $(printf 'x/%.0s' $(seq 600))\n"
-    before = set(Path(tempfile.gettempdir()).glob("crucible-ws-*"))
+    marker = f"marker-{time.monotonic_ns()}"
+    script = (f"touch /app/{marker}; python3 -c \"import os\nfor _ in range(3000):\n    os.mkdir('d'); os.chdir('d')\"; "
+              "cd /harness && mkdir -p $(printf 'x/%.0s' $(seq 600))\n")
     out = rollout(endpoint, backend, code_harness(script))
     assert out.reward == 0.0 and out.trajectory.verifier_run is not None
-    assert set(Path(tempfile.gettempdir()).glob("crucible-ws-*")) - before == set()
+    assert list(Path(tempfile.gettempdir()).glob(f"crucible-ws-*/app/{marker}")) == []  # the workspace is gone
 
 
 def test_a_model_call_in_flight_when_its_harness_ends_is_charged_and_recorded(endpoint: ModelEndpoint, backend: str) -> None:
