@@ -66,7 +66,7 @@ docker-sandbox:
 # processes killed.
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e -m "not vllm and not docker" --ignore=tests/e2e/test_hidden_split_isolation.py \
+	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e -m "not vllm and not docker and not long" --ignore=tests/e2e/test_hidden_split_isolation.py \
 	  --ignore=tests/e2e/test_openai_clients.py
 	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m docker  # every sandbox guarantee, checked on the Docker backend
 
@@ -76,12 +76,14 @@ test-unit: $(STAMP) services sandbox
 
 # The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes), the
 # differential test (every preset in two deployments whose secret test seeds differ must answer every agent route
-# alike, about 4 minutes on 2 idle cores), code-harness rollouts on the Docker sandbox backend, the engine suite on
+# alike, about 4 minutes on 2 idle cores), code-harness rollouts on the Docker sandbox backend, the terminal preset
+# (VibeTraining-Bench's terminal protocol, a sandbox per task, about 4 minutes), the engine suite on
 # the vLLM engines (in process, and a vllm serve behind the upstream engine) and unmodified OpenAI clients (the
 # openai SDK, lm-evaluation-harness) against the gateway.
 test-slow: $(STAMP) services sandbox docker-sandbox
 	$(PY) -m pytest -q tests/faults tests/e2e/test_hidden_split_isolation.py
 	$(PY) -m pytest -q tests/unit/grader/test_code_harness.py -m docker  # rollouts on the Docker backend: every task's oracle, hostile harnesses
+	$(PY) -m pytest -q tests/e2e/test_presets.py -m long  # the terminal preset end to end with the reference agent
 	$(PY) -m pytest -q tests/e2e/test_openai_clients.py -k sqlite  # the protocol does not depend on the database
 	$(PY) -m pytest -q tests/unit/inference/test_engine.py -m vllm
 

@@ -38,7 +38,7 @@ SEEDS = (1111, 2222)
 # they give), and the run's elapsed hours (a clock)
 GRADES = frozenset({"score", "initial_score", "final_score", "reference_score", "gap_closed", "rsi_index", "ci_low", "ci_high", "n",
                     "final_ci", "contaminated", "contaminated_items", "contamination", "rank", "elapsed_hours"})
-_ID = re.compile(r"\b(?:run|ds|job|ckpt|eval|sub|bm|crk|req|chatcmpl|ent|hold)[_-][0-9A-Za-z_-]{6,}")
+_ID = re.compile(r"\b(?:run|ds|job|ckpt|eval|sub|bm|crk|req|chatcmpl|ent|hold|har)[_-][0-9A-Za-z_-]{6,}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
 
 
@@ -101,8 +101,8 @@ def _mask(value: Any) -> Any:
 
 
 class Transcript:
-    """What one deployment answered, normalized: ids numbered by first appearance, timestamps (ISO 8601 and Unix)
-    and the run's remaining seconds blanked, final grades masked."""
+    """What one deployment answered, normalized: ids numbered by first appearance, timestamps (ISO 8601 and Unix),
+    the run's remaining seconds and a rollout's sandbox seconds blanked, final grades masked."""
 
     def __init__(self) -> None:
         self.ids: dict[str, str] = {}
@@ -119,6 +119,7 @@ class Transcript:
         text = _ID.sub(lambda m: self.ids.setdefault(m.group(0), f"<id{len(self.ids)}>"), text)
         text = _TIME.sub("<time>", text)
         text = re.sub(r'"(seconds_left|created)": \d+', r'"\1": "<time>"', text)  # the run's clock; OpenAI's Unix-time stamp
+        text = re.sub(r'"elapsed_s": [\d.]+', '"elapsed_s": "<time>"', text)  # how long a rollout's sandbox ran
         self.lines.append(f"{call} -> {response.status_code} {response.headers.get('content-type', '')}\n{text}")
         return body
 

@@ -22,7 +22,8 @@ from crucible.sdk import CrucibleAPIError, CrucibleClient
 from tests.conftest import ROOT
 
 pytestmark = pytest.mark.e2e
-PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini", "vibetraining-terminal"]
+# the terminal preset (a sandbox per task, up to 3 model turns each) takes about 4 minutes: it runs in `make test-slow`
+PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini", pytest.param("vibetraining-terminal", marks=pytest.mark.long)]
 
 
 def scaled(doc: dict) -> dict:
