@@ -1,6 +1,24 @@
 """docs-backup.tar.gz is a gzip tar holding exactly the .md files under docs/, with their contents."""
+import io
+import os
+import stat
 import sys
 import tarfile
+
+
+def open_app(path, mode="r", **kwargs):
+    """open() for a file the agent left in /app. This check runs as root: it accepts only a regular file that really
+    lies in /app (not a link to a file of /tests, which would read as the expected answer; not a FIFO that blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("/app/"):
+            raise OSError(f"{path} is not a regular file in /app")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
 
 EXPECTED = {
     "docs/guide.md": b"# Guide\nStart here.\n",
@@ -16,7 +34,8 @@ def fail(msg):
 
 
 try:
-    archive = tarfile.open("/app/docs-backup.tar.gz", "r:gz")
+    with open_app("/app/docs-backup.tar.gz", "rb") as f:
+        archive = tarfile.open(fileobj=io.BytesIO(f.read()), mode="r:gz")
 except (OSError, tarfile.TarError) as e:
     fail(f"not a readable gzip tar archive: {e}")
 with archive:

@@ -17,8 +17,8 @@ def reference(n):
 
 for n in (1, 2, 7, 15, 31, 100):
     try:
-        proc = subprocess.run([AS_AGENT, "bash", "/app/fizzbuzz.sh", str(n)], capture_output=True, text=True, timeout=20,
-                              cwd="/tmp")
+        proc = subprocess.run([AS_AGENT, "bash", "/app/fizzbuzz.sh", str(n)], capture_output=True, text=True,
+                              timeout=20, cwd="/tmp")
     except subprocess.TimeoutExpired:
         print(f"FAIL: N={n} timed out")
         sys.exit(1)

@@ -3,6 +3,21 @@ import os
 import stat
 import sys
 
+
+def open_app(path, mode="r", **kwargs):
+    """open() for a file the agent left in /app. This check runs as root: it accepts only a regular file that really
+    lies in /app (not a link to a file of /tests, which would read as the expected answer; not a FIFO that blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("/app/"):
+            raise OSError(f"{path} is not a regular file in /app")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 TOOLS = "/app/tools"
 EXPECTED = {
     "build.sh": (0o755, "#!/bin/bash\necho building\n"),
@@ -34,7 +49,7 @@ for rel, (mode, content) in EXPECTED.items():
         fail(f"{rel} is not a regular file")
     if stat.S_IMODE(st.st_mode) != mode:
         fail(f"{rel}: mode {oct(stat.S_IMODE(st.st_mode))}, expected {oct(mode)}")
-    with open(path) as f:
+    with open_app(path) as f:
         if f.read() != content:
             fail(f"{rel}: contents changed")
 print("OK")

@@ -1,6 +1,22 @@
 """Every inbox file sits in the subdirectory named after its extension, unchanged; none is left at the top."""
 import os
+import stat
 import sys
+
+
+def open_app(path, mode="r", **kwargs):
+    """open() for a file the agent left in /app. This check runs as root: it accepts only a regular file that really
+    lies in /app (not a link to a file of /tests, which would read as the expected answer; not a FIFO that blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("/app/"):
+            raise OSError(f"{path} is not a regular file in /app")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
 
 INBOX = "/app/inbox"
 EXPECTED = {
@@ -32,7 +48,7 @@ for root, _dirs, files in os.walk(INBOX):
 if found != set(EXPECTED):
     fail(f"files under inbox: {sorted(found)}, expected {sorted(EXPECTED)}")
 for rel, content in EXPECTED.items():
-    with open(os.path.join(INBOX, rel)) as f:
+    with open_app(os.path.join(INBOX, rel)) as f:
         if f.read() != content:
             fail(f"{rel}: contents changed")
 print("OK")

@@ -1,6 +1,22 @@
 """broken.txt names exactly the broken links; they are deleted; the working links and files are untouched."""
 import os
+import stat
 import sys
+
+
+def open_app(path, mode="r", **kwargs):
+    """open() for a file the agent left in /app. This check runs as root: it accepts only a regular file that really
+    lies in /app (not a link to a file of /tests, which would read as the expected answer; not a FIFO that blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("/app/"):
+            raise OSError(f"{path} is not a regular file in /app")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
 
 ROOT = "/app/links"
 BROKEN = {"old-config", "sub/gone", "abs-broken", "loop1", "loop2"}
@@ -20,7 +36,7 @@ def fail(msg):
 
 
 try:
-    with open("/app/broken.txt") as f:
+    with open_app("/app/broken.txt") as f:
         listed = [line.strip() for line in f if line.strip()]
 except OSError as e:
     fail(f"cannot read /app/broken.txt: {e}")
@@ -38,7 +54,7 @@ for rel, content in FILES.items():
     path = os.path.join(ROOT, rel)
     if os.path.islink(path) or not os.path.isfile(path):
         fail(f"{rel} is no longer a regular file")
-    with open(path) as f:
+    with open_app(path) as f:
         if f.read() != content:
             fail(f"{rel}: contents changed")
 print("OK")

@@ -1,6 +1,22 @@
 """No empty file or directory remains under /app/project; the non-empty files are untouched."""
 import os
+import stat
 import sys
+
+
+def open_app(path, mode="r", **kwargs):
+    """open() for a file the agent left in /app. This check runs as root: it accepts only a regular file that really
+    lies in /app (not a link to a file of /tests, which would read as the expected answer; not a FIFO that blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("/app/"):
+            raise OSError(f"{path} is not a regular file in /app")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
 
 ROOT = "/app/project"
 KEEP = {
@@ -31,7 +47,7 @@ if files != set(KEEP):
 if dirs != DIRS:
     fail(f"directories left: {sorted(dirs)}, expected {sorted(DIRS)}")
 for rel, content in KEEP.items():
-    with open(os.path.join(ROOT, rel)) as f:
+    with open_app(os.path.join(ROOT, rel)) as f:
         if f.read() != content:
             fail(f"{rel}: contents changed")
 print("OK")

@@ -22,8 +22,8 @@ def reference(n):
 
 for n in (1, 3, 8, 14, 40, 49, 90, 99, 444, 500, 944, 1666, 2024, 2999, 3888, 3999):
     try:
-        proc = subprocess.run([AS_AGENT, "python3", "/app/roman.py", str(n)], capture_output=True, text=True, timeout=20,
-                              cwd="/tmp")
+        proc = subprocess.run([AS_AGENT, "python3", "/app/roman.py", str(n)], capture_output=True, text=True,
+                              timeout=20, cwd="/tmp")
     except subprocess.TimeoutExpired:
         print(f"FAIL: {n} timed out")
         sys.exit(1)

@@ -1,7 +1,7 @@
 """Runs /app/rotate.sh on fresh directories with chosen mtimes and checks which files survive.
 
 The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
-rights of this check."""
+rights of this check, in a directory this check made under /tmp and left writable to that user."""
 import os
 import shutil
 import subprocess
@@ -27,10 +27,13 @@ OTHERS = {"notes.txt": 1_500_000_000, "backup-x.tar": 1_400_000_000, "mybackup-1
 def run_case(keep):
     root = tempfile.mkdtemp(prefix="rotate-")
     os.makedirs(os.path.join(root, "sub"))
+    for d in (root, os.path.join(root, "sub")):
+        os.chmod(d, 0o777)  # the agent user deletes in it (and could, wrongly, in sub/ too, as root could)
     for rel, mtime in {**BACKUPS, **OTHERS}.items():
         path = os.path.join(root, rel)
         with open(path, "w") as f:
             f.write(rel)
+        os.chmod(path, 0o666)
         os.utime(path, (mtime, mtime))
     try:
         proc = subprocess.run([AS_AGENT, "bash", "/app/rotate.sh", root, str(keep)], capture_output=True, text=True,
@@ -43,7 +46,7 @@ def run_case(keep):
     shutil.rmtree(root, ignore_errors=True)
     expected = set(BY_AGE[:keep]) | set(OTHERS)
     if proc.returncode != 0:
-        return f"K={keep}: exit status {proc.returncode}"
+        return f"K={keep}: exit status {proc.returncode}: {proc.stderr.strip()[-300:]}"
     if left != expected:
         return f"K={keep}: left {sorted(left)}, expected {sorted(expected)}"
     return None

@@ -1,6 +1,23 @@
 """Only the [server] port line changed, to 8080 (spacing around '=' is free)."""
+import os
 import re
+import stat
 import sys
+
+
+def open_app(path, mode="r", **kwargs):
+    """open() for a file the agent left in /app. This check runs as root: it accepts only a regular file that really
+    lies in /app (not a link to a file of /tests, which would read as the expected answer; not a FIFO that blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("/app/"):
+            raise OSError(f"{path} is not a regular file in /app")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
 
 ORIGINAL = """; Service configuration
 [server]
@@ -21,7 +38,7 @@ port = 6379
 SERVER_PORT_LINE = 3
 
 try:
-    with open("/app/settings.ini") as f:
+    with open_app("/app/settings.ini") as f:
         got = f.read().splitlines()
 except OSError as e:
     print("FAIL: cannot read /app/settings.ini:", e)

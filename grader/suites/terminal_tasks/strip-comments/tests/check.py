@@ -1,10 +1,27 @@
 """clean.conf is app.conf without blank and comment lines (/tests/expected.txt); app.conf is untouched."""
+import os
+import stat
 import sys
+
+
+def open_app(path, mode="r", **kwargs):
+    """open() for a file the agent left in /app. This check runs as root: it accepts only a regular file that really
+    lies in /app (not a link to a file of /tests, which would read as the expected answer; not a FIFO that blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("/app/"):
+            raise OSError(f"{path} is not a regular file in /app")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
 
 with open("/tests/expected.txt") as f:
     expected = f.read().splitlines()
 try:
-    with open("/app/clean.conf") as f:
+    with open_app("/app/clean.conf") as f:
         got = f.read().splitlines()
 except OSError as e:
     print("FAIL: cannot read /app/clean.conf:", e)
@@ -12,7 +29,7 @@ except OSError as e:
 if got != expected:
     print(f"FAIL: got {got}, expected {expected}")
     sys.exit(1)
-with open("/app/app.conf") as f:
+with open_app("/app/app.conf") as f:
     if len(f.read().splitlines()) != 14:
         print("FAIL: /app/app.conf was modified")
         sys.exit(1)

@@ -2,7 +2,9 @@
 
 The script is the agent's: it runs as the unprivileged agent user (/run/crucible/as-agent), never with the root
 rights of this check."""
+import os
 import re
+import stat
 import subprocess
 import sys
 from collections import Counter
@@ -10,8 +12,22 @@ from collections import Counter
 AS_AGENT = "/run/crucible/as-agent"  # runs its command as the agent user (uid 65534): cannot touch the reward or /tests
 
 
+def open_app(path, mode="r", **kwargs):
+    """open() for a file the agent left in /app. This check runs as root: it accepts only a regular file that really
+    lies in /app (not a link to a file of /tests, which would read as the expected answer; not a FIFO that blocks)."""
+    fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOCTTY)
+    try:
+        if not stat.S_ISREG(os.fstat(fd).st_mode) or not os.readlink(f"/proc/self/fd/{fd}").startswith("/app/"):
+            raise OSError(f"{path} is not a regular file in /app")
+        os.set_blocking(fd, True)
+        return os.fdopen(fd, mode, **kwargs)
+    except BaseException:
+        os.close(fd)
+        raise
+
+
 def reference(path, n):
-    with open(path) as f:
+    with (open_app(path) if path.startswith("/app/") else open(path)) as f:
         counts = Counter(w.lower() for w in re.findall(r"[A-Za-z]+", f.read()))
     return [f"{w} {c}" for w, c in sorted(counts.items(), key=lambda kv: (-kv[1], kv[0]))[:n]]
 
