@@ -479,3 +479,17 @@ def test_the_model_endpoint_refuses_several_choices_and_more_than_two_calls_at_o
     together = slow + "import concurrent.futures as f\nprint(*sorted(f.ThreadPoolExecutor(3).map(lambda _: ask(), range(3))))\n"
     out = rollout(endpoint, backend, archive({"call.py": together}, 'name = "c"\nentry = "python3 /harness/call.py"\n'))
     assert out.trajectory.harness_run.stdout.split() == ["200", "200", "429"], out.trajectory.harness_run  # type: ignore[union-attr]
+
+
+def test_agent_code_the_verifier_runs_cannot_write_the_reward_or_the_tests(endpoint: ModelEndpoint, backend: str) -> None:
+    """The cheat an attack found: a script the task asks for, which the verifier runs, writes the reward itself. The
+    verifier runs it as the agent user, which can write neither the reward nor the tests; and a repository's config that
+    runs commands (core.fsmonitor, hooks) runs them as that user too."""
+    cheat = "echo 1 > /logs/verifier/reward.txt; touch /tests/planted; echo Fizz"
+    out = rollout(endpoint, backend, code_harness(f"printf '%s\\\\n' '{cheat}' > /app/fizzbuzz.sh\n"), task="fizzbuzz-script")
+    assert (out.reward, out.trajectory.failure) == (0.0, None), out.trajectory.verifier_run
+    hook = "echo 1 > /logs/verifier/reward.txt; false"
+    git = (f"git config core.fsmonitor '{hook}'; git config core.pager '{hook}'; mkdir -p .git/hooks; "
+           f"printf '#!/bin/sh\\\\n{hook}\\\\n' > .git/hooks/post-checkout; chmod +x .git/hooks/post-checkout\n")
+    out = rollout(endpoint, backend, code_harness(git), task="git-commit-changes")
+    assert (out.reward, out.trajectory.failure) == (0.0, None), out.trajectory.verifier_run
