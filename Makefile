@@ -63,12 +63,13 @@ docker-sandbox:
 # tests/unit: each service in this process (its routes through TestClient, its logic, its client), plus the layout
 # checks (no import cycle, internal paths only in their service's client.py); tests/e2e: every service and worker as
 # real processes with the real model; tests/deployment: compose and Helm checked statically; tests/faults: real
-# processes killed.
+# processes killed. `make test` leaves to `make test-slow` what waits on real clocks (marker `slow`), the presets'
+# end-to-end runs (`long`), and the Docker backend's limit tests and rollouts; it runs the Docker backend's contract.
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e -m "not vllm and not docker and not long" --ignore=tests/e2e/test_hidden_split_isolation.py \
+	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e -m "not vllm and not docker and not long and not slow" --ignore=tests/e2e/test_hidden_split_isolation.py \
 	  --ignore=tests/e2e/test_openai_clients.py
-	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m docker  # every sandbox guarantee, checked on the Docker backend
+	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m "docker and not slow"  # the sandbox guarantees, on the Docker backend
 
 # The in-process tests alone, those that wait on real clocks left out (marker `slow`): quick feedback while changing a service.
 test-unit: $(STAMP) services sandbox
@@ -76,14 +77,16 @@ test-unit: $(STAMP) services sandbox
 
 # The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes), the
 # differential test (every preset in two deployments whose secret test seeds differ must answer every agent route
-# alike, about 4 minutes on 2 idle cores), code-harness rollouts on the Docker sandbox backend, the terminal preset
-# (VibeTraining-Bench's terminal protocol, a sandbox per task, about 4 minutes), the engine suite on
-# the vLLM engines (in process, and a vllm serve behind the upstream engine) and unmodified OpenAI clients (the
-# openai SDK, lm-evaluation-harness) against the gateway.
+# alike, about 6 minutes on 2 idle cores), the tests on real clocks (about 5 minutes), code-harness rollouts and limits
+# on the Docker sandbox backend (about 5 minutes), every preset end to end with the reference agent (about 12 minutes),
+# the engine suite on the vLLM engines (in process, and a vllm serve behind the upstream engine) and unmodified OpenAI
+# clients (the openai SDK, lm-evaluation-harness) against the gateway.
 test-slow: $(STAMP) services sandbox docker-sandbox
 	$(PY) -m pytest -q tests/faults tests/e2e/test_hidden_split_isolation.py
+	$(PY) -m pytest -q tests/unit -m "slow and not docker and not vllm"  # real clocks: timeouts, CPU and wall-clock limits, hanging scorers
 	$(PY) -m pytest -q tests/unit/grader/test_code_harness.py -m docker  # rollouts on the Docker backend: every task's oracle, hostile harnesses
-	$(PY) -m pytest -q tests/e2e/test_presets.py -m long  # the terminal preset end to end with the reference agent
+	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m "docker and slow"  # the Docker backend's wall, CPU, memory and process limits
+	$(PY) -m pytest -q tests/e2e/test_presets.py -m long  # every preset end to end with the reference agent
 	$(PY) -m pytest -q tests/e2e/test_openai_clients.py -k sqlite  # the protocol does not depend on the database
 	$(PY) -m pytest -q tests/unit/inference/test_engine.py -m vllm
 

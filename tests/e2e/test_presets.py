@@ -21,9 +21,8 @@ from crucible.agent import AgentConfig, BaselineAgent
 from crucible.sdk import CrucibleAPIError, CrucibleClient
 from tests.conftest import ROOT
 
-pytestmark = pytest.mark.e2e
-# the terminal preset (a sandbox per task, up to 3 model turns each) takes about 4 minutes: it runs in `make test-slow`
-PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini", pytest.param("vibetraining-terminal", marks=pytest.mark.long)]
+pytestmark = [pytest.mark.e2e, pytest.mark.long]  # 1 to 6 minutes each: in `make test-slow` (the main loop is in test_flows.py, in `make test`)
+PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini", "vibetraining-terminal"]
 
 
 def scaled(doc: dict) -> dict:
