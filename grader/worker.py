@@ -25,7 +25,7 @@ from grader.harness_archives import HarnessManifest, archive_bytes, owned_archiv
 from grader.model_endpoint import Binding, Call, ModelEndpoint
 from grader.models import AGENT, PLATFORM, Evaluation, Submission, Trajectory
 from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout, steps_of
-from grader.sandboxes import Sandbox, SandboxUnavailable, get_sandbox
+from grader.sandboxes import Sandbox, SandboxUnavailable, get_sandbox, reap_workspaces
 from grader.scoring import aggregate, score_item, storable
 from grader.service import Grader
 from grader.suites import Item, Suite, TurnLimitReached, get_suite, suite_canonical, suite_converse, suite_environment, suite_tools
@@ -373,8 +373,9 @@ def close_hold(grader: Grader, eval_id: str) -> None:
 def reap_sandboxes(grader: Grader) -> int:
     """Remove what sandboxes of dead grader processes on this host left behind (the configured backend's ``reap``;
     a sandbox also ends itself shortly after its wall limit). Logs and returns how many; 0 when the backend is away."""
+    reaped = reap_workspaces()
     try:
-        reaped = get_sandbox(grader.settings.sandbox_backend).reap()
+        reaped += get_sandbox(grader.settings.sandbox_backend).reap()
     except SandboxUnavailable as exc:
         log.warning("sandboxes left by dead workers cannot be checked", backend=grader.settings.sandbox_backend, error=str(exc))
         return 0

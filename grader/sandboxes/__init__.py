@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 
-from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, SandboxUnavailable, remove_tree, workspace
+from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, SandboxUnavailable, reap_workspaces, remove_tree, workspace
 from grader.sandboxes.bwrap import BubblewrapSandbox
 from grader.sandboxes.docker import DockerSandbox
 
@@ -18,4 +18,4 @@ def get_sandbox(name: str) -> Sandbox:
     return BACKENDS[name]()
 
 
-__all__ = ["BACKENDS", "ExecResult", "Limits", "Mount", "Sandbox", "SandboxUnavailable", "get_sandbox", "remove_tree", "workspace"]
+__all__ = ["BACKENDS", "ExecResult", "Limits", "Mount", "Sandbox", "SandboxUnavailable", "get_sandbox", "reap_workspaces", "remove_tree", "workspace"]

@@ -181,7 +181,7 @@ def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
     harness under it, so both count against ``disk_mb``), removed afterwards. Where the grader may mount (root, or
     ``CAP_SYS_ADMIN``) it is a tmpfs of ``disk_mb`` MiB, so filling it ends in "no space left" for the sandbox and
     nothing for the host; elsewhere a plain directory (only the per-file limit applies)."""
-    path = Path(tempfile.mkdtemp(prefix="crucible-ws-", dir=root))
+    path = Path(tempfile.mkdtemp(prefix=f"crucible-ws-{os.getpid()}-", dir=root))  # the owner's pid: reap_workspaces() removes a dead owner's
     mounted = False
     if os.geteuid() == 0:
         mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0755", "tmpfs", str(path)],
@@ -194,6 +194,20 @@ def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
         if mounted:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
         remove_tree(path)
+
+
+def reap_workspaces(root: Path | None = None) -> int:
+    """Unmount and remove the workspaces (:func:`workspace`) that grader processes on this host left when they died;
+    a live process's are never touched. Returns how many were removed."""
+    reaped = 0
+    for path in Path(root or tempfile.gettempdir()).glob("crucible-ws-*-*"):
+        pid = path.name.split("-")[2]
+        if not pid.isdigit() or owner_alive(f"{socket.gethostname()}:{pid}"):
+            continue
+        subprocess.run(["umount", "-l", str(path)], capture_output=True)
+        remove_tree(path)
+        reaped += 1
+    return reaped
 
 
 def remove_tree(path: Path) -> None:

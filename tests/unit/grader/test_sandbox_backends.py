@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, workspace
+from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, reap_workspaces, workspace
 from grader.sandboxes.bwrap import BubblewrapSandbox
 from grader.sandboxes.docker import DockerSandbox
 from tests.conftest import ROOT
@@ -328,8 +328,10 @@ def test_a_sandbox_whose_grader_died_is_removed_when_a_worker_starts(sandbox: Sa
     token = f"orphan-{uuid.uuid4().hex[:12]}"
     script = tmp_path / "dying_worker.py"
     script.write_text(textwrap.dedent(f"""
-        from grader.sandboxes import Limits, get_sandbox
-        get_sandbox({sandbox.name!r}).run(["bash", "-c", "sleep 1000; true", {token!r}], mounts=[], cwd="/", env={{}}, limits=Limits(wall_s=900))
+        from grader.sandboxes import Limits, Mount, get_sandbox, workspace
+        with workspace(16) as ws:
+            get_sandbox({sandbox.name!r}).run(["bash", "-c", "sleep 1000; true", {token!r}], mounts=[Mount(ws, "/app", True)], cwd="/app", env={{}},
+                                              limits=Limits(wall_s=900))
     """))
     dying = subprocess.Popen([sys.executable, str(script)], cwd=ROOT, env={**os.environ, "PYTHONPATH": str(ROOT)})
     deadline = time.monotonic() + 60
@@ -342,6 +344,7 @@ def test_a_sandbox_whose_grader_died_is_removed_when_a_worker_starts(sandbox: Sa
     dying.kill()
     dying.wait()
     assert sandbox.reap() >= (1 if sandbox.name == "docker" else 0)  # bubblewrap's sandbox died with its parent; its cgroup is left
+    assert reap_workspaces() >= 1 and list(Path(tempfile.gettempdir()).glob(f"crucible-ws-{dying.pid}-*")) == []  # its workspace too
     deadline = time.monotonic() + 10
     while processes_with(token) and time.monotonic() < deadline:
         time.sleep(0.2)
