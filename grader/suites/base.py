@@ -8,6 +8,7 @@ imports the suite modules): the registry (:data:`SUITES`) lives here and depends
 
 from __future__ import annotations
 
+import random
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -88,6 +89,7 @@ class Suite(Protocol):
 
 
 SuiteClass = TypeVar("SuiteClass", bound=Callable[[], Suite])
+Entry = TypeVar("Entry")
 
 SUITES: dict[str, Callable[[], Suite]] = {}
 """The registered suites: suite name → its class, whose no-argument construction is the suite the grader runs.
@@ -139,3 +141,31 @@ def suite_converse(suite: Suite) -> Callable[[Item, Harness, Complete], float] |
     """The suite's optional ``converse(item, harness, complete)`` (multi-turn conversations the grader drives);
     ``None`` for a suite whose items are answered in one completion or run in a sandbox."""
     return getattr(suite, "converse", None)
+
+
+def draw_round_robin(pools: list[tuple[str, list[Entry]]], seed: int, size: int, key: Callable[[Entry], str],
+                     exclude: frozenset[str] = frozenset()) -> list[tuple[str, Entry]]:
+    """Up to ``size`` ``(pool name, entry)`` pairs from named ``pools`` (a suite's categories): each pool, in the order
+    given, shuffled by one ``random.Random(seed)``, then entries taken from the pools in turn, so any prefix is spread
+    evenly over them; an entry whose ``key`` is in ``exclude`` or was already taken is skipped. Fewer than ``size``
+    when the pools run out (the suite says so)."""
+    rng = random.Random(seed)
+    queues = []
+    for name, entries in pools:
+        entries = list(entries)
+        rng.shuffle(entries)
+        queues.append((name, entries))
+    drawn: list[tuple[str, Entry]] = []
+    seen = set(exclude)
+    position = 0
+    while len(drawn) < size and any(position < len(entries) for _, entries in queues):
+        for name, entries in queues:
+            if position >= len(entries) or len(drawn) == size:
+                continue
+            entry = entries[position]
+            if key(entry) in seen:
+                continue
+            seen.add(key(entry))
+            drawn.append((name, entry))
+        position += 1
+    return drawn

@@ -19,7 +19,6 @@ import ast
 import copy
 import json
 import operator
-import random
 import sys
 import types
 from functools import lru_cache
@@ -29,7 +28,7 @@ from typing import Any
 from bfcl_eval.constants.enums import Language
 from bfcl_eval.constants.type_mappings import GORILLA_TO_OPENAPI
 
-from grader.suites.base import Item, register_suite
+from grader.suites.base import Item, draw_round_robin, register_suite
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
@@ -276,28 +275,11 @@ class BfclSuite:
         """``size`` items: each chosen category's entries shuffled by ``random.Random(seed)``, then taken from the
         categories in turn (so any prefix is spread evenly over them), skipping questions in ``exclude`` and
         repeats. Raises ``Unprocessable`` (field ``suite.splits.<split>.size``) if fewer remain."""
-        rng = random.Random(seed)
-        queues = []
-        for category in _categories(params):
-            entries = list(load_category(category))
-            rng.shuffle(entries)
-            queues.append((category, entries))
-        items: list[Item] = []
-        seen = set(exclude)
-        position = 0
-        while len(items) < size and any(position < len(entries) for _, entries in queues):
-            for category, entries in queues:
-                if position >= len(entries) or len(items) == size:
-                    continue
-                entry = entries[position]
-                question = entry["question"][0][-1]["content"]
-                if question in seen:
-                    continue
-                seen.add(question)
-                items.append(Item(id=entry["id"], question=question, answer=json.dumps(entry["ground_truth"]),
-                                  entry={"question": entry["question"], "function": entry["function"],
-                                         "possible_answer": entry["ground_truth"], "category": category}))
-            position += 1
+        drawn = draw_round_robin([(c, load_category(c)) for c in _categories(params)], seed, size, key=lambda e: e["question"][0][-1]["content"],
+                                 exclude=exclude)
+        items = [Item(id=entry["id"], question=entry["question"][0][-1]["content"], answer=json.dumps(entry["ground_truth"]),
+                      entry={"question": entry["question"], "function": entry["function"], "possible_answer": entry["ground_truth"], "category": category})
+                 for category, entry in drawn]
         if len(items) < size:
             raise Unprocessable(f"bfcl {_categories(params)}: only {len(items)} distinct {split} items exist outside the excluded set; ask for fewer",
                                 field=f"suite.splits.{split}.size")

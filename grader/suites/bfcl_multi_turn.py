@@ -64,7 +64,6 @@ import ast
 import inspect
 import json
 import math
-import random
 import threading
 import uuid
 from collections.abc import Iterator
@@ -81,7 +80,7 @@ from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as _checke
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
 from grader.harness import render_messages
-from grader.suites.base import Complete, Item, TurnLimitReached, register_suite
+from grader.suites.base import Complete, Item, TurnLimitReached, draw_round_robin, register_suite
 from grader.suites.bfcl import openai_tools
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
@@ -455,28 +454,12 @@ class BfclMultiTurnSuite:
         categories in turn (so any prefix is spread evenly over them), skipping conversations in ``exclude`` and
         repeats (a conversation another category already gave). Raises ``Unprocessable`` (field
         ``suite.splits.<split>.size``) if fewer remain."""
-        rng = random.Random(seed)
-        queues = []
-        for category in _categories(params):
-            entries = list(load_category(category))
-            rng.shuffle(entries)
-            queues.append((category, entries))
-        items: list[Item] = []
-        seen = set(exclude)
-        position = 0
-        while len(items) < size and any(position < len(entries) for _, entries in queues):
-            for category, entries in queues:
-                if position >= len(entries) or len(items) == size:
-                    continue
-                entry = entries[position]
-                question = question_text(entry["question"])
-                if question in seen:
-                    continue
-                seen.add(question)
-                items.append(Item(id=entry["id"], question=question, answer=json.dumps(entry["ground_truth"]),
-                                  entry={"category": category, "turns": entry["question"], "initial_config": entry.get("initial_config", {}),
-                                         "involved_classes": entry["involved_classes"], "missed_function": entry.get("missed_function", {})}))
-            position += 1
+        drawn = draw_round_robin([(c, load_category(c)) for c in _categories(params)], seed, size, key=lambda e: question_text(e["question"]),
+                                 exclude=exclude)
+        items = [Item(id=entry["id"], question=question_text(entry["question"]), answer=json.dumps(entry["ground_truth"]),
+                      entry={"category": category, "turns": entry["question"], "initial_config": entry.get("initial_config", {}),
+                             "involved_classes": entry["involved_classes"], "missed_function": entry.get("missed_function", {})})
+                 for category, entry in drawn]
         if len(items) < size:
             raise Unprocessable(f"bfcl_multi_turn {_categories(params)}: only {len(items)} distinct {split} conversations exist outside the "
                                 "excluded set; ask for fewer", field=f"suite.splits.{split}.size")
