@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import contextlib
 import datetime as dt
+import fcntl
 import hashlib
 import threading
 from collections.abc import Iterator
@@ -16,8 +17,9 @@ from pathlib import Path
 
 from alembic import command
 from alembic.config import Config
-from sqlalchemy import DateTime, Engine, create_engine, event, text
+from sqlalchemy import DateTime, Engine, create_engine, event, make_url, text
 from sqlalchemy.orm import Session, sessionmaker
+from sqlalchemy.pool import NullPool
 from sqlalchemy.types import TypeDecorator
 
 
@@ -121,10 +123,45 @@ _MIGRATE_LOCK = threading.Lock()
 def migrate(url: str, migrations_dir: Path) -> None:
     """Upgrade the database at ``url`` to the newest revision of the Alembic scripts in ``migrations_dir``.
 
-    Serialized within the process: Alembic's command context is process-global.
+    Serialized within the process (Alembic's command context is process-global) and across processes: a
+    service's API and its workers start together and each migrates the databases it opens, and of
+    two ``CREATE TABLE`` statements racing, the second fails ("table already exists"). The cross-process lock is an
+    ``flock`` on ``<database file>.migrate.lock`` for SQLite and a session-level advisory lock for PostgreSQL,
+    held for the whole upgrade; whoever waited finds the schema at head and does nothing.
     """
-    with _MIGRATE_LOCK:
+    with _MIGRATE_LOCK, _across_processes(url, migrations_dir):
         _upgrade(url, migrations_dir)
+
+
+@contextlib.contextmanager
+def _across_processes(url: str, migrations_dir: Path) -> Iterator[None]:
+    parsed = make_url(url)
+    if parsed.get_backend_name() == "sqlite" and parsed.database and parsed.database != ":memory:":
+        lock_path = Path(parsed.database + ".migrate.lock")
+        lock_path.parent.mkdir(parents=True, exist_ok=True)
+        with lock_path.open("a") as handle:
+            fcntl.flock(handle, fcntl.LOCK_EX)
+            try:
+                yield
+            finally:
+                fcntl.flock(handle, fcntl.LOCK_UN)
+        return
+    if parsed.get_backend_name() == "postgresql":
+        engine = create_engine(url, poolclass=NullPool)
+        key = int.from_bytes(hashlib.sha256(f"crucible-migrate:{migrations_dir.name}".encode()).digest()[:8], "big") & (2**63 - 1)
+        try:
+            with engine.connect() as conn:
+                conn.execute(text("SELECT pg_advisory_lock(:k)"), {"k": key})
+                conn.commit()
+                try:
+                    yield
+                finally:
+                    conn.execute(text("SELECT pg_advisory_unlock(:k)"), {"k": key})
+                    conn.commit()
+        finally:
+            engine.dispose()
+        return
+    yield
 
 
 def _upgrade(url: str, migrations_dir: Path) -> None:

@@ -75,3 +75,25 @@ def test_crucible_migrate_reports_a_bad_or_unreachable_database_url_without_a_tr
     assert ok.exit_code == 0 and "ledger: at revision" in ok.output, ok.output
     two = runner.invoke(app, ["migrate", "--service", "ledger", "--service", "trainer", "--url", f"sqlite:///{tmp_path / 'x.sqlite'}"])
     assert two.exit_code == 2 and "belongs to one service" in two.output
+
+
+def _migrate_in_a_process(service: str, url: str, start) -> str:  # noqa: ANN001 - a multiprocessing.Event
+    start.wait(30)
+    return migrate_service(service, url)
+
+
+@pytest.mark.parametrize("service", ["teststore", "grader"])
+def test_processes_starting_together_migrate_one_database_once(service: str, empty_db: str) -> None:
+    """A service's API and its workers start at once and each migrates the databases it opens (the grader,
+    its eval worker and its grading worker all open the test store): four processes released together all
+    end at head, none fails with "table already exists" (CI saw exactly that on the embedded stack)."""
+    import multiprocessing
+
+    ctx = multiprocessing.get_context("spawn")
+    with ctx.Manager() as manager:
+        start = manager.Event()
+        with ctx.Pool(4) as pool:
+            pending = [pool.apply_async(_migrate_in_a_process, (service, empty_db, start)) for _ in range(4)]
+            start.set()
+            revisions = {p.get(timeout=120) for p in pending}
+    assert len(revisions) == 1 and revisions != {"base"}
