@@ -1,4 +1,5 @@
-"""Inference logic: resolve a model name to base + adapter, meter the call on the ledger, generate on the engine.
+"""Inference logic: resolve a model name to base + checkpoint (a LoRA adapter or full weights), meter the call on the
+ledger, generate on the engine.
 
 Metering (DESIGN §4): a call with no prior hold places a hold for its worst case (prompt tokens + ``n`` × max
 completion tokens, priced by the ledger), generates, then settles the actual tokens. A call made inside a longer
@@ -9,8 +10,9 @@ tokens generated until then, no more and no fewer.
 
 The OpenAI protocol on top of the engine seam (:mod:`inference_service.engines.base`) lives here: chat requests
 become a :class:`~inference_service.engines.base.GenerationRequest` (tools rendered, ``tool_choice`` and
-``response_format`` as a JSON schema), a request needing a feature the engine lacks is a 422 naming the field, and
-answers become OpenAI objects (tool calls parsed, log-probabilities, stream chunks).
+``response_format`` as a JSON schema), a request needing a feature the engine lacks is a 422 naming the field (a
+full-weight checkpoint on an engine that serves none: ``model``), and answers become OpenAI objects (tool calls parsed,
+log-probabilities, stream chunks).
 """
 
 from __future__ import annotations
@@ -81,16 +83,21 @@ log = structlog.get_logger("inference")
 # the wire field that asks for each optional engine feature (chat, then text completions)
 _FEATURE_FIELDS = {
     Feature.logprobs: "logprobs", Feature.prompt_logprobs: "echo", Feature.guided_json: "response_format",
-    Feature.penalties: "frequency_penalty", Feature.logit_bias: "logit_bias", Feature.seed: "seed",
+    Feature.penalties: "frequency_penalty", Feature.logit_bias: "logit_bias", Feature.seed: "seed", Feature.full_weights: "model",
 }
 
 
 @dataclass(frozen=True)
 class ResolvedModel:
-    """A model name as served: its base model and, for a checkpoint, its LoRA adapter."""
+    """A model name as served: its base model and, for a checkpoint, the checkpoint (``adapter``: a LoRA adapter on
+    the base, or full weights of it, by the trainer's record's ``kind``)."""
 
     base: str
     adapter: Adapter | None
+
+    def needs(self) -> set[Feature]:
+        """The optional engine features serving this model takes (a full-weight checkpoint: ``full_weights``)."""
+        return self.adapter.needs() if self.adapter is not None else set()
 
 
 class ContextExceeded(Unprocessable):
@@ -216,7 +223,7 @@ class Inference:
                 raise
             if not self._serve_registered(rec.base_model):
                 raise Unprocessable(f"base model {rec.base_model!r} of {model} is not loaded", field="model")
-            return ResolvedModel(rec.base_model, Adapter(model, artifacts.local_path(rec.uri)))
+            return ResolvedModel(rec.base_model, Adapter(model, artifacts.local_path(rec.uri), kind=rec.kind))
         if not self._serve_registered(model):
             raise Unprocessable(f"unknown model {model!r}; served: {', '.join(sorted(self.engines))} or a checkpoint id", field="model")
         return ResolvedModel(model, None)
@@ -276,6 +283,10 @@ class Inference:
         """Resolve the model, check the engine serves the requests, fit them in the context, hold the worst case."""
         resolved = await asyncio.to_thread(self.resolve_model, ctx, model)
         engine = self.engines[resolved.base]
+        if Feature.full_weights in resolved.needs() - engine.features:
+            raise Unprocessable(f"{model} is a full-weight checkpoint, which this deployment's engine ({self.settings.engine}) does not serve: "
+                                "full checkpoints are served by the transformers engine (CRUCIBLE_ENGINE=transformers); LoRA checkpoints by "
+                                "every engine", field="model")
         for request in requests:
             missing = sorted(request.needs() - engine.features)
             if missing:

@@ -26,6 +26,10 @@ class InferenceSettings(ServiceSettings):
     upstream_api_key: str = Field("", description="Bearer token the upstream server expects (vLLM's `--api-key`), if any.")
     max_batch_size: int = Field(32, ge=1, description="Rows (choices) one batch of the transformers engine generates at once.")
     max_loaded_adapters: int = Field(8, ge=1, description="LoRA adapters kept loaded per base model; the least recently used is unloaded.")
+    max_loaded_full_checkpoints: int = Field(
+        2, ge=1,
+        description="Full-weight checkpoints kept loaded per base model by the transformers engine (each a whole copy of the model in "
+                    "memory); the least recently used is unloaded and its memory freed. The vLLM and upstream engines serve none.")
     max_lora_rank: int = Field(
         256, ge=1,
         description="Largest LoRA rank the vLLM engine is started for: the recipe's limit (`lora_r` <= 256). vLLM pads every adapter to it, and on "

@@ -1,6 +1,7 @@
 """The engine seam: what the inference service asks of an engine, whatever runs the model.
 
-An engine serves one base model (and LoRA adapters on it). The service turns an OpenAI request into a
+An engine serves one base model and its checkpoints: LoRA adapters on it, and (with :attr:`Feature.full_weights`) full-weight
+checkpoints of it, each served as its own model. The service turns an OpenAI request into a
 :class:`GenerationRequest`, checks it against the engine's :attr:`Engine.features` (a request needing a feature
 the engine lacks is a 422 naming the wire field), meters it, and calls :meth:`Engine.submit`, which answers with a
 :class:`Generation`: text deltas as they are produced (for ``stream``), the final :class:`GenerationResult`, and a
@@ -31,6 +32,7 @@ class Feature(enum.StrEnum):
     penalties = "penalties"  # presence and frequency penalties, OpenAI's definition
     logit_bias = "logit_bias"  # additive bias per token id
     seed = "seed"  # reproducible sampling
+    full_weights = "full_weights"  # serve a full-weight checkpoint of a base model (``Adapter.kind == "full"``)
 
 
 class SchemaNotServed(ValueError):
@@ -41,11 +43,23 @@ class SchemaNotServed(ValueError):
 
 @dataclass(frozen=True)
 class Adapter:
-    """A LoRA adapter to serve on the base model: ``name`` (the checkpoint id; always the same weights) and the
-    local folder holding PEFT's ``adapter_config.json`` and weights."""
+    """A checkpoint of the base model to serve: ``name`` (the checkpoint id; always the same weights), its local
+    folder, and its ``kind``.
+
+    ``lora``: a PEFT LoRA adapter applied on the base model (the folder holds ``adapter_config.json`` and its weights).
+    ``full``: full weights of the base model's architecture, as transformers' ``save_pretrained`` writes them
+    (``config.json``, ``model.safetensors`` or its shards with ``model.safetensors.index.json``; other files, such as
+    the trainer's ``training_state.pt`` or a ``generation_config.json``, are not read). It is served as a model of its
+    own, with the base model's tokenizer, chat template, end-of-turn tokens and context window; only engines with
+    :attr:`Feature.full_weights` serve one."""
 
     name: str
     path: Path
+    kind: Literal["lora", "full"] = "lora"
+
+    def needs(self) -> set[Feature]:
+        """The optional features serving this checkpoint takes."""
+        return {Feature.full_weights} if self.kind == "full" else set()
 
 
 @dataclass
@@ -212,7 +226,8 @@ class Generation:
 
 
 class Engine(Protocol):
-    """One base model served, with its LoRA adapters (hot-loaded on first use, least recently used unloaded)."""
+    """One base model served, with its checkpoints (hot-loaded on first use, least recently used unloaded): LoRA
+    adapters, and full-weight ones if :attr:`features` has :attr:`Feature.full_weights`."""
 
     features: frozenset[Feature]
 
@@ -231,8 +246,9 @@ class Engine(Protocol):
         :meth:`submit` does nothing here."""
 
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
-        """Start generating ``request`` on the base model or ``adapter``. Raises ``ValueError`` for a request the
-        model cannot serve (e.g. a raw token id outside the vocabulary)."""
+        """Start generating ``request`` on the base model or the checkpoint ``adapter``. Raises ``ValueError`` for a
+        request the model cannot serve (e.g. a raw token id outside the vocabulary), or for a full-weight checkpoint on
+        an engine without :attr:`Feature.full_weights` (the service refuses those before)."""
 
     async def aclose(self) -> None:
         """Stop: cancel what is pending and release the model."""

@@ -1,12 +1,19 @@
-"""The transformers engine: batched generation on the base model or a LoRA adapter, with every feature of the seam.
+"""The transformers engine: batched generation on the base model, a LoRA adapter or a full-weight checkpoint, with every
+feature of the seam.
 
-:class:`TransformersEngine` holds one float32 copy of the base model and up to ``max_loaded_adapters`` PEFT LoRA
-adapters on it (least recently used unloaded first; a new adapter is loaded on first use, no restart). Concurrent
-requests are micro-batched: the first waiting request opens a window that stays open while requests keep arriving
-(each within ``max_wait_ms`` of the last, up to ``max_window_ms`` in all and ``max_batch_size`` rows; a request with
-``n`` choices is ``n`` rows), the batch is split by adapter and seed, and each part runs as one ``model.generate``
-call on one worker thread. The base model runs with every adapter disabled, so its output never depends on which
-adapters were used before. A request that cannot be prepared (a JSON schema xgrammar refuses) fails alone.
+:class:`TransformersEngine` holds one float32 copy of the base model, up to ``max_loaded_adapters`` PEFT LoRA
+adapters on it, and up to ``max_loaded_full_checkpoints`` full-weight checkpoints, each a float32 model object of its
+own (least recently used unloaded first, and its memory freed; a new checkpoint is loaded on first use, no restart).
+A full checkpoint shares everything but its weights with the base: tokenizer, chat template, end-of-turn tokens,
+context window and generation defaults (its own ``generation_config.json`` is not read: decoding is the request's).
+Concurrent requests are micro-batched: the first waiting request opens a window that stays open while requests keep
+arriving (each within ``max_wait_ms`` of the last, up to ``max_window_ms`` in all and ``max_batch_size`` rows; a
+request with ``n`` choices is ``n`` rows), the batch is split by model (the base, each adapter, each full
+checkpoint: requests for different models never share a ``generate`` call) and seed, and each part runs as one
+``model.generate`` call on one worker thread, the same code whichever model it runs on. The base model runs with every
+adapter disabled, so its output never depends on which adapters or checkpoints were used before. A request that
+cannot be prepared (a JSON schema xgrammar refuses) fails alone; a checkpoint that cannot be loaded fails the requests
+for it alone.
 
 Per-row control inside one ``generate`` call (:class:`_Rows`): a logits processor reads each row's raw
 log-probabilities (``logprobs``), then applies its penalties, ``logit_bias``, JSON-schema mask (xgrammar, the
@@ -21,12 +28,16 @@ batch shapes, so in rare near-ties the same prompt may decode differently in a d
 from __future__ import annotations
 
 import asyncio
+import contextlib
+import copy
+import gc
 import json
 import logging
 import os
 import threading
 import time
 from collections import OrderedDict, defaultdict
+from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -109,21 +120,23 @@ class _Pending:
 
 
 class TransformersEngine:
-    """The model in ``model_dir`` (a prepared Hugging Face folder) and its adapters, served by transformers.
+    """The model in ``model_dir`` (a prepared Hugging Face folder) and its checkpoints (LoRA adapters and full weights),
+    served by transformers.
 
     Loads the model once in float32 and uses every CPU the process may run on.
     """
 
-    features = frozenset(Feature)
+    features = frozenset(Feature)  # every one, full_weights included
 
-    def __init__(self, model_dir: Path, *, max_batch_size: int = 32, max_loaded_adapters: int = 8, max_wait_ms: float = 50,
-                 max_window_ms: float = 500) -> None:
+    def __init__(self, model_dir: Path, *, max_batch_size: int = 32, max_loaded_adapters: int = 8, max_loaded_full_checkpoints: int = 2,
+                 max_wait_ms: float = 50, max_window_ms: float = 500) -> None:
         from transformers import AutoModelForCausalLM, AutoTokenizer
 
-        if max_batch_size < 1 or max_loaded_adapters < 1:
-            raise ValueError("max_batch_size and max_loaded_adapters must be at least 1")
+        if max_batch_size < 1 or max_loaded_adapters < 1 or max_loaded_full_checkpoints < 1:
+            raise ValueError("max_batch_size, max_loaded_adapters and max_loaded_full_checkpoints must be at least 1")
         self.max_batch_size = max_batch_size
         self.max_loaded_adapters = max_loaded_adapters
+        self.max_loaded_full_checkpoints = max_loaded_full_checkpoints
         self._max_wait_s = max_wait_ms / 1000
         self._max_window_s = max_window_ms / 1000
         torch.set_num_threads(len(os.sched_getaffinity(0)))
@@ -133,8 +146,10 @@ class TransformersEngine:
         self._vocab = int(self._model.config.vocab_size)
         self._eos: set[int] = set(end_of_turn_ids(model_dir, self.tokenizer))
         self._pad: int = self.tokenizer.pad_token_id if self.tokenizer.pad_token_id is not None else self.tokenizer.eos_token_id
+        self._generation_config = copy.deepcopy(self._model.generation_config)  # the base's defaults, for its full checkpoints too
         self._adapters: OrderedDict[str, str] = OrderedDict()
         self._adapter_serial = 0
+        self._full: OrderedDict[str, Any] = OrderedDict()  # loaded full checkpoints (name -> model), least recently used first
         self._lock = threading.Lock()
         self._grammar_compiler: Any = None
         self._grammar_lock = threading.Lock()
@@ -157,7 +172,8 @@ class TransformersEngine:
     # ------------------------------------------------------------------ the micro-batcher
 
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
-        """Queue ``request`` for the next batch on the base model or ``adapter``; returns its :class:`Generation`."""
+        """Queue ``request`` for the next batch on the base model or the checkpoint ``adapter`` (LoRA or full);
+        returns its :class:`Generation`."""
         prompt = await asyncio.to_thread(self.prompt_ids, request)
         loop = asyncio.get_running_loop()
         if self._worker is None or self._worker.get_loop() is not loop or self._worker.done():
@@ -196,10 +212,11 @@ class TransformersEngine:
         loop = asyncio.get_running_loop()
         while True:
             batch = self._in_flight = await self._collect()
-            groups: dict[tuple[str | None, int | None], list[_Pending]] = defaultdict(list)
-            for pending in batch:
+            groups: dict[tuple[tuple[str, str] | None, int | None], list[_Pending]] = defaultdict(list)
+            for pending in batch:  # one group per model (base, adapter or full checkpoint) and seed
                 seeded = pending.request.seed if pending.request.temperature > 0 else None
-                groups[(pending.adapter.name if pending.adapter else None, seeded)].append(pending)
+                model = (pending.adapter.kind, pending.adapter.name) if pending.adapter else None
+                groups[(model, seeded)].append(pending)
             for group in groups.values():
                 live = [p for p in group if not p.generation.cancelled]
                 if live:
@@ -225,13 +242,10 @@ class TransformersEngine:
     # ------------------------------------------------------------------ generation (worker thread)
 
     def _generate(self, group: list[_Pending]) -> None:
-        """Answer ``group`` (one adapter, one seed) in runs of at most ``max_batch_size`` rows; every request's
-        generation is finished or failed."""
+        """Answer ``group`` (one model: the base, an adapter or a full checkpoint; one seed) in runs of at most
+        ``max_batch_size`` rows; every request's generation is finished or failed."""
         try:
-            with self._lock:
-                adapter = group[0].adapter
-                if adapter is not None:
-                    self._activate_adapter(adapter)
+            with self._lock, self._serving(group[0].adapter) as model:
                 rows = []
                 for p in list(group):
                     try:
@@ -241,8 +255,8 @@ class TransformersEngine:
                         p.generation.fail(error)
                         group.remove(p)
                 for start in range(0, len(rows), self.max_batch_size):
-                    self._generate_batch(rows[start : start + self.max_batch_size], use_adapter=adapter is not None)
-                prompt_logprobs = {id(p): self._prompt_logprobs(p.prompt, p.request.prompt_logprobs, use_adapter=adapter is not None)
+                    self._generate_batch(model, rows[start : start + self.max_batch_size])
+                prompt_logprobs = {id(p): self._prompt_logprobs(model, p.prompt, p.request.prompt_logprobs)
                                    for p in group if p.request.prompt_logprobs is not None}
         except Exception as error:  # noqa: BLE001 - the error belongs to this group's callers
             logger.exception("generation failed for a group of %d requests", len(group))
@@ -301,9 +315,9 @@ class TransformersEngine:
 
         return xgrammar.GrammarMatcher(self._grammar(schema))
 
-    def _generate_batch(self, rows: list[_Row], *, use_adapter: bool) -> None:
-        """One ``model.generate`` call over ``rows`` (left-padded ``[batch, longest_prompt]``), controlled per row."""
-        from peft import PeftModel
+    def _generate_batch(self, model: Any, rows: list[_Row]) -> None:
+        """One ``model.generate`` call over ``rows`` (left-padded ``[batch, longest_prompt]``), controlled per row;
+        ``model`` is what :meth:`_serving` gave."""
         from transformers import GenerationConfig, LogitsProcessorList, StoppingCriteriaList
 
         live = [r for r in rows if r.limit > 0]
@@ -332,11 +346,7 @@ class TransformersEngine:
                   "logits_processor": LogitsProcessorList([_Processor(control)]), "stopping_criteria": StoppingCriteriaList([_Stopping(control)]),
                   "streamer": control}
         with torch.inference_mode():
-            if use_adapter or not isinstance(self._model, PeftModel):
-                self._model.generate(**kwargs)
-            else:
-                with self._model.disable_adapter():
-                    self._model.generate(**kwargs)
+            model.generate(**kwargs)
         for row in live:
             if not row.done:
                 row.finish_reason = "length"
@@ -352,18 +362,12 @@ class TransformersEngine:
         return Choice(text=row.text, completion_tokens=len(row.tokens), finish_reason=row.finish_reason or "stop",
                       logprobs=row.logprobs if row.request.logprobs is not None else None)
 
-    def _prompt_logprobs(self, prompt: list[int], top: int, *, use_adapter: bool) -> list[TokenLogprob | None]:
+    def _prompt_logprobs(self, model: Any, prompt: list[int], top: int) -> list[TokenLogprob | None]:
         """Per prompt token, its log-probability given the tokens before it (the first has none), and ``top``
-        alternatives: one forward pass."""
-        from peft import PeftModel
-
+        alternatives: one forward pass of ``model`` (what :meth:`_serving` gave)."""
         ids = torch.tensor([prompt])
         with torch.inference_mode():
-            if use_adapter or not isinstance(self._model, PeftModel):
-                logits = self._model(input_ids=ids).logits[0]
-            else:
-                with self._model.disable_adapter():
-                    logits = self._model(input_ids=ids).logits[0]
+            logits = model(input_ids=ids).logits[0]
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         return [None, *(self.token_logprob(logprobs[i - 1], prompt[i], top) for i in range(1, len(prompt)))]
 
@@ -381,7 +385,55 @@ class TransformersEngine:
         """A token's text and UTF-8 bytes."""
         return _token_text(self.tokenizer, token)
 
-    # ------------------------------------------------------------------ adapters
+    # ------------------------------------------------------------------ adapters and full checkpoints
+
+    @contextlib.contextmanager
+    def _serving(self, adapter: Adapter | None) -> Iterator[Any]:
+        """The model object that answers for ``adapter`` while the context lasts (worker thread, under the lock): the
+        base with every adapter disabled, the base with that LoRA adapter active, or the full checkpoint's own model."""
+        from peft import PeftModel
+
+        if adapter is None:
+            if isinstance(self._model, PeftModel):
+                with self._model.disable_adapter():
+                    yield self._model
+            else:
+                yield self._model
+        elif adapter.kind == "full":
+            yield self._full_model(adapter)
+        else:
+            self._activate_adapter(adapter)
+            yield self._model
+
+    def _full_model(self, adapter: Adapter) -> Any:
+        """The model of full checkpoint ``adapter``, loading it from its folder if it is not cached (LRU: beyond
+        ``max_loaded_full_checkpoints`` the least recently used is dropped and its memory freed). Raises
+        ``ValueError`` for weights that are not of the base model's shape (another vocabulary or architecture)."""
+        from transformers import AutoConfig, AutoModelForCausalLM
+
+        if adapter.name in self._full:
+            self._full.move_to_end(adapter.name)
+            return self._full[adapter.name]
+        config = AutoConfig.from_pretrained(adapter.path)
+        kind, base_kind = (config.model_type, int(config.vocab_size)), (self._model.config.model_type, self._vocab)
+        if kind != base_kind:
+            raise ValueError(f"checkpoint {adapter.name} is not a full checkpoint of this base model: a {kind[0]} model with {kind[1]} "
+                             f"tokens, the base is a {base_kind[0]} model with {base_kind[1]}")
+        while len(self._full) >= self.max_loaded_full_checkpoints:  # before loading: never one more in memory than the bound
+            self._unload_full(next(iter(self._full)))
+        model = AutoModelForCausalLM.from_pretrained(adapter.path, config=config, dtype=torch.float32).eval()
+        model.generation_config = copy.deepcopy(self._generation_config)
+        self._full[adapter.name] = model
+        logger.info("loaded full checkpoint %s from %s", adapter.name, adapter.path)
+        return model
+
+    def _unload_full(self, name: str) -> None:
+        """Drop full checkpoint ``name``'s model and free its memory."""
+        del self._full[name]
+        gc.collect()
+        if torch.cuda.is_available():
+            torch.cuda.empty_cache()
+        logger.info("unloaded full checkpoint %s", name)
 
     def _activate_adapter(self, adapter: Adapter) -> None:
         """Make ``adapter`` the active one, loading it from its folder if it is not cached (LRU eviction)."""
@@ -566,4 +618,5 @@ def _token_text(tokenizer: Any, token: int) -> tuple[str, list[int]]:
 @register_engine("transformers")
 def load(name: str, model_dir: Path, settings: InferenceSettings) -> TransformersEngine:
     """The transformers engine for one base model."""
-    return TransformersEngine(model_dir, max_batch_size=settings.max_batch_size, max_loaded_adapters=settings.max_loaded_adapters)
+    return TransformersEngine(model_dir, max_batch_size=settings.max_batch_size, max_loaded_adapters=settings.max_loaded_adapters,
+                              max_loaded_full_checkpoints=settings.max_loaded_full_checkpoints)

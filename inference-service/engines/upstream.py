@@ -13,7 +13,9 @@ transformers engine decodes it (with vLLM's default, a JSON answer may spend its
 LoRA checkpoints are loaded on first use through vLLM's runtime adapter API (``POST /v1/load_lora_adapter``; the server
 runs with ``--enable-lora``, ``--max-lora-rank`` covering the recipe's limit and ``VLLM_ALLOW_RUNTIME_LORA_UPDATING``),
 the least recently used unloaded beyond ``max_loaded_adapters``. The adapter's folder must be readable by the server
-at the same path (compose and Helm mount the artifact store in both).
+at the same path (compose and Helm mount the artifact store in both). Full-weight checkpoints are not served (no
+:attr:`~inference_service.engines.base.Feature.full_weights`: a ``vllm serve`` serves the one model it started with);
+the transformers engine serves them.
 """
 
 from __future__ import annotations
@@ -52,7 +54,7 @@ class UpstreamError(RuntimeError):
 class UpstreamEngine:
     """One base model served by an OpenAI-compatible server at ``base_url`` (with ``/v1``) under ``served_name``."""
 
-    features = frozenset(Feature)
+    features = frozenset(Feature) - {Feature.full_weights}
 
     def __init__(self, served_name: str, model_dir: Path, base_url: str, *, api_key: str = "", max_loaded_adapters: int = 8,
                  timeout_s: float = 600.0) -> None:
@@ -97,7 +99,10 @@ class UpstreamEngine:
         """Nothing to check here: the server compiles the schema: a refusal is its 400, passed on from :meth:`submit`."""
 
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
-        """Start the request on the server (the adapter loaded first if new); returns its :class:`Generation`."""
+        """Start the request on the server (the adapter loaded first if new); returns its :class:`Generation`.
+        ``ValueError`` for a full-weight checkpoint."""
+        if adapter is not None and adapter.kind == "full":
+            raise ValueError(f"{adapter.name} is a full-weight checkpoint: the upstream engine serves LoRA checkpoints only")
         prompt = await asyncio.to_thread(self.prompt_ids, request)
         model = await self._model_for(adapter)
         stop = asyncio.Event()

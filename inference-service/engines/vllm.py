@@ -25,7 +25,9 @@ Adapters: LoRA (PEFT folders), hot-loaded on first use with ``add_lora`` (an unr
 request, not the engine), each adapter name with its own integer id for the engine's life; at most
 ``max_loaded_adapters`` loaded, the least recently used removed first. vLLM pads every LoRA to ``max_lora_rank``
 and its CPU LoRA kernels are plain torch ops, so enabling LoRA at a large rank slows every request, base ones
-included (see ``bench/engines.py``).
+included (see ``bench/engines.py``). Full-weight checkpoints are not served (no
+:attr:`~inference_service.engines.base.Feature.full_weights`: one vLLM engine holds one model's weights); the
+transformers engine serves them.
 """
 
 from __future__ import annotations
@@ -116,7 +118,7 @@ class VLLMEngine:
     """The model in ``model_dir`` (a prepared Hugging Face folder) and its LoRA adapters, served by vLLM in this
     process. Blocks until vLLM has loaded the model and sized its KV cache."""
 
-    features = frozenset(Feature)
+    features = frozenset(Feature) - {Feature.full_weights}
 
     def __init__(self, model_dir: Path, *, max_loaded_adapters: int = 8, max_lora_rank: int = 256,
                  kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, max_model_len: int | None = None, dtype: str = "float32",
@@ -180,9 +182,11 @@ class VLLMEngine:
 
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Start ``request`` (joining the running batch at vLLM's next step); returns its :class:`Generation`.
-        Raises ``ValueError`` for a request vLLM refuses, or what loading ``adapter`` raised."""
+        Raises ``ValueError`` for a request vLLM refuses or a full-weight checkpoint, or what loading ``adapter`` raised."""
         if self._closed:
             raise RuntimeError("the engine is shut down")
+        if adapter is not None and adapter.kind == "full":
+            raise ValueError(f"{adapter.name} is a full-weight checkpoint: the vLLM engine serves LoRA checkpoints only")
         if adapter is not None and not self.enable_lora:
             raise ValueError("this engine was started without LoRA")
         prompt = await asyncio.to_thread(self.prompt_ids, request)
