@@ -1,16 +1,19 @@
-"""What a job will cost before it runs: its rows tokenized as training will, the tokens it may train, and
-the ledger hold that reserves their price on the run's budget."""
+"""What a job will cost before it runs: its rows turned into the method's examples as training will, the tokens
+it may train, the memory it needs, and the ledger hold that reserves the tokens' price on the run's budget."""
 
 from __future__ import annotations
 
 import hashlib
+import json
+import struct
+from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 
+import psutil
 from trainer_service.datasets import read_dataset
 from trainer_service.models import Dataset
-from trainer_service.schemas import SFTRow
 from trainer_service.service import Trainer
 
 from services.common.auth import RunContext
@@ -20,30 +23,43 @@ from services.common.llms import base_model_dir
 from services.ledger.schemas import Hold, HoldCreate, HoldStatus, UsageItem, UsageKind
 
 if TYPE_CHECKING:
-    from trainer_service.training import Example
+    from trainer_service.methods.base import Method
+    from trainer_service.training import TrainConfig
 
 
-def training_examples(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> list[Example]:
-    """The datasets' rows tokenized as training will (``training.tokenize_examples``), with ``base_model``'s
+def method_of(recipe: Recipe) -> Method:
+    """The trainer's method for ``recipe.method``; ``Unprocessable`` on ``recipe.method`` if this trainer has none."""
+    from trainer_service.methods import METHODS
+
+    if recipe.method not in METHODS:
+        raise Unprocessable(f"recipe.method {recipe.method!r} is not available in this deployment (supported: {', '.join(METHODS)})",
+                            field="recipe.method")
+    return METHODS[recipe.method]
+
+
+def training_examples(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> list[Any]:
+    """The datasets' rows as ``recipe.method``'s examples (tokenized as training will), with ``base_model``'s
     tokenizer (loaded once per process).
 
     Raises ``Unprocessable``: ``field="datasets"`` for a dataset whose format the method does not train;
     ``field="datasets"`` with ``rows`` (how many), ``dataset`` and ``line`` (the first of them) when rows have
-    no supervised token left after truncation at ``recipe.max_seq_len``; a row's ``field`` and ``line`` for a
+    nothing left to train on after truncation at ``recipe.max_seq_len``; a row's ``field`` and ``line`` for a
     stored row that fails validation.
     """
-    from trainer_service.training import NoSupervisedTokens, tokenize_examples
+    from trainer_service.training import NoSupervisedTokens
 
-    rows: list[SFTRow] = []
+    method = method_of(recipe)
+    rows: list[Any] = []
     where: list[tuple[str, int]] = []  # (dataset id, 1-based line) of each row
     for ds in datasets:
         parsed = read_dataset(ds)
-        if parsed.format not in ("messages", "prompt_completion"):
-            raise Unprocessable(f"dataset {ds.id} is {parsed.format}; sft needs messages or prompt_completion rows", field="datasets", dataset=ds.id)
-        rows += parsed.rows  # type: ignore[arg-type]
+        if parsed.format not in method.formats:
+            raise Unprocessable(f"dataset {ds.id} is {parsed.format}; {method.name} trains on {' or '.join(sorted(method.formats))} rows",
+                                field="datasets", dataset=ds.id)
+        rows += parsed.rows
         where += [(ds.id, line) for line in parsed.lines]
     try:
-        return tokenize_examples(_tokenizer(base_model_dir(base_model, trainer.settings.models_dir)), rows, recipe.max_seq_len)
+        return method.examples(_tokenizer(base_model_dir(base_model, trainer.settings.models_dir)), rows, recipe.max_seq_len)
     except NoSupervisedTokens as exc:
         dataset_id, line = where[exc.indices[0]]
         raise Unprocessable(
@@ -59,12 +75,12 @@ def _tokenizer(model_dir: Path):  # noqa: ANN202
     return AutoTokenizer.from_pretrained(model_dir)
 
 
-def sft_config(recipe: Recipe):  # noqa: ANN201 - avoids importing torch in the API process at import time
-    """The ``SFTConfig`` of a recipe (same field names)."""
-    from trainer_service.training import SFTConfig
+def train_config(recipe: Recipe) -> TrainConfig:
+    """The loop's ``TrainConfig`` of a recipe (same field names; ``lr_scheduler`` is ``lr_scheduler_type``)."""
+    from trainer_service.training import TrainConfig
 
-    fields = recipe.model_dump(exclude={"method", "adapter", "lr_scheduler"})
-    return SFTConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
+    fields = recipe.model_dump(exclude={"method", "lr_scheduler"})
+    return TrainConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
 
 
 def estimate_tokens(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> tuple[int, int]:
@@ -74,7 +90,80 @@ def estimate_tokens(trainer: Trainer, base_model: str, datasets: list[Dataset], 
     from trainer_service.training import count_training_tokens
 
     examples = training_examples(trainer, base_model, datasets, recipe)
-    return len(examples), count_training_tokens(examples, sft_config(recipe))
+    return len(examples), count_training_tokens(method_of(recipe), examples, train_config(recipe))
+
+
+# --------------------------------------------------------------------------- memory
+
+
+@dataclass(frozen=True)
+class MemoryEstimate:
+    """Bytes a job needs at its peak, by part: ``weights`` (the model as loaded, float32), ``gradients`` and
+    ``optimizer`` (AdamW's two moments) of the trained parameters, ``reference`` (a frozen copy for a full
+    fine-tuning method that reads the reference policy), ``activations`` (Korthikanti et al. 2022, "Reducing
+    Activation Recomputation in Large Transformer Models", §4.1: ``s·b·h·(34 + 5·a·s/h)`` bytes a layer in 16-bit,
+    doubled for float32) and ``logits`` (float32 logits and their gradient at every position, an upper bound)."""
+
+    weights: int
+    gradients: int
+    optimizer: int
+    reference: int
+    activations: int
+    logits: int
+
+    @property
+    def total(self) -> int:
+        return sum(asdict(self).values())
+
+
+def _parameters(model_dir: Path) -> int:
+    """Parameters stored in the model folder's safetensors files (read from their headers; nothing is loaded)."""
+    total = 0
+    for file in sorted(model_dir.glob("*.safetensors")):
+        with file.open("rb") as handle:
+            header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
+        for name, tensor in header.items():
+            if name != "__metadata__":
+                count = 1
+                for dim in tensor["shape"]:
+                    count *= dim
+                total += count
+    return total
+
+
+def estimate_memory(model_dir: Path, recipe: Recipe) -> MemoryEstimate:
+    """The memory a job of ``recipe`` on the model in ``model_dir`` needs (see :class:`MemoryEstimate`).
+
+    LoRA trains well under 1% of the parameters (counted as 1% here); full fine-tuning trains them all.
+    """
+    config = json.loads((model_dir / "config.json").read_text())
+    params = _parameters(model_dir)
+    hidden, layers, heads = config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]
+    rows = recipe.batch_size * (2 if recipe.method == "dpo" else 1)
+    seq = recipe.max_seq_len
+    trained = params if recipe.adapter == "full" else params // 100
+    reference = 4 * params if recipe.adapter == "full" and method_of(recipe).needs_reference else 0
+    activations = 2 * layers * seq * rows * hidden * (34 + 5 * heads * seq // hidden)
+    return MemoryEstimate(weights=4 * params, gradients=4 * trained, optimizer=8 * trained, reference=reference,
+                          activations=activations, logits=2 * 4 * rows * seq * config["vocab_size"])
+
+
+def check_memory(trainer: Trainer, base_model: str, recipe: Recipe) -> MemoryEstimate:
+    """:func:`estimate_memory`, against what a train worker may use (``train_memory_mb``, default 80% of RAM).
+
+    Raises ``Unprocessable`` when the job does not fit: on ``recipe.adapter`` for full fine-tuning (LoRA would
+    need far less), else on ``recipe.batch_size``; the problem carries ``estimated_mb`` and ``available_mb``.
+    """
+    estimate = estimate_memory(base_model_dir(base_model, trainer.settings.models_dir), recipe)
+    available_mb = trainer.settings.train_memory_mb or int(0.8 * psutil.virtual_memory().total / 2**20)
+    needed_mb = -(-estimate.total // 2**20)
+    if needed_mb > available_mb:
+        parts = ", ".join(f"{name} {value / 2**20:,.0f}" for name, value in asdict(estimate).items() if value)
+        field = "recipe.adapter" if recipe.adapter == "full" else "recipe.batch_size"
+        advice = "use adapter 'lora', or a smaller batch_size or max_seq_len" if recipe.adapter == "full" else "use a smaller batch_size or max_seq_len"
+        raise Unprocessable(f"this job needs about {needed_mb:,} MiB ({parts} MiB) but a train worker of this deployment has {available_mb:,} MiB; "
+                            f"{advice}", field=field, estimated_mb=needed_mb, available_mb=available_mb)
+    return estimate
 
 
 def place_hold(trainer: Trainer, ctx: RunContext, job_id: str, base_model: str, tokens: int, idempotency_key: str | None) -> Hold:
@@ -98,4 +187,3 @@ def place_hold(trainer: Trainer, ctx: RunContext, job_id: str, base_model: str, 
             return hold
         hold_key = f"{hold_key}:after:{hold.hold_id}"
     raise Conflict("could not place an open hold for this Idempotency-Key; retry with a new key", field="Idempotency-Key")
-

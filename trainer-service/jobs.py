@@ -15,7 +15,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from trainer_service.datasets import owned_dataset
-from trainer_service.estimate import estimate_tokens, place_hold
+from trainer_service.estimate import check_memory, estimate_tokens, method_of, place_hold
 from trainer_service.models import Checkpoint, JobEvent, TrainingJob
 from trainer_service.schemas import CheckpointRecord
 from trainer_service.service import Trainer
@@ -60,8 +60,9 @@ def _resolve_model(s: Session, ctx: RunContext, model: str, models_dir: Path) ->
 def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:
     """Validate a job, hold its estimated cost on the run's budget, store it ``queued`` and send it to the workers.
 
-    Raises ``Unprocessable`` (a method or adapter this deployment does not train, an unknown model, rows it
-    cannot train: see ``estimate.training_examples``), ``NotFound`` (a dataset that is not the run's),
+    Raises ``Unprocessable`` (a method this deployment does not train, an unknown model, a LoRA job on a full
+    parent, a job too large for a train worker's memory: ``estimate.check_memory``, rows it cannot train: see
+    ``estimate.training_examples``), ``NotFound`` (a dataset that is not the run's),
     ``IdempotencyKeyReused`` (``idempotency_key`` used before with another request) and passes the ledger's
     402 through. The job row is written only after the hold succeeded, and the hold is released if writing
     fails: nothing is half-written. With ``idempotency_key`` the call is safe to repeat: the ledger hold
@@ -72,13 +73,14 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     fingerprint = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
     if idempotency_key and (existing := _job_by_key(trainer, ctx, idempotency_key, fingerprint)) is not None:
         return existing
-    if recipe.method != "sft":
-        raise Unprocessable(f"recipe.method {recipe.method!r} is not available in this deployment (supported: sft)", field="recipe.method")
-    if recipe.adapter != "lora":
-        raise Unprocessable("recipe.adapter 'full' is not available on CPU deployments (supported: lora)", field="recipe.adapter")
+    method_of(recipe)
     with trainer.db.session() as s:
         base_model, parent = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
         datasets = [owned_dataset(s, ctx, d) for d in req.datasets]
+    if parent is not None and parent.kind == "full" and recipe.adapter == "lora":
+        raise Unprocessable(f"{parent.id} holds full weights; a LoRA adapter is trained over a base model or another adapter. "
+                            "Continue it with recipe.adapter 'full'.", field="recipe.adapter")
+    memory = check_memory(trainer, base_model, recipe)
     examples, tokens = estimate_tokens(trainer, base_model, datasets, recipe)
     job_id = new_id("job")
     hold = place_hold(trainer, ctx, job_id, base_model, tokens, idempotency_key)
@@ -92,9 +94,10 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
             )
             s.add(job)
             s.flush()
-            event(s, job.id, "info", "validated", f"validated {examples} examples from {len(datasets)} dataset(s); "
-                  f"estimated ≤{tokens} training tokens, hold {hold.amount_usd_micros} µUSD",
-                  {"rows": examples, "estimated_tokens": tokens, "hold_usd_micros": hold.amount_usd_micros})
+            event(s, job.id, "info", "validated", f"validated {examples} {recipe.method} examples from {len(datasets)} dataset(s); "
+                  f"estimated ≤{tokens} training tokens, ≈{-(-memory.total // 2**20)} MiB, hold {hold.amount_usd_micros} µUSD",
+                  {"rows": examples, "estimated_tokens": tokens, "estimated_memory_mb": -(-memory.total // 2**20),
+                   "hold_usd_micros": hold.amount_usd_micros})
             out = _job_out(s, job)
     except IntegrityError:  # the same key was used concurrently and the other request wrote its job first
         if idempotency_key and (existing := _job_by_key(trainer, ctx, idempotency_key, fingerprint)) is not None:

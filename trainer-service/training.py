@@ -1,38 +1,46 @@
-"""LoRA supervised fine-tuning on CPU: tokenization with answer-only loss, the training loop, checkpoints.
+"""The trainer's loop: one loop for every method (``trainer_service.methods``), LoRA or full weights, CPU or CUDA.
 
-The loop is written for small models on a few CPU cores. Three things make it fast there:
+A method turns dataset rows into examples and a batch of examples into a loss; everything else is this module's
+and the same for every method: the device, the model and its adapter, the optimizer and schedule, the data order,
+checkpoints, resume, cancellation and the per-step metrics the job's events and metering use.
 
-- the output layer runs only at supervised positions: the transformer body yields hidden states
-  ``[batch, seq, hidden]``, the positions whose next-token label is not ``-100`` are gathered into
-  ``[n_supervised, hidden]``, and only those go through ``lm_head`` (``[n_supervised, vocab]``) and
-  cross-entropy. For chat SFT, where the answer is a few tokens after a longer prompt, that skips most of the
-  vocabulary projection;
-- the prompt prefix every row of a batch shares (chat template, system prompt, fixed instructions) runs
-  through the transformer once, not once per row (measured 1.5x faster steps on short arithmetic items);
-- bf16 autocast, only on CPUs with native bf16 (emulated bf16 was measured 25x slower than float32).
+What makes the loop fast:
 
-The data order is a pure function of ``(seed, step)``: the sample at global position ``i`` is
-``permutation(seed, epoch=i // n_rows)[i % n_rows]`` and step ``s`` (1-based) takes positions
-``(s-1)*batch_size ... s*batch_size - 1``. A checkpoint therefore only needs the step number to restore the
-data position, and :func:`count_training_tokens` can compute a job's tokens exactly before it starts.
+- the output layer runs only at supervised positions (:func:`token_logprobs`): the transformer body yields hidden
+  states ``[batch, seq, hidden]``, the positions whose next-token label is not ``-100`` are gathered into
+  ``[n_supervised, hidden]``, and only those meet ``lm_head``. On CUDA the projection and the log-softmax run as
+  TRL's chunked kernel (``trl.kernels.ChunkedLogProbFunction``), which never materializes the ``[n, vocab]``
+  logits; on CPU, where that kernel's torch fallback measured 2-4x slower, as one matmul and a cross-entropy;
+- the prompt prefix every row of a batch shares (chat template, system prompt, fixed instructions) runs through
+  the transformer once, not once per row (measured 1.5x faster steps on short arithmetic items);
+- on CUDA: bf16 autocast over float32 master weights (LoRA: the frozen base itself in bf16), fused AdamW, SDPA
+  attention; on CPU bf16 autocast only where the CPU has native bf16 (emulated bf16 measured 25x slower).
+
+The data order is a pure function of ``(seed, step)``: the example at global position ``i`` is
+``permutation(seed, epoch=i // n)[i % n]`` and step ``s`` (1-based) takes positions ``(s-1)*batch_size ...
+s*batch_size - 1``. A checkpoint therefore only needs the step number to restore the data position, and
+:func:`count_training_tokens` computes a job's tokens exactly before it starts.
 """
 
 from __future__ import annotations
 
+import copy
 import logging
 import os
 import shutil
 import time
 from collections.abc import Callable, Sequence
+from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any, Literal
 
 import torch
 import torch.nn.functional as F
-from trainer_service.schemas import SFTRow
 
-from services.common.llms import cpu_has_native_bf16
+if TYPE_CHECKING:
+    from trainer_service.methods.base import Method
+    from trainer_service.schemas import SFTRow
 
 logger = logging.getLogger(__name__)
 
@@ -40,23 +48,30 @@ IGNORE_INDEX = -100
 """Label of a position that carries no loss (prompt, padding), as in transformers and PyTorch."""
 
 MIN_SHARED_PREFIX = 8
-"""A batch's common prompt prefix is computed once (see :func:`_supervised_loss`) from this many tokens on."""
+"""A batch's common prompt prefix is computed once (see :func:`_hidden_at_supervised`) from this many tokens on."""
 
 STATE_FILE = "training_state.pt"
 """File in a checkpoint folder holding optimizer, scheduler, RNG state and the step it was taken at."""
 
+LOGPROB_VOCAB_CHUNK = 32768
+"""Vocabulary tile of the chunked log-probability kernel on CUDA (TRL's default)."""
+
 
 @dataclass
-class SFTConfig:
-    """Hyper-parameters of a LoRA SFT job; names follow PEFT's ``LoraConfig`` and transformers' ``TrainingArguments``.
+class TrainConfig:
+    """Hyper-parameters of a training job; names follow PEFT's ``LoraConfig`` and transformers' ``TrainingArguments``.
 
-    ``batch_size`` is examples per optimizer step (no gradient accumulation). ``warmup_steps`` of linear
-    warm-up precede the ``lr_scheduler_type`` decay (any name ``transformers.get_scheduler`` accepts) over
-    ``max_steps``. Examples longer than ``max_seq_len`` tokens are cut at the right. ``checkpoint_every`` is
-    in steps; a final checkpoint is always written. ``bf16_autocast`` takes effect only on CPUs with native
-    bf16 (see :func:`services.common.llms.cpu_has_native_bf16`).
+    ``adapter``: ``lora`` trains a PEFT LoRA adapter (``lora_*`` on ``target_modules``) over the frozen base;
+    ``full`` trains every weight. ``batch_size`` is examples per optimizer step (a DPO example is one preference
+    pair). ``warmup_steps`` of linear warm-up precede the ``lr_scheduler_type`` decay (any name
+    ``transformers.get_scheduler`` accepts) over ``max_steps``. Sequences longer than ``max_seq_len`` tokens are
+    cut at the right. ``checkpoint_every`` is in steps; a final checkpoint is always written. ``bf16_autocast``
+    takes effect on CUDA and on CPUs with native bf16 (:func:`cpu_has_native_bf16`). ``compile``: compile each
+    decoder layer with ``torch.compile`` (regional compilation; ``None``: on CUDA only, where it was measured to
+    help). Method fields (``dpo_beta``) are read only by their method.
     """
 
+    adapter: Literal["lora", "full"] = "lora"
     lora_r: int = 16
     lora_alpha: int = 32
     lora_dropout: float = 0.0
@@ -72,11 +87,13 @@ class SFTConfig:
     seed: int = 0
     checkpoint_every: int = 25
     bf16_autocast: bool = True
+    compile: bool | None = None
+    dpo_beta: float = 0.1
 
 
 @dataclass
 class Example:
-    """One tokenized training example: ``input_ids`` and ``labels`` have equal length (at most ``max_seq_len``).
+    """One tokenized sequence: ``input_ids`` and ``labels`` have equal length (at most ``max_seq_len``).
 
     ``labels[t]`` is ``input_ids[t]`` on supervised (answer) tokens and ``IGNORE_INDEX`` elsewhere; the model
     is trained to predict ``labels[t]`` from tokens ``0..t-1``.
@@ -94,7 +111,8 @@ class Example:
 @dataclass
 class StepMetrics:
     """What one optimizer step did. ``tokens`` counts non-pad input tokens of the batch (the billed quantity);
-    ``learning_rate`` is the rate used for this step; ``elapsed_s`` is wall time since this run started."""
+    ``learning_rate`` is the rate used for this step; ``elapsed_s`` is wall time since this run started;
+    ``extra`` holds the method's own metrics (DPO: ``reward_accuracy``, ``reward_margin``)."""
 
     step: int
     max_steps: int
@@ -103,20 +121,69 @@ class StepMetrics:
     tokens: int
     tokens_per_s: float
     elapsed_s: float
+    extra: dict[str, float] = field(default_factory=dict)
 
 
 @dataclass
 class TrainResult:
-    """Outcome of :func:`train_sft`. ``tokens_total`` includes steps done before a resume; ``stopped`` is true
+    """Outcome of :func:`train`. ``tokens_total`` includes steps done before a resume; ``stopped`` is true
     when ``should_stop`` ended training early; ``last_checkpoint`` is the newest ``step-<N>`` folder and
-    ``checkpoints`` every folder this call wrote, oldest first."""
+    ``checkpoints`` every folder this call wrote, oldest first (``None`` and empty when nothing is written)."""
 
     steps_done: int
     tokens_total: int
     final_loss: float
     stopped: bool
-    last_checkpoint: Path
+    last_checkpoint: Path | None
     checkpoints: list[Path] = field(default_factory=list)
+
+
+@dataclass(frozen=True)
+class Device:
+    """Where a job trains: ``torch_device``, a readable ``name`` for its events, and the autocast dtype (``None``:
+    float32 throughout)."""
+
+    torch_device: torch.device
+    name: str
+    autocast_dtype: torch.dtype | None
+
+    @property
+    def is_cuda(self) -> bool:
+        return self.torch_device.type == "cuda"
+
+    def autocast(self):  # noqa: ANN201 - a context manager
+        """bf16 autocast on this device, or nothing."""
+        if self.autocast_dtype is None:
+            return nullcontext()
+        return torch.autocast(self.torch_device.type, dtype=self.autocast_dtype)
+
+
+def cpu_has_native_bf16() -> bool:
+    """Whether this CPU computes bfloat16 natively (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``); emulated
+    bf16 is slower than float32. False where ``/proc/cpuinfo`` is absent."""
+    try:
+        cpuinfo = Path("/proc/cpuinfo").read_text()
+    except OSError:
+        return False
+    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split()}
+    return bool(flags & {"avx512_bf16", "amx_bf16"})
+
+
+def select_device(config: TrainConfig) -> Device:
+    """The first CUDA device when this process sees one (bf16 autocast), else the CPU (every CPU this process may
+    run on; bf16 autocast only with native bf16). Chosen once, at the start of a job."""
+    if torch.cuda.is_available():
+        index = torch.cuda.current_device()
+        torch.backends.cuda.matmul.allow_tf32 = True
+        torch.backends.cudnn.allow_tf32 = True
+        return Device(torch.device("cuda", index), f"cuda:{index} ({torch.cuda.get_device_name(index)})",
+                      torch.bfloat16 if config.bf16_autocast else None)
+    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    bf16 = config.bf16_autocast and cpu_has_native_bf16()
+    return Device(torch.device("cpu"), f"cpu ({torch.get_num_threads()} threads)", torch.bfloat16 if bf16 else None)
+
+
+# --------------------------------------------------------------------------- tokenization
 
 
 def _render_pair(tokenizer: Any, prompt: list[dict[str, str]], answer: dict[str, str]) -> tuple[str, str]:
@@ -137,36 +204,36 @@ class NoSupervisedTokens(ValueError):
         self.indices, self.max_seq_len = indices, max_seq_len
 
 
-def tokenize_examples(tokenizer: Any, rows: Sequence[SFTRow], max_seq_len: int) -> list[Example]:
-    """Tokenize dataset rows into :class:`Example` s with loss on the answer only.
+def tokenize_turns(tokenizer: Any, prompt: list[dict[str, str]], answer: dict[str, str], max_seq_len: int) -> Example:
+    """One conversation as an :class:`Example` with loss on the answer only.
 
-    Each row gives its prompt messages and its answer (``sft_turns``, see ``trainer_service.schemas``: the
-    last message of a ``messages`` row is the answer and the earlier ones the prompt; a ``prompt_completion``
-    row is one user message and the answer). Both are rendered with the tokenizer's chat template; the
-    answer's tokens (its text and the template's end-of-turn tokens, ``<|im_end|>`` and ``\\n`` for ChatML)
-    are supervised, everything else is ``IGNORE_INDEX``. Prompt and answer are tokenized separately, so the
-    prompt tokens are exactly those the model sees at inference after ``add_generation_prompt``. Sequences
-    are cut to ``max_seq_len`` tokens.
-
-    Raises :class:`NoSupervisedTokens` if a row has no supervised token left after the cut, and ``ValueError``
-    if the chat template does not render a prompt as a prefix of its conversation.
+    Prompt and answer are rendered with the tokenizer's chat template and tokenized separately, so the prompt
+    tokens are exactly those the model sees at inference after ``add_generation_prompt``; the answer's tokens
+    (its text and the template's end-of-turn tokens, ``<|im_end|>`` and ``\\n`` for ChatML) are supervised,
+    everything else is ``IGNORE_INDEX``. Cut to ``max_seq_len`` tokens. ``ValueError`` if the chat template does
+    not render the prompt as a prefix of the conversation.
     """
-    examples = []
-    for row in rows:
-        prompt, answer = row.sft_turns()
-        prefix, answer_text = _render_pair(tokenizer, prompt, answer)
-        prompt_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
-        answer_ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
-        input_ids = (prompt_ids + answer_ids)[:max_seq_len]
-        labels = ([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_seq_len]
-        examples.append(Example(input_ids=input_ids, labels=labels))
+    prefix, answer_text = _render_pair(tokenizer, prompt, answer)
+    prompt_ids = tokenizer(prefix, add_special_tokens=False)["input_ids"]
+    answer_ids = tokenizer(answer_text, add_special_tokens=False)["input_ids"]
+    return Example(input_ids=(prompt_ids + answer_ids)[:max_seq_len], labels=([IGNORE_INDEX] * len(prompt_ids) + answer_ids)[:max_seq_len])
+
+
+def tokenize_examples(tokenizer: Any, rows: Sequence[SFTRow], max_seq_len: int) -> list[Example]:
+    """Tokenize SFT rows (``sft_turns``, see ``trainer_service.schemas``: the last message of a ``messages`` row is
+    the answer and the earlier ones the prompt; a ``prompt_completion`` row is one user message and the answer)
+    with :func:`tokenize_turns`.
+
+    Raises :class:`NoSupervisedTokens` if a row has no supervised token left after the cut.
+    """
+    examples = [tokenize_turns(tokenizer, *row.sft_turns(), max_seq_len) for row in rows]
     if empty := [index for index, example in enumerate(examples) if example.num_supervised == 0]:
         raise NoSupervisedTokens(empty, max_seq_len)
     return examples
 
 
 def _batch_indices(step: int, n_rows: int, batch_size: int, seed: int) -> list[int]:
-    """Row indices of 1-based ``step``: positions ``(step-1)*batch_size ...`` of the seeded epoch permutations."""
+    """Example indices of 1-based ``step``: positions ``(step-1)*batch_size ...`` of the seeded epoch permutations."""
     start = (step - 1) * batch_size
     indices = []
     permutation, epoch = None, -1
@@ -179,25 +246,20 @@ def _batch_indices(step: int, n_rows: int, batch_size: int, seed: int) -> list[i
     return indices
 
 
-def count_training_tokens(examples: Sequence[Example], config: SFTConfig) -> int:
-    """Exact number of non-pad input tokens a full run of ``config.max_steps`` steps over ``examples`` (from
-    :func:`tokenize_examples` with ``config.max_seq_len``) will process and bill.
+def count_training_tokens(method: Method, examples: Sequence[Any], config: TrainConfig) -> int:
+    """Exact number of input tokens a full run of ``config.max_steps`` steps of ``method`` over ``examples`` will
+    process and bill (``method.tokens`` of each example of each step, in :func:`train`'s data order).
 
-    Uses the data order of :func:`train_sft`, so it is an upper bound for any run of that job (stopped or
-    resumed runs process fewer). Raises ``ValueError`` for no examples.
+    An upper bound for any run of that job (stopped or resumed runs process fewer). ``ValueError`` for no examples.
     """
     if not examples:
         raise ValueError("no training rows")
-    lengths = [len(e.input_ids) for e in examples]
-    return sum(
-        lengths[i]
-        for step in range(1, config.max_steps + 1)
-        for i in _batch_indices(step, len(lengths), config.batch_size, config.seed)
-    )
+    tokens = [method.tokens(e) for e in examples]
+    return sum(tokens[i] for step in range(1, config.max_steps + 1) for i in _batch_indices(step, len(tokens), config.batch_size, config.seed))
 
 
-def _collate(examples: list[Example], pad_token_id: int) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """Right-pad to the longest example: ``input_ids``, ``attention_mask``, ``labels``, each ``[batch, seq]``."""
+def collate(examples: Sequence[Example], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """Right-pad to the longest example: ``input_ids``, ``attention_mask``, ``labels``, each ``[batch, seq]`` on ``device``."""
     width = max(len(e.input_ids) for e in examples)
     input_ids = torch.full((len(examples), width), pad_token_id, dtype=torch.long)
     attention_mask = torch.zeros((len(examples), width), dtype=torch.long)
@@ -207,7 +269,10 @@ def _collate(examples: list[Example], pad_token_id: int) -> tuple[torch.Tensor, 
         input_ids[row, :n] = torch.tensor(example.input_ids)
         attention_mask[row, :n] = 1
         labels[row, :n] = torch.tensor(example.labels)
-    return input_ids, attention_mask, labels
+    return input_ids.to(device, non_blocking=True), attention_mask.to(device, non_blocking=True), labels.to(device, non_blocking=True)
+
+
+# --------------------------------------------------------------------------- log-probabilities
 
 
 def _shared_prefix_len(input_ids: torch.Tensor, labels: torch.Tensor) -> int:
@@ -221,18 +286,15 @@ def _shared_prefix_len(input_ids: torch.Tensor, labels: torch.Tensor) -> int:
     return min(same, int(supervised_positions[0]) - 1)
 
 
-def _supervised_loss(
-    causal_lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor
-) -> torch.Tensor:
-    """Mean next-token cross-entropy over supervised positions, with ``lm_head`` applied only there.
+def _hidden_at_supervised(causal_lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                          labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """``(hidden [n, hidden], targets [n], rows [n])`` at the ``n`` supervised positions of a right-padded batch
+    (all inputs ``[batch, seq]``): ``hidden[b, t]`` predicts ``labels[b, t + 1]``; ``rows`` is each position's row.
 
-    All tensors are ``[batch, seq]``, right-padded. When the rows share a prompt prefix of ``P >=
-    MIN_SHARED_PREFIX`` tokens (the chat template and system prompt, typically), the prefix goes through the
+    When the rows share a prompt prefix of ``P >= MIN_SHARED_PREFIX`` tokens, the prefix goes through the
     transformer once with batch 1, its key/value cache is repeated to the batch, and only the ``seq - P``
-    remaining positions run per row; gradients flow through the shared cache, so loss and gradients equal
-    those of the plain pass (up to float rounding). ``hidden[b, t]`` predicts ``labels[b, t + 1]``; the ``n``
-    supervised positions are gathered into ``[n, hidden]`` and projected to ``[n, vocab]`` logits (float32 for
-    the loss). Returns a scalar (0 when the batch has no supervised token).
+    remaining positions run per row; gradients flow through the shared cache, so results and gradients equal
+    those of the plain pass (up to float rounding).
     """
     from transformers import DynamicCache
 
@@ -242,141 +304,256 @@ def _supervised_loss(
         cache = DynamicCache(config=causal_lm.config)
         body(input_ids=input_ids[:1, :prefix_len], cache=cache, use_cache=True)
         cache.batch_repeat_interleave(input_ids.shape[0])
-        hidden = body(
-            input_ids=input_ids[:, prefix_len:], attention_mask=attention_mask, cache=cache, use_cache=True
-        ).last_hidden_state
+        hidden = body(input_ids=input_ids[:, prefix_len:], attention_mask=attention_mask, cache=cache, use_cache=True).last_hidden_state
     else:
         prefix_len = 0
-        hidden = body(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        hidden = body(input_ids=input_ids, attention_mask=attention_mask, use_cache=False).last_hidden_state
     targets = labels[:, prefix_len + 1 :]
     supervised = targets != IGNORE_INDEX
-    logits = causal_lm.lm_head(hidden[:, :-1][supervised]).float()
-    if logits.shape[0] == 0:
-        return logits.sum()
-    return F.cross_entropy(logits, targets[supervised])
+    rows = supervised.nonzero()[:, 0]
+    return hidden[:, :-1][supervised], targets[supervised], rows
 
 
-def _save_checkpoint(peft_model: Any, out_dir: Path, step: int, state: dict[str, Any]) -> Path:
-    """Write ``out_dir/step-<step>/`` (PEFT adapter + ``training_state.pt``) atomically; return the folder."""
+def token_logprobs(causal_lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
+                   labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    """``(logprobs [n], rows [n])``: the model's log-probability (float32) of each supervised label of a
+    right-padded batch (inputs ``[batch, seq]``), in row-major order, and the row each belongs to.
+
+    ``lm_head`` meets only the supervised positions. On CUDA the projection and log-softmax run in tiles (TRL's
+    ``ChunkedLogProbFunction``: no ``[n, vocab]`` logits in memory, gradients accumulated in float32); elsewhere
+    as one matmul and ``log_softmax``. The SFT loss is ``-logprobs.mean()``, a sequence's log-likelihood
+    ``logprobs`` summed over its row.
+    """
+    hidden, targets, rows = _hidden_at_supervised(causal_lm, input_ids, attention_mask, labels)
+    head = causal_lm.get_output_embeddings()
+    if hidden.shape[0] == 0:
+        return head(hidden).float().sum(-1), rows  # an empty result still connected to the graph
+    if hidden.is_cuda:
+        from trl.kernels import ChunkedLogProbFunction
+
+        logprobs = ChunkedLogProbFunction.apply(hidden, head.weight, head.bias, targets, 1.0, LOGPROB_VOCAB_CHUNK, None, 1.0, ())[0]
+        return logprobs, rows
+    return -F.cross_entropy(head(hidden).float(), targets, reduction="none"), rows
+
+
+def sequence_logprobs(logprobs: torch.Tensor, rows: torch.Tensor, batch: int) -> torch.Tensor:
+    """``[batch]``: each row's summed log-probability of its supervised tokens (the log-likelihood of its answer)."""
+    return torch.zeros(batch, dtype=logprobs.dtype, device=logprobs.device).index_add(0, rows, logprobs)
+
+
+@dataclass
+class Policy:
+    """What a method's loss sees of the model being trained: the log-probabilities of the policy (with gradients)
+    and of the reference policy (the model as the job started: the base with the adapter switched off for LoRA,
+    a frozen copy for full weights; no gradients), the ``device`` and the tokenizer's ``pad_token_id``."""
+
+    device: Device
+    pad_token_id: int
+    _causal_lm: Any
+    _reference: Callable[[], Any]
+
+    def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`token_logprobs` of the model being trained."""
+        with self.device.autocast():
+            return token_logprobs(self._causal_lm, input_ids, attention_mask, labels)
+
+    @torch.no_grad()
+    def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        """:func:`token_logprobs` of the reference policy."""
+        with self._reference() as reference, self.device.autocast():
+            return token_logprobs(reference, input_ids, attention_mask, labels)
+
+
+# --------------------------------------------------------------------------- models and checkpoints
+
+
+def _lora(config: TrainConfig):  # noqa: ANN202
+    from peft import LoraConfig
+
+    return LoraConfig(r=config.lora_r, lora_alpha=config.lora_alpha, lora_dropout=config.lora_dropout,
+                      target_modules=config.target_modules, task_type="CAUSAL_LM")
+
+
+def load_model(base_dir: Path, config: TrainConfig, device: Device, *, init_adapter: Path | None = None,
+               init_weights: Path | None = None, resume: Path | None = None) -> Any:
+    """The model to train on ``device``: a PEFT model (``config.adapter == "lora"``) or a plain causal LM (``full``).
+
+    LoRA: the frozen base (bf16 on CUDA, float32 on CPU) with a trainable float32 adapter, from ``resume`` (a
+    checkpoint folder of this job), else ``init_adapter`` (a parent adapter, whose own LoRA shape is kept), else
+    fresh. Full: float32 weights from ``resume``, else ``init_weights`` (a parent full checkpoint), else the base;
+    a LoRA parent (``init_adapter``) is merged into the base first.
+    """
+    from peft import PeftModel, get_peft_model
+    from transformers import AutoModelForCausalLM
+
+    def from_folder(folder: Path, dtype: torch.dtype) -> Any:
+        model = AutoModelForCausalLM.from_pretrained(folder, dtype=dtype, attn_implementation="sdpa")
+        model.config.use_cache = False
+        return model
+
+    if config.adapter == "full":
+        if resume is not None or init_weights is not None:
+            model = from_folder(resume or init_weights, torch.float32)  # type: ignore[arg-type]
+        elif init_adapter is not None:
+            model = PeftModel.from_pretrained(from_folder(base_dir, torch.float32), init_adapter).merge_and_unload()
+        else:
+            model = from_folder(base_dir, torch.float32)
+        return model.requires_grad_(True).to(device.torch_device)  # a merged LoRA parent comes back frozen
+    base = from_folder(base_dir, torch.bfloat16 if device.is_cuda else torch.float32).to(device.torch_device)
+    adapter = resume or init_adapter
+    if adapter is not None:
+        return PeftModel.from_pretrained(base, adapter, is_trainable=True)
+    return get_peft_model(base, _lora(config))
+
+
+def _reference_context(model: Any, config: TrainConfig, device: Device) -> Callable[[], Any]:
+    """A factory of context managers yielding the reference policy's causal LM (see :class:`Policy`)."""
+    if config.adapter == "lora":
+        causal_lm = model.get_base_model()
+
+        def lora_reference() -> Any:
+            class _Off:
+                def __enter__(self) -> Any:
+                    self._ctx = model.disable_adapter()
+                    self._ctx.__enter__()
+                    return causal_lm
+
+                def __exit__(self, *exc: object) -> None:
+                    self._ctx.__exit__(*exc)
+
+            return _Off()
+
+        return lora_reference
+    frozen = copy.deepcopy(model).requires_grad_(False).eval()
+    if device.is_cuda:
+        frozen = frozen.to(torch.bfloat16)
+    return lambda: nullcontext(frozen)
+
+
+def _save_checkpoint(model: Any, out_dir: Path, step: int, state: dict[str, Any]) -> Path:
+    """Write ``out_dir/step-<step>/`` (a PEFT adapter or full safetensors weights, plus ``training_state.pt``)
+    atomically; return the folder."""
     final = out_dir / f"step-{step}"
     tmp = out_dir / f".step-{step}.tmp"
     shutil.rmtree(tmp, ignore_errors=True)
-    peft_model.save_pretrained(tmp)
+    model.save_pretrained(tmp, safe_serialization=True)
     torch.save(state, tmp / STATE_FILE)
     shutil.rmtree(final, ignore_errors=True)
     tmp.rename(final)
     return final
 
 
-def _load_model(base_dir: Path, config: SFTConfig, init_adapter: Path | None, resume: Path | None) -> Any:
-    """The base model with a trainable LoRA adapter: from ``resume``, else ``init_adapter``, else fresh."""
-    from peft import LoraConfig, PeftModel, get_peft_model
-    from transformers import AutoModelForCausalLM
-
-    model = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.float32)
-    model.config.use_cache = False
-    adapter = resume or init_adapter
-    if adapter is not None:
-        return PeftModel.from_pretrained(model, adapter, is_trainable=True)
-    lora = LoraConfig(
-        r=config.lora_r,
-        lora_alpha=config.lora_alpha,
-        lora_dropout=config.lora_dropout,
-        target_modules=config.target_modules,
-        task_type="CAUSAL_LM",
-    )
-    return get_peft_model(model, lora)
-
-
-def train_sft(
+def train(
     base_dir: Path,
-    rows: Sequence[SFTRow],
-    config: SFTConfig,
+    method: Method,
+    rows: Sequence[Any],
+    config: TrainConfig,
     out_dir: Path,
+    **kwargs: Any,
+) -> TrainResult:
+    """Train by ``method`` on dataset ``rows``: the rows become the method's examples with the base model's tokenizer
+    (``method.examples``, cut to ``config.max_seq_len``), then :func:`train_examples` runs the loop.
+
+    Raises :class:`NoSupervisedTokens` before any step if a row has nothing left to train on after the cut, and
+    ``ValueError`` for no rows; ``kwargs`` and the rest as :func:`train_examples`.
+    """
+    from transformers import AutoTokenizer
+
+    if not rows:
+        raise ValueError("no training rows")
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    examples = method.examples(tokenizer, rows, config.max_seq_len)
+    return train_examples(base_dir, method, examples, config, out_dir, pad_token_id=tokenizer.pad_token_id, **kwargs)
+
+
+def _compile_layers(causal_lm: Any) -> None:
+    """Regional compilation: each decoder layer's forward through ``torch.compile`` (the layers share one graph)."""
+    for layer in causal_lm.model.layers:
+        layer.compile()
+
+
+def train_examples(
+    base_dir: Path,
+    method: Method,
+    examples: Sequence[Any],
+    config: TrainConfig,
+    out_dir: Path | None,
     *,
+    pad_token_id: int,
     init_adapter: Path | None = None,
+    init_weights: Path | None = None,
     resume: Path | None = None,
+    on_start: Callable[[dict[str, Any]], None] | None = None,
     on_step: Callable[[StepMetrics], None] | None = None,
     on_checkpoint: Callable[[int, Path], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
 ) -> TrainResult:
-    """Train a LoRA adapter on ``rows`` for ``config.max_steps`` steps; checkpoints go to ``out_dir/step-<N>/``.
+    """The trainer's loop: ``config.max_steps`` optimizer steps of ``method`` over its ``examples``; checkpoints go
+    to ``out_dir/step-<N>/`` (``out_dir`` ``None``: nothing is written, for benchmarks).
 
-    ``base_dir`` is a prepared base model folder. The adapter is new (``config.lora_*`` on
-    ``config.target_modules``), or continues ``init_adapter`` (a parent PEFT adapter folder, whose own LoRA
-    shape is kept), or — with ``resume`` — is the adapter of a checkpoint folder written by this function, in
-    which case optimizer, scheduler, RNG state and the data position are restored so that steps ``N+1 ...``
-    are exactly those an uninterrupted run would have taken (``resume`` wins over ``init_adapter``).
+    ``base_dir`` is a prepared base model folder; ``init_adapter``/``init_weights`` a parent checkpoint (see
+    :func:`load_model`). With ``resume`` (a checkpoint folder written by this function) the weights, optimizer,
+    scheduler, RNG state and data position are restored, so steps ``N+1 ...`` are exactly those an uninterrupted
+    run would have taken. ``on_start`` receives ``{"device", "precision", "method", "adapter",
+    "trainable_parameters", "examples", "from_step", "compiled"}`` before the first step.
 
     Every ``config.checkpoint_every`` steps, at the end, and when ``should_stop()`` (checked between steps)
-    returns true, the adapter (``adapter_model.safetensors``, ``adapter_config.json``) and ``training_state.pt``
-    are written atomically to ``out_dir/step-<N>/`` and ``on_checkpoint(N, folder)`` is called. ``on_step``
-    receives :class:`StepMetrics` after every step. Uses every CPU this process may run on.
+    returns true, the model (LoRA: ``adapter_model.safetensors`` + ``adapter_config.json``; full:
+    ``model.safetensors`` + ``config.json``) and ``training_state.pt`` are written atomically to
+    ``out_dir/step-<N>/`` and ``on_checkpoint(N, folder)`` is called. ``on_step`` receives :class:`StepMetrics`
+    after every step.
 
-    ``rows`` are validated dataset rows (``trainer_service.schemas``). Raises :class:`NoSupervisedTokens` before
-    any step if a row's answer is cut away at ``config.max_seq_len``, and ``ValueError`` for no rows or a
-    ``resume`` state from a different seed, batch size or dataset size.
+    Raises ``ValueError`` for no examples or a ``resume`` state from a different seed, batch size or dataset size.
     """
-    from transformers import AutoTokenizer, get_scheduler
+    from transformers import get_scheduler
 
-    if not rows:
+    if not examples:
         raise ValueError("no training rows")
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    device = select_device(config)
     torch.manual_seed(config.seed)
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    if out_dir is not None:
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
 
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    examples = tokenize_examples(tokenizer, rows, config.max_seq_len)
-    peft_model = _load_model(Path(base_dir), config, init_adapter, resume)
-    peft_model.train()
-    causal_lm = peft_model.get_base_model()
-    params = [p for p in peft_model.parameters() if p.requires_grad]
-    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay)
-    scheduler = get_scheduler(
-        config.lr_scheduler_type,
-        optimizer,
-        num_warmup_steps=config.warmup_steps,
-        num_training_steps=config.max_steps,
-    )
+    model = load_model(Path(base_dir), config, device, init_adapter=init_adapter, init_weights=init_weights, resume=resume)
+    model.train()
+    causal_lm = model.get_base_model() if config.adapter == "lora" else model
+    reference = _reference_context(model, config, device) if method.needs_reference else (lambda: nullcontext(None))
+    compiled = device.is_cuda if config.compile is None else config.compile
+    if compiled:
+        _compile_layers(causal_lm)
+    policy = Policy(device=device, pad_token_id=pad_token_id, _causal_lm=causal_lm, _reference=reference)
+    params = [p for p in model.parameters() if p.requires_grad]
+    optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=device.is_cuda)
+    scheduler = get_scheduler(config.lr_scheduler_type, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=config.max_steps)
 
     step, tokens_total = 0, 0
     if resume is not None:
-        state = torch.load(Path(resume) / STATE_FILE, weights_only=True)
+        state = torch.load(Path(resume) / STATE_FILE, weights_only=True, map_location=device.torch_device)
         expected = {"seed": config.seed, "batch_size": config.batch_size, "n_rows": len(examples)}
         found = {key: state[key] for key in expected}
         if found != expected:
             raise ValueError(f"resume state {found} does not match this job {expected}")
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"])
+        torch.set_rng_state(state["torch_rng"].cpu())
         step, tokens_total = state["step"], state["tokens_total"]
 
-    use_bf16 = config.bf16_autocast and cpu_has_native_bf16()
-    logger.info(
-        "training %d examples from step %d to %d (bf16 autocast %s, %d threads)",
-        len(examples),
-        step,
-        config.max_steps,
-        use_bf16,
-        torch.get_num_threads(),
-    )
+    start_info = {"device": device.name, "precision": f"{'bf16 autocast' if device.autocast_dtype else 'float32'}",
+                  "method": method.name, "adapter": config.adapter, "trainable_parameters": sum(p.numel() for p in params),
+                  "examples": len(examples), "from_step": step, "compiled": compiled}
+    logger.info("training %s", start_info)
+    if on_start is not None:
+        on_start(start_info)
 
     checkpoints: list[Path] = []
 
-    def checkpoint() -> Path:
-        state = {
-            "step": step,
-            "tokens_total": tokens_total,
-            "seed": config.seed,
-            "batch_size": config.batch_size,
-            "n_rows": len(examples),
-            "optimizer": optimizer.state_dict(),
-            "scheduler": scheduler.state_dict(),
-            "torch_rng": torch.get_rng_state(),
-            "config": asdict(config),
-        }
-        folder = _save_checkpoint(peft_model, out_dir, step, state)
+    def checkpoint() -> Path | None:
+        if out_dir is None:
+            return None
+        state = {"step": step, "tokens_total": tokens_total, "seed": config.seed, "batch_size": config.batch_size, "n_rows": len(examples),
+                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(), "config": asdict(config)}
+        folder = _save_checkpoint(model, out_dir, step, state)
         checkpoints.append(folder)
         if on_checkpoint is not None:
             on_checkpoint(step, folder)
@@ -391,43 +568,26 @@ def train_sft(
             break
         step_started = time.monotonic()
         batch = [examples[i] for i in _batch_indices(step + 1, len(examples), config.batch_size, config.seed)]
-        input_ids, attention_mask, labels = _collate(batch, tokenizer.pad_token_id)
         learning_rate = scheduler.get_last_lr()[0]
         optimizer.zero_grad(set_to_none=True)
-        with torch.autocast("cpu", dtype=torch.bfloat16, enabled=use_bf16):
-            loss = _supervised_loss(causal_lm, input_ids, attention_mask, labels)
+        loss, extra = method.loss(policy, batch, config)
         loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm)
+        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=True)
         optimizer.step()
         scheduler.step()
 
         step += 1
-        tokens = int(attention_mask.sum())
+        tokens = sum(method.tokens(e) for e in batch)
         tokens_total += tokens
-        loss_value = float(loss.detach())
+        loss_value = float(loss.detach())  # waits for the step's kernels: the step's time is real
         now = time.monotonic()
         if on_step is not None:
-            on_step(
-                StepMetrics(
-                    step=step,
-                    max_steps=config.max_steps,
-                    loss=loss_value,
-                    learning_rate=learning_rate,
-                    tokens=tokens,
-                    tokens_per_s=tokens / max(now - step_started, 1e-9),
-                    elapsed_s=now - started,
-                )
-            )
+            on_step(StepMetrics(step=step, max_steps=config.max_steps, loss=loss_value, learning_rate=learning_rate, tokens=tokens,
+                                tokens_per_s=tokens / max(now - step_started, 1e-9), elapsed_s=now - started, extra=extra))
         if step % config.checkpoint_every == 0 or step == config.max_steps:
-            last_checkpoint = checkpoint()
+            last_checkpoint = checkpoint() or last_checkpoint
 
-    if last_checkpoint is None or (stopped and last_checkpoint.name != f"step-{step}"):
+    if out_dir is not None and (last_checkpoint is None or (stopped and last_checkpoint.name != f"step-{step}")):
         last_checkpoint = checkpoint()
-    return TrainResult(
-        steps_done=step,
-        tokens_total=tokens_total,
-        final_loss=loss_value,
-        stopped=stopped,
-        last_checkpoint=last_checkpoint,
-        checkpoints=checkpoints,
-    )
+    return TrainResult(steps_done=step, tokens_total=tokens_total, final_loss=loss_value, stopped=stopped,
+                       last_checkpoint=last_checkpoint, checkpoints=checkpoints)

@@ -13,7 +13,7 @@ import structlog
 from sqlalchemy import select
 from sqlalchemy.orm import Session
 from trainer_service.datasets import read_dataset
-from trainer_service.estimate import sft_config
+from trainer_service.estimate import method_of, train_config
 from trainer_service.jobs import event, finish, settle, settle_cancelled
 from trainer_service.models import Checkpoint, Dataset, TrainingJob
 from trainer_service.service import Trainer
@@ -38,7 +38,7 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     (charge equals work done). If the lease is lost (the watchdog failed the job, or it was given to another
     worker) training stops and this worker writes nothing more.
     """
-    from trainer_service.training import train_sft
+    from trainer_service.training import train
 
     db, settings = trainer.db, trainer.settings
     if not jobs.claim(db, TrainingJob, job_id):
@@ -65,7 +65,8 @@ def run_job(trainer: Trainer, job_id: str) -> None:
         return
     recipe_d, dataset_ids, base_model, parent_id = job_snapshot
     with db.session() as s:
-        parent_dir = artifacts.local_path(s.get(Checkpoint, parent_id).uri) if parent_id else None  # type: ignore[union-attr]
+        parent = s.get(Checkpoint, parent_id) if parent_id else None
+        parent_dir, parent_kind = (artifacts.local_path(parent.uri), parent.kind) if parent is not None else (None, None)
     recipe = Recipe(**recipe_d)
     workdir = Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=settings.data_dir))
     lease = jobs.Lease(db, TrainingJob, job_id, settings.job_heartbeat_s)
@@ -78,14 +79,20 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             job.heartbeat_at = utcnow()
             event(s, job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
                   {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
-                   "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s})
+                   "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s, **m.extra})
+
+    def on_start(info: dict) -> None:
+        with db.session() as s:
+            lease.row(s)
+            event(s, job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {info['device']}, {info['precision']}, "
+                  f"{info['trainable_parameters']:,} trainable parameters", info)
 
     def on_checkpoint(step: int, path: Path) -> None:
         ckpt_id = new_id("ckpt")
         uri = artifacts.put_dir(settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
         with db.session() as s:
             job = lease.row(s)
-            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind="lora", uri=uri,
+            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind=recipe.adapter, uri=uri,
                              metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))
             event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
 
@@ -99,9 +106,10 @@ def run_job(trainer: Trainer, job_id: str) -> None:
         with lease:
             with db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
                 rows = [row for d in dataset_ids for row in read_dataset(s.get(Dataset, d)).rows]  # type: ignore[arg-type]
-            result = train_sft(
-                base_model_dir(base_model, settings.models_dir), rows, sft_config(recipe), workdir,
-                init_adapter=parent_dir, resume=resume, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
+            result = train(
+                base_model_dir(base_model, settings.models_dir), method_of(recipe), rows, train_config(recipe), workdir,
+                init_adapter=parent_dir if parent_kind == "lora" else None, init_weights=parent_dir if parent_kind == "full" else None,
+                resume=resume, on_start=on_start, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
             )
             outcome, error = ("cancelled" if result.stopped else "succeeded"), None
     except jobs.LeaseLost:

@@ -27,8 +27,12 @@ class Recipe(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 100}})
 
-    method: Literal["sft", "dpo", "grpo"] = "sft"
-    adapter: Literal["lora", "full"] = "lora"
+    method: Literal["sft", "dpo", "grpo"] = Field("sft", description=(
+        "`sft`: next-token loss on the answers of `messages` or `prompt_completion` datasets; `dpo`: Direct Preference Optimization "
+        "on `preference` datasets (`prompt`, `chosen`, `rejected`); `grpo`: reinforcement learning with the suite's scorer as reward."))
+    adapter: Literal["lora", "full"] = Field("lora", description=(
+        "`lora`: a LoRA adapter over the frozen base (`lora_*`, `target_modules`); `full`: every weight (full fine-tuning; its "
+        "memory estimate must fit the deployment's train workers)."))
     lora_r: int = Field(16, ge=1, le=256)
     lora_alpha: int = Field(32, ge=1, le=1024)
     lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
@@ -43,6 +47,8 @@ class Recipe(BaseModel):
     max_seq_len: int = Field(256, ge=16, le=4096)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many steps (and at the end).")
+    dpo_beta: float = Field(0.1, gt=0, le=10, description="`dpo` only: β of the DPO loss, how far the policy may move from the reference "
+                            "(Rafailov et al. 2023; TRL's default 0.1).")
 
 
 class DatasetOut(BaseModel):
@@ -63,7 +69,9 @@ class TrainingJobCreate(BaseModel):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "smollm2-135m-instruct", "datasets": ["ds_01jd3k4m5n6p7q8r9s0t1v2w3x"], "recipe": {"method": "sft", "max_steps": 100}}})
 
-    model: ModelName = Field(description="Base model name, or a `ckpt_…` to continue training from (LoRA parent).")
+    model: ModelName = Field(description=(
+        "Base model name, or a `ckpt_…` to continue training from: a LoRA parent continues as LoRA (or is merged into the base for "
+        "`adapter: full`); a full parent continues as full weights."))
     datasets: list[str] = Field(min_length=1, max_length=16)
     recipe: Recipe = Field(default_factory=Recipe)
 
@@ -101,7 +109,8 @@ class JobEventOut(BaseModel):
 
 
 class CheckpointOut(BaseModel):
-    """A LoRA adapter written at ``step``; pass its ``id`` as ``model`` to inference or evaluation."""
+    """A checkpoint written at ``step``: a LoRA adapter (``kind`` ``lora``) or full weights (``full``); pass its ``id`` as
+    ``model`` to inference or evaluation, or to a new training job to continue from it."""
 
     id: str
     object: Literal["checkpoint"] = "checkpoint"

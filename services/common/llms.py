@@ -453,16 +453,3 @@ def _apply_card(card: ModelCard, folder: Path) -> None:
         generation.eos_token_id = [*eos, *(t for t in ids if t not in eos)]
         generation.save_pretrained(folder)
 
-
-def cpu_has_native_bf16() -> bool:
-    """Whether this CPU computes bfloat16 natively (``avx512_bf16`` or ``amx_bf16`` in ``/proc/cpuinfo``).
-
-    Without native support bf16 autocast is emulated and slower than float32, so callers enable it only when
-    this is true. Returns False where ``/proc/cpuinfo`` is absent (non-Linux).
-    """
-    try:
-        cpuinfo = Path("/proc/cpuinfo").read_text()
-    except OSError:
-        return False
-    flags = {flag for line in cpuinfo.splitlines() if line.startswith("flags") for flag in line.split()}
-    return bool(flags & {"avx512_bf16", "amx_bf16"})

@@ -20,8 +20,9 @@ from inference_service.client import InferenceClient
 from inference_service.service import Inference
 from inference_service.settings import InferenceSettings
 from trainer_service.client import TrainerClient
+from trainer_service.methods import METHODS
 from trainer_service.schemas import ChatRow
-from trainer_service.training import SFTConfig, train_sft
+from trainer_service.training import TrainConfig, train
 
 from grader import worker
 from grader.app import create_app as create_grader_app
@@ -108,10 +109,10 @@ def test_gemma_is_served_with_its_cards_template_context_cap_and_prices(stack: S
 
 def test_gemma_fine_tunes_with_lora_on_every_linear_layer_and_its_checkpoint_is_served(stack: Stack, ledger: LedgerClient, tmp_path: Path) -> None:
     steps: list[float] = []
-    config = SFTConfig(max_steps=3, batch_size=4, warmup_steps=0, max_seq_len=64, checkpoint_every=3, learning_rate=1e-3)
+    config = TrainConfig(max_steps=3, batch_size=4, warmup_steps=0, max_seq_len=64, checkpoint_every=3, learning_rate=1e-3)
     started = time.perf_counter()
-    result = train_sft(stack.service.settings.models_dir / GEMMA, ROWS, config, tmp_path / "train",
-                       on_step=lambda m: steps.append(m.elapsed_s))
+    result = train(stack.service.settings.models_dir / GEMMA, METHODS["sft"], ROWS, config, tmp_path / "train",
+                   on_step=lambda m: steps.append(m.elapsed_s))
     print(f"gemma LoRA SFT: {result.steps_done} steps (batch 4) in {time.perf_counter() - started:.1f} s, loss {result.final_loss:.3f}, "  # noqa: T201
           f"step times {[round(b - a, 2) for a, b in zip([0.0, *steps], steps, strict=False)]} s")
     assert result.steps_done == 3 and result.final_loss == result.final_loss  # finite

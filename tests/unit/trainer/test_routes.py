@@ -209,13 +209,73 @@ def test_a_job_the_budget_cannot_cover_is_the_ledgers_402_and_nothing_is_queued(
     ({"model": "gpt-5", "datasets": ["ds_x"]}, "model"),
     ({"model": "gemma3-270m", "datasets": ["ds_x"]}, "model"),  # a built-in card, but not prepared in this trainer's models folder
     ({"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "datasets": ["ds_x"]}, "model"),
-    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"method": "dpo"}}, "recipe.method"),
-    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"adapter": "full"}}, "recipe.adapter"),
+    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"method": "grpo"}}, "recipe.method"),
+    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"dpo_beta": 0}}, "recipe.dpo_beta"),
 ])
 def test_a_job_request_the_trainer_cannot_run_is_a_422_naming_the_field(served: Served, body: dict[str, Any], field: str) -> None:
     ctx = served.new_run()
     headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}", **run_headers(ctx, GATEWAY_TOKEN)}
     assert assert_problem(served.raw.post("/internal/jobs", json=body, headers=headers), 422)["field"] == field
+
+
+PREFERENCE = b'{"prompt": "What is 2 + 2?", "chosen": "4", "rejected": "5"}\n'
+
+
+@pytest.mark.parametrize(("method", "data", "other"), [("sft", GOOD, PREFERENCE), ("dpo", PREFERENCE, GOOD)])
+def test_each_method_takes_its_own_dataset_format_and_a_422_names_datasets_for_another(served: Served, client: TrainerClient,
+                                                                                       method: str, data: bytes, other: bytes) -> None:
+    ctx = served.new_run()
+    job = client.create_job(ctx, job_request([client.upload_dataset(ctx, data).id], method=method))
+    assert job.recipe.method == method and job.estimated_tokens > 0
+    with pytest.raises(UpstreamProblem) as exc:
+        client.create_job(ctx, job_request([client.upload_dataset(ctx, other).id], method=method))
+    assert problem(exc, 422)["field"] == "datasets"
+
+
+def test_a_job_a_train_worker_cannot_hold_is_a_422_before_any_hold(served: Served, client: TrainerClient) -> None:
+    """The memory estimate (weights, gradients, AdamW moments, a DPO reference copy, activations, logits) against
+    ``train_memory_mb``: full fine-tuning names ``recipe.adapter``, an oversized LoRA job ``recipe.batch_size``."""
+    from trainer_service.estimate import estimate_memory
+
+    from services.common.llms import base_model_dir
+
+    ctx = served.new_run()
+    ds = client.upload_dataset(ctx, GOOD)
+    models = served.trainer.settings.models_dir
+    full, lora = (estimate_memory(base_model_dir(MODEL, models), Recipe(adapter=a, batch_size=2, max_steps=2)) for a in ("full", "lora"))
+    assert full.optimizer == 2 * full.weights and lora.optimizer < full.optimizer / 50 and full.reference == 0
+    dpo_full = estimate_memory(base_model_dir(MODEL, models), Recipe(method="dpo", adapter="full", batch_size=2, max_steps=2))
+    assert dpo_full.reference == full.weights and dpo_full.activations == 2 * full.activations
+    settings = served.trainer.settings
+    original = settings.train_memory_mb
+    settings.train_memory_mb = (lora.total + full.total) // 2 // 2**20  # holds the LoRA job, not the full one
+    try:
+        with pytest.raises(UpstreamProblem) as exc:
+            client.create_job(ctx, job_request([ds.id], adapter="full"))
+        body = problem(exc, 422)
+        assert body["field"] == "recipe.adapter" and body["estimated_mb"] > body["available_mb"] == settings.train_memory_mb
+        assert served.ledger.list_holds(ctx.run_id) == []
+        assert client.create_job(ctx, job_request([ds.id])).status == "queued"
+        with pytest.raises(UpstreamProblem) as exc:
+            client.create_job(ctx, job_request([ds.id], batch_size=256, max_seq_len=4096))
+        assert problem(exc, 422)["field"] == "recipe.batch_size"
+    finally:
+        settings.train_memory_mb = original
+
+
+def test_a_lora_job_on_a_full_weights_parent_is_a_422_naming_the_adapter(served: Served, client: TrainerClient) -> None:
+    ctx = served.new_run()
+    ds = client.upload_dataset(ctx, GOOD)
+    job = client.create_job(ctx, job_request([ds.id], adapter="full"))
+    ckpt_id = new_id("ckpt")
+    with served.trainer.db.session() as s:
+        s.add(Checkpoint(id=ckpt_id, job_id=job.id, run_id=ctx.run_id, step=1, base_model=MODEL, kind="full", uri="file:///nowhere",
+                         metrics={}, created_at=utcnow()))
+    with pytest.raises(UpstreamProblem) as exc:
+        client.create_job(ctx, TrainingJobCreate(model=ckpt_id, datasets=[ds.id], recipe=Recipe(max_steps=2)))
+    assert problem(exc, 422)["field"] == "recipe.adapter"
+    continued = client.create_job(ctx, TrainingJobCreate(model=ckpt_id, datasets=[ds.id], recipe=Recipe(adapter="full", max_steps=2)))
+    assert (continued.model, continued.base_model) == (ckpt_id, MODEL)
 
 
 def test_a_job_on_a_dataset_not_the_runs_is_a_404(served: Served, client: TrainerClient) -> None:

@@ -1,0 +1,63 @@
+"""``dpo``: Direct Preference Optimization (Rafailov et al. 2023, "Direct Preference Optimization: Your Language
+Model is Secretly a Reward Model", eq. 7) on ``preference`` rows (``prompt``, ``chosen``, ``rejected``).
+
+For a pair, with ``π`` the policy being trained and ``π_ref`` the reference (the model as the job started),
+``loss = -log σ(β · ((log π(y_c|x) - log π_ref(y_c|x)) - (log π(y_r|x) - log π_ref(y_r|x))))``, the sigmoid
+loss TRL's ``DPOTrainer`` uses by default; ``β`` is ``recipe.dpo_beta``. Log-probabilities are sums over the
+answer's tokens (its text and the chat template's end-of-turn tokens), the prompt rendered as one user turn.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from dataclasses import dataclass
+from typing import Any, ClassVar
+
+import torch
+import torch.nn.functional as F
+from trainer_service.training import Example, NoSupervisedTokens, Policy, TrainConfig, collate, sequence_logprobs, tokenize_turns
+
+
+@dataclass
+class PreferencePair:
+    """A preference row tokenized: the same prompt followed by the chosen and by the rejected answer."""
+
+    chosen: Example
+    rejected: Example
+
+
+class DPO:
+    """DPO's sigmoid loss over preference pairs; the step's metrics are the implicit rewards' accuracy and margin."""
+
+    name: ClassVar[str] = "dpo"
+    formats: ClassVar[frozenset[str]] = frozenset({"preference"})
+    needs_reference: ClassVar[bool] = True
+
+    def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[PreferencePair]:
+        """Each row as a :class:`PreferencePair`; ``NoSupervisedTokens`` for rows where either answer is cut away."""
+        pairs = []
+        for row in rows:
+            prompt = [{"role": "user", "content": row.prompt}]
+            pairs.append(PreferencePair(tokenize_turns(tokenizer, prompt, {"role": "assistant", "content": row.chosen}, max_seq_len),
+                                        tokenize_turns(tokenizer, prompt, {"role": "assistant", "content": row.rejected}, max_seq_len)))
+        if empty := [i for i, p in enumerate(pairs) if p.chosen.num_supervised == 0 or p.rejected.num_supervised == 0]:
+            raise NoSupervisedTokens(empty, max_seq_len)
+        return pairs
+
+    def tokens(self, example: PreferencePair) -> int:
+        """Both sequences' tokens."""
+        return len(example.chosen.input_ids) + len(example.rejected.input_ids)
+
+    def loss(self, policy: Policy, batch: Sequence[PreferencePair], config: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+        """The mean DPO loss of the pairs. Metrics: ``reward_accuracy`` (share of pairs whose implicit reward
+        ``β·(log π - log π_ref)`` is higher for the chosen answer), ``reward_margin`` (its mean difference),
+        ``chosen_logprob`` (mean log-likelihood of the chosen answers under the policy)."""
+        n = len(batch)
+        tensors = collate([p.chosen for p in batch] + [p.rejected for p in batch], policy.pad_token_id, policy.device.torch_device)
+        policy_seq = sequence_logprobs(*policy.logprobs(*tensors), 2 * n)
+        reference_seq = sequence_logprobs(*policy.reference_logprobs(*tensors), 2 * n)
+        rewards = config.dpo_beta * (policy_seq - reference_seq)
+        margin = rewards[:n] - rewards[n:]
+        loss = -F.logsigmoid(margin).mean()
+        return loss, {"reward_accuracy": float((margin > 0).float().mean()), "reward_margin": float(margin.detach().mean()),
+                      "chosen_logprob": float(policy_seq[:n].detach().mean())}
