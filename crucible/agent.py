@@ -49,10 +49,14 @@ class AgentConfig:
     poll_s: float = 1.0
 
     @classmethod
-    def for_steps(cls, steps: int) -> AgentConfig:
-        """The default config with a training job of ``steps`` steps, checkpointed halfway and at the end."""
+    def for_steps(cls, steps: int, method: str = "sft", adapter: str = "lora") -> AgentConfig:
+        """The default config with a training job of ``steps`` steps, checkpointed halfway and at the end, by
+        ``method`` (``sft`` on the training pool's answers, ``dpo`` on pairs of a right and a wrong answer) with
+        ``adapter`` (``lora`` or ``full``; a benchmark's lock wins over both)."""
         config = cls()
-        config.recipe = {**config.recipe, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}
+        config.recipe = {**config.recipe, "method": method, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}
+        if adapter != "lora":
+            config.recipe |= {"adapter": adapter, "learning_rate": 1e-5}  # full fine-tuning moves every weight: a smaller step
         return config
 
 
@@ -151,11 +155,14 @@ class BaselineAgent:
 
     def build_training_set(self, harness: dict[str, Any], validation_questions: set[str], task: str | None = None,
                            max_prompt_bytes: int | None = None) -> bytes:
-        """Chat rows (system prompt, the question as the harness renders it, answer) from the task's training pool;
-        validation questions removed, and rows whose prompt is ``max_prompt_bytes`` bytes or more (:func:`prompt_bytes`)
-        left out, so that truncation at the recipe's ``max_seq_len`` always leaves their answer to train on."""
+        """Rows from the task's training pool, as the recipe's method trains them: for ``sft`` chat rows (system
+        prompt, the question as the harness renders it, answer); for ``dpo`` preference rows with that conversation
+        as the prompt, the pool's answer chosen and another item's different answer rejected. Validation questions
+        removed, and rows whose prompt is ``max_prompt_bytes`` bytes or more (:func:`prompt_bytes`) left out, so
+        that truncation at the recipe's ``max_seq_len`` always leaves their answer to train on."""
         template = jinja2.Environment(autoescape=False).from_string(harness.get("user_template") or "{{ question }}")
-        rows, offset = [], 0
+        preference = self.config.recipe.get("method") == "dpo"
+        rows, offset, answers = [], 0, []
         while len(rows) < self.config.train_examples:
             batch = self.client.train_sample(offset=offset, limit=1000, task=task)
             if not batch:
@@ -166,8 +173,13 @@ class BaselineAgent:
                     continue
                 messages = ([{"role": "system", "content": harness["system_prompt"]}] if harness.get("system_prompt") else [])
                 messages += [{"role": "user", "content": template.render(question=item["question"])}, {"role": "assistant", "content": item["answer"]}]
-                if max_prompt_bytes is None or prompt_bytes(messages) < max_prompt_bytes:
+                if max_prompt_bytes is not None and prompt_bytes(messages) >= max_prompt_bytes:
+                    continue
+                if not preference:
                     rows.append({"messages": messages})
+                elif wrong := next((a for a in reversed(answers) if a != item["answer"]), None):
+                    rows.append({"prompt": messages[:-1], "chosen": item["answer"], "rejected": wrong})
+                answers.append(item["answer"])
         rows = rows[: self.config.train_examples]
         return "".join(json.dumps(r) + "\n" for r in rows).encode()
 

@@ -8,6 +8,7 @@ import signal
 import sys
 import threading
 import time
+from enum import StrEnum
 from pathlib import Path
 from typing import Annotated, Any
 
@@ -224,13 +225,26 @@ def leaderboard(gateway: GatewayUrl = "http://127.0.0.1:8000") -> None:
     _print_leaderboard(httpx.get(f"{gateway}/v1/leaderboard", timeout=60).json()["data"])
 
 
+class AgentMethod(StrEnum):
+    sft = "sft"
+    dpo = "dpo"
+
+
+class AgentAdapter(StrEnum):
+    lora = "lora"
+    full = "full"
+
+
 @app.command()
 def agent(api_key: Annotated[str, typer.Option(envvar="CRUCIBLE_API_KEY", help="The run's API key.")], gateway: GatewayUrl = "http://127.0.0.1:8000",
-          steps: int = 100) -> None:
+          steps: int = 100,
+          method: Annotated[AgentMethod, typer.Option(help="How the agent trains: sft on the training pool's answers, or dpo on pairs "
+                                                      "of a right and a wrong answer.")] = AgentMethod.sft,
+          adapter: Annotated[AgentAdapter, typer.Option(help="A LoRA adapter, or every weight (full fine-tuning).")] = AgentAdapter.lora) -> None:
     """Run the reference (baseline) research agent against a running gateway."""
     from crucible.agent import AgentConfig, BaselineAgent
 
-    BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig.for_steps(steps), console).run()
+    BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig.for_steps(steps, method.value, adapter.value), console).run()
 
 
 def _admin(gateway: str, data_dir: Path) -> AdminClient:

@@ -8,7 +8,8 @@ whose rows all have one format:
   user or system message comes before it (earlier assistant messages are context, not supervised).
 - ``prompt_completion``: ``{"prompt": ..., "completion": ...}``, trained as one user turn and the
   assistant's answer.
-- ``preference``: ``{"prompt": ..., "chosen": ..., "rejected": ...}`` with two different answers (DPO).
+- ``preference``: ``{"prompt": ..., "chosen": ..., "rejected": ...}`` with two different answers (DPO); the prompt
+  is a string (one user turn) or a list of messages ending with a user message (a system prompt, earlier turns).
 
 Every text is a string with at least one non-whitespace character, and a row or a message has no key its
 format does not define: nothing in a file is silently ignored. A row that passes here has a supervised
@@ -96,22 +97,38 @@ class PromptCompletionRow(BaseModel):
         return [{"role": "user", "content": self.prompt}], {"role": "assistant", "content": self.completion}
 
 
+_PROMPT_TEXT, _PROMPT_CONVERSATION = "(text)", "(conversation)"
+"""The two shapes of a preference prompt; validation errors name the path without them (``prompt[0].role``)."""
+
+
 class PreferenceRow(BaseModel):
-    """A ``preference`` row: a prompt with a preferred and a dispreferred answer."""
+    """A ``preference`` row: a prompt with a preferred and a dispreferred answer. The prompt is one user turn (a
+    string) or the conversation before the answer (messages ending with a user message: a system prompt, earlier
+    turns), TRL's conversational preference format with the answers as plain strings."""
 
     model_config = ConfigDict(extra="forbid")
     format: ClassVar[str] = "preference"
 
-    prompt: Text
+    prompt: Annotated[Annotated[Text, Tag(_PROMPT_TEXT)] | Annotated[list[Message], Field(min_length=1), Tag(_PROMPT_CONVERSATION)],
+                      Discriminator(lambda v: _PROMPT_CONVERSATION if isinstance(v, list) else _PROMPT_TEXT)]
     chosen: Text
     rejected: Text
 
     @model_validator(mode="after")
     def _two_answers(self) -> PreferenceRow:
+        if isinstance(self.prompt, list) and self.prompt[-1].role != "user":
+            raise PydanticCustomError("prompt_not_user_last", "a conversational prompt ends with the user's message the answers reply to",
+                                      {"field": f"prompt[{len(self.prompt) - 1}].role"})
         if self.chosen == self.rejected:
             raise PydanticCustomError("same_answers", "rejected is the same text as chosen; a preference pair needs two different answers",
                                       {"field": "rejected"})
         return self
+
+    def prompt_messages(self) -> list[dict[str, str]]:
+        """The prompt as chat messages (a string prompt is one user message)."""
+        if isinstance(self.prompt, str):
+            return [{"role": "user", "content": self.prompt}]
+        return [m.as_dict() for m in self.prompt]
 
 
 SFTRow = ChatRow | PromptCompletionRow
@@ -146,7 +163,7 @@ def _field(error: dict[str, Any]) -> str:
     if "field" in (error.get("ctx") or {}):
         return str(error["ctx"]["field"])
     path = ""
-    for part in error["loc"][1:]:
+    for part in (p for p in error["loc"][1:] if p not in (_PROMPT_TEXT, _PROMPT_CONVERSATION)):
         path += f"[{part}]" if isinstance(part, int) else (f".{part}" if path else str(part))
     return path or "(row)"
 

@@ -84,6 +84,39 @@ def test_research_loop_improves_and_reaches_the_leaderboard(stack, new_run, benc
     assert exc.value.status == 403 and exc.value.code == "submission_limit"
 
 
+@pytest.mark.slow
+def test_the_agent_trains_by_dpo_on_full_weights_and_the_full_checkpoint_is_evaluated_and_graded(stack, admin):  # noqa: ANN001
+    """The reference agent's other options, through every service: preference pairs from the training pool, a DPO
+    job on full weights (its device, its DPO metrics, full-weight checkpoints), the checkpoint served by inference
+    for validation and graded on the hidden split."""
+    from crucible.sdk import CrucibleClient
+    from tests.conftest import TEST_BENCHMARK
+
+    doc = json.loads(json.dumps(TEST_BENCHMARK)) | {"name": "chain-sum-open-recipe", "recipe": {}}
+    admin.load_benchmark(doc)
+    run = admin.create_run("chain-sum-open-recipe", "dpo-full")
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
+    config = AgentConfig.for_steps(2, method="dpo", adapter="full")
+    config.train_examples, config.evaluate_last_checkpoints, config.poll_s = 40, 1, 0.5
+    config.recipe |= {"batch_size": 4}
+    result = BaselineAgent(client, config).run()
+    assert result.submission["status"] == "graded"
+
+    [job] = client.training_jobs()
+    assert (job["status"], job["recipe"]["method"], job["recipe"]["adapter"], job["steps_done"]) == ("succeeded", "dpo", "full", 2)
+    events = client.training_events(job["id"])
+    [device] = [e for e in events if e["type"] == "device"]
+    assert device["data"]["method"] == "dpo" and device["data"]["adapter"] == "full" and device["data"]["device"].startswith("cpu")
+    steps = [e["data"] for e in events if e["type"] == "step"]
+    assert len(steps) == 2 and all({"reward_accuracy", "reward_margin", "chosen_logprob"} <= set(d) for d in steps)
+    assert abs(steps[0]["loss"] - 0.6931) < 1e-3  # policy = reference at the first step: ln 2
+    [ckpt] = client.checkpoints(job["id"])[-1:]
+    assert ckpt["kind"] == "full"
+    evaluated = [e for e in client.evaluations() if e["model"] == ckpt["id"]]
+    assert evaluated and evaluated[0]["status"] == "succeeded" and evaluated[0]["score"] is not None
+    assert client.budget()["spent_by_kind"]["training_tokens"] > 0
+
+
 def test_a_run_that_trained_on_planted_test_items_is_flagged_on_the_leaderboard(stack, new_run, benchmark):  # noqa: ANN001
     run, client = new_run("contaminated")
     planted = _test_questions(stack, benchmark["id"])[:5]

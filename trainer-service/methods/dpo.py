@@ -4,7 +4,7 @@ Model is Secretly a Reward Model", eq. 7) on ``preference`` rows (``prompt``, ``
 For a pair, with ``π`` the policy being trained and ``π_ref`` the reference (the model as the job started),
 ``loss = -log σ(β · ((log π(y_c|x) - log π_ref(y_c|x)) - (log π(y_r|x) - log π_ref(y_r|x))))``, the sigmoid
 loss TRL's ``DPOTrainer`` uses by default; ``β`` is ``recipe.dpo_beta``. Log-probabilities are sums over the
-answer's tokens (its text and the chat template's end-of-turn tokens), the prompt rendered as one user turn.
+answer's tokens (its text and the chat template's end-of-turn tokens) after the prompt's messages.
 """
 
 from __future__ import annotations
@@ -37,7 +37,7 @@ class DPO:
         """Each row as a :class:`PreferencePair`; ``NoSupervisedTokens`` for rows where either answer is cut away."""
         pairs = []
         for row in rows:
-            prompt = [{"role": "user", "content": row.prompt}]
+            prompt = row.prompt_messages()
             pairs.append(PreferencePair(tokenize_turns(tokenizer, prompt, {"role": "assistant", "content": row.chosen}, max_seq_len),
                                         tokenize_turns(tokenizer, prompt, {"role": "assistant", "content": row.rejected}, max_seq_len)))
         if empty := [i for i, p in enumerate(pairs) if p.chosen.num_supervised == 0 or p.rejected.num_supervised == 0]:

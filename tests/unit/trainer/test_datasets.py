@@ -128,13 +128,14 @@ def test_the_three_formats_are_accepted_and_counted(trainer: Trainer) -> None:
     cases = {
         "messages": jsonl(GOOD, chat(("system", "Be brief."), ("user", "hi"), ("assistant", "yo"), ("user", "and?"), ("assistant", "done"))),
         "prompt_completion": b'{"prompt": "a", "completion": "b"}\n\n{"prompt": "c", "completion": "d"}\n',
-        "preference": b'{"prompt": "a", "chosen": "b", "rejected": "c"}',
+        "preference": b'{"prompt": "a", "chosen": "b", "rejected": "c"}\n'
+                      b'{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"}], "chosen": "b", "rejected": "c"}',
         "prompt_completion_with_bom": "\ufeff".encode() + b'{"prompt": "e", "completion": "f"}\r\n{"prompt": "g", "completion": "h"}\n',
     }
     for fmt, data in cases.items():
         resp = trainer.upload(ctx, data)
         assert resp.status_code == 201, resp.text
-        assert (resp.json()["format"], resp.json()["rows"]) == (fmt.removesuffix("_with_bom"), 2 if fmt != "preference" else 1)
+        assert (resp.json()["format"], resp.json()["rows"]) == (fmt.removesuffix("_with_bom"), 2)
 
 
 REFUSED_ROWS = [
@@ -166,6 +167,12 @@ REFUSED_ROWS = [
     ("preference with empty chosen", {"prompt": "a", "chosen": "", "rejected": "b"}, "chosen"),
     ("preference without rejected", {"prompt": "a", "chosen": "b"}, "rejected"),
     ("preference with a completion key too", {"prompt": "a", "chosen": "b", "rejected": "c", "completion": "d"}, "completion"),
+    ("preference prompt neither text nor messages", {"prompt": 5, "chosen": "b", "rejected": "c"}, "prompt"),
+    ("preference conversation ending with the system", {"prompt": [{"role": "system", "content": "s"}], "chosen": "b", "rejected": "c"},
+     "prompt[0].role"),
+    ("preference conversation with an empty message", {"prompt": [{"role": "user", "content": " "}], "chosen": "b", "rejected": "c"},
+     "prompt[0].content"),
+    ("preference conversation empty", {"prompt": [], "chosen": "b", "rejected": "c"}, "prompt"),
     ("no format's keys", {"text": "a"}, "messages"),
     ("not an object", [1, 2], "(row)"),
     ("a bare string", "hello", "(row)"),

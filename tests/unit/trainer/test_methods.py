@@ -27,7 +27,8 @@ from transformers import AutoModelForCausalLM, AutoTokenizer
 from tests.conftest import prepared_models
 
 SFT_ROWS = [parse_row({"prompt": f"What is {a} + {a}?", "completion": str(2 * a)}, 1) for a in range(6)]
-DPO_ROWS = [parse_row({"prompt": f"What is {a} + {a}?", "chosen": str(2 * a), "rejected": str(2 * a + 1)}, 1) for a in range(6)]
+DPO_ROWS = [parse_row({"prompt": [{"role": "system", "content": "Answer with the number only."}, {"role": "user", "content": f"What is {a} + {a}?"}]
+                       if a % 2 else f"What is {a} + {a}?", "chosen": str(2 * a), "rejected": str(2 * a + 1)}, 1) for a in range(6)]
 ROWS = {"sft": SFT_ROWS, "dpo": DPO_ROWS}
 
 
