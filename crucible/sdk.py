@@ -83,6 +83,14 @@ class CrucibleClient(_GatewayClient):
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
         return self._call("POST", "/v1/training/jobs", json={"model": model, "datasets": datasets, "recipe": recipe or {}}, headers=headers)
 
+    def merge_checkpoints(self, model: str, checkpoints: list[str], weights: list[float] | None = None, combination: str = "linear",
+                          density: float = 0.5, seed: int = 0, idempotency_key: str | None = None) -> dict[str, Any]:
+        """Start a merge job: combine the run's ``checkpoints`` of base ``model`` into a new checkpoint (``combination``
+        ``linear``, ``ties``, ``dare_linear`` or ``dare_ties``; ``weights`` default to equal ones summing to 1)."""
+        headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
+        merge = {"checkpoints": checkpoints, "weights": weights, "combination": combination, "density": density, "seed": seed}
+        return self._call("POST", "/v1/training/jobs", json={"model": model, "recipe": {"method": "merge"}, "merge": merge}, headers=headers)
+
     def training_jobs(self) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/training/jobs")["data"]
 

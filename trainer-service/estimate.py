@@ -1,5 +1,5 @@
 """What a job will cost before it runs: its rows turned into the method's examples as training will, the tokens
-it may train, the memory it needs, and the ledger hold that reserves the tokens' price on the run's budget."""
+it may train, the memory it needs, and the ledger hold that reserves their price (or a merge's) on the run's budget."""
 
 from __future__ import annotations
 
@@ -20,11 +20,10 @@ from services.common.auth import RunContext
 from services.common.contracts import Recipe
 from services.common.errors import Conflict, Unprocessable
 from services.common.llms import base_model_dir
-from services.ledger.schemas import Hold, HoldCreate, HoldStatus, UsageItem, UsageKind
+from services.ledger.schemas import Hold, HoldCreate, HoldStatus, UsageItem
 
 if TYPE_CHECKING:
-    from trainer_service.methods.base import Method
-    from trainer_service.training import TrainConfig
+    from trainer_service.training import Method, TrainConfig
 
 
 def method_of(recipe: Recipe) -> Method:
@@ -83,14 +82,17 @@ def train_config(recipe: Recipe) -> TrainConfig:
     return TrainConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
 
 
-def estimate_tokens(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> tuple[int, int]:
-    """``(examples, tokens)``: how many examples the datasets make and at most how many tokens training them
-    by ``recipe`` processes (``training.count_training_tokens``), the quantity a job's hold is priced on.
-    Raises ``Unprocessable`` as :func:`training_examples`."""
+def estimate_tokens(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> tuple[int, int, int]:
+    """``(examples, tokens, longest)``: how many examples the datasets make, at most how many tokens training them
+    by ``recipe`` processes (``training.count_training_tokens``, the quantity a job's hold is priced on), and the
+    longest example's tokens (what a padded batch row holds at most). Raises ``Unprocessable`` as
+    :func:`training_examples`."""
     from trainer_service.training import count_training_tokens
 
+    method = method_of(recipe)
     examples = training_examples(trainer, base_model, datasets, recipe)
-    return len(examples), count_training_tokens(method_of(recipe), examples, train_config(recipe))
+    longest = max(method.tokens(e) for e in examples) // method.rows_per_example
+    return len(examples), count_training_tokens(method, examples, train_config(recipe)), longest
 
 
 # --------------------------------------------------------------------------- memory
@@ -101,8 +103,9 @@ class MemoryEstimate:
     """Bytes a job needs at its peak, by part: ``weights`` (the model as loaded, float32), ``gradients`` and
     ``optimizer`` (AdamW's two moments) of the trained parameters, ``reference`` (a frozen copy for a full
     fine-tuning method that reads the reference policy), ``activations`` (Korthikanti et al. 2022, "Reducing
-    Activation Recomputation in Large Transformer Models", §4.1: ``s·b·h·(34 + 5·a·s/h)`` bytes a layer in 16-bit,
-    doubled for float32) and ``logits`` (float32 logits and their gradient at every position, an upper bound)."""
+    Activation Recomputation in Large Transformer Models", §4.1: ``34·s·b·h`` bytes a layer in 16-bit, doubled for
+    float32; their ``5·a·s²·b`` attention-score term is left out, SDPA's fused kernels never store the scores) and
+    ``logits`` (float32 logits and their gradient at every position, an upper bound)."""
 
     weights: int
     gradients: int
@@ -116,10 +119,10 @@ class MemoryEstimate:
         return sum(asdict(self).values())
 
 
-def _parameters(model_dir: Path) -> int:
-    """Parameters stored in the model folder's safetensors files (read from their headers; nothing is loaded)."""
+def stored_parameters(folder: Path) -> int:
+    """Parameters stored in a model or checkpoint folder's safetensors files (read from their headers; nothing is loaded)."""
     total = 0
-    for file in sorted(model_dir.glob("*.safetensors")):
+    for file in sorted(folder.glob("*.safetensors")):
         with file.open("rb") as handle:
             header = json.loads(handle.read(struct.unpack("<Q", handle.read(8))[0]))
         for name, tensor in header.items():
@@ -131,30 +134,33 @@ def _parameters(model_dir: Path) -> int:
     return total
 
 
-def estimate_memory(model_dir: Path, recipe: Recipe) -> MemoryEstimate:
-    """The memory a job of ``recipe`` on the model in ``model_dir`` needs (see :class:`MemoryEstimate`).
+def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None) -> MemoryEstimate:
+    """The memory a job of ``recipe`` on the model in ``model_dir`` needs (see :class:`MemoryEstimate`), its batch
+    rows padded to ``longest`` tokens (default ``recipe.max_seq_len``).
 
     LoRA trains well under 1% of the parameters (counted as 1% here); full fine-tuning trains them all.
     """
     config = json.loads((model_dir / "config.json").read_text())
-    params = _parameters(model_dir)
-    hidden, layers, heads = config["hidden_size"], config["num_hidden_layers"], config["num_attention_heads"]
-    rows = recipe.batch_size * (2 if recipe.method == "dpo" else 1)
-    seq = recipe.max_seq_len
+    params = stored_parameters(model_dir)
+    hidden, layers = config["hidden_size"], config["num_hidden_layers"]
+    method = method_of(recipe)
+    rows = recipe.batch_size * method.rows_per_example
+    seq = min(longest or recipe.max_seq_len, recipe.max_seq_len)
     trained = params if recipe.adapter == "full" else params // 100
-    reference = 4 * params if recipe.adapter == "full" and method_of(recipe).needs_reference else 0
-    activations = 2 * layers * seq * rows * hidden * (34 + 5 * heads * seq // hidden)
+    reference = 4 * params if recipe.adapter == "full" and method.needs_reference else 0
+    activations = 2 * 34 * layers * seq * rows * hidden
     return MemoryEstimate(weights=4 * params, gradients=4 * trained, optimizer=8 * trained, reference=reference,
                           activations=activations, logits=2 * 4 * rows * seq * config["vocab_size"])
 
 
-def check_memory(trainer: Trainer, base_model: str, recipe: Recipe) -> MemoryEstimate:
-    """:func:`estimate_memory`, against what a train worker may use (``train_memory_mb``, default 80% of RAM).
+def check_memory(trainer: Trainer, base_model: str, recipe: Recipe, longest: int | None = None) -> MemoryEstimate:
+    """:func:`estimate_memory` (rows of ``longest`` tokens), against what a train worker may use (``train_memory_mb``,
+    default 80% of RAM).
 
     Raises ``Unprocessable`` when the job does not fit: on ``recipe.adapter`` for full fine-tuning (LoRA would
     need far less), else on ``recipe.batch_size``; the problem carries ``estimated_mb`` and ``available_mb``.
     """
-    estimate = estimate_memory(base_model_dir(base_model, trainer.settings.models_dir), recipe)
+    estimate = estimate_memory(base_model_dir(base_model, trainer.settings.models_dir), recipe, longest)
     available_mb = trainer.settings.train_memory_mb or int(0.8 * psutil.virtual_memory().total / 2**20)
     needed_mb = -(-estimate.total // 2**20)
     if needed_mb > available_mb:
@@ -166,8 +172,8 @@ def check_memory(trainer: Trainer, base_model: str, recipe: Recipe) -> MemoryEst
     return estimate
 
 
-def place_hold(trainer: Trainer, ctx: RunContext, job_id: str, base_model: str, tokens: int, idempotency_key: str | None) -> Hold:
-    """Hold the price of ``tokens`` training tokens of ``base_model`` on the run's budget for job ``job_id``.
+def place_hold(trainer: Trainer, ctx: RunContext, job_id: str, usage: list[UsageItem], idempotency_key: str | None) -> Hold:
+    """Hold the price of ``usage`` (a training job's tokens, a merge's parameters) on the run's budget for job ``job_id``.
 
     The hold outlives the job's time limit (it expires only if orphaned). With ``idempotency_key`` the hold
     carries a key derived from it, so a retry after a lost answer finds the same hold; if that earlier attempt
@@ -179,8 +185,7 @@ def place_hold(trainer: Trainer, ctx: RunContext, job_id: str, base_model: str, 
     for _ in range(3):
         hold = trainer.ledger.create_hold(HoldCreate(
             account_id=ctx.run_id, purpose=f"training job {request}",
-            usage=[UsageItem(kind=UsageKind.training_tokens, quantity=tokens, model=base_model)],
-            idempotency_key=hold_key, ttl_s=int(trainer.settings.train_time_limit_s) + 3600,
+            usage=usage, idempotency_key=hold_key, ttl_s=int(trainer.settings.train_time_limit_s) + 3600,
         ))
         # a retry with the same key gets the first attempt's hold back; if that attempt failed, it released it
         if not idempotency_key or trainer.ledger.get_hold(hold.hold_id).status == HoldStatus.open:

@@ -7,6 +7,7 @@ A job's row is its truth (``services.common.jobs``); its events are an append-on
 from __future__ import annotations
 
 import hashlib
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -15,13 +16,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from trainer_service.datasets import owned_dataset
-from trainer_service.estimate import check_memory, estimate_tokens, method_of, place_hold
+from trainer_service.estimate import check_memory, estimate_tokens, method_of, place_hold, stored_parameters
 from trainer_service.models import Checkpoint, JobEvent, TrainingJob
 from trainer_service.schemas import CheckpointRecord
 from trainer_service.service import Trainer
 
+from services.common import artifacts
 from services.common.auth import RunContext
-from services.common.contracts import CheckpointOut, JobEventOut, Recipe, TrainingJobCreate, TrainingJobOut
+from services.common.contracts import CheckpointOut, JobEventOut, MergeSpec, Recipe, TrainingJobCreate, TrainingJobOut
 from services.common.db import utcnow
 from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable, UpstreamUnavailable
 from services.common.ids import has_prefix, new_id
@@ -36,7 +38,7 @@ def _job_out(s: Session, job: TrainingJob) -> TrainingJobOut:
     latest = s.scalar(select(Checkpoint.id).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc()).limit(1))
     return TrainingJobOut(
         id=job.id, status=job.status, model=job.parent_checkpoint_id or job.base_model, base_model=job.base_model,  # type: ignore[arg-type]
-        datasets=job.dataset_ids, recipe=Recipe(**job.recipe), steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
+        datasets=job.dataset_ids, recipe=Recipe(**job.recipe), merge=MergeSpec(**job.merge) if job.merge else None, steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
         trained_tokens=job.trained_tokens, latest_checkpoint=latest, attempts=job.attempts, error=job.error, created_at=job.created_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
@@ -57,15 +59,29 @@ def _resolve_model(s: Session, ctx: RunContext, model: str, models_dir: Path) ->
     return model, None
 
 
+@dataclass
+class _Plan:
+    """What a validated job request becomes: its row's fields, the usage its hold covers, its ``validated`` event."""
+
+    base_model: str
+    parent_id: str | None
+    dataset_ids: list[str]
+    usage: list[UsageItem]
+    estimated_tokens: int
+    merge: dict[str, Any] | None
+    message: str
+    data: dict[str, Any]
+
+
 def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:
     """Validate a job, hold its estimated cost on the run's budget, store it ``queued`` and send it to the workers.
 
     Raises ``Unprocessable`` (a method this deployment does not train, an unknown model, a LoRA job on a full
     parent, a job too large for a train worker's memory: ``estimate.check_memory``, rows it cannot train: see
-    ``estimate.training_examples``), ``NotFound`` (a dataset that is not the run's),
-    ``IdempotencyKeyReused`` (``idempotency_key`` used before with another request) and passes the ledger's
-    402 through. The job row is written only after the hold succeeded, and the hold is released if writing
-    fails: nothing is half-written. With ``idempotency_key`` the call is safe to repeat: the ledger hold
+    ``estimate.training_examples``; for a merge, see :func:`_merge_plan`), ``NotFound`` (a dataset that is not the
+    run's), ``IdempotencyKeyReused`` (``idempotency_key`` used before with another request) and passes the
+    ledger's 402 through. The job row is written only after the hold succeeded, and the hold is released if
+    writing fails: nothing is half-written. With ``idempotency_key`` the call is safe to repeat: the ledger hold
     carries a key derived from it (a retry after a lost answer finds the same hold) and a repeat returns the
     job created first.
     """
@@ -73,31 +89,21 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     fingerprint = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
     if idempotency_key and (existing := _job_by_key(trainer, ctx, idempotency_key, fingerprint)) is not None:
         return existing
-    method_of(recipe)
-    with trainer.db.session() as s:
-        base_model, parent = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
-        datasets = [owned_dataset(s, ctx, d) for d in req.datasets]
-    if parent is not None and parent.kind == "full" and recipe.adapter == "lora":
-        raise Unprocessable(f"{parent.id} holds full weights; a LoRA adapter is trained over a base model or another adapter. "
-                            "Continue it with recipe.adapter 'full'.", field="recipe.adapter")
-    memory = check_memory(trainer, base_model, recipe)
-    examples, tokens = estimate_tokens(trainer, base_model, datasets, recipe)
+    plan = _merge_plan(trainer, ctx, req) if recipe.method == "merge" else _training_plan(trainer, ctx, req)
     job_id = new_id("job")
-    hold = place_hold(trainer, ctx, job_id, base_model, tokens, idempotency_key)
+    hold = place_hold(trainer, ctx, job_id, plan.usage, idempotency_key)
     try:
         with trainer.db.session() as s:
             job = TrainingJob(
-                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, recipe=recipe.model_dump(),
-                dataset_ids=[d.id for d in datasets], base_model=base_model, parent_checkpoint_id=parent.id if parent else None,
+                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, recipe=recipe.model_dump(), merge=plan.merge,
+                dataset_ids=plan.dataset_ids, base_model=plan.base_model, parent_checkpoint_id=plan.parent_id,
                 hold_id=hold.hold_id, idempotency_key=idempotency_key, request_sha256=fingerprint,
-                estimated_tokens=tokens, created_at=utcnow(), enqueued_at=utcnow(),
+                estimated_tokens=plan.estimated_tokens, created_at=utcnow(), enqueued_at=utcnow(),
             )
             s.add(job)
             s.flush()
-            event(s, job.id, "info", "validated", f"validated {examples} {recipe.method} examples from {len(datasets)} dataset(s); "
-                  f"estimated ≤{tokens} training tokens, ≈{-(-memory.total // 2**20)} MiB, hold {hold.amount_usd_micros} µUSD",
-                  {"rows": examples, "estimated_tokens": tokens, "estimated_memory_mb": -(-memory.total // 2**20),
-                   "hold_usd_micros": hold.amount_usd_micros})
+            event(s, job.id, "info", "validated", f"{plan.message}, hold {hold.amount_usd_micros} µUSD",
+                  {**plan.data, "hold_usd_micros": hold.amount_usd_micros})
             out = _job_out(s, job)
     except IntegrityError:  # the same key was used concurrently and the other request wrote its job first
         if idempotency_key and (existing := _job_by_key(trainer, ctx, idempotency_key, fingerprint)) is not None:
@@ -108,6 +114,66 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
         raise
     trainer.enqueue(job_id)
     return out
+
+
+def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _Plan:
+    recipe = req.recipe
+    method_of(recipe)
+    if req.merge is not None:
+        raise Unprocessable("merge is for recipe.method 'merge' only", field="merge")
+    if not req.datasets:
+        raise Unprocessable(f"recipe.method {recipe.method!r} trains on at least one dataset", field="datasets")
+    with trainer.db.session() as s:
+        base_model, parent = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
+        datasets = [owned_dataset(s, ctx, d) for d in req.datasets]
+    if parent is not None and parent.kind == "full" and recipe.adapter == "lora":
+        raise Unprocessable(f"{parent.id} holds full weights; a LoRA adapter is trained over a base model or another adapter. "
+                            "Continue it with recipe.adapter 'full'.", field="recipe.adapter")
+    examples, tokens, longest = estimate_tokens(trainer, base_model, datasets, recipe)
+    memory_mb = -(-check_memory(trainer, base_model, recipe, longest).total // 2**20)
+    return _Plan(base_model=base_model, parent_id=parent.id if parent else None, dataset_ids=[d.id for d in datasets],
+                 usage=[UsageItem(kind=UsageKind.training_tokens, quantity=tokens, model=base_model)], estimated_tokens=tokens, merge=None,
+                 message=f"validated {examples} {recipe.method} examples from {len(datasets)} dataset(s); estimated ≤{tokens} training "
+                         f"tokens, ≈{memory_mb} MiB",
+                 data={"rows": examples, "estimated_tokens": tokens, "estimated_memory_mb": memory_mb})
+
+
+def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _Plan:
+    """A merge: ``model`` is the base model, ``merge.checkpoints`` the run's checkpoints of that base, all LoRA or all
+    full weights (LoRA of one rank, which PEFT's combinations need). ``Unprocessable`` naming ``merge``,
+    ``datasets``, ``model`` or ``merge.checkpoints[i]`` otherwise. The hold covers the parameters the merge reads."""
+    spec = req.merge
+    if spec is None:
+        raise Unprocessable("recipe.method 'merge' needs merge: the checkpoints to combine", field="merge")
+    if req.datasets:
+        raise Unprocessable("a merge trains on nothing; leave datasets empty", field="datasets")
+    if has_prefix(req.model, "ckpt"):
+        raise Unprocessable("a merge's model is the base model of its checkpoints", field="model")
+    with trainer.db.session() as s:
+        base_model, _ = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
+        checkpoints = []
+        for i, ckpt_id in enumerate(spec.checkpoints):
+            ckpt = s.get(Checkpoint, ckpt_id)
+            if ckpt is None or ckpt.run_id != ctx.run_id:
+                raise Unprocessable(f"unknown checkpoint {ckpt_id!r}", field=f"merge.checkpoints[{i}]")
+            if ckpt.base_model != base_model:
+                raise Unprocessable(f"{ckpt_id} is of {ckpt.base_model}, not {base_model}", field=f"merge.checkpoints[{i}]")
+            checkpoints.append((ckpt.id, ckpt.kind, artifacts.local_path(ckpt.uri)))
+    kinds = {kind for _, kind, _ in checkpoints}
+    if len(kinds) > 1:
+        raise Unprocessable("the checkpoints mix LoRA adapters and full weights; merge one kind", field="merge.checkpoints")
+    if kinds == {"lora"}:
+        from trainer_service.methods.merge import lora_rank
+
+        ranks = [lora_rank(folder) for _, _, folder in checkpoints]
+        if len(set(ranks)) > 1:
+            i = next(i for i, r in enumerate(ranks) if r != ranks[0])
+            raise Unprocessable(f"LoRA ranks differ ({ranks}); PEFT combines adapters of one rank", field=f"merge.checkpoints[{i}]")
+    parameters = sum(stored_parameters(folder) for _, _, folder in checkpoints)
+    return _Plan(base_model=base_model, parent_id=None, dataset_ids=[], estimated_tokens=0, merge=spec.model_dump(),
+                 usage=[UsageItem(kind=UsageKind.merged_parameters, quantity=parameters, model=base_model)],
+                 message=f"validated a {spec.combination} merge of {len(checkpoints)} {kinds.pop()} checkpoint(s), {parameters:,} parameters to read",
+                 data={"checkpoints": len(checkpoints), "merged_parameters": parameters})
 
 
 def _job_by_key(trainer: Trainer, ctx: RunContext, idempotency_key: str, fingerprint: str) -> TrainingJobOut | None:
@@ -204,7 +270,8 @@ def finish(s: Session, job: TrainingJob, status: str, error: str | None) -> None
 
 
 def settle(trainer: Trainer, job_id: str) -> None:
-    """Settle the job's hold with the tokens it processed (idempotent: one settle per job) and note it.
+    """Settle the job's hold with the work it did (idempotent: one settle per job) and note it: the tokens a
+    training job processed; for a merge, the parameters it read if it wrote its checkpoint, else nothing.
 
     Raises ``UpstreamUnavailable`` while the ledger is away; the reconciler settles finished jobs whose
     hold is still open.
@@ -212,12 +279,21 @@ def settle(trainer: Trainer, job_id: str) -> None:
     with trainer.db.session() as s:
         job = s.get(TrainingJob, job_id)
         hold_id, tokens, base_model = job.hold_id, job.trained_tokens, job.base_model  # type: ignore[union-attr]
+        merged = _merged_parameters(s, job) if job.method == "merge" else 0  # type: ignore[union-attr]
     if hold_id is None:
         return
     usage = [UsageItem(kind=UsageKind.training_tokens, quantity=tokens, model=base_model)] if tokens else []
+    usage += [UsageItem(kind=UsageKind.merged_parameters, quantity=merged, model=base_model)] if merged else []
     trainer.ledger.settle_or_charge(hold_id, usage, f"settle:{job_id}")
     with trainer.db.session() as s:
         s.get(TrainingJob, job_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
+
+
+def _merged_parameters(s: Session, job: TrainingJob) -> int:
+    """Parameters a merge job read: those of its input checkpoints once it wrote its own, else 0."""
+    if s.scalar(select(Checkpoint.id).where(Checkpoint.job_id == job.id).limit(1)) is None:
+        return 0
+    return sum(stored_parameters(artifacts.local_path(s.get(Checkpoint, c).uri)) for c in job.merge["checkpoints"])  # type: ignore[index, union-attr]
 
 
 def settle_cancelled(trainer: Trainer, job_id: str) -> None:

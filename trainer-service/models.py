@@ -45,6 +45,7 @@ class TrainingJob(JobColumns, Base):
     method: Mapped[str] = mapped_column(String(10))
     recipe: Mapped[dict[str, Any]] = mapped_column(JSON)
     dataset_ids: Mapped[list[str]] = mapped_column(JSON)
+    merge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # a merge job's MergeSpec
     base_model: Mapped[str] = mapped_column(String(100))
     parent_checkpoint_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     hold_id: Mapped[str | None] = mapped_column(String(40), nullable=True)

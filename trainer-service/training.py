@@ -1,6 +1,7 @@
 """The trainer's loop: one loop for every method (``trainer_service.methods``), LoRA or full weights, CPU or CUDA.
 
-A method turns dataset rows into examples and a batch of examples into a loss; everything else is this module's
+A method (:class:`Method`, one module each in ``trainer_service.methods``) turns dataset rows into examples and a
+batch of examples into a loss; everything else is this module's
 and the same for every method: the device, the model and its adapter, the optimizer and schedule, the data order,
 checkpoints, resume, cancellation and the per-step metrics the job's events and metering use.
 
@@ -33,13 +34,12 @@ from collections.abc import Callable, Sequence
 from contextlib import nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Literal
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
 
 if TYPE_CHECKING:
-    from trainer_service.methods.base import Method
     from trainer_service.schemas import SFTRow
 
 logger = logging.getLogger(__name__)
@@ -362,6 +362,38 @@ class Policy:
         """:func:`token_logprobs` of the reference policy."""
         with self._reference() as reference, self.device.autocast():
             return token_logprobs(reference, input_ids, attention_mask, labels)
+
+
+# --------------------------------------------------------------------------- the method seam
+
+
+class Method(Protocol):
+    """One training method.
+
+    ``name``: its ``recipe.method``. ``formats``: the dataset formats it trains on (``trainer_service.schemas``).
+    ``needs_reference``: whether its loss reads the reference policy (the loop then keeps one: the base with the
+    adapter off for LoRA, a frozen copy of the starting weights for full fine-tuning, counted in the memory estimate).
+    ``rows_per_example``: the batch rows one example becomes (a DPO pair: 2), for the memory estimate.
+    """
+
+    name: ClassVar[str]
+    formats: ClassVar[frozenset[str]]
+    needs_reference: ClassVar[bool]
+    rows_per_example: ClassVar[int]
+
+    def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[Any]:
+        """The rows as this method's examples, in order. Raises ``NoSupervisedTokens`` naming the rows that have
+        nothing left to train on after truncation at ``max_seq_len``."""
+        ...
+
+    def tokens(self, example: Any) -> int:
+        """Input tokens one step spends on ``example`` (the billed quantity)."""
+        ...
+
+    def loss(self, policy: Policy, batch: Sequence[Any], config: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+        """``(loss, metrics)`` of one optimizer step on ``batch``: a scalar to minimize and the method's own
+        metrics for the step's event (floats)."""
+        ...
 
 
 # --------------------------------------------------------------------------- models and checkpoints

@@ -19,7 +19,7 @@ from trainer_service.models import Checkpoint, Dataset, TrainingJob
 from trainer_service.service import Trainer
 
 from services.common import artifacts, jobs
-from services.common.contracts import Recipe
+from services.common.contracts import MergeSpec, Recipe
 from services.common.db import utcnow
 from services.common.ids import new_id
 from services.common.llms import base_model_dir
@@ -59,11 +59,11 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             else:
                 job.steps_done, job.trained_tokens = 0, 0
                 event(s, job.id, "info", "started", f"training started (attempt {job.attempts})", {"attempt": job.attempts})
-            job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id)
+            job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id, job.merge)
     if job_snapshot is None:
         settle(trainer, job_id)
         return
-    recipe_d, dataset_ids, base_model, parent_id = job_snapshot
+    recipe_d, dataset_ids, base_model, parent_id, merge_d = job_snapshot
     with db.session() as s:
         parent = s.get(Checkpoint, parent_id) if parent_id else None
         parent_dir, parent_kind = (artifacts.local_path(parent.uri), parent.kind) if parent is not None else (None, None)
@@ -87,12 +87,14 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             event(s, job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {info['device']}, {info['precision']}, "
                   f"{info['trainable_parameters']:,} trainable parameters", info)
 
+    checkpoint_kind = [recipe.adapter]
+
     def on_checkpoint(step: int, path: Path) -> None:
         ckpt_id = new_id("ckpt")
         uri = artifacts.put_dir(settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
         with db.session() as s:
             job = lease.row(s)
-            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind=recipe.adapter, uri=uri,
+            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind=checkpoint_kind[0], uri=uri,
                              metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))
             event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
 
@@ -104,14 +106,22 @@ def run_job(trainer: Trainer, job_id: str) -> None:
 
     try:
         with lease:
-            with db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
-                rows = [row for d in dataset_ids for row in read_dataset(s.get(Dataset, d)).rows]  # type: ignore[arg-type]
-            result = train(
-                base_model_dir(base_model, settings.models_dir), method_of(recipe), rows, train_config(recipe), workdir,
-                init_adapter=parent_dir if parent_kind == "lora" else None, init_weights=parent_dir if parent_kind == "full" else None,
-                resume=resume, on_start=on_start, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
-            )
-            outcome, error = ("cancelled" if result.stopped else "succeeded"), None
+            if merge_d is not None:
+                if resume is None:  # else an earlier attempt wrote the merged checkpoint: nothing left to do
+                    checkpoint_kind[0] = _merge(trainer, base_model, MergeSpec(**merge_d), workdir / "step-1")
+                    on_checkpoint(1, workdir / "step-1")
+                with db.session() as s:
+                    lease.row(s).steps_done = 1
+                outcome, error = "succeeded", None
+            else:
+                with db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
+                    rows = [row for d in dataset_ids for row in read_dataset(s.get(Dataset, d)).rows]  # type: ignore[arg-type]
+                result = train(
+                    base_model_dir(base_model, settings.models_dir), method_of(recipe), rows, train_config(recipe), workdir,
+                    init_adapter=parent_dir if parent_kind == "lora" else None, init_weights=parent_dir if parent_kind == "full" else None,
+                    resume=resume, on_start=on_start, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
+                )
+                outcome, error = ("cancelled" if result.stopped else "succeeded"), None
     except jobs.LeaseLost:
         outcome, error = None, None
     except Exception as exc:  # the job fails; the worker lives on
@@ -128,6 +138,18 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             return
         finish(s, job, outcome, error)
     settle(trainer, job_id)
+
+
+def _merge(trainer: Trainer, base_model: str, spec: MergeSpec, out: Path) -> str:
+    """Run a merge job's combination into ``out`` (``methods.merge.merge_checkpoints``); returns the checkpoints' kind."""
+    from trainer_service.methods.merge import merge_checkpoints
+
+    with trainer.db.session() as s:
+        inputs = [s.get(Checkpoint, c) for c in spec.checkpoints]
+        folders, kind = [artifacts.local_path(c.uri) for c in inputs], inputs[0].kind  # type: ignore[union-attr]
+    merge_checkpoints(base_model_dir(base_model, trainer.settings.models_dir), kind, folders, spec.resolved_weights(), spec.combination,
+                      spec.density, spec.seed, out)
+    return kind
 
 
 def reconcile(trainer: Trainer) -> jobs.ReconcileReport:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
 from services.common import extraction
@@ -27,9 +27,10 @@ class Recipe(BaseModel):
 
     model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 100}})
 
-    method: Literal["sft", "dpo", "grpo"] = Field("sft", description=(
+    method: Literal["sft", "dpo", "grpo", "merge"] = Field("sft", description=(
         "`sft`: next-token loss on the answers of `messages` or `prompt_completion` datasets; `dpo`: Direct Preference Optimization "
-        "on `preference` datasets (`prompt`, `chosen`, `rejected`); `grpo`: reinforcement learning with the suite's scorer as reward."))
+        "on `preference` datasets (`prompt`, `chosen`, `rejected`); `grpo`: reinforcement learning with the suite's scorer as reward; "
+        "`merge`: no training, the job's `merge` combines checkpoints into a new one."))
     adapter: Literal["lora", "full"] = Field("lora", description=(
         "`lora`: a LoRA adapter over the frozen base (`lora_*`, `target_modules`); `full`: every weight (full fine-tuning; its "
         "memory estimate must fit the deployment's train workers)."))
@@ -64,6 +65,39 @@ class DatasetOut(BaseModel):
     created_at: dt.datetime
 
 
+class MergeSpec(BaseModel):
+    """How a merge job (``recipe.method: merge``) combines checkpoints of one base model, all LoRA or all full weights.
+
+    With ``τ_i`` checkpoint ``i``'s change to the base (full weights) or its LoRA factors (adapters, through PEFT's
+    ``add_weighted_adapter``), ``linear`` is ``Σ w_i τ_i`` (weights summing to 1: a model soup, Wortsman et al. 2022;
+    LoRA factors combined with √w_i each, PEFT's definition); ``ties`` trims each ``τ_i`` to its ``density`` largest
+    entries, elects a sign per entry and averages the agreeing ones (Yadav et al. 2023); ``dare_linear`` and
+    ``dare_ties`` first drop entries at random with probability ``1 - density`` and rescale the rest (Yu et al. 2024).
+    """
+
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={
+        "example": {"checkpoints": ["ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3y"], "weights": [0.5, 0.5], "combination": "linear"}})
+
+    checkpoints: list[str] = Field(min_length=1, max_length=8, description="The run's checkpoints to combine, all of the job's base model.")
+    weights: list[Annotated[float, Field(ge=-10, le=10)]] | None = Field(
+        None, description="One weight per checkpoint (default: equal weights summing to 1).")
+    combination: Literal["linear", "ties", "dare_linear", "dare_ties"] = "linear"
+    density: float = Field(0.5, gt=0, le=1, description="`ties`, `dare_*`: the share of each checkpoint's entries kept.")
+    seed: int = Field(0, ge=0, le=2**31 - 1, description="`dare_*`: the seed of the random drop (the same seed gives the same checkpoint).")
+
+    @model_validator(mode="after")
+    def _one_weight_each(self) -> MergeSpec:
+        if self.weights is not None and len(self.weights) != len(self.checkpoints):
+            raise ValueError(f"weights has {len(self.weights)} entries for {len(self.checkpoints)} checkpoints")
+        if len(set(self.checkpoints)) != len(self.checkpoints):
+            raise ValueError("a checkpoint is named twice; give it a larger weight instead")
+        return self
+
+    def resolved_weights(self) -> list[float]:
+        """The weights, or equal ones summing to 1."""
+        return list(self.weights) if self.weights is not None else [1 / len(self.checkpoints)] * len(self.checkpoints)
+
+
 class TrainingJobCreate(BaseModel):
     """Start a training job on uploaded datasets, from a base model or a parent checkpoint."""
 
@@ -72,8 +106,9 @@ class TrainingJobCreate(BaseModel):
     model: ModelName = Field(description=(
         "Base model name, or a `ckpt_…` to continue training from: a LoRA parent continues as LoRA (or is merged into the base for "
         "`adapter: full`); a full parent continues as full weights."))
-    datasets: list[str] = Field(min_length=1, max_length=16)
+    datasets: list[str] = Field(default_factory=list, max_length=16, description="The datasets to train on (at least one; none for a merge).")
     recipe: Recipe = Field(default_factory=Recipe)
+    merge: MergeSpec | None = Field(None, description="`recipe.method: merge` only: the checkpoints to combine and how.")
 
 
 class TrainingJobOut(BaseModel):
@@ -86,6 +121,7 @@ class TrainingJobOut(BaseModel):
     base_model: str
     datasets: list[str]
     recipe: Recipe
+    merge: MergeSpec | None = None
     steps_done: int
     estimated_tokens: int
     trained_tokens: int

@@ -35,6 +35,7 @@ class UsageKind(StrEnum):
     decode_tokens = "decode_tokens"
     sandbox_seconds = "sandbox_seconds"
     storage_gb_hours = "storage_gb_hours"
+    merged_parameters = "merged_parameters"  # a merge job: parameters read from its input checkpoints
 
 
 KIND_UNITS: dict[UsageKind, str] = {
@@ -44,6 +45,7 @@ KIND_UNITS: dict[UsageKind, str] = {
     UsageKind.decode_tokens: "token",
     UsageKind.sandbox_seconds: "second",
     UsageKind.storage_gb_hours: "GB-hour",
+    UsageKind.merged_parameters: "parameter",
 }
 
 

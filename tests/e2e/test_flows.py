@@ -85,7 +85,7 @@ def test_research_loop_improves_and_reaches_the_leaderboard(stack, new_run, benc
 
 
 @pytest.mark.slow
-def test_the_agent_trains_by_dpo_on_full_weights_and_the_full_checkpoint_is_evaluated_and_graded(stack, admin):  # noqa: ANN001
+def test_the_agent_trains_by_dpo_on_full_weights_the_checkpoints_are_merged_evaluated_and_graded(stack, admin):  # noqa: ANN001
     """The reference agent's other options, through every service: preference pairs from the training pool, a DPO
     job on full weights (its device, its DPO metrics, full-weight checkpoints), the checkpoint served by inference
     for validation and graded on the hidden split."""
@@ -115,6 +115,20 @@ def test_the_agent_trains_by_dpo_on_full_weights_and_the_full_checkpoint_is_eval
     evaluated = [e for e in client.evaluations() if e["model"] == ckpt["id"]]
     assert evaluated and evaluated[0]["status"] == "succeeded" and evaluated[0]["score"] is not None
     assert client.budget()["spent_by_kind"]["training_tokens"] > 0
+
+    # a merge job: the job's two full-weight checkpoints averaged into a new one, charged for what it read, served
+    first, last = (c["id"] for c in client.checkpoints(job["id"]))
+    merge = client.merge_checkpoints("smollm2-135m-instruct", [first, last], combination="linear")
+    assert (merge["recipe"]["method"], merge["merge"]["weights"], merge["datasets"]) == ("merge", None, [])
+    deadline = time.monotonic() + 300
+    while (merge := client.training_job(merge["id"]))["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert merge["status"] == "succeeded", merge
+    [merged] = client.checkpoints(merge["id"])
+    assert merged["kind"] == "full"
+    evaluation = client.wait_evaluation(client.create_evaluation(merged["id"], limit=2)["id"], poll_s=0.5)
+    assert evaluation["status"] == "succeeded" and evaluation["score"] is not None
+    assert client.budget()["spent_by_kind"]["merged_parameters"] > 0
 
 
 def test_a_run_that_trained_on_planted_test_items_is_flagged_on_the_leaderboard(stack, new_run, benchmark):  # noqa: ANN001

@@ -1,10 +1,11 @@
-"""Training methods, one module each, registered by their ``recipe.method`` name (see ``base.Method``)."""
+"""Training methods, one module each, registered by their ``recipe.method`` name (the seam: ``trainer_service.training.Method``;
+``merge`` is a job of its own, ``merge.py``)."""
 
 from __future__ import annotations
 
-from trainer_service.methods.base import Method
 from trainer_service.methods.dpo import DPO
 from trainer_service.methods.sft import SFT
+from trainer_service.training import Method
 
 METHODS: dict[str, Method] = {m.name: m for m in (SFT(), DPO())}
 """Every method this trainer runs, by name."""

@@ -16,6 +16,7 @@ class SFT:
     name: ClassVar[str] = "sft"
     formats: ClassVar[frozenset[str]] = frozenset({"messages", "prompt_completion"})
     needs_reference: ClassVar[bool] = False
+    rows_per_example: ClassVar[int] = 1
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[Example]:
         """:func:`~trainer_service.training.tokenize_examples`: loss on the answer only."""

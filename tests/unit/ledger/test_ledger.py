@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+import yaml
 from fastapi.testclient import TestClient
 from sqlalchemy import func, select, text, update
 from sqlalchemy.exc import DBAPIError, IntegrityError
@@ -479,7 +480,8 @@ def test_internal_routes_require_the_service_token(client: TestClient) -> None:
         assert r.headers["content-type"] == "application/problem+json"
         r = client.post("/internal/accounts", json={"account_id": new_id("run"), "budget_usd_micros": 1}, headers=headers)
         assert r.status_code == 401
-    assert client.get("/internal/prices", headers=AUTH).json()["version"] == "2026-11-30"
+    shipped = yaml.safe_load((Path(__file__).parents[3] / "services" / "ledger" / "prices.yaml").read_text())["version"]
+    assert client.get("/internal/prices", headers=AUTH).json()["version"] == shipped
 
 
 def test_http_hold_lifecycle(client: TestClient) -> None:

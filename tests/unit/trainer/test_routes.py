@@ -5,12 +5,15 @@ No job is trained here: a job's hold, events and cancel are the service's side; 
 
 from __future__ import annotations
 
+import json
 from collections.abc import Iterator
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 import httpx
 import pytest
+import torch
 from fastapi.testclient import TestClient
 from trainer_service.app import create_app
 from trainer_service.client import TrainerClient
@@ -248,7 +251,7 @@ def test_a_job_a_train_worker_cannot_hold_is_a_422_before_any_hold(served: Serve
     assert dpo_full.reference == full.weights and dpo_full.activations == 2 * full.activations
     settings = served.trainer.settings
     original = settings.train_memory_mb
-    settings.train_memory_mb = (lora.total + full.total) // 2 // 2**20  # holds the LoRA job, not the full one
+    settings.train_memory_mb = lora.total // 2**20 + 1  # holds the LoRA job (rows of max_seq_len tokens, more than it has), not the full one
     try:
         with pytest.raises(UpstreamProblem) as exc:
             client.create_job(ctx, job_request([ds.id], adapter="full"))
@@ -276,6 +279,59 @@ def test_a_lora_job_on_a_full_weights_parent_is_a_422_naming_the_adapter(served:
     assert problem(exc, 422)["field"] == "recipe.adapter"
     continued = client.create_job(ctx, TrainingJobCreate(model=ckpt_id, datasets=[ds.id], recipe=Recipe(adapter="full", max_steps=2)))
     assert (continued.model, continued.base_model) == (ckpt_id, MODEL)
+
+
+def _checkpoint(served: Served, ctx: RunContext, folder: Path, kind: str, rank: int = 8) -> str:
+    """A checkpoint row of the run (of a queued job of its own) over a folder holding a safetensors file of 1,000
+    parameters (and a LoRA config)."""
+    from safetensors.torch import save_file
+
+    client = served.client()
+    job = client.create_job(ctx, job_request([client.upload_dataset(ctx, GOOD).id]))
+
+    folder.mkdir(parents=True)
+    save_file({"w": torch.zeros(10, 100)}, str(folder / ("adapter_model.safetensors" if kind == "lora" else "model.safetensors")))
+    if kind == "lora":
+        (folder / "adapter_config.json").write_text(json.dumps({"r": rank}))
+    ckpt_id = new_id("ckpt")
+    with served.trainer.db.session() as s:
+        s.add(Checkpoint(id=ckpt_id, job_id=job.id, run_id=ctx.run_id, step=1, base_model=MODEL, kind=kind, uri=folder.as_uri(),
+                         metrics={}, created_at=utcnow()))
+    return ckpt_id
+
+
+def test_a_merge_job_is_validated_held_on_the_parameters_it_reads_and_queued(served: Served, client: TrainerClient, tmp_path: Path) -> None:
+    ctx, other = served.new_run(), served.new_run()
+    lora_a, lora_b = _checkpoint(served, ctx, tmp_path / "a", "lora"), _checkpoint(served, ctx, tmp_path / "b", "lora")
+    lora_r4, full = _checkpoint(served, ctx, tmp_path / "c", "lora", rank=4), _checkpoint(served, ctx, tmp_path / "d", "full")
+    foreign = _checkpoint(served, other, tmp_path / "e", "lora")
+    ds = client.upload_dataset(ctx, GOOD)
+    merge = {"recipe": {"method": "merge"}}
+
+    def refused(body: dict[str, Any]) -> str:
+        headers = {"Authorization": f"Bearer {GATEWAY_TOKEN}", **run_headers(ctx, GATEWAY_TOKEN)}
+        return assert_problem(served.raw.post("/internal/jobs", json={"model": MODEL, **body}, headers=headers), 422)["field"]
+
+    assert refused(merge) == "merge"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a]}, "datasets": [ds.id]}) == "datasets"
+    assert refused({"datasets": [ds.id], "merge": {"checkpoints": [lora_a]}}) == "merge"
+    assert refused({"recipe": {"method": "sft"}}) == "datasets"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a, foreign]}}) == "merge.checkpoints[1]"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a, full]}}) == "merge.checkpoints"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_r4]}}) == "merge.checkpoints[1]"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_b], "weights": [1.0]}}) == "merge"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_a]}}) == "merge"
+    assert refused({**merge, "model": lora_a, "merge": {"checkpoints": [lora_b]}}) == "model"
+    holds = len(served.ledger.list_holds(ctx.run_id))  # the checkpoints' own jobs'
+
+    job = client.create_job(ctx, TrainingJobCreate(model=MODEL, recipe=Recipe(method="merge"),
+                                                   merge={"checkpoints": [lora_a, lora_b], "combination": "ties", "density": 0.3}))
+    assert (job.status, job.recipe.method, job.datasets, job.merge.resolved_weights()) == ("queued", "merge", [], [0.5, 0.5])
+    hold = served.ledger.list_holds(ctx.run_id)[holds:]
+    assert len(hold) == 1 and hold[0].amount_usd_micros == 2  # 2,000 parameters at $0.001 per million, rounded up
+    [validated] = client.job_events(ctx, job.id).data
+    assert validated.data["merged_parameters"] == 2_000
+    assert served.enqueued[-1] == job.id
 
 
 def test_a_job_on_a_dataset_not_the_runs_is_a_404(served: Served, client: TrainerClient) -> None:
