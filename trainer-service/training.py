@@ -30,8 +30,8 @@ import logging
 import os
 import shutil
 import time
-from collections.abc import Callable, Sequence
-from contextlib import nullcontext
+from collections.abc import Callable, Iterator, Sequence
+from contextlib import contextmanager, nullcontext
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
@@ -443,17 +443,10 @@ def _reference_context(model: Any, config: TrainConfig, device: Device) -> Calla
     if config.adapter == "lora":
         causal_lm = model.get_base_model()
 
-        def lora_reference() -> Any:
-            class _Off:
-                def __enter__(self) -> Any:
-                    self._ctx = model.disable_adapter()
-                    self._ctx.__enter__()
-                    return causal_lm
-
-                def __exit__(self, *exc: object) -> None:
-                    self._ctx.__exit__(*exc)
-
-            return _Off()
+        @contextmanager
+        def lora_reference() -> Iterator[Any]:
+            with model.disable_adapter():
+                yield causal_lm
 
         return lora_reference
     frozen = copy.deepcopy(model).requires_grad_(False).eval()
