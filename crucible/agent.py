@@ -28,6 +28,8 @@ from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, T
 from crucible.sdk import CrucibleAPIError, CrucibleClient
 
 DEFAULT_MAX_SEQ_LEN = 256  # the trainer's default recipe.max_seq_len (tokens)
+FULL_LEARNING_RATE = 1e-5  # the agent's learning rate for full fine-tuning (LoRA: the recipe's default, 1e-3)
+TRAINER_DEFAULTS = {"method": "sft", "adapter": "lora"}  # what the API documents for a recipe field left out
 LONG_MAX_SEQ_LEN = 1024  # what the baseline asks for when it may choose (tokens)
 PROMPT_OVERHEAD_BYTES = 64  # room for the chat template's tokens around the messages
 
@@ -56,7 +58,7 @@ class AgentConfig:
         config = cls()
         config.recipe = {**config.recipe, "method": method, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}
         if adapter != "lora":
-            config.recipe |= {"adapter": adapter, "learning_rate": 1e-5}  # full fine-tuning moves every weight: a smaller step
+            config.recipe["adapter"] = adapter
         return config
 
 
@@ -154,14 +156,14 @@ class BaselineAgent:
         return float(ev["score"]["value"])
 
     def build_training_set(self, harness: dict[str, Any], validation_questions: set[str], task: str | None = None,
-                           max_prompt_bytes: int | None = None) -> bytes:
-        """Rows from the task's training pool, as the recipe's method trains them: for ``sft`` chat rows (system
+                           max_prompt_bytes: int | None = None, method: str = "sft") -> bytes:
+        """Rows from the task's training pool, as ``method`` trains them: for ``sft`` chat rows (system
         prompt, the question as the harness renders it, answer); for ``dpo`` preference rows with that conversation
         as the prompt, the pool's answer chosen and another item's different answer rejected. Validation questions
         removed, and rows whose prompt is ``max_prompt_bytes`` bytes or more (:func:`prompt_bytes`) left out, so
         that truncation at the recipe's ``max_seq_len`` always leaves their answer to train on."""
         template = jinja2.Environment(autoescape=False).from_string(harness.get("user_template") or "{{ question }}")
-        preference = self.config.recipe.get("method") == "dpo"
+        preference = method == "dpo"
         rows, offset, answers = [], 0, []
         while len(rows) < self.config.train_examples:
             batch = self.client.train_sample(offset=offset, limit=1000, task=task)
@@ -185,8 +187,22 @@ class BaselineAgent:
 
     def recipe_for(self, card: dict[str, Any]) -> dict[str, Any]:
         """The configured recipe as the run's policy lets it be sent: nothing if the trainer is not editable,
-        else without the locked fields (the gateway sets them) and, with an allow list, only allowed fields."""
-        return {k: v for k, v in self.config.recipe.items() if self._may_set(card, k)}
+        else without the locked fields (the gateway sets them) and, with an allow list, only allowed fields. A job
+        that will train every weight gets learning rate 1e-5 unless one is configured (full fine-tuning moves every
+        weight: a smaller step)."""
+        recipe = {k: v for k, v in self.config.recipe.items() if self._may_set(card, k)}
+        if self.effective(card, "adapter") == "full" and "learning_rate" not in recipe and self._may_set(card, "learning_rate"):
+            recipe["learning_rate"] = FULL_LEARNING_RATE
+        return recipe
+
+    def effective(self, card: dict[str, Any], key: str) -> Any:
+        """The value recipe field ``key`` will have in the job: the benchmark's lock, else the configured value if the
+        agent may send it, else the trainer's default."""
+        if key in card["recipe"]["lock"]:
+            return card["recipe"]["lock"][key]
+        if key in self.config.recipe and self._may_set(card, key):
+            return self.config.recipe[key]
+        return TRAINER_DEFAULTS.get(key)
 
     @staticmethod
     def _may_set(card: dict[str, Any], key: str) -> bool:
@@ -300,7 +316,8 @@ class BaselineAgent:
             if choosable:  # long prompts (code): room for them, up to what a CPU trains in reasonable time
                 seq_len = max(seq_len, LONG_MAX_SEQ_LEN)
                 recipe["max_seq_len"] = seq_len
-            data = self.build_training_set(harness, validation_questions, task, max_prompt_bytes=seq_len - PROMPT_OVERHEAD_BYTES)
+            data = self.build_training_set(harness, validation_questions, task, max_prompt_bytes=seq_len - PROMPT_OVERHEAD_BYTES,
+                                           method=self.effective(card, "method"))
             ds = c.upload_dataset(data, f"baseline-{spec['name']}.jsonl")
             self.step(f"{label}uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
             try:

@@ -8,21 +8,18 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
 
 from grader import worker
 from grader.api import router
-from grader.service import Grader
+from grader.service import MIGRATIONS_DIR, Grader
 from grader.settings import GraderSettings
 from services.common.app import create_service_app
 from services.common.auth import service_caller
 from services.common.db import migrate
 from services.common.periodic import Periodic
 from services.common.settings import ServiceSettings
-
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 
 def create_app(settings: GraderSettings | None = None, grader: Grader | None = None) -> FastAPI:

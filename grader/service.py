@@ -17,6 +17,7 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from celery import Celery
 from inference_service.client import InferenceClient
@@ -26,9 +27,12 @@ from grader.settings import GraderSettings
 from grader.suites import Item
 from grader.teststore import TestStore
 from services.common.celery_app import make_celery
-from services.common.db import Database
+from services.common.db import Database, migrate
 from services.common.settings import ServiceSettings
 from services.ledger.client import LedgerClient
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+"""The service's Alembic scripts (its database is migrated when its service object is built)."""
 
 EVAL_QUEUE = "eval"
 EVAL_TASK = "grader.run_evaluation"
@@ -58,7 +62,7 @@ class Grader:
 
     @classmethod
     def from_settings(cls, settings: GraderSettings, queue: Celery | None = None) -> Grader:
-        """The grader of ``settings``: its database (``database_url_for("grader")``), its test store (migrated), the
+        """The grader of ``settings``: its database (``database_url_for("grader")``) and its test store, both migrated, the
         ledger, trainer (300 s, 3 retries) and inference (``inference_timeout_s``) clients, and an evaluation queue on
         ``queue`` (an eval worker passes its own Celery app; default: a new one on the broker)."""
         queue = queue or evaluation_queue(settings)
@@ -66,6 +70,7 @@ class Grader:
         def enqueue(eval_id: str) -> None:
             queue.send_task(EVAL_TASK, args=[eval_id], queue=EVAL_QUEUE)
 
+        migrate(settings.database_url_for("grader"), MIGRATIONS_DIR)  # an eval worker may start (and reconcile) before the app
         return cls(settings=settings, db=Database(settings.database_url_for("grader")), store=TestStore(settings.test_store_url()),
                    ledger=LedgerClient.connect(settings), trainer=TrainerClient.connect(settings, timeout_s=300, retries=3),
                    inference=InferenceClient.connect(settings, timeout_s=settings.inference_timeout_s), enqueue=enqueue)

@@ -9,20 +9,17 @@ from __future__ import annotations
 
 from collections.abc import AsyncIterator
 from contextlib import asynccontextmanager
-from pathlib import Path
 
 from fastapi import FastAPI
 from trainer_service import worker
 from trainer_service.api import router
-from trainer_service.service import Trainer
+from trainer_service.service import MIGRATIONS_DIR, Trainer
 
 from services.common.app import create_service_app
 from services.common.auth import service_caller
 from services.common.db import migrate
 from services.common.periodic import Periodic
 from services.common.settings import ServiceSettings
-
-MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 
 
 def create_app(settings: ServiceSettings | None = None) -> FastAPI:

@@ -71,6 +71,7 @@ class _Plan:
     merge: dict[str, Any] | None
     message: str
     data: dict[str, Any]
+    adapter: str | None = None  # a merge: its checkpoints' kind, recorded as the job's recipe.adapter
 
 
 def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:
@@ -95,7 +96,8 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     try:
         with trainer.db.session() as s:
             job = TrainingJob(
-                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, recipe=recipe.model_dump(), merge=plan.merge,
+                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, merge=plan.merge,
+                recipe=recipe.model_dump() | ({"adapter": plan.adapter} if plan.adapter else {}),
                 dataset_ids=plan.dataset_ids, base_model=plan.base_model, parent_checkpoint_id=plan.parent_id,
                 hold_id=hold.hold_id, idempotency_key=idempotency_key, request_sha256=fingerprint,
                 estimated_tokens=plan.estimated_tokens, created_at=utcnow(), enqueued_at=utcnow(),
@@ -116,9 +118,22 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     return out
 
 
+def _refuse_unused(recipe: Recipe, used: set[str]) -> None:
+    """``Unprocessable`` naming ``recipe.<field>`` for a field set to other than its default that the job's method
+    does not read: a recipe field is honoured or refused, never silently ignored."""
+    defaults = Recipe()
+    for name in Recipe.model_fields:
+        if name not in used and getattr(recipe, name) != getattr(defaults, name):
+            raise Unprocessable(f"recipe.{name} does not apply to recipe.method {recipe.method!r}; leave it out", field=f"recipe.{name}")
+
+
 def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _Plan:
+    from trainer_service.methods import METHODS
+
     recipe = req.recipe
-    method_of(recipe)
+    method = method_of(recipe)
+    others = set().union(*(m.own_fields for m in METHODS.values())) - method.own_fields
+    _refuse_unused(recipe, set(Recipe.model_fields) - others)
     if req.merge is not None:
         raise Unprocessable("merge is for recipe.method 'merge' only", field="merge")
     if not req.datasets:
@@ -162,6 +177,10 @@ def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _P
     kinds = {kind for _, kind, _ in checkpoints}
     if len(kinds) > 1:
         raise Unprocessable("the checkpoints mix LoRA adapters and full weights; merge one kind", field="merge.checkpoints")
+    kind = next(iter(kinds))
+    if req.recipe.adapter == "full" and kind == "lora":
+        raise Unprocessable("a merge keeps its checkpoints' kind: these are LoRA adapters", field="recipe.adapter")
+    _refuse_unused(req.recipe, {"method", "adapter"})
     if kinds == {"lora"}:
         from trainer_service.methods.merge import lora_rank
 
@@ -170,9 +189,9 @@ def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _P
             i = next(i for i, r in enumerate(ranks) if r != ranks[0])
             raise Unprocessable(f"LoRA ranks differ ({ranks}); PEFT combines adapters of one rank", field=f"merge.checkpoints[{i}]")
     parameters = sum(stored_parameters(folder) for _, _, folder in checkpoints)
-    return _Plan(base_model=base_model, parent_id=None, dataset_ids=[], estimated_tokens=0, merge=spec.model_dump(),
+    return _Plan(base_model=base_model, parent_id=None, dataset_ids=[], estimated_tokens=0, merge=spec.model_dump(), adapter=kind,
                  usage=[UsageItem(kind=UsageKind.merged_parameters, quantity=parameters, model=base_model)],
-                 message=f"validated a {spec.combination} merge of {len(checkpoints)} {kinds.pop()} checkpoint(s), {parameters:,} parameters to read",
+                 message=f"validated a {spec.combination} merge of {len(checkpoints)} {kind} checkpoint(s), {parameters:,} parameters to read",
                  data={"checkpoints": len(checkpoints), "merged_parameters": parameters})
 
 

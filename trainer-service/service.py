@@ -11,13 +11,17 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from pathlib import Path
 
 from celery import Celery
 
 from services.common.celery_app import make_celery
-from services.common.db import Database
+from services.common.db import Database, migrate
 from services.common.settings import ServiceSettings
 from services.ledger.client import LedgerClient
+
+MIGRATIONS_DIR = Path(__file__).with_name("migrations")
+"""The service's Alembic scripts (its database is migrated when its service object is built)."""
 
 TRAIN_QUEUE = "train"
 TRAIN_TASK = "trainer.run_training_job"
@@ -41,13 +45,14 @@ class Trainer:
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings, queue: Celery | None = None) -> Trainer:
-        """The trainer of ``settings``: its database (``database_url_for("trainer")``), a ledger client, and a
+        """The trainer of ``settings``: its database (``database_url_for("trainer")``, migrated), a ledger client, and a
         job queue on ``queue`` (a train worker passes its own Celery app; default: a new one on the broker)."""
         queue = queue or job_queue(settings)
 
         def enqueue(job_id: str) -> None:
             queue.send_task(TRAIN_TASK, args=[job_id], queue=TRAIN_QUEUE)
 
+        migrate(settings.database_url_for("trainer"), MIGRATIONS_DIR)  # a train worker may start (and reconcile) before the app
         return cls(settings=settings, db=Database(settings.database_url_for("trainer")), ledger=LedgerClient.connect(settings), enqueue=enqueue)
 
     def close(self) -> None:

@@ -374,12 +374,14 @@ class Method(Protocol):
     ``needs_reference``: whether its loss reads the reference policy (the loop then keeps one: the base with the
     adapter off for LoRA, a frozen copy of the starting weights for full fine-tuning, counted in the memory estimate).
     ``rows_per_example``: the batch rows one example becomes (a DPO pair: 2), for the memory estimate.
+    ``own_fields``: the recipe fields only this method reads (``dpo_beta``); another method's job refuses them.
     """
 
     name: ClassVar[str]
     formats: ClassVar[frozenset[str]]
     needs_reference: ClassVar[bool]
     rows_per_example: ClassVar[int]
+    own_fields: ClassVar[frozenset[str]]
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[Any]:
         """The rows as this method's examples, in order. Raises ``NoSupervisedTokens`` naming the rows that have

@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import shutil
 import tempfile
+from collections.abc import Callable
 from functools import partial
 from pathlib import Path
 
@@ -107,12 +108,17 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     try:
         with lease:
             if merge_d is not None:
-                if resume is None:  # else an earlier attempt wrote the merged checkpoint: nothing left to do
-                    checkpoint_kind[0] = _merge(trainer, base_model, MergeSpec(**merge_d), workdir / "step-1")
-                    on_checkpoint(1, workdir / "step-1")
-                with db.session() as s:
-                    lease.row(s).steps_done = 1
-                outcome, error = "succeeded", None
+                from trainer_service.methods.merge import MergeStopped
+
+                try:
+                    if resume is None:  # else an earlier attempt wrote the merged checkpoint: nothing left to do
+                        checkpoint_kind[0] = _merge(trainer, base_model, MergeSpec(**merge_d), workdir / "step-1", should_stop)
+                        on_checkpoint(1, workdir / "step-1")
+                    with db.session() as s:
+                        lease.row(s).steps_done = 1
+                    outcome, error = "succeeded", None
+                except MergeStopped:
+                    outcome, error = "cancelled", None
             else:
                 with db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
                     rows = [row for d in dataset_ids for row in read_dataset(s.get(Dataset, d)).rows]  # type: ignore[arg-type]
@@ -140,15 +146,16 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     settle(trainer, job_id)
 
 
-def _merge(trainer: Trainer, base_model: str, spec: MergeSpec, out: Path) -> str:
-    """Run a merge job's combination into ``out`` (``methods.merge.merge_checkpoints``); returns the checkpoints' kind."""
+def _merge(trainer: Trainer, base_model: str, spec: MergeSpec, out: Path, should_stop: Callable[[], bool]) -> str:
+    """Run a merge job's combination into ``out`` (``methods.merge.merge_checkpoints``, stopped by ``should_stop``);
+    returns the checkpoints' kind."""
     from trainer_service.methods.merge import merge_checkpoints
 
     with trainer.db.session() as s:
         inputs = [s.get(Checkpoint, c) for c in spec.checkpoints]
         folders, kind = [artifacts.local_path(c.uri) for c in inputs], inputs[0].kind  # type: ignore[union-attr]
     merge_checkpoints(base_model_dir(base_model, trainer.settings.models_dir), kind, folders, spec.resolved_weights(), spec.combination,
-                      spec.density, spec.seed, out)
+                      spec.density, spec.seed, out, should_stop)
     return kind
 
 

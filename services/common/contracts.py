@@ -9,7 +9,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Annotated, Any, Generic, Literal, TypeVar
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator, model_validator
+from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
 from services.common import extraction
@@ -25,7 +25,8 @@ TRAINING_FIELDS = (
 class Recipe(BaseModel):
     """How to train: method, adapter and hyper-parameters (names as in transformers/PEFT)."""
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 100}})
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
+                              json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 100}})
 
     method: Literal["sft", "dpo", "grpo", "merge"] = Field("sft", description=(
         "`sft`: next-token loss on the answers of `messages` or `prompt_completion` datasets; `dpo`: Direct Preference Optimization "
@@ -75,7 +76,7 @@ class MergeSpec(BaseModel):
     ``dare_ties`` first drop entries at random with probability ``1 - density`` and rescale the rest (Yu et al. 2024).
     """
 
-    model_config = ConfigDict(extra="forbid", allow_inf_nan=False, json_schema_extra={
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, json_schema_extra={
         "example": {"checkpoints": ["ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3y"], "weights": [0.5, 0.5], "combination": "linear"}})
 
     checkpoints: list[str] = Field(min_length=1, max_length=8, description="The run's checkpoints to combine, all of the job's base model.")
@@ -85,13 +86,21 @@ class MergeSpec(BaseModel):
     density: float = Field(0.5, gt=0, le=1, description="`ties`, `dare_*`: the share of each checkpoint's entries kept.")
     seed: int = Field(0, ge=0, le=2**31 - 1, description="`dare_*`: the seed of the random drop (the same seed gives the same checkpoint).")
 
-    @model_validator(mode="after")
-    def _one_weight_each(self) -> MergeSpec:
-        if self.weights is not None and len(self.weights) != len(self.checkpoints):
-            raise ValueError(f"weights has {len(self.weights)} entries for {len(self.checkpoints)} checkpoints")
-        if len(set(self.checkpoints)) != len(self.checkpoints):
-            raise ValueError("a checkpoint is named twice; give it a larger weight instead")
-        return self
+    @field_validator("checkpoints")
+    @classmethod
+    def _each_once(cls, checkpoints: list[str]) -> list[str]:
+        if len(set(checkpoints)) != len(checkpoints):
+            raise PydanticCustomError("duplicate_checkpoint", "a checkpoint is named twice; give it a larger weight instead")
+        return checkpoints
+
+    @field_validator("weights")
+    @classmethod
+    def _one_weight_each(cls, weights: list[float] | None, info: ValidationInfo) -> list[float] | None:
+        checkpoints = info.data.get("checkpoints")
+        if weights is not None and checkpoints is not None and len(weights) != len(checkpoints):
+            raise PydanticCustomError("weights_length", "{weights} weights for {checkpoints} checkpoints: give one weight per checkpoint",
+                                      {"weights": len(weights), "checkpoints": len(checkpoints)})
+        return weights
 
     def resolved_weights(self) -> list[float]:
         """The weights, or equal ones summing to 1."""

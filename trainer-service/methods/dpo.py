@@ -33,6 +33,7 @@ class DPO:
     formats: ClassVar[frozenset[str]] = frozenset({"preference"})
     needs_reference: ClassVar[bool] = True
     rows_per_example: ClassVar[int] = 2
+    own_fields: ClassVar[frozenset[str]] = frozenset({"dpo_beta"})
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[PreferencePair]:
         """Each row as a :class:`PreferencePair`; ``NoSupervisedTokens`` for rows where either answer is cut away."""

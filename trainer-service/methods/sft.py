@@ -17,6 +17,7 @@ class SFT:
     formats: ClassVar[frozenset[str]] = frozenset({"messages", "prompt_completion"})
     needs_reference: ClassVar[bool] = False
     rows_per_example: ClassVar[int] = 1
+    own_fields: ClassVar[frozenset[str]] = frozenset()
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[Example]:
         """:func:`~trainer_service.training.tokenize_examples`: loss on the answer only."""

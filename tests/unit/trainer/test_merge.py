@@ -10,7 +10,7 @@ import pytest
 import torch
 from peft import LoraConfig, PeftModel, get_peft_model
 from safetensors.torch import load_file
-from trainer_service.methods.merge import merge_checkpoints
+from trainer_service.methods.merge import MergeStopped, merge_checkpoints
 from transformers import AutoModelForCausalLM
 
 from tests.conftest import prepared_models
@@ -100,3 +100,16 @@ def test_ties_and_dare_write_loadable_checkpoints_of_both_kinds_and_dare_is_fixe
     if combination.startswith("dare"):
         other = merge_checkpoints(base, "full", fulls, [0.5, 0.5], combination, 0.5, 8, tmp_path / "other")
         assert not torch.equal(load_file(other / "model.safetensors")["model.layers.11.mlp.down_proj.weight"], merged)
+
+
+@pytest.mark.parametrize("kind", ["lora", "full"])
+def test_a_cancelled_merge_stops_and_writes_nothing(base: Path, adapters: list[Path], fulls: list[Path], tmp_path: Path, kind: str) -> None:
+    asked = []
+
+    def cancelled_by_now() -> bool:
+        asked.append(1)
+        return len(asked) > 1 if kind == "full" else True
+
+    with pytest.raises(MergeStopped):
+        merge_checkpoints(base, kind, adapters if kind == "lora" else fulls, [0.5, 0.5], "linear", 0.5, 0, tmp_path / "out", cancelled_by_now)
+    assert list(tmp_path.iterdir()) == []

@@ -319,19 +319,26 @@ def test_a_merge_job_is_validated_held_on_the_parameters_it_reads_and_queued(ser
     assert refused({**merge, "merge": {"checkpoints": [lora_a, foreign]}}) == "merge.checkpoints[1]"
     assert refused({**merge, "merge": {"checkpoints": [lora_a, full]}}) == "merge.checkpoints"
     assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_r4]}}) == "merge.checkpoints[1]"
-    assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_b], "weights": [1.0]}}) == "merge"
-    assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_a]}}) == "merge"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_b], "weights": [1.0]}}) == "merge.weights"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_a]}}) == "merge.checkpoints"
+    assert refused({**merge, "merge": {"checkpoints": [lora_a, lora_b], "weights": ["0.5", "0.5"]}}) == "merge.weights.0"  # no coercion
+    assert refused({"recipe": {"method": "merge", "lora_r": 4}, "merge": {"checkpoints": [lora_a, lora_b]}}) == "recipe.lora_r"
+    assert refused({"recipe": {"method": "merge", "adapter": "full"}, "merge": {"checkpoints": [lora_a, lora_b]}}) == "recipe.adapter"
+    assert refused({"recipe": {"method": "sft", "dpo_beta": 5.0}, "datasets": [ds.id]}) == "recipe.dpo_beta"  # not read by sft: refused
+    assert refused({"recipe": {"method": "dpo", "dpo_beta": "0.1"}, "datasets": [ds.id]}) == "recipe.dpo_beta"  # no coercion
     assert refused({**merge, "model": lora_a, "merge": {"checkpoints": [lora_b]}}) == "model"
     holds = len(served.ledger.list_holds(ctx.run_id))  # the checkpoints' own jobs'
 
     job = client.create_job(ctx, TrainingJobCreate(model=MODEL, recipe=Recipe(method="merge"),
                                                    merge={"checkpoints": [lora_a, lora_b], "combination": "ties", "density": 0.3}))
     assert (job.status, job.recipe.method, job.datasets, job.merge.resolved_weights()) == ("queued", "merge", [], [0.5, 0.5])
-    hold = served.ledger.list_holds(ctx.run_id)[holds:]
-    assert len(hold) == 1 and hold[0].amount_usd_micros == 2  # 2,000 parameters at $0.001 per million, rounded up
+    full_merge = client.create_job(ctx, TrainingJobCreate(model=MODEL, recipe=Recipe(method="merge"), merge={"checkpoints": [full]}))
+    assert full_merge.recipe.adapter == "full"  # the job records its checkpoints' kind
+    hold = served.ledger.list_holds(ctx.run_id)[holds:holds + 1]
+    assert len(hold) == 1 and hold[0].amount_usd_micros == 1  # 2,000 parameters at 1 µUSD per million, rounded up
     [validated] = client.job_events(ctx, job.id).data
     assert validated.data["merged_parameters"] == 2_000
-    assert served.enqueued[-1] == job.id
+    assert job.id in served.enqueued and full_merge.id in served.enqueued
 
 
 def test_a_job_on_a_dataset_not_the_runs_is_a_404(served: Served, client: TrainerClient) -> None:
