@@ -134,6 +134,11 @@ def stored_parameters(folder: Path) -> int:
     return total
 
 
+def lora_rank(folder: Path) -> int:
+    """The rank ``r`` of the LoRA adapter in a checkpoint folder (its ``adapter_config.json``)."""
+    return int(json.loads((folder / "adapter_config.json").read_text())["r"])
+
+
 def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None) -> MemoryEstimate:
     """The memory a job of ``recipe`` on the model in ``model_dir`` needs (see :class:`MemoryEstimate`), its batch
     rows padded to ``longest`` tokens (default ``recipe.max_seq_len``).

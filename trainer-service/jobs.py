@@ -16,7 +16,7 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from trainer_service.datasets import owned_dataset
-from trainer_service.estimate import check_memory, estimate_tokens, method_of, place_hold, stored_parameters
+from trainer_service.estimate import check_memory, estimate_tokens, lora_rank, method_of, place_hold, stored_parameters
 from trainer_service.models import Checkpoint, JobEvent, TrainingJob
 from trainer_service.schemas import CheckpointRecord
 from trainer_service.service import Trainer
@@ -173,22 +173,20 @@ def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _P
                 raise Unprocessable(f"unknown checkpoint {ckpt_id!r}", field=f"merge.checkpoints[{i}]")
             if ckpt.base_model != base_model:
                 raise Unprocessable(f"{ckpt_id} is of {ckpt.base_model}, not {base_model}", field=f"merge.checkpoints[{i}]")
-            checkpoints.append((ckpt.id, ckpt.kind, artifacts.local_path(ckpt.uri)))
-    kinds = {kind for _, kind, _ in checkpoints}
+            checkpoints.append((ckpt.kind, artifacts.local_path(ckpt.uri)))
+    kinds = {kind for kind, _ in checkpoints}
     if len(kinds) > 1:
         raise Unprocessable("the checkpoints mix LoRA adapters and full weights; merge one kind", field="merge.checkpoints")
     kind = next(iter(kinds))
     if req.recipe.adapter == "full" and kind == "lora":
         raise Unprocessable("a merge keeps its checkpoints' kind: these are LoRA adapters", field="recipe.adapter")
     _refuse_unused(req.recipe, {"method", "adapter"})
-    if kinds == {"lora"}:
-        from trainer_service.methods.merge import lora_rank
-
-        ranks = [lora_rank(folder) for _, _, folder in checkpoints]
+    if kind == "lora":
+        ranks = [lora_rank(folder) for _, folder in checkpoints]
         if len(set(ranks)) > 1:
             i = next(i for i, r in enumerate(ranks) if r != ranks[0])
             raise Unprocessable(f"LoRA ranks differ ({ranks}); PEFT combines adapters of one rank", field=f"merge.checkpoints[{i}]")
-    parameters = sum(stored_parameters(folder) for _, _, folder in checkpoints)
+    parameters = sum(stored_parameters(folder) for _, folder in checkpoints)
     return _Plan(base_model=base_model, parent_id=None, dataset_ids=[], estimated_tokens=0, merge=spec.model_dump(), adapter=kind,
                  usage=[UsageItem(kind=UsageKind.merged_parameters, quantity=parameters, model=base_model)],
                  message=f"validated a {spec.combination} merge of {len(checkpoints)} {kind} checkpoint(s), {parameters:,} parameters to read",

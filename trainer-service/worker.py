@@ -88,14 +88,12 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             event(s, job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {info['device']}, {info['precision']}, "
                   f"{info['trainable_parameters']:,} trainable parameters", info)
 
-    checkpoint_kind = [recipe.adapter]
-
     def on_checkpoint(step: int, path: Path) -> None:
         ckpt_id = new_id("ckpt")
         uri = artifacts.put_dir(settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
         with db.session() as s:
             job = lease.row(s)
-            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind=checkpoint_kind[0], uri=uri,
+            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind=recipe.adapter, uri=uri,
                              metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))
             event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
 
@@ -112,7 +110,7 @@ def run_job(trainer: Trainer, job_id: str) -> None:
 
                 try:
                     if resume is None:  # else an earlier attempt wrote the merged checkpoint: nothing left to do
-                        checkpoint_kind[0] = _merge(trainer, base_model, MergeSpec(**merge_d), workdir / "step-1", should_stop)
+                        _merge(trainer, base_model, recipe.adapter, MergeSpec(**merge_d), workdir / "step-1", should_stop)
                         on_checkpoint(1, workdir / "step-1")
                     with db.session() as s:
                         lease.row(s).steps_done = 1
@@ -146,17 +144,15 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     settle(trainer, job_id)
 
 
-def _merge(trainer: Trainer, base_model: str, spec: MergeSpec, out: Path, should_stop: Callable[[], bool]) -> str:
-    """Run a merge job's combination into ``out`` (``methods.merge.merge_checkpoints``, stopped by ``should_stop``);
-    returns the checkpoints' kind."""
+def _merge(trainer: Trainer, base_model: str, kind: str, spec: MergeSpec, out: Path, should_stop: Callable[[], bool]) -> None:
+    """Run a merge job's combination of its ``kind`` checkpoints into ``out`` (``methods.merge.merge_checkpoints``,
+    stopped by ``should_stop``); a merge job's ``recipe.adapter`` is its checkpoints' kind."""
     from trainer_service.methods.merge import merge_checkpoints
 
     with trainer.db.session() as s:
-        inputs = [s.get(Checkpoint, c) for c in spec.checkpoints]
-        folders, kind = [artifacts.local_path(c.uri) for c in inputs], inputs[0].kind  # type: ignore[union-attr]
+        folders = [artifacts.local_path(s.get(Checkpoint, c).uri) for c in spec.checkpoints]  # type: ignore[union-attr]
     merge_checkpoints(base_model_dir(base_model, trainer.settings.models_dir), kind, folders, spec.resolved_weights(), spec.combination,
                       spec.density, spec.seed, out, should_stop)
-    return kind
 
 
 def reconcile(trainer: Trainer) -> jobs.ReconcileReport:

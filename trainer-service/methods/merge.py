@@ -11,7 +11,6 @@ it reads (``merged_parameters``: the checkpoints' stored parameters, counted fro
 
 from __future__ import annotations
 
-import json
 import shutil
 from collections.abc import Callable
 from contextlib import ExitStack
@@ -19,15 +18,6 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from trainer_service.estimate import stored_parameters
-
-__all__ = ["lora_rank", "merge_checkpoints", "stored_parameters"]
-
-
-
-def lora_rank(folder: Path) -> int:
-    """The rank ``r`` of the LoRA adapter in ``folder``."""
-    return int(json.loads((folder / "adapter_config.json").read_text())["r"])
 
 
 class MergeStopped(Exception):
