@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
-from grader import evaluations, grading_tasks, harness_archives, submissions
+from grader import evaluations, grading_tasks, harness_archives, rewards, submissions
 from grader.schemas import LeaderboardEntry, TaskRegistered
 from grader.service import Grader
 from services.common.auth import RunCaller, ServiceCaller
@@ -24,6 +24,10 @@ from services.common.contracts import (
     GradingTaskStatus,
     HarnessArchiveOut,
     Page,
+    PoolPrompt,
+    PoolPromptsRequest,
+    Reward,
+    RewardRequest,
     SubmissionCreate,
     SubmissionOut,
     SuiteItemOut,
@@ -71,6 +75,20 @@ def train_sample(grader: GraderDep, ctx: RunCaller, offset: int = Query(0, ge=0,
 @router.get("/suite/validation", summary="The visible validation items")
 def validation(grader: GraderDep, ctx: RunCaller) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=grading_tasks.validation_items(grader, ctx))
+
+
+@router.post("/training-pool/prompts", summary="The training pool's prompts as a harness renders them (GRPO's prompts)",
+             responses=problem_responses(Unprocessable, NotFound))
+def pool_prompts(req: PoolPromptsRequest, grader: GraderDep, ctx: RunCaller) -> Page[PoolPrompt]:
+    """Every training-pool item's chat messages; 422 field ``suite`` for a multi-turn suite, ``harness…`` for a bad harness."""
+    return Page[PoolPrompt](data=rewards.pool_prompts(grader, ctx, req))
+
+
+@router.post("/training-pool/rewards", summary="Rewards of completions of training-pool items (GRPO's rewards; not charged)",
+             responses=problem_responses(Unprocessable, NotFound))
+def pool_rewards(req: RewardRequest, grader: GraderDep, ctx: RunCaller) -> Page[Reward]:
+    """One reward per completion, in order; 422 field ``completions[i].item_id`` for an id that is no training-pool item."""
+    return Page[Reward](data=rewards.score_completions(grader, ctx, req))
 
 
 @router.post("/evaluations", status_code=201, summary="Queue a validation evaluation",

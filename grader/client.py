@@ -22,6 +22,10 @@ from services.common.contracts import (
     GradingTaskStatus,
     HarnessArchiveOut,
     Page,
+    PoolPrompt,
+    PoolPromptsRequest,
+    Reward,
+    RewardRequest,
     SubmissionCreate,
     SubmissionOut,
     SuiteItemOut,
@@ -57,6 +61,16 @@ class GraderClient(ServiceAPI):
     def validation(self, ctx: RunContext) -> Page[SuiteItemOut]:
         """Every visible validation item of the run's task."""
         return self._call("GET", "/internal/suite/validation", Page[SuiteItemOut], ctx=ctx)
+
+    def pool_prompts(self, ctx: RunContext, body: PoolPromptsRequest) -> Page[PoolPrompt]:
+        """Every item of the run's task's training pool with the chat messages ``body.harness`` renders for it (default: the
+        initial system's harness); 422 field ``suite`` for a multi-turn suite, ``harness…`` for a harness that cannot be used."""
+        return self._call("POST", "/internal/training-pool/prompts", Page[PoolPrompt], ctx=ctx, body=body)
+
+    def pool_rewards(self, ctx: RunContext, body: RewardRequest) -> Page[Reward]:
+        """The suite's reward of each completion of a training-pool item, in order (not charged); 422 field
+        ``completions[i].item_id`` for an id that is no item of the training pool, and as :meth:`pool_prompts`."""
+        return self._call("POST", "/internal/training-pool/rewards", Page[Reward], ctx=ctx, body=body)
 
     def create_evaluation(self, ctx: RunContext, body: EvaluationCreate, *, limits: EvaluationLimits) -> EvaluationOut:
         """Queue a validation evaluation under the task's ``limits`` (a ``None`` limit is left out: the grader's default)."""

@@ -2,7 +2,7 @@
 
 Every service has its own token. An internal call carries ``Authorization: Bearer <the caller's token>``;
 the callee accepts only the callers it trusts (``trusted_tokens``: the "may call" column of the design's
-service table, e.g. the grader trusts only the gateway). Calls made on behalf of a run also carry
+service table, e.g. the grader trusts only the gateway and the trainer). Calls made on behalf of a run also carry
 ``X-Crucible-Run`` (base64url JSON of :class:`RunContext`) and ``X-Crucible-Run-Signature`` (HMAC-SHA256
 of that header value with the caller's token), so a service trusts the run id, track and permissions only
 as a trusted caller stated them. A run key or an admin key sent straight to an internal service is no
@@ -25,7 +25,7 @@ from services.common.errors import Unauthorized
 
 MAY_CALL: dict[str, tuple[str, ...]] = {  # the design's service table: caller -> services it may call
     "gateway": ("ledger", "trainer", "inference", "grader"),
-    "trainer": ("ledger",),
+    "trainer": ("ledger", "grader"),
     "inference": ("ledger", "trainer"),
     "grader": ("inference", "ledger", "trainer"),
     "ledger": (),
