@@ -53,7 +53,8 @@ class AgentConfig:
     @classmethod
     def for_steps(cls, steps: int, method: str = "sft", adapter: str = "lora") -> AgentConfig:
         """The default config with a training job of ``steps`` steps, checkpointed halfway and at the end, by
-        ``method`` (``sft`` on the training pool's answers, ``dpo`` on pairs of a right and a wrong answer) with
+        ``method`` (``sft`` on the training pool's answers, ``dpo`` on pairs of a right and a wrong answer, ``grpo`` on the
+        training pool's prompts with the suite's scorer as reward) with
         ``adapter`` (``lora`` or ``full``; a benchmark's lock wins over both)."""
         config = cls()
         config.recipe = {**config.recipe, "method": method, "max_steps": steps, "checkpoint_every": max(1, steps // 2)}
@@ -217,10 +218,11 @@ class BaselineAgent:
             return int(locked), False
         return int(self.config.recipe.get("max_seq_len", DEFAULT_MAX_SEQ_LEN)), self._may_set(card, "max_seq_len")
 
-    def train(self, model: str, dataset_id: str, recipe: dict[str, Any]) -> dict[str, Any]:
-        """Run one training job to its end, streaming its events into a progress bar."""
+    def train(self, model: str, dataset_ids: list[str], recipe: dict[str, Any]) -> dict[str, Any]:
+        """Run one training job to its end, streaming its events into a progress bar (no datasets: a ``grpo`` job on
+        the training pool)."""
         start = time.monotonic()
-        job = self.client.create_training_job(model, [dataset_id], recipe)
+        job = self.client.create_training_job(model, dataset_ids, recipe)
         self.step(f"training job {job['id']} queued: {job['estimated_tokens']} tokens at most, recipe {job['recipe']}")
         seq = 0
         with Progress(TextColumn("  training"), BarColumn(), MofNCompleteColumn(), TextColumn("{task.fields[info]}"), TimeElapsedColumn(),
@@ -231,7 +233,8 @@ class BaselineAgent:
                     seq = ev["seq"]
                     d = ev["data"]
                     if ev["type"] == "step":
-                        bar.update(task, completed=d["step"], info=f"loss {d['loss']:.3f}  {d['tokens_per_s']:.0f} tok/s")
+                        reward = f"  reward {d['reward_mean']:.2f}" if "reward_mean" in d else ""
+                        bar.update(task, completed=d["step"], info=f"loss {d['loss']:.3f}{reward}  {d['tokens_per_s']:.0f} tok/s")
                     elif ev["type"] in ("checkpoint", "started", "succeeded", "failed", "cancelled"):
                         bar.console.print(f"  [dim]{ev['message']}[/]")
                 job = self.client.training_job(job["id"])
@@ -316,12 +319,18 @@ class BaselineAgent:
             if choosable:  # long prompts (code): room for them, up to what a CPU trains in reasonable time
                 seq_len = max(seq_len, LONG_MAX_SEQ_LEN)
                 recipe["max_seq_len"] = seq_len
-            data = self.build_training_set(harness, validation_questions, task, max_prompt_bytes=seq_len - PROMPT_OVERHEAD_BYTES,
-                                           method=self.effective(card, "method"))
-            ds = c.upload_dataset(data, f"baseline-{spec['name']}.jsonl")
-            self.step(f"{label}uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
+            method = self.effective(card, "method")
+            if method == "grpo":  # the training pool's prompts, rewarded by the suite's scorer: nothing to upload
+                self.step(f"{label}GRPO on the training pool's prompts, rewarded by the suite's own scorer")
+                dataset_ids = []
+            else:
+                data = self.build_training_set(harness, validation_questions, task, max_prompt_bytes=seq_len - PROMPT_OVERHEAD_BYTES,
+                                               method=method)
+                ds = c.upload_dataset(data, f"baseline-{spec['name']}.jsonl")
+                self.step(f"{label}uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
+                dataset_ids = [ds["id"]]
             try:
-                job = self.train(base, ds["id"], recipe)
+                job = self.train(base, dataset_ids, recipe)
             except CrucibleAPIError as exc:
                 if exc.status not in (402, 403):
                     raise

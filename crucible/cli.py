@@ -228,6 +228,7 @@ def leaderboard(gateway: GatewayUrl = "http://127.0.0.1:8000") -> None:
 class AgentMethod(StrEnum):
     sft = "sft"
     dpo = "dpo"
+    grpo = "grpo"
 
 
 class AgentAdapter(StrEnum):
@@ -238,8 +239,9 @@ class AgentAdapter(StrEnum):
 @app.command()
 def agent(api_key: Annotated[str, typer.Option(envvar="CRUCIBLE_API_KEY", help="The run's API key.")], gateway: GatewayUrl = "http://127.0.0.1:8000",
           steps: int = 100,
-          method: Annotated[AgentMethod, typer.Option(help="How the agent trains: sft on the training pool's answers, or dpo on pairs "
-                                                      "of a right and a wrong answer.")] = AgentMethod.sft,
+          method: Annotated[AgentMethod, typer.Option(help="How the agent trains: sft on the training pool's answers, dpo on pairs "
+                                                      "of a right and a wrong answer, or grpo on the training pool's prompts rewarded by the "
+                                                      "suite's scorer.")] = AgentMethod.sft,
           adapter: Annotated[AgentAdapter, typer.Option(help="A LoRA adapter, or every weight (full fine-tuning).")] = AgentAdapter.lora) -> None:
     """Run the reference (baseline) research agent against a running gateway."""
     from crucible.agent import AgentConfig, BaselineAgent

@@ -78,10 +78,13 @@ class CrucibleClient(_GatewayClient):
 
     # training
     def create_training_job(self, model: str, datasets: list[str], recipe: dict[str, Any] | None = None,
-                            idempotency_key: str | None = None) -> dict[str, Any]:
-        """Start a training job; with ``idempotency_key`` the call may be repeated (e.g. after a 503) without a second job."""
+                            idempotency_key: str | None = None, harness: dict[str, Any] | None = None) -> dict[str, Any]:
+        """Start a training job; with ``idempotency_key`` the call may be repeated (e.g. after a 503) without a second job.
+        A ``grpo`` job with no ``datasets`` trains on the run's training pool, rendered and rewarded through ``harness``
+        (default: the task's initial system's harness)."""
         headers = {"Idempotency-Key": idempotency_key} if idempotency_key else None
-        return self._call("POST", "/v1/training/jobs", json={"model": model, "datasets": datasets, "recipe": recipe or {}}, headers=headers)
+        body = {"model": model, "datasets": datasets, "recipe": recipe or {}} | ({"harness": harness} if harness is not None else {})
+        return self._call("POST", "/v1/training/jobs", json=body, headers=headers)
 
     def merge_checkpoints(self, model: str, checkpoints: list[str], weights: list[float] | None = None, combination: str = "linear",
                           density: float = 0.5, seed: int = 0, idempotency_key: str | None = None) -> dict[str, Any]:

@@ -14,7 +14,7 @@ from fastapi import APIRouter, Body, Depends, Query, Request, Response
 from grader import evaluations, grading_tasks, harness_archives, rewards, submissions
 from grader.schemas import LeaderboardEntry, TaskRegistered
 from grader.service import Grader
-from services.common.auth import RunCaller, ServiceCaller
+from services.common.auth import RunCaller, ServiceCaller, only_callers
 from services.common.contracts import (
     EvaluationCreate,
     EvaluationLimits,
@@ -53,7 +53,11 @@ def get_grader(request: Request) -> Grader:
 
 GraderDep = Annotated[Grader, Depends(get_grader)]
 
-router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized))
+router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("gateway"))])
+"""The routes the gateway calls (for agents, operators and the leaderboard)."""
+
+pool_router = APIRouter(prefix="/internal/training-pool", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("trainer"))])
+"""GRPO's environment, for the trainer's train workers: the training pool's prompts and rewards (nothing else of the grader)."""
 
 
 @router.post("/tasks", status_code=201, summary="Register a grading task (one task of a benchmark)", responses=problem_responses(Unprocessable))
@@ -77,14 +81,14 @@ def validation(grader: GraderDep, ctx: RunCaller) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=grading_tasks.validation_items(grader, ctx))
 
 
-@router.post("/training-pool/prompts", summary="The training pool's prompts as a harness renders them (GRPO's prompts)",
+@pool_router.post("/prompts", summary="The training pool's prompts as a harness renders them (GRPO's prompts)",
              responses=problem_responses(Unprocessable, NotFound))
 def pool_prompts(req: PoolPromptsRequest, grader: GraderDep, ctx: RunCaller) -> Page[PoolPrompt]:
     """Every training-pool item's chat messages; 422 field ``suite`` for a multi-turn suite, ``harness…`` for a bad harness."""
     return Page[PoolPrompt](data=rewards.pool_prompts(grader, ctx, req))
 
 
-@router.post("/training-pool/rewards", summary="Rewards of completions of training-pool items (GRPO's rewards; not charged)",
+@pool_router.post("/rewards", summary="Rewards of completions of training-pool items (GRPO's rewards; not charged)",
              responses=problem_responses(Unprocessable, NotFound))
 def pool_rewards(req: RewardRequest, grader: GraderDep, ctx: RunCaller) -> Page[Reward]:
     """One reward per completion, in order; 422 field ``completions[i].item_id`` for an id that is no training-pool item."""

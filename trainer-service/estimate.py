@@ -23,7 +23,7 @@ from services.common.llms import base_model_dir
 from services.ledger.schemas import Hold, HoldCreate, HoldStatus, UsageItem
 
 if TYPE_CHECKING:
-    from trainer_service.training import Method, TrainConfig
+    from trainer_service.training import Method, TokenCounts, TrainConfig
 
 
 def method_of(recipe: Recipe) -> Method:
@@ -36,20 +36,25 @@ def method_of(recipe: Recipe) -> Method:
     return METHODS[recipe.method]
 
 
-def training_examples(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> list[Any]:
-    """The datasets' rows as ``recipe.method``'s examples (tokenized as training will), with ``base_model``'s
-    tokenizer (loaded once per process).
+@dataclass(frozen=True)
+class TrainingRows:
+    """A job's rows in training order and where each came from: ``(dataset id, 1-based line)``, or
+    ``(TRAINING_POOL, 1-based position)`` for a GRPO job on the run's training pool."""
 
-    Raises ``Unprocessable``: ``field="datasets"`` for a dataset whose format the method does not train;
-    ``field="datasets"`` with ``rows`` (how many), ``dataset`` and ``line`` (the first of them) when rows have
-    nothing left to train on after truncation at ``recipe.max_seq_len``; a row's ``field`` and ``line`` for a
-    stored row that fails validation.
-    """
-    from trainer_service.training import NoSupervisedTokens
+    rows: list[Any]
+    where: list[tuple[str, int]]
 
+
+TRAINING_POOL = "training_pool"
+
+
+def dataset_rows(datasets: list[Dataset], recipe: Recipe) -> TrainingRows:
+    """The datasets' rows, validated again (a dataset stored under older rules fails here). Raises ``Unprocessable``:
+    ``field="datasets"`` (with ``dataset``) for a dataset whose format ``recipe.method`` does not train; a row's
+    ``field`` and ``line`` for a stored row that fails validation."""
     method = method_of(recipe)
     rows: list[Any] = []
-    where: list[tuple[str, int]] = []  # (dataset id, 1-based line) of each row
+    where: list[tuple[str, int]] = []
     for ds in datasets:
         parsed = read_dataset(ds)
         if parsed.format not in method.formats:
@@ -57,14 +62,29 @@ def training_examples(trainer: Trainer, base_model: str, datasets: list[Dataset]
                                 field="datasets", dataset=ds.id)
         rows += parsed.rows
         where += [(ds.id, line) for line in parsed.lines]
+    return TrainingRows(rows, where)
+
+
+def training_examples(trainer: Trainer, base_model: str, rows: TrainingRows, recipe: Recipe) -> list[Any]:
+    """The rows as ``recipe.method``'s examples (tokenized as training will), with ``base_model``'s tokenizer (loaded
+    once per process). Raises ``Unprocessable`` (``field="datasets"`` with ``rows``, how many, and ``dataset`` and
+    ``line`` of the first) when rows have nothing left to train on after truncation at ``recipe.max_seq_len``."""
+    from trainer_service.training import NoSupervisedTokens
+
     try:
-        return method.examples(_tokenizer(base_model_dir(base_model, trainer.settings.models_dir)), rows, recipe.max_seq_len)
+        return method_of(recipe).examples(tokenizer(base_model, trainer.settings.models_dir), rows.rows, train_config(recipe))
     except NoSupervisedTokens as exc:
-        dataset_id, line = where[exc.indices[0]]
+        source, line = rows.where[exc.indices[0]]
+        first = f"item {line} of the training pool" if source == TRAINING_POOL else f"line {line} of dataset {source}"
         raise Unprocessable(
             f"{len(exc.indices)} row(s) have no answer token left after truncation at recipe.max_seq_len={recipe.max_seq_len} tokens "
-            f"(the prompt alone fills it), so they would train on nothing; the first is line {line} of dataset {dataset_id}. "
-            "Shorten their prompts or raise max_seq_len.", field="datasets", rows=len(exc.indices), dataset=dataset_id, line=line) from None
+            f"(the prompt alone fills it), so they would train on nothing; the first is {first}. "
+            "Shorten their prompts or raise max_seq_len.", field="datasets", rows=len(exc.indices), dataset=source, line=line) from None
+
+
+def tokenizer(base_model: str, models_dir: Path) -> Any:
+    """The tokenizer of ``base_model`` (prepared under ``models_dir``), loaded once per process."""
+    return _tokenizer(base_model_dir(base_model, models_dir))
 
 
 @cache
@@ -82,17 +102,16 @@ def train_config(recipe: Recipe) -> TrainConfig:
     return TrainConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
 
 
-def estimate_tokens(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe) -> tuple[int, int, int]:
-    """``(examples, tokens, longest)``: how many examples the datasets make, at most how many tokens training them
-    by ``recipe`` processes (``training.count_training_tokens``, the quantity a job's hold is priced on), and the
-    longest example's tokens (what a padded batch row holds at most). Raises ``Unprocessable`` as
-    :func:`training_examples`."""
-    from trainer_service.training import count_training_tokens
+def estimate_tokens(trainer: Trainer, base_model: str, rows: TrainingRows, recipe: Recipe) -> tuple[int, TokenCounts, int]:
+    """``(examples, tokens, longest)``: how many examples the rows make, at most how many tokens training them by
+    ``recipe`` processes (``training.count_tokens``, the quantities a job's hold is priced on), and the longest
+    batch row's tokens (what a padded row holds at most). Raises ``Unprocessable`` as :func:`training_examples`."""
+    from trainer_service.training import count_tokens
 
-    method = method_of(recipe)
-    examples = training_examples(trainer, base_model, datasets, recipe)
-    longest = max(method.tokens(e) for e in examples) // method.rows_per_example
-    return len(examples), count_training_tokens(method, examples, train_config(recipe)), longest
+    method, config = method_of(recipe), train_config(recipe)
+    examples = training_examples(trainer, base_model, rows, recipe)
+    longest = max(method.tokens(e).training for e in examples) // method.batch_rows(config)
+    return len(examples), count_tokens(method, examples, config), longest
 
 
 # --------------------------------------------------------------------------- memory
@@ -149,7 +168,7 @@ def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None)
     params = stored_parameters(model_dir)
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     method = method_of(recipe)
-    rows = recipe.batch_size * method.rows_per_example
+    rows = recipe.batch_size * method.batch_rows(train_config(recipe))
     seq = min(longest or recipe.max_seq_len, recipe.max_seq_len)
     trained = params if recipe.adapter == "full" else params // 100
     reference = 4 * params if recipe.adapter == "full" and method.needs_reference else 0

@@ -16,14 +16,14 @@ from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from trainer_service.datasets import owned_dataset
-from trainer_service.estimate import check_memory, estimate_tokens, lora_rank, method_of, place_hold, stored_parameters
+from trainer_service.estimate import check_memory, dataset_rows, estimate_tokens, lora_rank, method_of, place_hold, stored_parameters
 from trainer_service.models import Checkpoint, JobEvent, TrainingJob
 from trainer_service.schemas import CheckpointRecord
 from trainer_service.service import Trainer
 
 from services.common import artifacts
 from services.common.auth import RunContext
-from services.common.contracts import CheckpointOut, JobEventOut, MergeSpec, Recipe, TrainingJobCreate, TrainingJobOut
+from services.common.contracts import CheckpointOut, Harness, JobEventOut, MergeSpec, Recipe, TrainingJobCreate, TrainingJobOut
 from services.common.db import utcnow
 from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable, UpstreamUnavailable
 from services.common.ids import has_prefix, new_id
@@ -38,8 +38,9 @@ def _job_out(s: Session, job: TrainingJob) -> TrainingJobOut:
     latest = s.scalar(select(Checkpoint.id).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc()).limit(1))
     return TrainingJobOut(
         id=job.id, status=job.status, model=job.parent_checkpoint_id or job.base_model, base_model=job.base_model,  # type: ignore[arg-type]
-        datasets=job.dataset_ids, recipe=Recipe(**job.recipe), merge=MergeSpec(**job.merge) if job.merge else None, steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
-        trained_tokens=job.trained_tokens, latest_checkpoint=latest, attempts=job.attempts, error=job.error, created_at=job.created_at,
+        datasets=job.dataset_ids, recipe=Recipe(**job.recipe), merge=MergeSpec(**job.merge) if job.merge else None,
+        harness=Harness(**job.harness) if job.harness else None, steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
+        trained_tokens=job.trained_tokens, prefill_tokens=job.prefill_tokens, decode_tokens=job.decode_tokens, latest_checkpoint=latest, attempts=job.attempts, error=job.error, created_at=job.created_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
 
@@ -72,6 +73,7 @@ class _Plan:
     message: str
     data: dict[str, Any]
     adapter: str | None = None  # a merge: its checkpoints' kind, recorded as the job's recipe.adapter
+    run_context: dict[str, Any] | None = None  # a grpo job: the run its worker asks the grader for rewards for
 
 
 def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:
@@ -79,7 +81,7 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
 
     Raises ``Unprocessable`` (a method this deployment does not train, an unknown model, a LoRA job on a full
     parent, a job too large for a train worker's memory: ``estimate.check_memory``, rows it cannot train: see
-    ``estimate.training_examples``; for a merge, see :func:`_merge_plan`), ``NotFound`` (a dataset that is not the
+    ``estimate.training_examples``; for GRPO, ``rewards.grpo_rows``; for a merge, :func:`_merge_plan`), ``NotFound`` (a dataset that is not the
     run's), ``IdempotencyKeyReused`` (``idempotency_key`` used before with another request) and passes the
     ledger's 402 through. The job row is written only after the hold succeeded, and the hold is released if
     writing fails: nothing is half-written. With ``idempotency_key`` the call is safe to repeat: the ledger hold
@@ -96,7 +98,8 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     try:
         with trainer.db.session() as s:
             job = TrainingJob(
-                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, merge=plan.merge,
+                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, merge=plan.merge, run_context=plan.run_context,
+                harness=req.harness.model_dump() if req.harness else None,
                 recipe=recipe.model_dump() | ({"adapter": plan.adapter} if plan.adapter else {}),
                 dataset_ids=plan.dataset_ids, base_model=plan.base_model, parent_checkpoint_id=plan.parent_id,
                 hold_id=hold.hold_id, idempotency_key=idempotency_key, request_sha256=fingerprint,
@@ -136,7 +139,11 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
     _refuse_unused(recipe, set(Recipe.model_fields) - others)
     if req.merge is not None:
         raise Unprocessable("merge is for recipe.method 'merge' only", field="merge")
-    if not req.datasets:
+    grpo = recipe.method == "grpo"
+    if req.harness is not None and not grpo:
+        raise Unprocessable("harness is for recipe.method 'grpo' only (it renders the training pool's prompts and extracts the rewarded "
+                            "answer); evaluations take their own harness", field="harness")
+    if not req.datasets and not grpo:
         raise Unprocessable(f"recipe.method {recipe.method!r} trains on at least one dataset", field="datasets")
     with trainer.db.session() as s:
         base_model, parent = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
@@ -144,13 +151,25 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
     if parent is not None and parent.kind == "full" and recipe.adapter == "lora":
         raise Unprocessable(f"{parent.id} holds full weights; a LoRA adapter is trained over a base model or another adapter. "
                             "Continue it with recipe.adapter 'full'.", field="recipe.adapter")
-    examples, tokens, longest = estimate_tokens(trainer, base_model, datasets, recipe)
+    if grpo:
+        from trainer_service.rewards import grpo_rows
+
+        rows = grpo_rows(trainer, ctx, req.harness, datasets, recipe)
+    else:
+        rows = dataset_rows(datasets, recipe)
+    examples, tokens, longest = estimate_tokens(trainer, base_model, rows, recipe)
     memory_mb = -(-check_memory(trainer, base_model, recipe, longest).total // 2**20)
-    return _Plan(base_model=base_model, parent_id=parent.id if parent else None, dataset_ids=[d.id for d in datasets],
-                 usage=[UsageItem(kind=UsageKind.training_tokens, quantity=tokens, model=base_model)], estimated_tokens=tokens, merge=None,
-                 message=f"validated {examples} {recipe.method} examples from {len(datasets)} dataset(s); estimated ≤{tokens} training "
-                         f"tokens, ≈{memory_mb} MiB",
-                 data={"rows": examples, "estimated_tokens": tokens, "estimated_memory_mb": memory_mb})
+    usage = [UsageItem(kind=UsageKind.training_tokens, quantity=tokens.training, model=base_model)]
+    usage += [UsageItem(kind=kind, quantity=quantity, model=base_model)
+              for kind, quantity in ((UsageKind.prefill_tokens, tokens.prefill), (UsageKind.decode_tokens, tokens.decode)) if quantity]
+    source = f"{len(datasets)} dataset(s)" if datasets else "the training pool"
+    rollouts = f", ≤{tokens.prefill} prefill and ≤{tokens.decode} decode tokens of rollouts" if grpo else ""
+    return _Plan(base_model=base_model, parent_id=parent.id if parent else None, dataset_ids=[d.id for d in datasets], usage=usage,
+                 estimated_tokens=tokens.training, merge=None, run_context=ctx.model_dump() if grpo else None,
+                 message=f"validated {examples} {recipe.method} examples from {source}; estimated ≤{tokens.training} training "
+                         f"tokens{rollouts}, ≈{memory_mb} MiB",
+                 data={"rows": examples, "estimated_tokens": tokens.training, "estimated_memory_mb": memory_mb}
+                 | ({"estimated_prefill_tokens": tokens.prefill, "estimated_decode_tokens": tokens.decode} if grpo else {}))
 
 
 def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _Plan:
@@ -162,6 +181,8 @@ def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _P
         raise Unprocessable("recipe.method 'merge' needs merge: the checkpoints to combine", field="merge")
     if req.datasets:
         raise Unprocessable("a merge trains on nothing; leave datasets empty", field="datasets")
+    if req.harness is not None:
+        raise Unprocessable("a merge samples nothing; leave harness out", field="harness")
     if has_prefix(req.model, "ckpt"):
         raise Unprocessable("a merge's model is the base model of its checkpoints", field="model")
     with trainer.db.session() as s:
@@ -288,7 +309,8 @@ def finish(s: Session, job: TrainingJob, status: str, error: str | None) -> None
 
 def settle(trainer: Trainer, job_id: str) -> None:
     """Settle the job's hold with the work it did (idempotent: one settle per job) and note it: the tokens a
-    training job processed; for a merge, the parameters it read if it wrote its checkpoint, else nothing.
+    training job processed (and a GRPO job's rollouts generated); for a merge, the parameters it read if it wrote its
+    checkpoint, else nothing.
 
     Raises ``UpstreamUnavailable`` while the ledger is away; the reconciler settles finished jobs whose
     hold is still open.
@@ -296,10 +318,12 @@ def settle(trainer: Trainer, job_id: str) -> None:
     with trainer.db.session() as s:
         job = s.get(TrainingJob, job_id)
         hold_id, tokens, base_model = job.hold_id, job.trained_tokens, job.base_model  # type: ignore[union-attr]
+        rollouts = ((UsageKind.prefill_tokens, job.prefill_tokens), (UsageKind.decode_tokens, job.decode_tokens))  # type: ignore[union-attr]
         merged = _merged_parameters(s, job) if job.method == "merge" else 0  # type: ignore[union-attr]
     if hold_id is None:
         return
     usage = [UsageItem(kind=UsageKind.training_tokens, quantity=tokens, model=base_model)] if tokens else []
+    usage += [UsageItem(kind=kind, quantity=quantity, model=base_model) for kind, quantity in rollouts if quantity]
     usage += [UsageItem(kind=UsageKind.merged_parameters, quantity=merged, model=base_model)] if merged else []
     trainer.ledger.settle_or_charge(hold_id, usage, f"settle:{job_id}")
     with trainer.db.session() as s:

@@ -25,7 +25,7 @@ class Dataset(Base):
     id: Mapped[str] = mapped_column(String(40), primary_key=True)
     run_id: Mapped[str] = mapped_column(String(40), index=True)
     name: Mapped[str] = mapped_column(String(200))
-    format: Mapped[str] = mapped_column(String(20))  # messages | prompt_completion | preference
+    format: Mapped[str] = mapped_column(String(20))  # messages | prompt_completion | preference | prompt_only
     sha256: Mapped[str] = mapped_column(String(64))
     rows: Mapped[int] = mapped_column(Integer)
     bytes: Mapped[int] = mapped_column(BigInteger)
@@ -46,6 +46,8 @@ class TrainingJob(JobColumns, Base):
     recipe: Mapped[dict[str, Any]] = mapped_column(JSON)
     dataset_ids: Mapped[list[str]] = mapped_column(JSON)
     merge: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # a merge job's MergeSpec
+    harness: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # a grpo job's Harness (None: the grader's default)
+    run_context: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # a grpo job's RunContext: its worker calls the grader for the run
     base_model: Mapped[str] = mapped_column(String(100))
     parent_checkpoint_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     hold_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
@@ -53,6 +55,8 @@ class TrainingJob(JobColumns, Base):
     request_sha256: Mapped[str | None] = mapped_column(String(64), nullable=True)
     estimated_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
     trained_tokens: Mapped[int] = mapped_column(BigInteger, default=0)
+    prefill_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # a grpo job's rollouts: prompt tokens computed
+    decode_tokens: Mapped[int] = mapped_column(BigInteger, default=0, server_default="0")  # … and tokens generated
     steps_done: Mapped[int] = mapped_column(Integer, default=0)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     cancel_requested: Mapped[bool] = mapped_column(default=False)

@@ -10,6 +10,10 @@ whose rows all have one format:
   assistant's answer.
 - ``preference``: ``{"prompt": ..., "chosen": ..., "rejected": ...}`` with two different answers (DPO); the prompt
   is a string (one user turn) or a list of messages ending with a user message (a system prompt, earlier turns).
+- ``prompt_only``: ``{"prompt": ..., "item_id": ...}``, a prompt (as in ``preference``) for an item of the run's
+  training pool (GRPO: the policy answers the prompt and the suite's scorer rewards the answer against that item;
+  TRL's prompt-only format with the item as the reward's extra column). Whether ``item_id`` is a training-pool item
+  is checked when a job uses the dataset.
 
 Every text is a string with at least one non-whitespace character, and a row or a message has no key its
 format does not define: nothing in a file is silently ignored. A row that passes here has a supervised
@@ -101,6 +105,24 @@ _PROMPT_TEXT, _PROMPT_CONVERSATION = "(text)", "(conversation)"
 """The two shapes of a preference prompt; validation errors name the path without them (``prompt[0].role``)."""
 
 
+Prompt = Annotated[Annotated[Text, Tag(_PROMPT_TEXT)] | Annotated[list[Message], Field(min_length=1), Tag(_PROMPT_CONVERSATION)],
+                   Discriminator(lambda v: _PROMPT_CONVERSATION if isinstance(v, list) else _PROMPT_TEXT)]
+"""A prompt: one user turn (a string) or the conversation before the answer (messages ending with a user message)."""
+
+
+def _prompt_messages(prompt: str | list[Message]) -> list[dict[str, str]]:
+    """The prompt as chat messages (a string prompt is one user message)."""
+    if isinstance(prompt, str):
+        return [{"role": "user", "content": prompt}]
+    return [m.as_dict() for m in prompt]
+
+
+def _check_user_last(prompt: str | list[Message]) -> None:
+    if isinstance(prompt, list) and prompt[-1].role != "user":
+        raise PydanticCustomError("prompt_not_user_last", "a conversational prompt ends with the user's message the answer replies to",
+                                  {"field": f"prompt[{len(prompt) - 1}].role"})
+
+
 class PreferenceRow(BaseModel):
     """A ``preference`` row: a prompt with a preferred and a dispreferred answer. The prompt is one user turn (a
     string) or the conversation before the answer (messages ending with a user message: a system prompt, earlier
@@ -109,16 +131,13 @@ class PreferenceRow(BaseModel):
     model_config = ConfigDict(extra="forbid")
     format: ClassVar[str] = "preference"
 
-    prompt: Annotated[Annotated[Text, Tag(_PROMPT_TEXT)] | Annotated[list[Message], Field(min_length=1), Tag(_PROMPT_CONVERSATION)],
-                      Discriminator(lambda v: _PROMPT_CONVERSATION if isinstance(v, list) else _PROMPT_TEXT)]
+    prompt: Prompt
     chosen: Text
     rejected: Text
 
     @model_validator(mode="after")
     def _two_answers(self) -> PreferenceRow:
-        if isinstance(self.prompt, list) and self.prompt[-1].role != "user":
-            raise PydanticCustomError("prompt_not_user_last", "a conversational prompt ends with the user's message the answers reply to",
-                                      {"field": f"prompt[{len(self.prompt) - 1}].role"})
+        _check_user_last(self.prompt)
         if self.chosen == self.rejected:
             raise PydanticCustomError("same_answers", "rejected is the same text as chosen; a preference pair needs two different answers",
                                       {"field": "rejected"})
@@ -126,9 +145,27 @@ class PreferenceRow(BaseModel):
 
     def prompt_messages(self) -> list[dict[str, str]]:
         """The prompt as chat messages (a string prompt is one user message)."""
-        if isinstance(self.prompt, str):
-            return [{"role": "user", "content": self.prompt}]
-        return [m.as_dict() for m in self.prompt]
+        return _prompt_messages(self.prompt)
+
+
+class PromptOnlyRow(BaseModel):
+    """A ``prompt_only`` row: a prompt the policy answers during GRPO, rewarded by the suite's scorer against the
+    training-pool item ``item_id``."""
+
+    model_config = ConfigDict(extra="forbid")
+    format: ClassVar[str] = "prompt_only"
+
+    prompt: Prompt
+    item_id: Annotated[Text, Field(max_length=200)]
+
+    @model_validator(mode="after")
+    def _user_last(self) -> PromptOnlyRow:
+        _check_user_last(self.prompt)
+        return self
+
+    def prompt_messages(self) -> list[dict[str, str]]:
+        """The prompt as chat messages (a string prompt is one user message)."""
+        return _prompt_messages(self.prompt)
 
 
 SFTRow = ChatRow | PromptCompletionRow
@@ -145,17 +182,23 @@ def _row_format(row: Any) -> str | None:
         return "messages"
     if "chosen" in row or "rejected" in row:
         return "preference"
+    if "item_id" in row:
+        return "prompt_only"
     if "prompt" in row or "completion" in row:
         return "prompt_completion"
     return "messages"
 
 
 DatasetRow = Annotated[
-    Annotated[ChatRow, Tag("messages")] | Annotated[PromptCompletionRow, Tag("prompt_completion")] | Annotated[PreferenceRow, Tag("preference")],
+    Annotated[ChatRow, Tag("messages")] | Annotated[PromptCompletionRow, Tag("prompt_completion")] | Annotated[PreferenceRow, Tag("preference")]
+    | Annotated[PromptOnlyRow, Tag("prompt_only")],
     Discriminator(_row_format, custom_error_type="not_an_object",
-                  custom_error_message="each line must be a JSON object: {\"messages\": [...]}, {\"prompt\", \"completion\"} or {\"prompt\", \"chosen\", \"rejected\"}"),
+                  custom_error_message="each line must be a JSON object: {\"messages\": [...]}, {\"prompt\", \"completion\"}, "
+                                       "{\"prompt\", \"chosen\", \"rejected\"} or {\"prompt\", \"item_id\"}"),
 ]
-_ROW: TypeAdapter[ChatRow | PromptCompletionRow | PreferenceRow] = TypeAdapter(DatasetRow)
+AnyRow = ChatRow | PromptCompletionRow | PreferenceRow | PromptOnlyRow
+"""A row of any format."""
+_ROW: TypeAdapter[AnyRow] = TypeAdapter(DatasetRow)
 
 
 def _field(error: dict[str, Any]) -> str:
@@ -174,7 +217,7 @@ def _message(error: dict[str, Any]) -> str:
     return str(error["msg"])
 
 
-def parse_row(row: Any, line: int) -> ChatRow | PromptCompletionRow | PreferenceRow:
+def parse_row(row: Any, line: int) -> AnyRow:
     """Validate one decoded JSON value (from line ``line``) as a dataset row.
 
     Raises ``Unprocessable`` with ``line`` and the ``field`` of the first error; the detail lists up to
@@ -194,7 +237,7 @@ class ParsedDataset:
     """A validated dataset: its ``format``, its rows, and the 1-based file ``lines`` they came from."""
 
     format: str
-    rows: list[ChatRow | PromptCompletionRow | PreferenceRow]
+    rows: list[AnyRow]
     lines: list[int]
 
 
@@ -211,7 +254,7 @@ def parse_dataset(data: bytes) -> ParsedDataset:
     except UnicodeDecodeError as exc:
         line = data[: exc.start].count(b"\n") + 1
         raise Unprocessable(f"the file is not UTF-8 text (line {line}, byte {exc.start})", field="file", line=line) from exc
-    rows: list[ChatRow | PromptCompletionRow | PreferenceRow] = []
+    rows: list[AnyRow] = []
     lines: list[int] = []
     for lineno, raw in enumerate(text.split("\n"), start=1):  # JSON Lines ends lines at \n only (U+2028 may sit in a string)
         if not raw.strip():

@@ -15,6 +15,7 @@ from pathlib import Path
 
 from celery import Celery
 
+from grader.client import GraderClient
 from services.common.celery_app import make_celery
 from services.common.db import Database, migrate
 from services.common.settings import ServiceSettings
@@ -35,27 +36,32 @@ def job_queue(settings: ServiceSettings) -> Celery:
 
 @dataclass
 class Trainer:
-    """What the trainer's logic works with: ``settings``, its ``db``, the ``ledger`` it holds budget on, and
-    ``enqueue(job_id)``, which sends a job to the train workers (by task name; nothing imports the tasks)."""
+    """What the trainer's logic works with: ``settings``, its ``db``, the ``ledger`` it holds budget on, the ``grader``
+    that renders and rewards GRPO's training-pool prompts (``trainer_service.rewards``), and ``enqueue(job_id)``, which
+    sends a job to the train workers (by task name; nothing imports the tasks)."""
 
     settings: ServiceSettings
     db: Database
     ledger: LedgerClient
+    grader: GraderClient
     enqueue: Callable[[str], None]
 
     @classmethod
     def from_settings(cls, settings: ServiceSettings, queue: Celery | None = None) -> Trainer:
-        """The trainer of ``settings``: its database (``database_url_for("trainer")``, migrated), a ledger client, and a
-        job queue on ``queue`` (a train worker passes its own Celery app; default: a new one on the broker)."""
+        """The trainer of ``settings``: its database (``database_url_for("trainer")``, migrated), a ledger client, a grader
+        client (120 s a call, 3 retries: scoring a step's rollouts), and a job queue on ``queue`` (a train worker passes
+        its own Celery app; default: a new one on the broker)."""
         queue = queue or job_queue(settings)
 
         def enqueue(job_id: str) -> None:
             queue.send_task(TRAIN_TASK, args=[job_id], queue=TRAIN_QUEUE)
 
         migrate(settings.database_url_for("trainer"), MIGRATIONS_DIR)  # a train worker may start (and reconcile) before the app
-        return cls(settings=settings, db=Database(settings.database_url_for("trainer")), ledger=LedgerClient.connect(settings), enqueue=enqueue)
+        return cls(settings=settings, db=Database(settings.database_url_for("trainer")), ledger=LedgerClient.connect(settings),
+                   grader=GraderClient.connect(settings, timeout_s=120, retries=3), enqueue=enqueue)
 
     def close(self) -> None:
-        """Close the ledger client's connections and the database's pool."""
+        """Close the clients' connections and the database's pool."""
         self.ledger.close()
+        self.grader.close()
         self.db.engine.dispose()

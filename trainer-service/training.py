@@ -20,7 +20,7 @@ What makes the loop fast:
 The data order is a pure function of ``(seed, step)``: the example at global position ``i`` is
 ``permutation(seed, epoch=i // n)[i % n]`` and step ``s`` (1-based) takes positions ``(s-1)*batch_size ...
 s*batch_size - 1``. A checkpoint therefore only needs the step number to restore the data position, and
-:func:`count_training_tokens` computes a job's tokens exactly before it starts.
+:func:`count_tokens` computes a job's tokens before it starts.
 """
 
 from __future__ import annotations
@@ -68,7 +68,7 @@ class TrainConfig:
     cut at the right. ``checkpoint_every`` is in steps; a final checkpoint is always written. ``bf16_autocast``
     takes effect on CUDA and on CPUs with native bf16 (:func:`cpu_has_native_bf16`). ``compile``: compile each
     decoder layer with ``torch.compile`` (regional compilation; ``None``: on CUDA only, where it was measured to
-    help). Method fields (``dpo_beta``) are read only by their method.
+    help). Method fields (``dpo_beta``, ``grpo_*``) are read only by their method.
     """
 
     adapter: Literal["lora", "full"] = "lora"
@@ -89,6 +89,10 @@ class TrainConfig:
     bf16_autocast: bool = True
     compile: bool | None = None
     dpo_beta: float = 0.1
+    grpo_group_size: int = 4
+    grpo_kl_coef: float = 0.04
+    grpo_temperature: float = 1.0
+    grpo_max_new_tokens: int = 64
 
 
 @dataclass
@@ -108,11 +112,37 @@ class Example:
         return sum(label != IGNORE_INDEX for label in self.labels[1:])
 
 
+@dataclass(frozen=True)
+class TokenCounts:
+    """Tokens of a step or a job, by what they are billed as: ``training`` (input tokens of the sequences the loss
+    runs forward and backward through), and for a method that generates (GRPO's rollouts) ``prefill`` (prompt tokens
+    a generation computes) and ``decode`` (tokens it generates), priced as inference's are."""
+
+    training: int = 0
+    prefill: int = 0
+    decode: int = 0
+
+    def __add__(self, other: TokenCounts) -> TokenCounts:
+        return TokenCounts(self.training + other.training, self.prefill + other.prefill, self.decode + other.decode)
+
+
+@dataclass
+class StepLoss:
+    """What a method's :meth:`Method.loss` gives the loop: the scalar ``loss`` to minimize, the method's own
+    ``metrics`` for the step's event, and the step's ``tokens`` when the method counts them itself (a method that
+    generates knows them only after generating; ``None``: the sum of ``method.tokens`` over the batch)."""
+
+    loss: torch.Tensor
+    metrics: dict[str, float] = field(default_factory=dict)
+    tokens: TokenCounts | None = None
+
+
 @dataclass
 class StepMetrics:
-    """What one optimizer step did. ``tokens`` counts non-pad input tokens of the batch (the billed quantity);
+    """What one optimizer step did. ``tokens`` counts non-pad input tokens of the batch's training sequences (the
+    billed ``training_tokens``), ``prefill_tokens``/``decode_tokens`` what its rollouts generated (GRPO; else 0);
     ``learning_rate`` is the rate used for this step; ``elapsed_s`` is wall time since this run started;
-    ``extra`` holds the method's own metrics (DPO: ``reward_accuracy``, ``reward_margin``)."""
+    ``extra`` holds the method's own metrics (DPO: ``reward_accuracy``, ``reward_margin``; GRPO: ``reward_mean``…)."""
 
     step: int
     max_steps: int
@@ -122,20 +152,23 @@ class StepMetrics:
     tokens_per_s: float
     elapsed_s: float
     extra: dict[str, float] = field(default_factory=dict)
+    prefill_tokens: int = 0
+    decode_tokens: int = 0
 
 
 @dataclass
 class TrainResult:
-    """Outcome of :func:`train`. ``tokens_total`` includes steps done before a resume; ``stopped`` is true
+    """Outcome of :func:`train`. ``usage``: the tokens of every step (:class:`TokenCounts`), including steps done
+    before a resume; ``stopped`` is true
     when ``should_stop`` ended training early; ``last_checkpoint`` is the newest ``step-<N>`` folder and
     ``checkpoints`` every folder this call wrote, oldest first (``None`` and empty when nothing is written)."""
 
     steps_done: int
-    tokens_total: int
     final_loss: float
     stopped: bool
     last_checkpoint: Path | None
     checkpoints: list[Path] = field(default_factory=list)
+    usage: TokenCounts = field(default_factory=TokenCounts)
 
 
 @dataclass(frozen=True)
@@ -246,16 +279,21 @@ def _batch_indices(step: int, n_rows: int, batch_size: int, seed: int) -> list[i
     return indices
 
 
-def count_training_tokens(method: Method, examples: Sequence[Any], config: TrainConfig) -> int:
-    """Exact number of input tokens a full run of ``config.max_steps`` steps of ``method`` over ``examples`` will
-    process and bill (``method.tokens`` of each example of each step, in :func:`train`'s data order).
-
-    An upper bound for any run of that job (stopped or resumed runs process fewer). ``ValueError`` for no examples.
+def count_tokens(method: Method, examples: Sequence[Any], config: TrainConfig) -> TokenCounts:
+    """The tokens a full run of ``config.max_steps`` steps of ``method`` over ``examples`` processes and bills:
+    ``method.tokens`` of each example of each step, in :func:`train`'s data order. Exact for a method whose
+    examples' sequences are known before training (SFT, DPO), an upper bound for one that generates (GRPO: every
+    rollout as long as ``max_new_tokens`` allows), and for any run of the job (stopped or resumed runs process fewer).
+    ``ValueError`` for no examples.
     """
     if not examples:
         raise ValueError("no training rows")
-    tokens = [method.tokens(e) for e in examples]
-    return sum(tokens[i] for step in range(1, config.max_steps + 1) for i in _batch_indices(step, len(tokens), config.batch_size, config.seed))
+    per_example = [method.tokens(e) for e in examples]
+    total = TokenCounts()
+    for step in range(1, config.max_steps + 1):
+        for i in _batch_indices(step, len(per_example), config.batch_size, config.seed):
+            total += per_example[i]
+    return total
 
 
 def collate(examples: Sequence[Example], pad_token_id: int, device: torch.device) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
@@ -345,7 +383,8 @@ def sequence_logprobs(logprobs: torch.Tensor, rows: torch.Tensor, batch: int) ->
 class Policy:
     """What a method's loss sees of the model being trained: the log-probabilities of the policy (with gradients)
     and of the reference policy (the model as the job started: the base with the adapter switched off for LoRA,
-    a frozen copy for full weights; no gradients), the ``device`` and the tokenizer's ``pad_token_id``."""
+    a frozen copy for full weights; no gradients), sampling from the policy (:meth:`generate`), the ``device`` and
+    the tokenizer's ``pad_token_id``."""
 
     device: Device
     pad_token_id: int
@@ -363,6 +402,31 @@ class Policy:
         with self._reference() as reference, self.device.autocast():
             return token_logprobs(reference, input_ids, attention_mask, labels)
 
+    @torch.no_grad()
+    def generate(self, prompt_ids: list[int], n: int, max_new_tokens: int, temperature: float) -> list[list[int]]:
+        """``n`` completions of one prompt sampled from the policy as it is now (temperature ``temperature``, no top-p or
+        top-k cut), each at most ``max_new_tokens`` tokens and ending at the model's end-of-sequence token (kept) or at
+        that limit. Uses the torch generator of the device, so a seeded (or resumed) job samples the same completions.
+        Dropout is off while sampling."""
+        model = self._causal_lm
+        was_training = model.training
+        model.eval()
+        try:
+            input_ids = torch.tensor([prompt_ids], device=self.device.torch_device)
+            with self.device.autocast():
+                out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=temperature,
+                                     top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, num_return_sequences=n, use_cache=True,
+                                     pad_token_id=self.pad_token_id)
+        finally:
+            model.train(was_training)
+        eos = model.generation_config.eos_token_id
+        stops = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
+        completions = []
+        for row in out[:, len(prompt_ids):].tolist():
+            end = next((i + 1 for i, token in enumerate(row) if token in stops), len(row))
+            completions.append(row[:end])
+        return completions
+
 
 # --------------------------------------------------------------------------- the method seam
 
@@ -373,28 +437,29 @@ class Method(Protocol):
     ``name``: its ``recipe.method``. ``formats``: the dataset formats it trains on (``trainer_service.schemas``).
     ``needs_reference``: whether its loss reads the reference policy (the loop then keeps one: the base with the
     adapter off for LoRA, a frozen copy of the starting weights for full fine-tuning, counted in the memory estimate).
-    ``rows_per_example``: the batch rows one example becomes (a DPO pair: 2), for the memory estimate.
     ``own_fields``: the recipe fields only this method reads (``dpo_beta``); another method's job refuses them.
     """
 
     name: ClassVar[str]
     formats: ClassVar[frozenset[str]]
     needs_reference: ClassVar[bool]
-    rows_per_example: ClassVar[int]
     own_fields: ClassVar[frozenset[str]]
 
-    def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[Any]:
+    def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[Any]:
         """The rows as this method's examples, in order. Raises ``NoSupervisedTokens`` naming the rows that have
-        nothing left to train on after truncation at ``max_seq_len``."""
+        nothing left to train on after truncation at ``config.max_seq_len``."""
         ...
 
-    def tokens(self, example: Any) -> int:
-        """Input tokens one step spends on ``example`` (the billed quantity)."""
+    def batch_rows(self, config: TrainConfig) -> int:
+        """The padded batch rows one example becomes (a DPO pair: 2; a GRPO prompt: its group), for the memory estimate."""
         ...
 
-    def loss(self, policy: Policy, batch: Sequence[Any], config: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
-        """``(loss, metrics)`` of one optimizer step on ``batch``: a scalar to minimize and the method's own
-        metrics for the step's event (floats)."""
+    def tokens(self, example: Any) -> TokenCounts:
+        """Tokens one step spends on ``example`` (the billed quantities; at most, for a method that generates)."""
+        ...
+
+    def loss(self, policy: Policy, batch: Sequence[Any], config: TrainConfig) -> StepLoss:
+        """One optimizer step's loss on ``batch`` (see :class:`StepLoss`)."""
         ...
 
 
@@ -489,7 +554,7 @@ def train(
     if not rows:
         raise ValueError("no training rows")
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    examples = method.examples(tokenizer, rows, config.max_seq_len)
+    examples = method.examples(tokenizer, rows, config)
     return train_examples(base_dir, method, examples, config, out_dir, pad_token_id=tokenizer.pad_token_id, **kwargs)
 
 
@@ -554,7 +619,7 @@ def train_examples(
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=device.is_cuda)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=config.max_steps)
 
-    step, tokens_total = 0, 0
+    step, usage = 0, TokenCounts()
     if resume is not None:
         state = torch.load(Path(resume) / STATE_FILE, weights_only=True, map_location=device.torch_device)
         expected = {"seed": config.seed, "batch_size": config.batch_size, "n_rows": len(examples)}
@@ -564,7 +629,10 @@ def train_examples(
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         torch.set_rng_state(state["torch_rng"].cpu())
-        step, tokens_total = state["step"], state["tokens_total"]
+        if device.is_cuda and "cuda_rng" in state:
+            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device.torch_device)
+        step = state["step"]
+        usage = TokenCounts(state["tokens_total"], state.get("prefill_tokens", 0), state.get("decode_tokens", 0))
 
     start_info = {"device": device.name, "precision": f"{'bf16 autocast' if device.autocast_dtype else 'float32'}",
                   "method": method.name, "adapter": config.adapter, "trainable_parameters": sum(p.numel() for p in params),
@@ -578,8 +646,11 @@ def train_examples(
     def checkpoint() -> Path | None:
         if out_dir is None:
             return None
-        state = {"step": step, "tokens_total": tokens_total, "seed": config.seed, "batch_size": config.batch_size, "n_rows": len(examples),
+        state = {"step": step, "tokens_total": usage.training, "prefill_tokens": usage.prefill, "decode_tokens": usage.decode,
+                 "seed": config.seed, "batch_size": config.batch_size, "n_rows": len(examples),
                  "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(), "config": asdict(config)}
+        if device.is_cuda:
+            state["cuda_rng"] = torch.cuda.get_rng_state(device.torch_device)
         folder = _save_checkpoint(model, out_dir, step, state)
         checkpoints.append(folder)
         if on_checkpoint is not None:
@@ -597,24 +668,26 @@ def train_examples(
         batch = [examples[i] for i in _batch_indices(step + 1, len(examples), config.batch_size, config.seed)]
         learning_rate = scheduler.get_last_lr()[0]
         optimizer.zero_grad(set_to_none=True)
-        loss, extra = method.loss(policy, batch, config)
+        out = method.loss(policy, batch, config)
+        loss = out.loss
         loss.backward()
         torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=True)
         optimizer.step()
         scheduler.step()
 
         step += 1
-        tokens = sum(method.tokens(e) for e in batch)
-        tokens_total += tokens
+        tokens = out.tokens if out.tokens is not None else sum((method.tokens(e) for e in batch), TokenCounts())
+        usage += tokens
         loss_value = float(loss.detach())  # waits for the step's kernels: the step's time is real
         now = time.monotonic()
         if on_step is not None:
-            on_step(StepMetrics(step=step, max_steps=config.max_steps, loss=loss_value, learning_rate=learning_rate, tokens=tokens,
-                                tokens_per_s=tokens / max(now - step_started, 1e-9), elapsed_s=now - started, extra=extra))
+            on_step(StepMetrics(step=step, max_steps=config.max_steps, loss=loss_value, learning_rate=learning_rate, tokens=tokens.training,
+                                tokens_per_s=tokens.training / max(now - step_started, 1e-9), elapsed_s=now - started, extra=out.metrics,
+                                prefill_tokens=tokens.prefill, decode_tokens=tokens.decode))
         if step % config.checkpoint_every == 0 or step == config.max_steps:
             last_checkpoint = checkpoint() or last_checkpoint
 
     if out_dir is not None and (last_checkpoint is None or (stopped and last_checkpoint.name != f"step-{step}")):
         last_checkpoint = checkpoint()
-    return TrainResult(steps_done=step, tokens_total=tokens_total, final_loss=loss_value, stopped=stopped,
-                       last_checkpoint=last_checkpoint, checkpoints=checkpoints)
+    return TrainResult(steps_done=step, final_loss=loss_value, stopped=stopped,
+                       last_checkpoint=last_checkpoint, checkpoints=checkpoints, usage=usage)

@@ -9,18 +9,19 @@ import tempfile
 from collections.abc import Callable
 from functools import partial
 from pathlib import Path
+from typing import Any
 
 import structlog
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from trainer_service.datasets import read_dataset
-from trainer_service.estimate import method_of, train_config
+from trainer_service.estimate import dataset_rows, method_of, tokenizer, train_config
 from trainer_service.jobs import event, finish, settle, settle_cancelled
 from trainer_service.models import Checkpoint, Dataset, TrainingJob
 from trainer_service.service import Trainer
 
 from services.common import artifacts, jobs
-from services.common.contracts import MergeSpec, Recipe
+from services.common.auth import RunContext
+from services.common.contracts import Harness, MergeSpec, Recipe
 from services.common.db import utcnow
 from services.common.ids import new_id
 from services.common.llms import base_model_dir
@@ -37,7 +38,9 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     count reset to that checkpoint's, so no step is charged twice. Events record every step's loss, learning
     rate, tokens and tokens/s. The hold is settled with the tokens actually processed, whatever the outcome
     (charge equals work done). If the lease is lost (the watchdog failed the job, or it was given to another
-    worker) training stops and this worker writes nothing more.
+    worker) training stops and this worker writes nothing more. A GRPO job's rollouts are scored by the grader for
+    the run the job was created for (``trainer_service.rewards``); their prefill and decode tokens are counted like
+    the training tokens (per step, in checkpoints, settled).
     """
     from trainer_service.training import train
 
@@ -55,16 +58,18 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             if latest is not None:
                 job.steps_done = latest.step
                 job.trained_tokens = int(latest.metrics.get("trained_tokens", job.trained_tokens))
+                job.prefill_tokens = int(latest.metrics.get("prefill_tokens", 0))
+                job.decode_tokens = int(latest.metrics.get("decode_tokens", 0))
                 event(s, job.id, "warn", "resumed", f"attempt {job.attempts}: resuming from checkpoint {latest.id} at step {latest.step}",
                       {"step": latest.step, "checkpoint": latest.id, "attempt": job.attempts})
             else:
-                job.steps_done, job.trained_tokens = 0, 0
+                job.steps_done, job.trained_tokens, job.prefill_tokens, job.decode_tokens = 0, 0, 0, 0
                 event(s, job.id, "info", "started", f"training started (attempt {job.attempts})", {"attempt": job.attempts})
-            job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id, job.merge)
+            job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id, job.merge, job.harness, job.run_context)
     if job_snapshot is None:
         settle(trainer, job_id)
         return
-    recipe_d, dataset_ids, base_model, parent_id, merge_d = job_snapshot
+    recipe_d, dataset_ids, base_model, parent_id, merge_d, harness_d, context_d = job_snapshot
     with db.session() as s:
         parent = s.get(Checkpoint, parent_id) if parent_id else None
         parent_dir, parent_kind = (artifacts.local_path(parent.uri), parent.kind) if parent is not None else (None, None)
@@ -77,6 +82,8 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             job = lease.row(s)
             job.steps_done = m.step
             job.trained_tokens += m.tokens
+            job.prefill_tokens += m.prefill_tokens
+            job.decode_tokens += m.decode_tokens
             job.heartbeat_at = utcnow()
             event(s, job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
                   {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
@@ -94,7 +101,8 @@ def run_job(trainer: Trainer, job_id: str) -> None:
         with db.session() as s:
             job = lease.row(s)
             s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind=recipe.adapter, uri=uri,
-                             metrics={"trained_tokens": job.trained_tokens}, created_at=utcnow()))
+                             metrics={"trained_tokens": job.trained_tokens, "prefill_tokens": job.prefill_tokens, "decode_tokens": job.decode_tokens},
+                             created_at=utcnow()))
             event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
 
     def should_stop() -> bool:
@@ -119,9 +127,13 @@ def run_job(trainer: Trainer, job_id: str) -> None:
                     outcome, error = "cancelled", None
             else:
                 with db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
-                    rows = [row for d in dataset_ids for row in read_dataset(s.get(Dataset, d)).rows]  # type: ignore[arg-type]
+                    datasets = [s.get(Dataset, d) for d in dataset_ids]
+                    if recipe.method == "grpo":
+                        rows, method = _grpo(trainer, base_model, datasets, recipe, harness_d, context_d)
+                    else:
+                        rows, method = dataset_rows(datasets, recipe).rows, method_of(recipe)  # type: ignore[arg-type]
                 result = train(
-                    base_model_dir(base_model, settings.models_dir), method_of(recipe), rows, train_config(recipe), workdir,
+                    base_model_dir(base_model, settings.models_dir), method, rows, train_config(recipe), workdir,
                     init_adapter=parent_dir if parent_kind == "lora" else None, init_weights=parent_dir if parent_kind == "full" else None,
                     resume=resume, on_start=on_start, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
                 )
@@ -142,6 +154,18 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             return
         finish(s, job, outcome, error)
     settle(trainer, job_id)
+
+
+def _grpo(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe, harness_d: dict | None,
+          context_d: dict | None) -> tuple[list, Any]:
+    """A GRPO job's rows (its ``prompt_only`` datasets, or the training pool as its harness renders it, read again from the
+    grader) and its method, rewarded by the grader for the run the job was created for."""
+    from trainer_service.methods.grpo import GRPO
+    from trainer_service.rewards import grpo_rows, reward_function
+
+    ctx, harness = RunContext(**context_d or {}), Harness(**harness_d) if harness_d else None
+    rows = grpo_rows(trainer, ctx, harness, datasets, recipe).rows
+    return rows, GRPO(reward_function(trainer, ctx, harness, tokenizer(base_model, trainer.settings.models_dir)))
 
 
 def _merge(trainer: Trainer, base_model: str, kind: str, spec: MergeSpec, out: Path, should_stop: Callable[[], bool]) -> None:

@@ -16,6 +16,7 @@ import hashlib
 import hmac
 import json
 import secrets
+from collections.abc import Callable
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -25,7 +26,7 @@ from services.common.errors import Unauthorized
 
 MAY_CALL: dict[str, tuple[str, ...]] = {  # the design's service table: caller -> services it may call
     "gateway": ("ledger", "trainer", "inference", "grader"),
-    "trainer": ("ledger", "grader"),
+    "trainer": ("ledger", "grader"),  # the grader: its /internal/training-pool routes only (GRPO), see grader.api
     "inference": ("ledger", "trainer"),
     "grader": ("inference", "ledger", "trainer"),
     "ledger": (),
@@ -110,6 +111,19 @@ def run_caller(request: Request) -> RunContext:
     if ctx is None:
         raise Unauthorized("this internal endpoint acts for a run; the signed run context is missing")
     return ctx
+
+
+def only_callers(*names: str) -> Callable[[Request], None]:
+    """A router's dependency narrowing who of the trusted callers may use its routes (a service trusted for some of
+    another's routes, not all: the trainer may ask the grader for GRPO's prompts and rewards, nothing else): 401
+    unless the request's service token is that of one of ``names``."""
+
+    def check(request: Request) -> None:
+        name, _ = identify_caller(request, request.app.state.settings.trusted_tokens)
+        if name not in names:
+            raise Unauthorized(f"this internal endpoint does not accept the {name} service's token")
+
+    return check
 
 
 ServiceCaller = Annotated[RunContext | None, Depends(service_caller)]

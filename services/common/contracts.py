@@ -15,12 +15,6 @@ from pydantic_core import PydanticCustomError
 from services.common import extraction
 from services.common.openai_protocol import ChatMessage, ModelName
 
-TRAINING_FIELDS = (
-    "method", "adapter", "lora_r", "lora_alpha", "lora_dropout", "target_modules", "learning_rate",
-    "batch_size", "max_steps", "warmup_steps", "lr_scheduler", "max_seq_len", "seed", "checkpoint_every",
-)
-
-
 
 class Recipe(BaseModel):
     """How to train: method, adapter and hyper-parameters (names as in transformers/PEFT)."""
@@ -51,6 +45,17 @@ class Recipe(BaseModel):
     checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many steps (and at the end).")
     dpo_beta: float = Field(0.1, gt=0, le=10, description="`dpo` only: β of the DPO loss, how far the policy may move from the reference "
                             "(Rafailov et al. 2023; TRL's default 0.1).")
+    grpo_group_size: int = Field(4, ge=2, le=64, description="`grpo` only: completions sampled per prompt (the group whose mean and "
+                                 "standard deviation normalize each completion's reward into its advantage; TRL's `num_generations`).")
+    grpo_kl_coef: float = Field(0.04, ge=0, le=10, description="`grpo` only: β of the KL penalty to the reference policy (Shao et al. 2024's "
+                                "0.04; 0 drops the reference).")
+    grpo_temperature: float = Field(1.0, gt=0, le=2, description="`grpo` only: sampling temperature of the rollouts.")
+    grpo_max_new_tokens: int = Field(64, ge=1, le=2048, description="`grpo` only: tokens a rollout may generate (fewer when the prompt "
+                                     "leaves less of `max_seq_len`).")
+
+
+TRAINING_FIELDS: tuple[str, ...] = tuple(Recipe.model_fields)
+"""Every recipe field, each under the benchmark's allow/lock policy (the gateway's ``apply_recipe_policy``)."""
 
 
 class DatasetOut(BaseModel):
@@ -59,7 +64,7 @@ class DatasetOut(BaseModel):
     id: str = Field(examples=["ds_01jd3k4m5n6p7q8r9s0t1v2w3x"])
     object: Literal["dataset"] = "dataset"
     name: str
-    format: Literal["messages", "prompt_completion", "preference"]
+    format: Literal["messages", "prompt_completion", "preference", "prompt_only"]
     rows: int
     bytes: int
     sha256: str
@@ -115,9 +120,14 @@ class TrainingJobCreate(BaseModel):
     model: ModelName = Field(description=(
         "Base model name, or a `ckpt_…` to continue training from: a LoRA parent continues as LoRA (or is merged into the base for "
         "`adapter: full`); a full parent continues as full weights."))
-    datasets: list[str] = Field(default_factory=list, max_length=16, description="The datasets to train on (at least one; none for a merge).")
+    datasets: list[str] = Field(default_factory=list, max_length=16, description=(
+        "The datasets to train on: at least one for `sft` and `dpo`; for `grpo`, `prompt_only` datasets (prompts of training-pool "
+        "items) or none (the run's training pool, rendered by `harness`); none for a merge."))
     recipe: Recipe = Field(default_factory=Recipe)
     merge: MergeSpec | None = Field(None, description="`recipe.method: merge` only: the checkpoints to combine and how.")
+    harness: Harness | None = Field(None, description=(
+        "`recipe.method: grpo` only: the declarative harness that renders the training pool's prompts and extracts the answer the "
+        "suite's scorer rewards (default: the task's initial system's harness)."))
 
 
 class TrainingJobOut(BaseModel):
@@ -131,9 +141,12 @@ class TrainingJobOut(BaseModel):
     datasets: list[str]
     recipe: Recipe
     merge: MergeSpec | None = None
+    harness: Harness | None = None
     steps_done: int
     estimated_tokens: int
     trained_tokens: int
+    prefill_tokens: int = Field(0, description="`grpo`: prompt tokens its rollouts computed (billed as `prefill_tokens`).")
+    decode_tokens: int = Field(0, description="`grpo`: tokens its rollouts generated (billed as `decode_tokens`).")
     latest_checkpoint: str | None = None
     attempts: int = Field(0, description="Times a worker started the job; above 1 after a worker was lost and the job resumed.")
     error: str | None = None
@@ -493,6 +506,50 @@ class SuiteItemOut(BaseModel):
     id: str
     question: str
     answer: str
+
+
+class PoolPromptsRequest(BaseModel):
+    """Ask for the training pool's prompts as a harness renders them (GRPO's prompts; the trainer asks for a run)."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    harness: Harness | None = Field(None, description="Default: the task's initial system's declarative harness.")
+
+
+class PoolPrompt(BaseModel):
+    """One training-pool item's prompt: the chat ``messages`` the harness renders for it."""
+
+    item_id: str
+    messages: list[dict[str, str]]
+
+
+class PoolCompletion(BaseModel):
+    """A completion the policy generated for a training-pool item."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    item_id: str = Field(max_length=200)
+    completion: str = Field(max_length=200_000)
+
+
+class RewardRequest(BaseModel):
+    """Score completions of training-pool items with the suite's scorer (GRPO's rewards). Validation and test items
+    are never scored here."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    harness: Harness | None = Field(None, description="Extracts the answer (default: the task's initial system's declarative harness).")
+    completions: list[PoolCompletion] = Field(min_length=1, max_length=4096)
+
+
+class Reward(BaseModel):
+    """One completion's reward in [0, 1]: the suite's score of the ``answer`` the harness extracted (``None``: none was
+    found), and why it is 0 when the scorer could not score it (``reason``)."""
+
+    item_id: str
+    reward: float
+    answer: str | None = None
+    reason: str | None = None
 
 
 class GradingTaskStatus(BaseModel):

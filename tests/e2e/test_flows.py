@@ -89,13 +89,7 @@ def test_the_agent_trains_by_dpo_on_full_weights_the_checkpoints_are_merged_eval
     """The reference agent's other options, through every service: preference pairs from the training pool, a DPO
     job on full weights (its device, its DPO metrics, full-weight checkpoints), the checkpoint served by inference
     for validation and graded on the hidden split."""
-    from crucible.sdk import CrucibleClient
-    from tests.conftest import TEST_BENCHMARK
-
-    doc = json.loads(json.dumps(TEST_BENCHMARK)) | {"name": "chain-sum-open-recipe", "recipe": {}}
-    admin.load_benchmark(doc)
-    run = admin.create_run("chain-sum-open-recipe", "dpo-full")
-    client = CrucibleClient(stack.gateway_url, run["api_key"])
+    _run, client = _open_recipe_run(admin, stack, "dpo-full")
     config = AgentConfig.for_steps(2, method="dpo", adapter="full")
     config.train_examples, config.evaluate_last_checkpoints, config.poll_s = 40, 1, 0.5
     config.recipe |= {"batch_size": 4}
@@ -129,6 +123,79 @@ def test_the_agent_trains_by_dpo_on_full_weights_the_checkpoints_are_merged_eval
     evaluation = client.wait_evaluation(client.create_evaluation(merged["id"], limit=2)["id"], poll_s=0.5)
     assert evaluation["status"] == "succeeded" and evaluation["score"] is not None
     assert client.budget()["spent_by_kind"]["merged_parameters"] > 0
+
+
+def _open_recipe_run(admin, stack, name: str):  # noqa: ANN001, ANN202
+    """A run of the test benchmark with every recipe field open (the default test benchmark locks some)."""
+    doc = json.loads(json.dumps(TEST_BENCHMARK)) | {"name": "chain-sum-open-recipe", "recipe": {}}
+    admin.load_benchmark(doc)
+    run = admin.create_run("chain-sum-open-recipe", name)
+    return run, CrucibleClient(stack.gateway_url, run["api_key"])
+
+
+@pytest.mark.slow
+def test_the_agent_trains_by_grpo_with_the_suites_scorer_as_reward_and_the_rollouts_are_charged(stack, admin):  # noqa: ANN001
+    """GRPO through every service: the agent's job on the training pool (no dataset), its rollouts sampled in the train
+    worker and rewarded by the grader's scorer for the run, the policy equal to the reference at step 1 (KL 0), the
+    checkpoint evaluated and graded; the job's hold settled with its training tokens and its rollouts' prefill and
+    decode tokens, exactly those the job reports."""
+    run, client = _open_recipe_run(admin, stack, "grpo")
+    config = AgentConfig.for_steps(2, method="grpo")
+    config.evaluate_last_checkpoints, config.poll_s = 1, 0.5
+    config.recipe |= {"batch_size": 2, "grpo_group_size": 4, "grpo_max_new_tokens": 12}
+    result = BaselineAgent(client, config).run()
+    assert result.submission["status"] == "graded"
+
+    [job] = client.training_jobs()
+    assert (job["status"], job["recipe"]["method"], job["datasets"], job["steps_done"]) == ("succeeded", "grpo", [], 2)
+    events = client.training_events(job["id"])
+    [validated] = [e for e in events if e["type"] == "validated"]
+    assert validated["data"]["estimated_decode_tokens"] == 2 * 2 * 4 * 12  # steps x prompts x group x max_new_tokens
+    steps = [e["data"] for e in events if e["type"] == "step"]
+    assert len(steps) == 2 and all(0 <= d["reward_mean"] <= 1 and 1 <= d["completion_tokens"] <= 12 for d in steps)
+    assert abs(steps[0]["kl"]) < 1e-5
+    assert job["decode_tokens"] == sum(d["decode_tokens"] for d in steps) > 0
+    assert job["prefill_tokens"] == sum(d["prefill_tokens"] for d in steps) > 0
+
+    with _ledger(stack) as ledger:
+        entries = ledger.get(f"/internal/accounts/{run['id']}/entries").json()["data"]
+    charged = {e["kind"]: e["quantity"] for e in entries if e["type"] == "charge" and e["idempotency_key"].startswith(f"settle:{job['id']}")}
+    assert charged == {"training_tokens": job["trained_tokens"], "prefill_tokens": job["prefill_tokens"], "decode_tokens": job["decode_tokens"]}
+
+
+def test_grpo_prompts_are_training_pool_items_and_method_fields_are_checked(stack, admin):  # noqa: ANN001
+    """A GRPO job trains on training-pool items only: a ``prompt_only`` row naming a validation item or an unknown id is
+    refused alike (422 on ``datasets`` with the line), before any hold; fields of one method are refused on another."""
+    run, client = _open_recipe_run(admin, stack, "grpo-inputs")
+    pool, validation = client.train_sample(limit=2), client.validation_items()
+
+    def refused(**body) -> dict:  # noqa: ANN003
+        with pytest.raises(CrucibleAPIError) as exc:
+            client.create_training_job(**body)
+        assert exc.value.status == 422, exc.value.problem
+        return exc.value.problem
+
+    for item_id in (validation[0]["id"], "no-such-item"):
+        rows = [{"prompt": pool[0]["question"], "item_id": pool[0]["id"]}, {"prompt": "What is 1 + 1?", "item_id": item_id}]
+        ds = client.upload_dataset("".join(json.dumps(r) + "\n" for r in rows).encode(), "prompts.jsonl")
+        assert ds["format"] == "prompt_only"
+        problem = refused(model="smollm2-135m-instruct", datasets=[ds["id"]], recipe={"method": "grpo"})
+        assert (problem["field"], problem["line"]) == ("datasets", 2) and "not an item of the run's training pool" in problem["detail"]
+    assert refused(model="smollm2-135m-instruct", datasets=[ds["id"]], recipe={"method": "sft"})["field"] == "datasets"  # sft cannot train prompts
+    assert refused(model="smollm2-135m-instruct", datasets=[], recipe={"method": "sft", "grpo_group_size": 8})["field"] == "recipe.grpo_group_size"
+    assert refused(model="smollm2-135m-instruct", datasets=[], recipe={"method": "grpo", "dpo_beta": 0.2})["field"] == "recipe.dpo_beta"
+    assert refused(model="smollm2-135m-instruct", datasets=[], recipe={"method": "sft"}, harness={"system_prompt": "x"})["field"] == "harness"
+    assert refused(model="smollm2-135m-instruct", datasets=[], recipe={"method": "grpo"},
+                   harness={"user_template": "{{ question.__class__ }}"})["field"] == "harness.user_template"
+    assert client.training_jobs() == [] and client.budget()["held_usd_micros"] == 0
+
+    ok = [{"prompt": [{"role": "system", "content": "Answer with the number only."}, {"role": "user", "content": it["question"]}],
+           "item_id": it["id"]} for it in pool]
+    ds = client.upload_dataset("".join(json.dumps(r) + "\n" for r in ok).encode(), "prompts-ok.jsonl")
+    job = client.create_training_job("smollm2-135m-instruct", [ds["id"]], {"method": "grpo", "max_steps": 1, "batch_size": 2,
+                                                                           "grpo_group_size": 2, "grpo_max_new_tokens": 4})
+    assert job["recipe"]["grpo_group_size"] == 2 and job["datasets"] == [ds["id"]]
+    client.cancel_training_job(job["id"])
 
 
 def test_a_run_that_trained_on_planted_test_items_is_flagged_on_the_leaderboard(stack, new_run, benchmark):  # noqa: ANN001
@@ -470,6 +537,9 @@ def test_internal_services_accept_only_the_callers_they_trust(stack, new_run):  
 
     ctx = RunContext(run_id=run["id"], task_id=run["benchmark_id"])
     assert get("trainer", "/internal/datasets", tokens["gateway"], **run_headers(ctx, tokens["gateway"])) == 200
+    pool = f"http://127.0.0.1:{stack.port_base + 4}/internal/training-pool/prompts"  # GRPO's environment: the trainer's alone
+    assert {s: httpx.post(pool, json={}, headers={"Authorization": f"Bearer {tokens[s]}", **run_headers(ctx, tokens[s])}, timeout=60).status_code
+            for s in ("gateway", "trainer")} == {"gateway": 401, "trainer": 200}
     forged = run_headers(ctx, tokens["inference"])  # signed by another service than the one calling
     assert get("trainer", "/internal/datasets", tokens["gateway"], **forged) == 401
 

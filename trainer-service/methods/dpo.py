@@ -13,9 +13,18 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from typing import Any, ClassVar
 
-import torch
 import torch.nn.functional as F
-from trainer_service.training import Example, NoSupervisedTokens, Policy, TrainConfig, collate, sequence_logprobs, tokenize_turns
+from trainer_service.training import (
+    Example,
+    NoSupervisedTokens,
+    Policy,
+    StepLoss,
+    TokenCounts,
+    TrainConfig,
+    collate,
+    sequence_logprobs,
+    tokenize_turns,
+)
 
 
 @dataclass
@@ -32,12 +41,11 @@ class DPO:
     name: ClassVar[str] = "dpo"
     formats: ClassVar[frozenset[str]] = frozenset({"preference"})
     needs_reference: ClassVar[bool] = True
-    rows_per_example: ClassVar[int] = 2
     own_fields: ClassVar[frozenset[str]] = frozenset({"dpo_beta"})
 
-    def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[PreferencePair]:
+    def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[PreferencePair]:
         """Each row as a :class:`PreferencePair`; ``NoSupervisedTokens`` for rows where either answer is cut away."""
-        pairs = []
+        pairs, max_seq_len = [], config.max_seq_len
         for row in rows:
             prompt = row.prompt_messages()
             pairs.append(PreferencePair(tokenize_turns(tokenizer, prompt, {"role": "assistant", "content": row.chosen}, max_seq_len),
@@ -46,11 +54,15 @@ class DPO:
             raise NoSupervisedTokens(empty, max_seq_len)
         return pairs
 
-    def tokens(self, example: PreferencePair) -> int:
-        """Both sequences' tokens."""
-        return len(example.chosen.input_ids) + len(example.rejected.input_ids)
+    def batch_rows(self, config: TrainConfig) -> int:
+        """The chosen and the rejected sequence."""
+        return 2
 
-    def loss(self, policy: Policy, batch: Sequence[PreferencePair], config: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    def tokens(self, example: PreferencePair) -> TokenCounts:
+        """Both sequences' tokens."""
+        return TokenCounts(training=len(example.chosen.input_ids) + len(example.rejected.input_ids))
+
+    def loss(self, policy: Policy, batch: Sequence[PreferencePair], config: TrainConfig) -> StepLoss:
         """The mean DPO loss of the pairs. Metrics: ``reward_accuracy`` (share of pairs whose implicit reward
         ``β·(log π - log π_ref)`` is higher for the chosen answer), ``reward_margin`` (its mean difference),
         ``chosen_logprob`` (mean log-likelihood of the chosen answers under the policy)."""
@@ -61,5 +73,5 @@ class DPO:
         rewards = config.dpo_beta * (policy_seq - reference_seq)
         margin = rewards[:n] - rewards[n:]
         loss = -F.logsigmoid(margin).mean()
-        return loss, {"reward_accuracy": float((margin > 0).float().mean()), "reward_margin": float(margin.detach().mean()),
-                      "chosen_logprob": float(policy_seq[:n].detach().mean())}
+        return StepLoss(loss, {"reward_accuracy": float((margin > 0).float().mean()), "reward_margin": float(margin.detach().mean()),
+                               "chosen_logprob": float(policy_seq[:n].detach().mean())})

@@ -6,8 +6,7 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any, ClassVar
 
-import torch
-from trainer_service.training import Example, Policy, TrainConfig, collate, tokenize_examples
+from trainer_service.training import Example, Policy, StepLoss, TokenCounts, TrainConfig, collate, tokenize_examples
 
 
 class SFT:
@@ -16,18 +15,21 @@ class SFT:
     name: ClassVar[str] = "sft"
     formats: ClassVar[frozenset[str]] = frozenset({"messages", "prompt_completion"})
     needs_reference: ClassVar[bool] = False
-    rows_per_example: ClassVar[int] = 1
     own_fields: ClassVar[frozenset[str]] = frozenset()
 
-    def examples(self, tokenizer: Any, rows: Sequence[Any], max_seq_len: int) -> list[Example]:
+    def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[Example]:
         """:func:`~trainer_service.training.tokenize_examples`: loss on the answer only."""
-        return tokenize_examples(tokenizer, rows, max_seq_len)
+        return tokenize_examples(tokenizer, rows, config.max_seq_len)
 
-    def tokens(self, example: Example) -> int:
+    def batch_rows(self, config: TrainConfig) -> int:
+        """One sequence per example."""
+        return 1
+
+    def tokens(self, example: Example) -> TokenCounts:
         """The example's tokens (prompt and answer)."""
-        return len(example.input_ids)
+        return TokenCounts(training=len(example.input_ids))
 
-    def loss(self, policy: Policy, batch: Sequence[Example], config: TrainConfig) -> tuple[torch.Tensor, dict[str, float]]:
+    def loss(self, policy: Policy, batch: Sequence[Example], config: TrainConfig) -> StepLoss:
         """``-mean(log p(answer token))`` over the batch's supervised tokens; no extra metrics."""
         logprobs, _ = policy.logprobs(*collate(batch, policy.pad_token_id, policy.device.torch_device))
-        return -logprobs.mean(), {}
+        return StepLoss(-logprobs.mean())

@@ -1,5 +1,6 @@
 """The trainer's loop and its methods on the real built-in model (SmolLM2-135M, CPU): log-probabilities as the model
-computes them, DPO's loss as its paper defines it, LoRA and full weights, exact resume, and tokens billed as counted."""
+computes them, DPO's loss as its paper defines it, GRPO's policy gradient, LoRA and full weights, exact resume, and
+tokens billed as counted."""
 
 from __future__ import annotations
 
@@ -10,12 +11,15 @@ import pytest
 import torch
 from safetensors.torch import load_file
 from trainer_service.methods import METHODS
+from trainer_service.methods.grpo import GRPO
 from trainer_service.schemas import parse_row
 from trainer_service.training import (
     IGNORE_INDEX,
+    Example,
+    TokenCounts,
     TrainConfig,
     collate,
-    count_training_tokens,
+    count_tokens,
     load_model,
     select_device,
     token_logprobs,
@@ -29,7 +33,25 @@ from tests.conftest import prepared_models
 SFT_ROWS = [parse_row({"prompt": f"What is {a} + {a}?", "completion": str(2 * a)}, 1) for a in range(6)]
 DPO_ROWS = [parse_row({"prompt": [{"role": "system", "content": "Answer with the number only."}, {"role": "user", "content": f"What is {a} + {a}?"}]
                        if a % 2 else f"What is {a} + {a}?", "chosen": str(2 * a), "rejected": str(2 * a + 1)}, 1) for a in range(6)]
-ROWS = {"sft": SFT_ROWS, "dpo": DPO_ROWS}
+GRPO_ROWS = [parse_row({"prompt": f"Count from {a} to {a + 3}.", "item_id": f"item-{a}"}, 1) for a in range(4)]
+ROWS = {"sft": SFT_ROWS, "dpo": DPO_ROWS, "grpo": GRPO_ROWS}
+
+
+class ShortAnswers:
+    """A reward that keeps what it scored: 1 for a completion that ends (the end-of-sequence token) within 6 tokens."""
+
+    def __init__(self, eos: int) -> None:
+        self.eos, self.scored = eos, []
+
+    def __call__(self, item_ids: list[str], completions: list[list[int]]) -> list[float]:
+        rewards = [float(self.eos in c and len(c) <= 6) for c in completions]
+        self.scored += [(i, c, r) for i, c, r in zip(item_ids, completions, rewards, strict=True)]
+        return rewards
+
+
+def method(name: str, base: Path) -> object:
+    """``METHODS[name]``; GRPO with a :class:`ShortAnswers` reward (the grader's part is tested with the services)."""
+    return GRPO(ShortAnswers(AutoTokenizer.from_pretrained(base).eos_token_id)) if name == "grpo" else METHODS[name]
 
 
 @pytest.fixture(scope="module")
@@ -67,26 +89,35 @@ def test_dpo_starts_at_log_2_and_learns_to_prefer_the_chosen_answers(base: Path,
     assert (result.last_checkpoint / "adapter_model.safetensors").exists()
 
 
-@pytest.mark.parametrize(("method", "adapter"), [pytest.param("sft", "full", marks=pytest.mark.slow), ("dpo", "lora")])
-def test_a_job_resumed_from_its_checkpoint_ends_with_the_weights_of_an_uninterrupted_run(base: Path, tmp_path: Path, method: str,
+@pytest.mark.parametrize(("name", "adapter"), [pytest.param("sft", "full", marks=pytest.mark.slow), ("dpo", "lora"), ("grpo", "lora")])
+def test_a_job_resumed_from_its_checkpoint_ends_with_the_weights_of_an_uninterrupted_run(base: Path, tmp_path: Path, name: str,
                                                                                        adapter: str) -> None:
     """What a killed worker's job does: the second attempt resumes from the newest checkpoint (weights, AdamW
-    moments, schedule, RNG, data position); its tokens plus the first attempt's are exactly the count the hold
-    was priced on, and every step's tokens are those ``count_training_tokens`` counted."""
-    cfg = config(adapter=adapter, learning_rate=1e-4 if adapter == "full" else 1e-3, max_steps=3, checkpoint_every=100)
-    billed: list[int] = []
-    straight = train(base, METHODS[method], ROWS[method], cfg, tmp_path / "straight", on_step=lambda m: billed.append(m.tokens))
+    moments, schedule, RNG, data position; for GRPO the sampling RNG too, so it draws the same rollouts); its tokens
+    plus the first attempt's are those of the uninterrupted run, every step's tokens add up to them, and they are
+    exactly (GRPO: at most) what ``count_tokens`` priced the hold on."""
+    cfg = config(adapter=adapter, learning_rate=1e-4 if adapter == "full" else 1e-3, max_steps=3, checkpoint_every=100,
+                 grpo_max_new_tokens=8)
+    billed: list[TokenCounts] = []
+    straight = train(base, method(name, base), ROWS[name], cfg, tmp_path / "straight",
+                     on_step=lambda m: billed.append(TokenCounts(m.tokens, m.prefill_tokens, m.decode_tokens)))
     stopped_after = []
 
     def stop_after_one() -> bool:
         return len(stopped_after) >= 1
 
-    first = train(base, METHODS[method], ROWS[method], cfg, tmp_path / "first", on_step=stopped_after.append, should_stop=stop_after_one)
+    first = train(base, method(name, base), ROWS[name], cfg, tmp_path / "first", on_step=stopped_after.append, should_stop=stop_after_one)
     assert (first.stopped, first.steps_done, first.last_checkpoint.name) == (True, 1, "step-1")
-    resumed = train(base, METHODS[method], ROWS[method], cfg, tmp_path / "resumed", resume=first.last_checkpoint)
-    assert (resumed.steps_done, resumed.tokens_total) == (3, straight.tokens_total)
-    examples = METHODS[method].examples(AutoTokenizer.from_pretrained(base), ROWS[method], cfg.max_seq_len)
-    assert sum(billed) == straight.tokens_total == count_training_tokens(METHODS[method], examples, cfg)
+    resumed = train(base, method(name, base), ROWS[name], cfg, tmp_path / "resumed", resume=first.last_checkpoint)
+    assert (resumed.steps_done, resumed.usage) == (3, straight.usage)
+    examples = method(name, base).examples(AutoTokenizer.from_pretrained(base), ROWS[name], cfg)
+    priced = count_tokens(METHODS[name], examples, cfg)
+    assert sum(billed, TokenCounts()) == straight.usage
+    if name == "grpo":
+        assert 0 < straight.usage.decode <= priced.decode and straight.usage.prefill == priced.prefill
+        assert straight.usage.training == straight.usage.prefill + straight.usage.decode  # G sequences of prompt + completion
+    else:
+        assert straight.usage == priced and straight.usage.decode == 0
 
     weights = "model.safetensors" if adapter == "full" else "adapter_model.safetensors"
     a, b = load_file(straight.last_checkpoint / weights), load_file(resumed.last_checkpoint / weights)
@@ -105,3 +136,43 @@ def test_full_fine_tuning_from_a_lora_parent_starts_from_the_adapter_merged_into
         plain = load_model(base, TrainConfig(adapter="full"), device).eval()(input_ids=ids).logits
         assert (merged - served).abs().max() < 1e-2 < (merged - plain).abs().max()  # float32 rounding of the merge vs training
     assert not hasattr(full, "peft_config") and all(p.requires_grad for p in full.parameters())  # a plain model, every weight trained
+
+
+def test_grpo_pushes_up_the_completions_its_reward_prefers_and_starts_at_the_reference(base: Path, tmp_path: Path) -> None:
+    """One GRPO step (Shao et al. 2024, eq. 3): at step 1 the policy is the reference (the LoRA adapter starts at 0),
+    so the k3 KL is 0; after the step, the completions with positive advantage (rewarded above their group's mean)
+    gained log-likelihood relative to those with negative advantage. The completions are the step's own, kept by the
+    reward function; their log-likelihood is measured under the base model and under the checkpoint."""
+    reward = ShortAnswers(AutoTokenizer.from_pretrained(base).eos_token_id)
+    steps = []
+    cfg = config(max_steps=1, batch_size=4, learning_rate=3e-3, grpo_group_size=6, grpo_max_new_tokens=10, grpo_temperature=1.2, seed=3)
+    result = train(base, GRPO(reward), GRPO_ROWS, cfg, tmp_path, on_step=steps.append)
+    assert steps[0].extra["kl"] == pytest.approx(0, abs=1e-6)
+    assert 0 < steps[0].extra["reward_mean"] < 1 and steps[0].extra["groups_with_signal"] > 0
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    examples = GRPO(reward).examples(tokenizer, GRPO_ROWS, cfg)
+    prompts = {e.item_id: e.prompt_ids for e in examples}
+    groups: dict[str, list[tuple[list[int], float]]] = {}
+    for item_id, completion, r in reward.scored:
+        groups.setdefault(item_id, []).append((completion, r))
+    device = select_device(cfg)
+
+    def loglik(model: object, prompt: list[int], completion: list[int]) -> float:
+        batch = collate([Example(prompt + completion, [IGNORE_INDEX] * len(prompt) + completion)],
+                        tokenizer.pad_token_id, device.torch_device)
+        with torch.no_grad():
+            return float(token_logprobs(model, *batch)[0].sum())
+
+    before = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    after = load_model(base, cfg, device, init_adapter=result.last_checkpoint).eval()
+    up, down = [], []
+    for item_id, group in groups.items():
+        mean = sum(r for _, r in group) / len(group)
+        for completion, r in group:
+            gain = loglik(after.get_base_model(), prompts[item_id], completion) - loglik(before, prompts[item_id], completion)
+            if r > mean:
+                up.append(gain)
+            elif r < mean:
+                down.append(gain)
+    assert up and down
+    assert sum(up) / len(up) > sum(down) / len(down) + 1.0, (up, down)  # measured: -4.5 vs -20.8 nats

@@ -212,7 +212,8 @@ def test_a_job_the_budget_cannot_cover_is_the_ledgers_402_and_nothing_is_queued(
     ({"model": "gpt-5", "datasets": ["ds_x"]}, "model"),
     ({"model": "gemma3-270m", "datasets": ["ds_x"]}, "model"),  # a built-in card, but not prepared in this trainer's models folder
     ({"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "datasets": ["ds_x"]}, "model"),
-    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"method": "grpo"}}, "recipe.method"),
+    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"method": "sft"}, "harness": {"system_prompt": "x"}}, "harness"),  # grpo's only
+    ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"method": "sft", "grpo_kl_coef": 0.1}}, "recipe.grpo_kl_coef"),
     ({"model": MODEL, "datasets": ["ds_x"], "recipe": {"dpo_beta": 0}}, "recipe.dpo_beta"),
 ])
 def test_a_job_request_the_trainer_cannot_run_is_a_422_naming_the_field(served: Served, body: dict[str, Any], field: str) -> None:
