@@ -87,7 +87,8 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             job.heartbeat_at = utcnow()
             event(s, job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
                   {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
-                   "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s, **m.extra})
+                   "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s, **m.extra,
+                   **({"prefill_tokens": m.prefill_tokens, "decode_tokens": m.decode_tokens} if m.decode_tokens else {})})
 
     def on_start(info: dict) -> None:
         with db.session() as s:

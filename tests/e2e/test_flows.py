@@ -158,8 +158,8 @@ def test_the_agent_trains_by_grpo_with_the_suites_scorer_as_reward_and_the_rollo
     assert job["prefill_tokens"] == sum(d["prefill_tokens"] for d in steps) > 0
 
     with _ledger(stack) as ledger:
-        entries = ledger.get(f"/internal/accounts/{run['id']}/entries").json()["data"]
-    charged = {e["kind"]: e["quantity"] for e in entries if e["type"] == "charge" and e["idempotency_key"].startswith(f"settle:{job['id']}")}
+        entries = ledger.get(f"/internal/accounts/{run['id']}/entries").json()
+    charged = {e["kind"]: e["quantity"] for e in entries if e["type"] == "charge" and (e["idempotency_key"] or "").startswith(f"settle:{job['id']}")}
     assert charged == {"training_tokens": job["trained_tokens"], "prefill_tokens": job["prefill_tokens"], "decode_tokens": job["decode_tokens"]}
 
 

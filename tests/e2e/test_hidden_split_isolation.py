@@ -100,9 +100,28 @@ def _mask(value: Any) -> Any:
     return value
 
 
+def _without_sandbox_time(value: Any) -> Any:
+    """``value`` with what a sandbox's wall-clock time is billed taken out (recursively): sandbox seconds are metered by
+    the clock, so two deployments under different load bill a rollout 3 or 4 seconds whatever their hidden splits. A
+    budget's ``sandbox_seconds`` (µUSD and seconds) is blanked and its µUSD moved from spent back to remaining, so
+    every other charge is still compared to the µUSD."""
+    if isinstance(value, list):
+        return [_without_sandbox_time(v) for v in value]
+    if not isinstance(value, dict):
+        return value
+    value = {k: _without_sandbox_time(v) for k, v in value.items()}
+    sandbox = (value.get("spent_by_kind") or {}).get("sandbox_seconds")
+    if isinstance(sandbox, int):
+        value["spent_usd_micros"] -= sandbox
+        value["remaining_usd_micros"] += sandbox
+        value["spent_by_kind"]["sandbox_seconds"] = value["usage_by_kind"]["sandbox_seconds"] = "<time>"
+    return value
+
+
 class Transcript:
     """What one deployment answered, normalized: ids numbered by first appearance, timestamps (ISO 8601 and Unix),
-    the run's remaining seconds and a rollout's sandbox seconds blanked, final grades masked."""
+    the run's remaining seconds, a rollout's sandbox seconds and their price blanked (:func:`_without_sandbox_time`; a
+    leaderboard row's ``spent_usd`` with them), final grades masked."""
 
     def __init__(self) -> None:
         self.ids: dict[str, str] = {}
@@ -111,7 +130,7 @@ class Transcript:
     def add(self, call: str, response: httpx.Response, *, grades: bool = False) -> Any:
         """Record ``response``; ``grades``: it may hold final grades (submissions, the leaderboard), which are masked."""
         try:
-            body: Any = response.json()
+            body: Any = _without_sandbox_time(response.json())
             body = _mask(body) if grades else body
             text = json.dumps(body, sort_keys=True)
         except ValueError:
@@ -180,7 +199,8 @@ def _session(stack: Any, doc: dict) -> Transcript:
         log.add(f"GET {path} at the end", http.get(path))
     log.add("GET /v1/submissions at the end", http.get("/v1/submissions"), grades=True)
     rows = httpx.get(f"{stack.gateway_url}/v1/leaderboard", timeout=30).json()["data"]
-    log.add("leaderboard row", httpx.Response(200, json=[r for r in rows if r["run_id"] == run["id"]]), grades=True)
+    row = [r | {"spent_usd": "<money, compared in the budget>"} for r in rows if r["run_id"] == run["id"]]  # it holds sandbox time
+    log.add("leaderboard row", httpx.Response(200, json=row), grades=True)
     client.close()
     return log
 
