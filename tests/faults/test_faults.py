@@ -99,6 +99,7 @@ def bench(faulty) -> dict:  # noqa: ANN001
     doc = yaml.safe_load(yaml.safe_dump(TEST_BENCHMARK))
     doc["name"] = "chain-sum-faults"
     doc["suite"]["splits"] = {"train": {"seed": 11, "size": 300}, "validation": {"seed": 23, "size": 24}, "test": {"size": 8}}
+    doc["recipe"] = {"lock": {"adapter": "lora"}}  # every method
     admin = AdminClient(stack.gateway_url, admin_key(stack.data_dir))
     out = admin.load_benchmark(doc)
     admin.wait_baselines(doc["name"])
@@ -153,10 +154,15 @@ def events(client: CrucibleClient, job_id: str, type_: str) -> list[dict]:
     return [e for e in client.training_events(job_id) if e["type"] == type_]
 
 
-def test_killed_train_worker_job_resumes_from_checkpoint_and_is_charged_once(faulty, client) -> None:  # noqa: ANN001
+@pytest.mark.parametrize("method", ["sft", "grpo"])
+def test_killed_train_worker_job_resumes_from_checkpoint_and_is_charged_once(faulty, client, method: str) -> None:  # noqa: ANN001
+    """SFT on a dataset, and GRPO on the training pool (its rollouts rewarded by the grader): the job resumes from its
+    newest checkpoint; what the lost steps did is not charged, what was redone is charged once."""
     stack, _, _ = faulty
-    ds = upload_training_set(client)
-    job = client.create_training_job(BASE, [ds], {"max_steps": 9, "batch_size": 4, "checkpoint_every": 3, "warmup_steps": 1})
+    recipe = {"max_steps": 9, "batch_size": 4, "checkpoint_every": 3, "warmup_steps": 1, "method": method}
+    if method == "grpo":
+        recipe |= {"batch_size": 2, "grpo_group_size": 2, "grpo_max_new_tokens": 6}
+    job = client.create_training_job(BASE, [upload_training_set(client)] if method == "sft" else [], recipe)
     wait_for(lambda: client.training_job(job["id"])["steps_done"] >= 4 and client.checkpoints(job["id"]), 400, "step 4 after the first checkpoint")
     newest = max(c["step"] for c in client.checkpoints(job["id"]))
     stack.kill("train-worker")
@@ -176,12 +182,21 @@ def test_killed_train_worker_job_resumes_from_checkpoint_and_is_charged_once(fau
     assert resumed["data"]["step"] == newest
     assert events(client, job["id"], "worker_lost")
     assert [c["step"] for c in client.checkpoints(job["id"])] == [3, 6, 9]
-    # a clean run processes exactly the estimated tokens; the resumed one is charged the same: the steps
-    # lost with the worker are not charged, the ones redone are charged once
-    assert done["trained_tokens"] == done["estimated_tokens"]
+    # the steps lost with the worker are not charged, the ones redone are charged once: the job's count is that of
+    # the last event of each step (SFT: exactly the estimate, which a clean run processes)
+    last = {e["data"]["step"]: e["data"] for e in events(client, job["id"], "step")}
+    assert sorted(last) == list(range(1, 10))
+    kinds = {"training_tokens": "trained_tokens", "prefill_tokens": "prefill_tokens", "decode_tokens": "decode_tokens"}
+    step_key = {"training_tokens": "tokens", "prefill_tokens": "prefill_tokens", "decode_tokens": "decode_tokens"}
+    for kind, field in kinds.items():
+        assert done[field] == sum(d.get(step_key[kind], 0) for d in last.values()), kind
+    if method == "sft":
+        assert done["trained_tokens"] == done["estimated_tokens"] and done["decode_tokens"] == 0
+    else:
+        assert done["decode_tokens"] > 0 and done["trained_tokens"] == done["prefill_tokens"] + done["decode_tokens"] <= done["estimated_tokens"]
     _, entries = assert_books_balance(stack, client.run_id)
-    charged = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens")
-    assert charged == done["estimated_tokens"]
+    for kind, field in kinds.items():
+        assert sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == kind) == done[field], kind
     assert sum(1 for e in entries if e["type"] == "hold") == 1
 
 
