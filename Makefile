@@ -78,14 +78,14 @@ test-unit: $(STAMP) services sandbox
 # The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes), the
 # differential test (every preset in two deployments whose secret test seeds differ must answer every agent route
 # alike, about 6 minutes on 2 idle cores), the tests on real clocks and the slow trainer tests (about 7 minutes), the
-# reference agent training by DPO on full weights and merging (about 3 minutes), code-harness rollouts and limits
+# reference agent training by DPO on full weights and merging, and by GRPO with the grader's rewards (about 4 minutes), code-harness rollouts and limits
 # on the Docker sandbox backend (about 5 minutes), every preset end to end with the reference agent (about 12 minutes),
 # the engine suite on the vLLM engines (in process, and a vllm serve behind the upstream engine) and unmodified OpenAI
 # clients (the openai SDK, lm-evaluation-harness) against the gateway.
 test-slow: $(STAMP) services sandbox docker-sandbox
 	$(PY) -m pytest -q tests/faults tests/e2e/test_hidden_split_isolation.py
 	$(PY) -m pytest -q tests/unit -m "slow and not docker and not vllm"  # real clocks: timeouts, CPU and wall-clock limits, hanging scorers
-	$(PY) -m pytest -q tests/e2e/test_flows.py -m slow -k sqlite  # the reference agent's DPO on full weights, a merge job, through every service
+	$(PY) -m pytest -q tests/e2e/test_flows.py -m slow -k sqlite  # the reference agent's DPO on full weights, a merge job, GRPO, through every service
 	$(PY) -m pytest -q tests/unit/grader/test_code_harness.py -m docker  # rollouts on the Docker backend: every task's oracle, hostile harnesses
 	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m "docker and slow"  # the Docker backend's wall, CPU, memory and process limits
 	$(PY) -m pytest -q tests/e2e/test_presets.py -m long  # every preset end to end with the reference agent

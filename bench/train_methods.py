@@ -17,6 +17,8 @@ Configurations (``--steps`` steps, batch 8, warm-up 10%, cosine):
 - ``grpo-lora``: GRPO on the training pool's prompts (no dataset), rewarded by the suite's scorer through the grader,
   8 completions per prompt at temperature 1, at most 8 new tokens (the benchmark's ``max_tokens``), KL β 0.04, LoRA
   r16, lr 2e-4.
+- ``grpo-after-sft``: the same GRPO continuing the ``sft-lora`` adapter (SFT, then RL: the usual order; the base model
+  answers no validation item in the expected form, so its rollouts seldom earn a reward to learn from).
 - ``merge``: a linear merge (0.5/0.5) of the ``sft-lora`` and ``dpo-lora`` adapters (needs both).
 
 Prints a table: validation accuracy before and after, the difference with its 95% interval (paired bootstrap over the
@@ -45,6 +47,8 @@ CONFIGS: dict[str, dict[str, Any]] = {
     "sft-full": {"method": "sft", "adapter": "full", "learning_rate": 1e-5},
     "grpo-lora": {"method": "grpo", "adapter": "lora", "learning_rate": 2e-4, "grpo_group_size": 8, "grpo_max_new_tokens": 8,
                   "grpo_temperature": 1.0},
+    "grpo-after-sft": {"method": "grpo", "adapter": "lora", "learning_rate": 2e-4, "grpo_group_size": 8, "grpo_max_new_tokens": 8,
+                       "grpo_temperature": 1.0, "parent": "sft-lora"},
 }
 
 
@@ -66,7 +70,7 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--steps", type=int, default=60)
     parser.add_argument("--examples", type=int, default=400)
-    parser.add_argument("--only", default="sft-lora,dpo-lora,sft-full,grpo-lora,merge")
+    parser.add_argument("--only", default="sft-lora,dpo-lora,sft-full,grpo-lora,grpo-after-sft,merge")
     parser.add_argument("--port-base", type=int, default=19700)
     args = parser.parse_args()
 
@@ -101,8 +105,14 @@ def main() -> None:
             validation = {it["question"] for it in client.validation_items()}
             rows: list[tuple[str, float, float, tuple[float, float], float, int]] = []
             checkpoints: dict[str, str] = {}
+            results: dict[str, tuple[float, dict[str, float]]] = {}  # each configuration's validation score and item scores
             for name in [n for n in chosen if n in CONFIGS]:
-                recipe = {**CONFIGS[name], "max_steps": args.steps, "batch_size": 8, "warmup_steps": max(1, args.steps // 10),
+                config = dict(CONFIGS[name])
+                parent = config.pop("parent", None)
+                if parent is not None and parent not in checkpoints:
+                    print(f"{name}: skipped ({parent} did not run)", flush=True)
+                    continue
+                recipe = {**config, "max_steps": args.steps, "batch_size": 8, "warmup_steps": max(1, args.steps // 10),
                           "checkpoint_every": args.steps}
                 agent = BaselineAgent(client, AgentConfig(train_examples=args.examples, recipe=recipe))
                 spent = client.budget()["spent_usd_micros"]
@@ -111,13 +121,16 @@ def main() -> None:
                     data = agent.build_training_set(harness, validation, method=recipe["method"])
                     datasets = [client.upload_dataset(data, f"{name}.jsonl")["id"]]
                 started = time.monotonic()
-                job = agent.train(base, datasets, recipe)
+                job = agent.train(checkpoints[parent] if parent else base, datasets, recipe)
                 took = time.monotonic() - started
                 ckpt = client.checkpoints(job["id"])[-1]["id"]
                 checkpoints[name] = ckpt
                 score, items = evaluate(ckpt)
-                rows.append((name, initial, score, paired_interval(initial_items, items), took, client.budget()["spent_usd_micros"] - spent))
-                print(f"{name}: {100 * initial:.1f}% -> {100 * score:.1f}% ({took:.0f} s training)", flush=True)
+                results[name] = (score, items)
+                before, before_items = results[parent] if parent else (initial, initial_items)  # GRPO after SFT: against the SFT checkpoint
+                rows.append((f"{name} (before: the {parent} checkpoint)" if parent else name, before, score, paired_interval(before_items, items),
+                             took, client.budget()["spent_usd_micros"] - spent))
+                print(f"{name}: {100 * before:.1f}% -> {100 * score:.1f}% ({took:.0f} s training)", flush=True)
             if "merge" in chosen and {"sft-lora", "dpo-lora"} <= set(checkpoints):
                 spent = client.budget()["spent_usd_micros"]
                 started = time.monotonic()

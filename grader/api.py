@@ -56,7 +56,7 @@ GraderDep = Annotated[Grader, Depends(get_grader)]
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("gateway"))])
 """The routes the gateway calls (for agents, operators and the leaderboard)."""
 
-pool_router = APIRouter(prefix="/internal/training-pool", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("trainer"))])
+pool_router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("trainer"))])
 """GRPO's environment, for the trainer's train workers: the training pool's prompts and rewards (nothing else of the grader)."""
 
 
@@ -81,14 +81,14 @@ def validation(grader: GraderDep, ctx: RunCaller) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=grading_tasks.validation_items(grader, ctx))
 
 
-@pool_router.post("/prompts", summary="The training pool's prompts as a harness renders them (GRPO's prompts)",
+@pool_router.post("/training-pool/prompts", summary="The training pool's prompts as a harness renders them (GRPO's prompts)",
              responses=problem_responses(Unprocessable, NotFound))
 def pool_prompts(req: PoolPromptsRequest, grader: GraderDep, ctx: RunCaller) -> Page[PoolPrompt]:
     """Every training-pool item's chat messages; 422 field ``suite`` for a multi-turn suite, ``harness…`` for a bad harness."""
     return Page[PoolPrompt](data=rewards.pool_prompts(grader, ctx, req))
 
 
-@pool_router.post("/rewards", summary="Rewards of completions of training-pool items (GRPO's rewards; not charged)",
+@pool_router.post("/training-pool/rewards", summary="Rewards of completions of training-pool items (GRPO's rewards; not charged)",
              responses=problem_responses(Unprocessable, NotFound))
 def pool_rewards(req: RewardRequest, grader: GraderDep, ctx: RunCaller) -> Page[Reward]:
     """One reward per completion, in order; 422 field ``completions[i].item_id`` for an id that is no training-pool item."""
