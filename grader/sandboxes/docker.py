@@ -1,6 +1,6 @@
 """The container sandbox backend: one Docker container per run, through the Docker SDK for Python, for docker-compose
 and Kubernetes deployments. Its image (default ``crucible-sandbox:bookworm``) is built from Debian packages, no registry
-needed: ``deploy/sandbox-image/build.sh`` (``deploy/sandbox-image/ensure-dockerd.sh`` starts the daemon first).
+needed: ``deploy/images/debootstrap.sh sandbox`` (``deploy/images/ensure-dockerd.sh`` starts the daemon first).
 Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
 
 - Network: ``network_mode="none"`` (loopback only); the model endpoint's Unix socket is bind-mounted at
@@ -79,7 +79,7 @@ LOG_MAX = {"max-size": "1m", "max-file": "2"}
 _ADDED_ENV = ("HOSTNAME",)
 """Variables the daemon adds to every container's environment; removed unless given."""
 _CPU_STATUSES = frozenset({128 + signal.SIGKILL, 128 + signal.SIGXCPU})
-_HOW_TO_BUILD = "run deploy/sandbox-image/ensure-dockerd.sh (starts the daemon) and deploy/sandbox-image/build.sh (builds the image)"
+_HOW_TO_BUILD = "run deploy/images/ensure-dockerd.sh (starts the daemon) and deploy/images/debootstrap.sh sandbox (builds the image)"
 
 
 class _Watch:

@@ -1,6 +1,6 @@
 """The sandbox contract (:mod:`grader.sandboxes.base`), held by every backend: the same stories run, for real, on
-bubblewrap and on Docker. The Docker cases need a daemon and the sandbox image (``deploy/sandbox-image/ensure-dockerd.sh``
-then ``deploy/sandbox-image/build.sh``); without them they fail, saying so, rather than skip. Marker ``docker``."""
+bubblewrap and on Docker. The Docker cases need a daemon and the sandbox image (``deploy/images/ensure-dockerd.sh``
+then ``deploy/images/debootstrap.sh sandbox``); without them they fail, saying so, rather than skip. Marker ``docker``."""
 
 from __future__ import annotations
 

@@ -1,0 +1,454 @@
+"""The docker-compose deployment, live: brought up from the images of this tree, used through the published gateway
+port only, attacked from inside its containers, broken and recovered, backed up, restored and upgraded.
+
+What runs is what the README's Operators section says: every compose command is ``docker compose --env-file
+deploy/.env …`` run in an operator's directory (a temporary one holding ``deploy/.env`` with fresh secrets; the
+project is chosen by ``COMPOSE_FILE`` and ``COMPOSE_PROJECT_NAME``), and the backup, restore and upgrade steps are
+the README's own code blocks, executed as written. ``make compose-test`` builds the images first (``make
+compose-images``: from Debian's packages where no registry is reachable) and runs this module with ``-s``: every
+isolation attempt and every fault's outcome is printed.
+
+The tests share one deployment and run in file order: the reference agent's graded run first, then the checks that
+read it (isolation, secrets), the faults, backup and restore, and the upgrade. Marker ``compose``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import socket
+import subprocess
+import time
+from collections import Counter
+from collections.abc import Callable, Iterator
+from pathlib import Path
+from typing import Any
+
+import httpx
+import pytest
+
+from crucible.sdk import AdminClient, CrucibleClient
+
+pytestmark = pytest.mark.compose
+
+ROOT = Path(__file__).resolve().parents[2]
+README = (ROOT / "README.md").read_text()
+PROJECT = os.environ.get("CRUCIBLE_COMPOSE_PROJECT", "crucible-compose-test")
+HTTP_PORTS = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 8003, "grader": 8004}
+DATA_PORTS = {"postgres": 5432, "teststore-db": 5432, "redis": 6379}
+OUTSIDE = ("pypi.org", 443)  # a host the machine itself reaches (a package registry)
+IMAGES = {  # what `make compose-images` built; the published defaults elsewhere
+    "CRUCIBLE_BASE_IMAGE": os.environ.get("CRUCIBLE_BASE_IMAGE", "python:3.11-slim"),
+    "CRUCIBLE_POSTGRES_IMAGE": os.environ.get("CRUCIBLE_POSTGRES_IMAGE", "postgres:16"),
+    "CRUCIBLE_REDIS_IMAGE": os.environ.get("CRUCIBLE_REDIS_IMAGE", "redis:7"),
+}
+AGENT_STEPS = int(os.environ.get("CRUCIBLE_COMPOSE_AGENT_STEPS", "40"))
+STATE: dict[str, Any] = {}  # what one test leaves for the next (the graded run, its key)
+
+
+def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 1.0) -> Any:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        with_value = pred()
+        if with_value:
+            return with_value
+        time.sleep(poll_s)
+    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
+
+
+def free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+class Deployment:
+    """One compose project driven as an operator drives it, from a directory of its own holding ``deploy/.env``."""
+
+    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
+        self.workdir = workdir
+        self.env = env
+        self.port = int(env["CRUCIBLE_GATEWAY_PORT"])
+        self.gateway_url = f"http://127.0.0.1:{self.port}"
+        self.shell_env = {**os.environ, "COMPOSE_FILE": str(ROOT / "docker-compose.yml"), "COMPOSE_PROJECT_NAME": PROJECT, "COLUMNS": "200"}
+        self.write_env()
+
+    def write_env(self) -> None:
+        (self.workdir / "deploy").mkdir(exist_ok=True)
+        (self.workdir / "deploy" / ".env").write_text("".join(f"{k}={v}\n" for k, v in self.env.items()))
+
+    def sh(self, script: str, timeout_s: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+        """Run ``script`` with bash in the operator's directory (``set -euo pipefail``)."""
+        proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], cwd=self.workdir, env=self.shell_env, capture_output=True,
+                              text=True, timeout=timeout_s)
+        if check and proc.returncode:
+            raise AssertionError(f"exit {proc.returncode}: {script}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
+        return proc
+
+    def compose(self, args: str, timeout_s: float = 900, check: bool = True) -> subprocess.CompletedProcess:
+        return self.sh(f"docker compose --env-file deploy/.env {args}", timeout_s, check)
+
+    def container(self, service: str) -> str:
+        ids = self.compose(f"ps -q {service}").stdout.split()
+        assert len(ids) == 1, f"{service}: containers {ids}"
+        return ids[0]
+
+    def services(self) -> list[str]:
+        return sorted(self.compose("ps --services").stdout.split())
+
+    def inspect(self, service: str) -> dict:
+        return json.loads(subprocess.run(["docker", "inspect", self.container(service)], capture_output=True, text=True, check=True).stdout)[0]
+
+    def docker_exec(self, service: str, *cmd: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
+        return subprocess.run(["docker", "exec", self.container(service), *cmd], capture_output=True, text=True, timeout=timeout_s)
+
+    def config(self) -> dict:
+        return json.loads(self.compose("config --format json").stdout)
+
+    def admin(self) -> AdminClient:
+        return AdminClient(self.gateway_url, self.env["CRUCIBLE_ADMIN_KEY"])
+
+    def healthy(self) -> bool:
+        rows = [json.loads(line) for line in self.compose("ps --format json").stdout.splitlines() if line.strip()]
+        return bool(rows) and all(r["State"] == "running" and r.get("Health", "") in ("", "healthy") for r in rows)
+
+
+def fresh_env() -> dict[str, str]:
+    """A ``deploy/.env`` as the README asks for: every secret set, each different, URL- and JSON-safe."""
+    example = [line.split("=", 1) for line in (ROOT / "deploy" / ".env.example").read_text().splitlines() if line and not line.startswith("#")]
+    env = {k: v for k, v in example}
+    for key in env:
+        if key.endswith(("_TOKEN", "_PASSWORD", "_ADMIN_KEY")):
+            env[key] = secrets.token_hex(16)
+    env["CRUCIBLE_GRADER_TEST_SEED"] = str(secrets.randbelow(10**12) + 10**11)
+    env["CRUCIBLE_GATEWAY_PORT"] = str(free_port())
+    env |= IMAGES
+    return env
+
+
+SECRET_NAMES = ("GATEWAY_SERVICE_TOKEN", "LEDGER_SERVICE_TOKEN", "TRAINER_SERVICE_TOKEN", "INFERENCE_SERVICE_TOKEN", "GRADER_SERVICE_TOKEN",
+                "CRUCIBLE_ADMIN_KEY", "POSTGRES_PASSWORD", "GATEWAY_DB_PASSWORD", "LEDGER_DB_PASSWORD", "TRAINER_DB_PASSWORD",
+                "INFERENCE_DB_PASSWORD", "GRADER_DB_PASSWORD", "TESTSTORE_DB_PASSWORD", "CRUCIBLE_GRADER_TEST_SEED")
+
+
+@pytest.fixture(scope="module")
+def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
+    d = Deployment(tmp_path_factory.mktemp("operator"), fresh_env())
+    d.compose("down -v --remove-orphans", timeout_s=300)  # what a cut-off earlier run left
+    started = time.monotonic()
+    up = d.compose("up -d --wait --wait-timeout 900", timeout_s=1000, check=False)
+    print(f"\n[compose] up -d --wait: exit {up.returncode} in {time.monotonic() - started:.0f} s; gateway at {d.gateway_url}")
+    if up.returncode:
+        print(d.compose("ps -a", check=False).stdout, d.compose("logs --tail 40", check=False).stdout[-8000:])
+    assert up.returncode == 0, up.stderr[-4000:]
+    try:
+        yield d
+    finally:
+        if os.environ.get("CRUCIBLE_COMPOSE_KEEP") != "1":
+            d.compose("down -v --remove-orphans", timeout_s=300, check=False)
+
+
+def readme_block(after: str, nth: int = 0) -> str:
+    """The ``nth`` bash block of the README after the text ``after``."""
+    tail = README[README.index(after):]
+    return re.findall(r"```bash\n(.*?)```", tail, re.S)[nth]
+
+
+# --- the operator's path ---------------------------------------------------------------------------------------------
+
+
+def test_every_container_is_up_and_healthy(deployment: Deployment) -> None:
+    assert deployment.healthy()
+    assert set(deployment.services()) == {*HTTP_PORTS, *DATA_PORTS, "train-worker", "grader-worker"}
+    print("\n" + deployment.compose("ps --format 'table {{.Service}}\t{{.Image}}\t{{.Status}}'").stdout)
+
+
+def test_the_reference_agent_reaches_a_graded_leaderboard_row(deployment: Deployment) -> None:
+    """The README's commands: load the demo benchmark and create a run in the gateway's container, then the reference
+    agent on this machine against the published port, to a graded submission and its leaderboard row."""
+    d = deployment
+    loaded = d.compose("exec -T gateway crucible admin load-benchmark benchmarks/chain-sum-demo.yaml", timeout_s=600)
+    assert "chain-sum-demo" in loaded.stdout
+    created = d.compose("exec -T gateway crucible admin create-run chain-sum-demo --agent compose-agent")
+    key = re.search(r"API key \(shown once\): (\S+)", created.stdout).group(1)  # type: ignore[union-attr]
+    run_id = re.search(r"run (run_\S+)", created.stdout).group(1)  # type: ignore[union-attr]
+    STATE.update(key=key, run_id=run_id)
+
+    started = time.monotonic()
+    agent = subprocess.run([str(ROOT / ".venv" / "bin" / "crucible"), "agent", "--gateway", d.gateway_url, "--api-key", key, "--steps", str(AGENT_STEPS)],
+                           capture_output=True, text=True, timeout=1800, env={**os.environ, "COLUMNS": "200"})
+    print(f"\n[agent] exit {agent.returncode} after {time.monotonic() - started:.0f} s\n{agent.stdout[-3000:]}")
+    assert agent.returncode == 0, agent.stderr[-4000:]
+
+    def row() -> dict | None:
+        rows = httpx.get(f"{d.gateway_url}/v1/leaderboard").json()["data"]
+        return next((r for r in rows if r["run_id"] == run_id and r["status"] in ("graded", "failed")), None)
+
+    graded = wait_for(row, 600, "the run's graded leaderboard row", poll_s=3)
+    print(f"[agent] leaderboard row: {graded}")
+    assert graded["status"] == "graded" and graded["agent_name"] == "compose-agent" and graded["n"] and graded["final_score"] is not None
+    page = httpx.get(f"{d.gateway_url}/leaderboard")
+    assert page.status_code == 200 and "compose-agent" in page.text
+
+
+# --- isolation, checked live -----------------------------------------------------------------------------------------
+
+
+def test_only_the_gateways_port_is_published(deployment: Deployment) -> None:
+    published = {}
+    for service in deployment.services():
+        ports = deployment.inspect(service)["NetworkSettings"]["Ports"] or {}
+        published[service] = sorted(f"{b['HostIp']}:{b['HostPort']}->{p}" for p, binds in ports.items() for b in binds or [])
+        print(f"[ports] {service}: {published[service] or 'nothing published'}")
+    assert {s for s, p in published.items() if p} == {"gateway"}
+    assert all(b.endswith("->8000/tcp") and b.split("->")[0].rsplit(":", 1)[1] == str(deployment.port) for b in published["gateway"])
+
+
+def _probe(deployment: Deployment, service: str | None, host: str, port: int, network: str | None = None) -> tuple[bool, str]:
+    """Open a TCP connection to ``host:port`` from inside ``service``'s container (or from a throw-away container on
+    ``network``): ``(connected, what happened)``."""
+    script = f"exec 3<>/dev/tcp/{host}/{port} && echo connected"
+    cmd = ["timeout", "5", "bash", "-c", script]
+    if service is not None:
+        proc = deployment.docker_exec(service, *cmd)
+    else:
+        proc = subprocess.run(["docker", "run", "--rm", "--network", network, IMAGES["CRUCIBLE_BASE_IMAGE"], *cmd], capture_output=True, text=True,
+                              timeout=60)
+    said = (proc.stdout + proc.stderr).strip().splitlines()
+    what = "connected" if proc.returncode == 0 else ("timed out" if proc.returncode == 124 else (said[-1] if said else f"exit {proc.returncode}"))
+    return proc.returncode == 0, what.replace("bash: line 1: ", "")
+
+
+def test_each_container_reaches_only_the_peers_of_its_networks(deployment: Deployment) -> None:
+    """From every container, a TCP connection to every service's port and to the outside: it connects exactly when
+    the two share a network of the compose file (internal networks have no route out; only the gateway is on
+    ``edge``). The teststore database is reached only from the grader and its worker."""
+    config = deployment.config()
+    networks = {name: set(svc.get("networks", {})) for name, svc in config["services"].items() if name in deployment.services()}
+    internal = {name for name, net in config["networks"].items() if net.get("internal")}
+    targets = {**HTTP_PORTS, **DATA_PORTS}
+    wrong = []
+    for source in deployment.services():
+        for target, port in targets.items():
+            if target == source:
+                continue
+            connected, what = _probe(deployment, source, target, port)
+            expected = bool(networks[source] & networks[target])
+            print(f"[reach] {source:>13} -> {target}:{port}: {what} (expected {'reachable' if expected else 'unreachable'})")
+            wrong += [(source, target)] if connected != expected else []
+        connected, what = _probe(deployment, source, *OUTSIDE)
+        expected = bool(networks[source] - internal)
+        print(f"[reach] {source:>13} -> {OUTSIDE[0]}:{OUTSIDE[1]} (outside): {what} (expected {'reachable' if expected else 'unreachable'})")
+        wrong += [(source, "outside")] if connected != expected else []
+    assert wrong == []
+    reach_teststore = {s for s in deployment.services() if networks[s] & networks["teststore-db"]} - {"teststore-db"}
+    assert reach_teststore == {"grader", "grader-worker"}
+
+
+def test_the_sandbox_network_reaches_inference_and_nothing_else(deployment: Deployment) -> None:
+    network = f"{PROJECT}_sandbox"
+    reached = set()
+    for target, port in {**HTTP_PORTS, **DATA_PORTS, OUTSIDE[0]: OUTSIDE[1]}.items():
+        connected, what = _probe(deployment, None, target, port, network)
+        print(f"[reach] sandbox network -> {target}:{port}: {what}")
+        reached |= {target} if connected else set()
+    assert reached == {"inference"}
+
+
+def test_only_the_grader_and_its_worker_can_open_the_test_store(deployment: Deployment) -> None:
+    """With the test store's real credentials, from every container that has Python and a PostgreSQL driver."""
+    url = f"postgresql://teststore:{deployment.env['TESTSTORE_DB_PASSWORD']}@teststore-db:5432/teststore"
+    code = f"import psycopg; psycopg.connect({url!r}, connect_timeout=4).execute('SELECT count(*) FROM test_items').fetchone(); print('opened')"
+    opened = set()
+    for service in (*HTTP_PORTS, "train-worker", "grader-worker"):
+        proc = deployment.docker_exec(service, "python", "-c", code)
+        said = (proc.stdout + proc.stderr).strip().splitlines()
+        print(f"[teststore] {service}: {'opened the test store' if proc.returncode == 0 else said[-1] if said else proc.returncode}")
+        opened |= {service} if proc.returncode == 0 else set()
+    assert opened == {"grader", "grader-worker"}
+
+
+def test_no_internal_service_answers_a_run_key(deployment: Deployment) -> None:
+    """From the gateway's container (on the core network with every service), each service's internal routes are
+    called with the run's own key as the bearer: each answers 401, never data."""
+    key, run_id = STATE["key"], STATE["run_id"]
+    routes = {"ledger": f"/internal/accounts/{run_id}", "trainer": "/internal/jobs", "inference": "/internal/models", "grader": "/internal/suite/validation"}
+    code = ("import sys, urllib.request, urllib.error\n"
+            "req = urllib.request.Request(sys.argv[1], headers={'Authorization': 'Bearer ' + sys.argv[2]})\n"
+            "try:\n    r = urllib.request.urlopen(req, timeout=10); print(r.status)\n"
+            "except urllib.error.HTTPError as e:\n    print(e.code)\n")
+    answers = {}
+    for service, path in routes.items():
+        url = f"http://{service}:{HTTP_PORTS[service]}{path}"
+        answers[service] = deployment.docker_exec("gateway", "python", "-c", code, url, key).stdout.strip()
+        print(f"[run key] gateway container -> {url} with the run key: HTTP {answers[service]}")
+    assert answers == {s: "401" for s in routes}
+
+
+def _secrets_held(deployment: Deployment, service: str) -> set[str]:
+    values = {name: deployment.env[name] for name in SECRET_NAMES}
+    env = deployment.inspect(service)["Config"]["Env"]
+    return {name for name, value in values.items() if any(value in line.split("=", 1)[1] for line in env)}
+
+
+def _readme_secrets_table() -> dict[str, set[str]]:
+    """The README's table of which container's environment holds which secret of ``deploy/.env``."""
+    section = README[README.index("**Secrets in each container.**"):]
+    rows = re.findall(r"^\| `([a-z-]+)` \| (.*?) \|$", section.split("\n\n", 2)[1], re.M)
+    return {name: set(re.findall(r"`([A-Z_]+)`", cell)) for name, cell in rows}
+
+
+def test_each_container_holds_only_the_secrets_the_readme_lists(deployment: Deployment) -> None:
+    """``docker inspect``: every secret value of ``deploy/.env`` found in a container's environment (in any variable,
+    a database URL or a JSON of trusted tokens included) is one the README's table gives that container."""
+    table = _readme_secrets_table()
+    assert set(table) == set(deployment.services())
+    for service in deployment.services():
+        held = _secrets_held(deployment, service)
+        print(f"[secrets] {service}: {sorted(held) or 'none'}")
+        assert held == table[service], service
+
+
+# --- faults, live ----------------------------------------------------------------------------------------------------
+
+
+def _books_balance(deployment: Deployment, run_id: str) -> list[dict]:
+    """No open hold, spent = the sum of charges, no idempotency key charged twice, never past the budget."""
+    client = CrucibleClient(deployment.gateway_url, STATE["fault_key"])
+    budget = wait_for(lambda: (b := client.budget())["held_usd_micros"] == 0 and b, 120, "every hold to close")
+    entries = deployment.admin().entries(run_id)
+    charges = [e for e in entries if e["type"] == "charge"]
+    assert budget["spent_usd_micros"] == sum(e["amount_usd_micros"] for e in charges) <= budget["budget_usd_micros"]
+    twice = [k for k, n in Counter((e["idempotency_key"], e["kind"]) for e in charges).items() if n > 1]
+    assert twice == []
+    return entries
+
+
+def _fault_run(deployment: Deployment) -> CrucibleClient:
+    if "fault_key" not in STATE:
+        run = deployment.admin().create_run("chain-sum-demo", "compose-faults")
+        STATE.update(fault_key=run["api_key"], fault_run=run["id"])
+    return CrucibleClient(deployment.gateway_url, STATE["fault_key"])
+
+
+def _finished(get: Callable[[], dict], timeout_s: float, what: str) -> dict:
+    return wait_for(lambda: (x := get())["status"] in ("succeeded", "failed", "cancelled") and x, timeout_s, what, poll_s=2)
+
+
+def test_killed_eval_worker_container_evaluation_resumes_and_charges_each_item_once(deployment: Deployment) -> None:
+    client = _fault_run(deployment)
+    ev = client.create_evaluation("smollm2-135m-instruct")
+    n = ev["items_total"]
+    wait_for(lambda: client.evaluation(ev["id"])["items_done"] >= 6, 300, "6 items scored")
+    subprocess.run(["docker", "kill", deployment.container("grader-worker")], check=True, capture_output=True)
+    killed_at, done_at_kill = time.monotonic(), client.evaluation(ev["id"])["items_done"]
+    assert done_at_kill < n
+    deployment.compose("up -d grader-worker")  # restart: unless-stopped may already have
+    done = _finished(lambda: client.evaluation(ev["id"]), 600, "the evaluation")
+    print(f"\n[fault] grader-worker container killed after {done_at_kill}/{n} items; evaluation {done['status']} "
+          f"{time.monotonic() - killed_at:.0f} s later, attempts {done['attempts']}")
+    assert done["status"] == "succeeded" and done["score"]["n"] == n and done["attempts"] >= 2
+    trajectories = client.trajectories(ev["id"])
+    assert len(trajectories) == n == len({t["item_id"] for t in trajectories})
+    entries = _books_balance(deployment, STATE["fault_run"])
+    keys = Counter(e["idempotency_key"] for e in entries if e["type"] == "charge" and e["idempotency_key"].startswith(f"charge:{ev['id']}:"))
+    assert len(keys) == n and set(keys.values()) == {2}  # one prefill and one decode line per item
+
+
+def _training_set(client: CrucibleClient, rows: int = 64) -> str:
+    items = client.train_sample(limit=rows)
+    data = "".join(json.dumps({"messages": [{"role": "user", "content": it["question"]}, {"role": "assistant", "content": it["answer"]}]}) + "\n"
+                   for it in items).encode()
+    return client.upload_dataset(data, "compose-faults.jsonl")["id"]
+
+
+@pytest.mark.parametrize("service", ["redis", "postgres", "ledger"])
+def test_a_restarted_dependency_loses_no_job_or_evaluation_and_charges_nothing_twice(deployment: Deployment, service: str) -> None:
+    """A training job and an evaluation in flight while ``docker compose restart SERVICE`` runs: both end once, as
+    succeeded, and the books balance."""
+    client = _fault_run(deployment)
+    job = client.create_training_job("smollm2-135m-instruct", [_training_set(client)],
+                                     {"max_steps": 8, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1})
+    ev = client.create_evaluation("smollm2-135m-instruct", limit=12)
+    wait_for(lambda: client.training_job(job["id"])["status"] == "running" and client.evaluation(ev["id"])["status"] == "running", 300,
+             "the job and the evaluation to run")
+    restarted = time.monotonic()
+    deployment.compose(f"restart {service}", timeout_s=300)
+    wait_for(deployment.healthy, 300, "every container healthy again")
+
+    def read(get: Callable[[], dict]) -> dict:  # the gateway itself may answer 503 while the ledger or the database is away
+        try:
+            return get()
+        except Exception:  # noqa: BLE001
+            return {"status": "unknown"}
+
+    job_done = _finished(lambda: read(lambda: client.training_job(job["id"])), 900, "the training job")
+    ev_done = _finished(lambda: read(lambda: client.evaluation(ev["id"])), 900, "the evaluation")
+    print(f"\n[fault] {service} restarted: job {job_done['status']} (attempts {job_done['attempts']}), evaluation {ev_done['status']} "
+          f"(attempts {ev_done['attempts']}), {time.monotonic() - restarted:.0f} s after the restart")
+    assert (job_done["status"], ev_done["status"]) == ("succeeded", "succeeded"), (job_done.get("error"), ev_done.get("error"))
+    assert job_done["steps_done"] == 8 and [c["step"] for c in client.checkpoints(job["id"])] == [2, 4, 6, 8]
+    entries = _books_balance(deployment, STATE["fault_run"])
+    trained = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens" and job["id"] in e["idempotency_key"])
+    assert trained == job_done["trained_tokens"] == job_done["estimated_tokens"]
+
+
+# --- backup, restore, upgrade ----------------------------------------------------------------------------------------
+
+
+def _snapshot(deployment: Deployment) -> dict[str, Any]:
+    """The public leaderboard, and each run's balance (as the run's key reads it) and ledger entries (as the admin does)."""
+    admin = deployment.admin()
+    keys = {STATE["run_id"]: STATE["key"], STATE["fault_run"]: STATE["fault_key"]}
+    return {"leaderboard": httpx.get(f"{deployment.gateway_url}/v1/leaderboard").json()["data"],
+            "runs": sorted(r["id"] for r in admin.runs()),
+            "balances": {run_id: CrucibleClient(deployment.gateway_url, key).budget() for run_id, key in keys.items()},
+            "entries": {run_id: admin.entries(run_id) for run_id in keys}}
+
+
+def test_backup_and_restore_as_the_readme_says_keep_the_leaderboard_and_the_books(deployment: Deployment) -> None:
+    """The README's backup block on the running deployment; then new work (a run's evaluation, charged); then the
+    README's restore block: the leaderboard, every balance and every ledger entry are those of the backup."""
+    _fault_run(deployment)
+    before = _snapshot(deployment)
+    started = time.monotonic()
+    deployment.sh(readme_block("**Backups.**"), timeout_s=900)
+    dumps = sorted(p.name for p in (deployment.workdir / "backup").iterdir())
+    print(f"\n[backup] {dumps} in {time.monotonic() - started:.0f} s")
+
+    client = _fault_run(deployment)
+    _finished(lambda: client.evaluation(client.create_evaluation("smollm2-135m-instruct", limit=4)["id"]), 300, "an evaluation after the backup")
+    assert _snapshot(deployment)["balances"] != before["balances"]
+
+    started = time.monotonic()
+    deployment.sh(readme_block("To restore"), timeout_s=900)
+    wait_for(deployment.healthy, 600, "every container healthy after the restore")
+    after = _snapshot(deployment)
+    print(f"[restore] done in {time.monotonic() - started:.0f} s; balances {after['balances']}")
+    assert after == before
+
+
+def test_an_upgrade_as_the_readme_says_keeps_a_run_in_progress_going(deployment: Deployment) -> None:
+    """A training job runs while the README's upgrade block runs (new images, every migration, ``up -d``, which
+    recreates every service's container): the job resumes in the new train worker and finishes, charged once."""
+    client = _fault_run(deployment)
+    job = client.create_training_job("smollm2-135m-instruct", [_training_set(client)],
+                                     {"max_steps": 12, "batch_size": 4, "checkpoint_every": 3, "warmup_steps": 1})
+    wait_for(lambda: client.training_job(job["id"])["steps_done"] >= 2, 300, "the job to be training")
+    old = {s: deployment.container(s) for s in HTTP_PORTS}
+    deployment.env["CRUCIBLE_IMAGE_TAG"] = "upgraded"  # the new release's images
+    deployment.write_env()
+    started = time.monotonic()
+    block = "\n".join(line for line in readme_block("**Upgrading.**").splitlines() if line.strip() != "git pull")  # the tree is the new version
+    deployment.sh(block, timeout_s=1800)
+    wait_for(deployment.healthy, 600, "every container healthy after the upgrade")
+    new = {s: deployment.container(s) for s in HTTP_PORTS}
+    assert all(old[s] != new[s] for s in HTTP_PORTS)  # every service runs a new container
+    assert all(deployment.inspect(s)["Config"]["Image"].endswith(":upgraded") for s in HTTP_PORTS)
+    done = _finished(lambda: client.training_job(job["id"]), 900, "the job after the upgrade")
+    print(f"\n[upgrade] build + migrate + up -d in {time.monotonic() - started:.0f} s; the job {done['status']} at step {done['steps_done']} "
+          f"after {done['attempts']} attempt(s)")
+    assert done["status"] == "succeeded" and done["steps_done"] == 12, done.get("error")
+    _books_balance(deployment, STATE["fault_run"])
