@@ -31,7 +31,7 @@ import pytest
 
 from crucible.sdk import AdminClient, CrucibleClient
 
-pytestmark = pytest.mark.compose
+pytestmark = [pytest.mark.compose, pytest.mark.timeout(2400)]  # a test waits on real training and grading
 
 ROOT = Path(__file__).resolve().parents[2]
 README = (ROOT / "README.md").read_text()
@@ -210,7 +210,7 @@ def _probe(deployment: Deployment, service: str | None, host: str, port: int, ne
     """Open a TCP connection to ``host:port`` from inside ``service``'s container (or from a throw-away container on
     ``network``): ``(connected, what happened)``."""
     script = f"exec 3<>/dev/tcp/{host}/{port} && echo connected"
-    cmd = ["timeout", "5", "bash", "-c", script]
+    cmd = ["timeout", "3", "bash", "-c", script]
     if service is not None:
         proc = deployment.docker_exec(service, *cmd)
     else:
@@ -326,6 +326,14 @@ def _books_balance(deployment: Deployment, run_id: str) -> list[dict]:
     return entries
 
 
+def read(get: Callable[[], dict]) -> dict:
+    """``get()``, or ``{"status": "unknown"}`` while the gateway answers an error (a 503 while the ledger or the database is away)."""
+    try:
+        return get()
+    except Exception:  # noqa: BLE001
+        return {"status": "unknown"}
+
+
 def _fault_run(deployment: Deployment) -> CrucibleClient:
     if "fault_key" not in STATE:
         run = deployment.admin().create_run("chain-sum-demo", "compose-faults")
@@ -370,26 +378,24 @@ def test_a_restarted_dependency_loses_no_job_or_evaluation_and_charges_nothing_t
     succeeded, and the books balance."""
     client = _fault_run(deployment)
     job = client.create_training_job("smollm2-135m-instruct", [_training_set(client)],
-                                     {"max_steps": 8, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1})
-    ev = client.create_evaluation("smollm2-135m-instruct", limit=12)
-    wait_for(lambda: client.training_job(job["id"])["status"] == "running" and client.evaluation(ev["id"])["status"] == "running", 300,
-             "the job and the evaluation to run")
+                                     {"max_steps": 30, "batch_size": 4, "checkpoint_every": 10, "warmup_steps": 1})
+    ev = client.create_evaluation("smollm2-135m-instruct", limit=40)
+    wait_for(lambda: client.training_job(job["id"])["steps_done"] >= 1 and client.evaluation(ev["id"])["items_done"] >= 1, 300,
+             "the job and the evaluation under way")
+    assert (client.training_job(job["id"])["status"], client.evaluation(ev["id"])["status"]) == ("running", "running")
     restarted = time.monotonic()
     deployment.compose(f"restart {service}", timeout_s=300)
+    job_now, ev_now = read(lambda: client.training_job(job["id"])), read(lambda: client.evaluation(ev["id"]))
+    print(f"\n[fault] {service} restarted in {time.monotonic() - restarted:.0f} s; then the job was at step {job_now.get('steps_done', '?')}/30, "
+          f"the evaluation at item {ev_now.get('items_done', '?')}/40")
     wait_for(deployment.healthy, 300, "every container healthy again")
-
-    def read(get: Callable[[], dict]) -> dict:  # the gateway itself may answer 503 while the ledger or the database is away
-        try:
-            return get()
-        except Exception:  # noqa: BLE001
-            return {"status": "unknown"}
 
     job_done = _finished(lambda: read(lambda: client.training_job(job["id"])), 900, "the training job")
     ev_done = _finished(lambda: read(lambda: client.evaluation(ev["id"])), 900, "the evaluation")
-    print(f"\n[fault] {service} restarted: job {job_done['status']} (attempts {job_done['attempts']}), evaluation {ev_done['status']} "
+    print(f"[fault] after the {service} restart: job {job_done['status']} (attempts {job_done['attempts']}), evaluation {ev_done['status']} "
           f"(attempts {ev_done['attempts']}), {time.monotonic() - restarted:.0f} s after the restart")
     assert (job_done["status"], ev_done["status"]) == ("succeeded", "succeeded"), (job_done.get("error"), ev_done.get("error"))
-    assert job_done["steps_done"] == 8 and [c["step"] for c in client.checkpoints(job["id"])] == [2, 4, 6, 8]
+    assert job_done["steps_done"] == 30 and [c["step"] for c in client.checkpoints(job["id"])] == [10, 20, 30]
     entries = _books_balance(deployment, STATE["fault_run"])
     trained = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens" and job["id"] in e["idempotency_key"])
     assert trained == job_done["trained_tokens"] == job_done["estimated_tokens"]
@@ -419,7 +425,8 @@ def test_backup_and_restore_as_the_readme_says_keep_the_leaderboard_and_the_book
     print(f"\n[backup] {dumps} in {time.monotonic() - started:.0f} s")
 
     client = _fault_run(deployment)
-    _finished(lambda: client.evaluation(client.create_evaluation("smollm2-135m-instruct", limit=4)["id"]), 300, "an evaluation after the backup")
+    after_backup = client.create_evaluation("smollm2-135m-instruct", limit=4)
+    _finished(lambda: client.evaluation(after_backup["id"]), 300, "an evaluation after the backup")
     assert _snapshot(deployment)["balances"] != before["balances"]
 
     started = time.monotonic()
