@@ -72,7 +72,8 @@ compose-images: $(STAMP) $(DEPLOY_STAMP)
 	docker compose version >/dev/null 2>&1 || { mkdir -p /usr/local/lib/docker/cli-plugins \
 	  && install -m 0755 $(DEPLOY_TOOLS)/docker-compose /usr/local/lib/docker/cli-plugins/docker-compose; }
 	deploy/images/debootstrap.sh python postgres redis
-	$(PY) -m pip download --quiet --no-deps --dest deploy/wheels torch==2.13.0
+	$(PY) -m pip download --quiet --no-deps --dest deploy/wheels torch==2.13.0+cpu \
+	  || echo "no CPU build of torch 2.13.0 reachable: the ml images take torch from PyPI"
 	$(LOCAL_IMAGES) docker compose --env-file deploy/.env.example build
 
 # The live docker-compose test (tests/compose): brought up from those images, the reference agent to a graded

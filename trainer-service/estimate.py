@@ -120,8 +120,8 @@ def estimate_tokens(trainer: Trainer, base_model: str, rows: TrainingRows, recip
 @dataclass(frozen=True)
 class MemoryEstimate:
     """Bytes a job needs at its peak, by part: ``weights`` (the model as loaded, float32), ``gradients`` and
-    ``optimizer`` (AdamW's two moments) of the trained parameters, ``reference`` (a frozen copy for a full
-    fine-tuning method that reads the reference policy), ``activations`` (Korthikanti et al. 2022, "Reducing
+    ``optimizer`` (AdamW's two moments) of the trained parameters, ``reference`` (a frozen copy of the starting model
+    for a method that reads the reference policy: full fine-tuning, or LoRA continuing a parent adapter), ``activations`` (Korthikanti et al. 2022, "Reducing
     Activation Recomputation in Large Transformer Models", §4.1: ``34·s·b·h`` bytes a layer in 16-bit, doubled for
     float32; their ``5·a·s²·b`` attention-score term is left out, SDPA's fused kernels never store the scores) and
     ``logits`` (float32 logits and their gradient at every position, an upper bound)."""
@@ -158,7 +158,7 @@ def lora_rank(folder: Path) -> int:
     return int(json.loads((folder / "adapter_config.json").read_text())["r"])
 
 
-def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None) -> MemoryEstimate:
+def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None, *, lora_parent: bool = False) -> MemoryEstimate:
     """The memory a job of ``recipe`` on the model in ``model_dir`` needs (see :class:`MemoryEstimate`), its batch
     rows padded to ``longest`` tokens (default ``recipe.max_seq_len``).
 
@@ -171,20 +171,21 @@ def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None)
     rows = recipe.batch_size * method.batch_rows(train_config(recipe))
     seq = min(longest or recipe.max_seq_len, recipe.max_seq_len)
     trained = params if recipe.adapter == "full" else params // 100
-    reference = 4 * params if recipe.adapter == "full" and method.needs_reference else 0
+    # a frozen copy for a method that reads the reference policy, unless LoRA over the base (its adapter switched off)
+    reference = 4 * params if method.needs_reference and (recipe.adapter == "full" or lora_parent) else 0
     activations = 2 * 34 * layers * seq * rows * hidden
     return MemoryEstimate(weights=4 * params, gradients=4 * trained, optimizer=8 * trained, reference=reference,
                           activations=activations, logits=2 * 4 * rows * seq * config["vocab_size"])
 
 
-def check_memory(trainer: Trainer, base_model: str, recipe: Recipe, longest: int | None = None) -> MemoryEstimate:
+def check_memory(trainer: Trainer, base_model: str, recipe: Recipe, longest: int | None = None, *, lora_parent: bool = False) -> MemoryEstimate:
     """:func:`estimate_memory` (rows of ``longest`` tokens), against what a train worker may use (``train_memory_mb``,
     default 80% of RAM).
 
     Raises ``Unprocessable`` when the job does not fit: on ``recipe.adapter`` for full fine-tuning (LoRA would
     need far less), else on ``recipe.batch_size``; the problem carries ``estimated_mb`` and ``available_mb``.
     """
-    estimate = estimate_memory(base_model_dir(base_model, trainer.settings.models_dir), recipe, longest)
+    estimate = estimate_memory(base_model_dir(base_model, trainer.settings.models_dir), recipe, longest, lora_parent=lora_parent)
     available_mb = trainer.settings.train_memory_mb or int(0.8 * psutil.virtual_memory().total / 2**20)
     needed_mb = -(-estimate.total // 2**20)
     if needed_mb > available_mb:

@@ -158,7 +158,7 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
     else:
         rows = dataset_rows(datasets, recipe)
     examples, tokens, longest = estimate_tokens(trainer, base_model, rows, recipe)
-    memory_mb = -(-check_memory(trainer, base_model, recipe, longest).total // 2**20)
+    memory_mb = -(-check_memory(trainer, base_model, recipe, longest, lora_parent=parent is not None and parent.kind == "lora").total // 2**20)
     usage = [UsageItem(kind=UsageKind.training_tokens, quantity=tokens.training, model=base_model)]
     usage += [UsageItem(kind=kind, quantity=quantity, model=base_model)
               for kind, quantity in ((UsageKind.prefill_tokens, tokens.prefill), (UsageKind.decode_tokens, tokens.decode)) if quantity]

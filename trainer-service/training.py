@@ -382,8 +382,8 @@ def sequence_logprobs(logprobs: torch.Tensor, rows: torch.Tensor, batch: int) ->
 @dataclass
 class Policy:
     """What a method's loss sees of the model being trained: the log-probabilities of the policy (with gradients)
-    and of the reference policy (the model as the job started: the base with the adapter switched off for LoRA,
-    a frozen copy for full weights; no gradients), sampling from the policy (:meth:`generate`), the ``device`` and
+    and of the reference policy (the model as the job started: the base with the adapter switched off for LoRA over
+    the base, a frozen merged copy for LoRA continuing a parent adapter, a frozen copy for full weights; no gradients), sampling from the policy (:meth:`generate`), the ``device`` and
     the tokenizer's ``pad_token_id``."""
 
     device: Device
@@ -505,8 +505,18 @@ def load_model(base_dir: Path, config: TrainConfig, device: Device, *, init_adap
     return get_peft_model(base, _lora(config))
 
 
-def _reference_context(model: Any, config: TrainConfig, device: Device) -> Callable[[], Any]:
-    """A factory of context managers yielding the reference policy's causal LM (see :class:`Policy`)."""
+def _reference_context(model: Any, config: TrainConfig, device: Device, base_dir: Path, parent_adapter: Path | None) -> Callable[[], Any]:
+    """A factory of context managers yielding the reference policy's causal LM (see :class:`Policy`): the model as the
+    job started. LoRA over the base: the base itself (the adapter switched off). LoRA continuing a parent adapter: a
+    frozen copy of the base with the parent merged in (switching the adapter off would give the bare base, and the
+    loss would pull the policy back to it, not to the parent). Full weights: a frozen copy of the starting weights."""
+    if config.adapter == "lora" and parent_adapter is not None:
+        from peft import PeftModel
+        from transformers import AutoModelForCausalLM
+
+        start = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16 if device.is_cuda else torch.float32, attn_implementation="sdpa")
+        frozen = PeftModel.from_pretrained(start.to(device.torch_device), parent_adapter).merge_and_unload().requires_grad_(False).eval()
+        return lambda: nullcontext(frozen)
     if config.adapter == "lora":
         causal_lm = model.get_base_model()
 
@@ -610,7 +620,8 @@ def train_examples(
     model = load_model(Path(base_dir), config, device, init_adapter=init_adapter, init_weights=init_weights, resume=resume)
     model.train()
     causal_lm = model.get_base_model() if config.adapter == "lora" else model
-    reference = _reference_context(model, config, device) if method.needs_reference else (lambda: nullcontext(None))
+    reference = (_reference_context(model, config, device, Path(base_dir), Path(init_adapter) if init_adapter is not None else None)
+                 if method.needs_reference else (lambda: nullcontext(None)))
     compiled = device.is_cuda if config.compile is None else config.compile
     if compiled:
         _compile_layers(causal_lm)

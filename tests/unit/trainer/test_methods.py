@@ -134,7 +134,8 @@ def test_full_fine_tuning_from_a_lora_parent_starts_from_the_adapter_merged_into
     with torch.no_grad():
         merged, served = full(input_ids=ids).logits, lora(input_ids=ids).logits
         plain = load_model(base, TrainConfig(adapter="full"), device).eval()(input_ids=ids).logits
-        assert (merged - served).abs().max() < 1e-2 < (merged - plain).abs().max()  # float32 rounding of the merge vs training
+        # float32 rounding of the merge (measured up to 0.011 where the parent trained in bf16 autocast) vs what training changed
+        assert (merged - served).abs().max() < min(3e-2, (merged - plain).abs().max() / 5)
     assert not hasattr(full, "peft_config") and all(p.requires_grad for p in full.parameters())  # a plain model, every weight trained
 
 
@@ -176,3 +177,30 @@ def test_grpo_pushes_up_the_completions_its_reward_prefers_and_starts_at_the_ref
                 down.append(gain)
     assert up and down
     assert sum(up) / len(up) > sum(down) / len(down) + 1.0, (up, down)  # measured: -4.5 vs -20.8 nats
+
+
+def test_a_job_continuing_a_lora_parent_starts_at_the_parent_as_its_reference(base: Path, tmp_path: Path) -> None:
+    """The reference policy is the model as the job started: continuing an SFT adapter, GRPO's k3 KL and DPO's
+    implicit reward margin are 0 at step 1 (the bare base as the reference measured KL 1.3 for a trained adapter,
+    and the loss pulled the policy back to the base). The parent is a real SFT checkpoint trained with a high
+    learning rate, so it differs from the base; its own step-1 KL against the base shows the difference matters."""
+    sft = train(base, METHODS["sft"], SFT_ROWS, config(max_steps=6, learning_rate=5e-3), tmp_path / "sft")
+    parent = sft.last_checkpoint
+    reward = ShortAnswers(AutoTokenizer.from_pretrained(base).eos_token_id)
+    # float32 throughout (no bf16 autocast), so the merged reference and the adapter differ only by the merge's rounding
+    grpo_cfg = config(max_steps=1, batch_size=2, grpo_group_size=4, grpo_max_new_tokens=8, seed=5, bf16_autocast=False)
+    steps: list = []
+    train(base, GRPO(reward), GRPO_ROWS, grpo_cfg, tmp_path / "grpo", init_adapter=parent, on_step=steps.append)
+    assert steps[0].extra["kl"] == pytest.approx(0, abs=1e-4)
+    dpo_steps: list = []
+    train(base, METHODS["dpo"], DPO_ROWS, config(max_steps=1, batch_size=2, bf16_autocast=False), tmp_path / "dpo", init_adapter=parent,
+          on_step=dpo_steps.append)
+    assert dpo_steps[0].extra["reward_margin"] == pytest.approx(0, abs=1e-4)
+    # against the bare base (a fresh adapter would be the base itself), the trained parent is far off
+    tokenizer = AutoTokenizer.from_pretrained(base)
+    device = select_device(grpo_cfg)
+    batch = collate(tokenize_examples(tokenizer, SFT_ROWS[:2], 64), tokenizer.pad_token_id, device.torch_device)
+    tuned = load_model(base, grpo_cfg, device, init_adapter=parent).eval()
+    plain = AutoModelForCausalLM.from_pretrained(base, dtype=torch.float32).eval()
+    with torch.no_grad():
+        assert float((token_logprobs(tuned.get_base_model(), *batch)[0] - token_logprobs(plain, *batch)[0]).abs().mean()) > 0.05
