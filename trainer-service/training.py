@@ -32,7 +32,7 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
@@ -505,19 +505,15 @@ def load_model(base_dir: Path, config: TrainConfig, device: Device, *, init_adap
     return get_peft_model(base, _lora(config))
 
 
-def _reference_context(model: Any, config: TrainConfig, device: Device, base_dir: Path, parent_adapter: Path | None) -> Callable[[], Any]:
+def _reference_context(model: Any, config: TrainConfig, device: Device, base_dir: Path, *, init_adapter: Path | None,
+                       init_weights: Path | None, resumed: bool) -> Callable[[], Any]:
     """A factory of context managers yielding the reference policy's causal LM (see :class:`Policy`): the model as the
-    job started. LoRA over the base: the base itself (the adapter switched off). LoRA continuing a parent adapter: a
-    frozen copy of the base with the parent merged in (switching the adapter off would give the bare base, and the
-    loss would pull the policy back to it, not to the parent). Full weights: a frozen copy of the starting weights."""
-    if config.adapter == "lora" and parent_adapter is not None:
-        from peft import PeftModel
-        from transformers import AutoModelForCausalLM
-
-        start = AutoModelForCausalLM.from_pretrained(base_dir, dtype=torch.bfloat16 if device.is_cuda else torch.float32, attn_implementation="sdpa")
-        frozen = PeftModel.from_pretrained(start.to(device.torch_device), parent_adapter).merge_and_unload().requires_grad_(False).eval()
-        return lambda: nullcontext(frozen)
-    if config.adapter == "lora":
+    job started, whether it starts now or resumes. LoRA over the base: the base itself (the adapter switched off).
+    Otherwise a frozen copy of the starting weights: the model just loaded when the job starts on full weights, else
+    loaded again from the job's starting point (:func:`load_model` without ``resume``: a LoRA parent merged into the
+    base, a full parent, or the base). Switching off a LoRA parent would give the bare base, and a resumed job's
+    weights are not where it started: either way the loss would pull the policy towards the wrong model."""
+    if config.adapter == "lora" and init_adapter is None:
         causal_lm = model.get_base_model()
 
         @contextmanager
@@ -526,7 +522,11 @@ def _reference_context(model: Any, config: TrainConfig, device: Device, base_dir
                 yield causal_lm
 
         return lora_reference
-    frozen = copy.deepcopy(model).requires_grad_(False).eval()
+    if config.adapter == "full" and not resumed:
+        frozen = copy.deepcopy(model)
+    else:
+        frozen = load_model(base_dir, replace(config, adapter="full"), device, init_adapter=init_adapter, init_weights=init_weights)
+    frozen = frozen.requires_grad_(False).eval()
     if device.is_cuda:
         frozen = frozen.to(torch.bfloat16)
     return lambda: nullcontext(frozen)
@@ -620,7 +620,8 @@ def train_examples(
     model = load_model(Path(base_dir), config, device, init_adapter=init_adapter, init_weights=init_weights, resume=resume)
     model.train()
     causal_lm = model.get_base_model() if config.adapter == "lora" else model
-    reference = (_reference_context(model, config, device, Path(base_dir), Path(init_adapter) if init_adapter is not None else None)
+    reference = (_reference_context(model, config, device, Path(base_dir), init_adapter=init_adapter, init_weights=init_weights,
+                                    resumed=resume is not None)
                  if method.needs_reference else (lambda: nullcontext(None)))
     compiled = device.is_cuda if config.compile is None else config.compile
     if compiled:
