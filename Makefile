@@ -60,8 +60,8 @@ docker-sandbox:
 	deploy/images/ensure-dockerd.sh
 	deploy/images/debootstrap.sh sandbox
 
-# The docker-compose deployment's images on a machine that reaches no container registry: the base, PostgreSQL and
-# Redis images from Debian's packages (deploy/images/debootstrap.sh; about 5 minutes once, kept afterwards), this
+# The docker-compose deployment's images on a machine that reaches no container registry: the base, PostgreSQL,
+# Redis and code-harness sandbox images from Debian's packages (deploy/images/debootstrap.sh; about 5 minutes once, kept afterwards), this
 # machine's CPU build of torch in deploy/wheels/ (so no CUDA build is downloaded), then `docker compose build` on
 # them (cached layers: a code change rebuilds the last layer of each image). Installs the Compose v2 binary as
 # Docker's `compose` plugin where `docker compose` is missing, as the README's Operators section uses it.
@@ -71,10 +71,11 @@ compose-images: $(STAMP) $(DEPLOY_STAMP)
 	deploy/images/ensure-dockerd.sh
 	docker compose version >/dev/null 2>&1 || { mkdir -p /usr/local/lib/docker/cli-plugins \
 	  && install -m 0755 $(DEPLOY_TOOLS)/docker-compose /usr/local/lib/docker/cli-plugins/docker-compose; }
-	deploy/images/debootstrap.sh python postgres redis
+	deploy/images/debootstrap.sh python postgres redis sandbox
 	$(PY) -m pip download --quiet --no-deps --dest deploy/wheels torch==2.13.0+cpu \
 	  || echo "no CPU build of torch 2.13.0 reachable: the ml images take torch from PyPI"
 	$(LOCAL_IMAGES) docker compose --env-file deploy/.env.example build
+	docker image prune -f >/dev/null  # the layers an earlier build of these images left untagged
 
 # The live docker-compose test (tests/compose): brought up from those images, the reference agent to a graded
 # leaderboard row through the published port, isolation probed from inside every container, faults (a killed eval

@@ -55,6 +55,10 @@ INIT_GRACE_S = 10.0
 """Seconds past the wall limit at which the sandbox's init ends the sandbox itself (the backend kills it at the limit;
 the init's own limit bounds a sandbox whose grader died)."""
 
+WORKSPACE_PREFIX = "crucible-ws-{owner}-"
+"""The name of a directory a rollout's runs use on the host (a workspace, a Docker run's staged files), with its owner's
+:func:`process_tag`: :func:`reap_workspaces` removes those of dead owners."""
+
 LimitHit = Literal["wall", "cpu", "memory", "processes", "disk"]
 
 
@@ -125,14 +129,35 @@ class Sandbox(Protocol):
         process's; returns how many were removed. Called when an eval worker starts."""
 
 
+def process_tag(pid: int | None = None) -> str:
+    """Process ``pid`` (default: this one) as ``<pid>.<start>``: its id and its start time in clock ticks since boot
+    (``/proc/<pid>/stat``). Ids are reused, by containers above all (a worker restarted in its container is PID 1
+    again); the pair is not. ``<pid>`` alone where the start time cannot be read."""
+    pid = os.getpid() if pid is None else pid
+    start = _start_ticks(pid)
+    return f"{pid}.{start}" if start is not None else str(pid)
+
+
+def _start_ticks(pid: int) -> str | None:
+    try:
+        stat = Path(f"/proc/{pid}/stat").read_text()
+    except OSError:
+        return None
+    return stat[stat.rindex(")") + 2:].split()[19]  # field 22, counted after the command name, which may hold spaces
+
+
 def owner() -> str:
-    """This process as the owner of its sandboxes: ``<host>:<pid>`` (a sandbox's name or label carries it)."""
-    return f"{socket.gethostname()}:{os.getpid()}"
+    """This process as the owner of its sandboxes: ``<host>:<pid>.<start>`` (:func:`process_tag`; a sandbox's name,
+    label or workspace carries it)."""
+    return f"{socket.gethostname()}:{process_tag()}"
 
 
 def owner_alive(owner_tag: str) -> bool:
-    """Whether the process ``<host>:<pid>`` is alive; ``True`` for another host's (not ours to judge)."""
-    host, _, pid = owner_tag.rpartition(":")
+    """Whether the process ``<host>:<pid>[.<start>]`` is alive: a process with that id runs on this host and, where the
+    tag has a start time, it started then (not a later process given the same id). ``True`` for another host's (not
+    ours to judge)."""
+    host, _, tag = owner_tag.rpartition(":")
+    pid, _, start = tag.partition(".")
     if host != socket.gethostname() or not pid.isdigit():
         return True
     try:
@@ -140,8 +165,13 @@ def owner_alive(owner_tag: str) -> bool:
     except ProcessLookupError:
         return False
     except PermissionError:
-        return True
-    return True
+        pass
+    return not start or _start_ticks(int(pid)) in (start, None)
+
+
+def tag_alive(tag: str) -> bool:
+    """Whether the process of a :func:`process_tag` on this host is alive."""
+    return owner_alive(f"{socket.gethostname()}:{tag}")
 
 
 class SandboxUnavailable(RuntimeError):
@@ -181,7 +211,7 @@ def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
     harness under it, so both count against ``disk_mb``), removed afterwards. Where the grader may mount (root, or
     ``CAP_SYS_ADMIN``) it is a tmpfs of ``disk_mb`` MiB, so filling it ends in "no space left" for the sandbox and
     nothing for the host; elsewhere a plain directory (only the per-file limit applies)."""
-    path = Path(tempfile.mkdtemp(prefix=f"crucible-ws-{os.getpid()}-", dir=root))  # the owner's pid: reap_workspaces() removes a dead owner's
+    path = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX.format(owner=process_tag()), dir=root))  # reap_workspaces() removes a dead owner's
     mounted = False
     if os.geteuid() == 0:
         mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0755", "tmpfs", str(path)],
@@ -201,8 +231,7 @@ def reap_workspaces(root: Path | None = None) -> int:
     a live process's are never touched. Returns how many were removed."""
     reaped = 0
     for path in Path(root or tempfile.gettempdir()).glob("crucible-ws-*-*"):
-        pid = path.name.split("-")[2]
-        if not pid.isdigit() or owner_alive(f"{socket.gethostname()}:{pid}"):
+        if tag_alive(path.name.split("-")[2]):
             continue
         subprocess.run(["umount", "-l", str(path)], capture_output=True)
         remove_tree(path)

@@ -25,7 +25,6 @@ from __future__ import annotations
 import os
 import shutil
 import signal
-import socket
 import subprocess
 import tempfile
 import time
@@ -50,8 +49,9 @@ from grader.sandboxes.base import (
     SandboxUnavailable,
     disk_full,
     init_argv,
-    owner_alive,
+    process_tag,
     sandbox_env,
+    tag_alive,
     tail,
 )
 
@@ -82,7 +82,7 @@ class _Cgroups:
 
     @classmethod
     def create(cls, limits: Limits) -> _Cgroups | None:
-        name = f"crucible-{os.getpid()}-{uuid.uuid4().hex[:12]}"  # the owner's pid: reap() removes a dead owner's
+        name = f"crucible-{process_tag()}-{uuid.uuid4().hex[:12]}"  # the owner: reap() removes a dead owner's
         dirs: dict[str, Path] = {}
         try:
             if (_CGROUP_ROOT / "cgroup.controllers").exists():  # cgroup v2
@@ -205,7 +205,7 @@ def _warn_without_cgroups() -> None:
 
 
 def _run_cgroups() -> list[Path]:
-    """Every run cgroup (``crucible-<pid>-<id>``) under this process's own cgroups."""
+    """Every run cgroup (``crucible-<pid>.<start>-<id>``) under this process's own cgroups."""
     if (_CGROUP_ROOT / "cgroup.controllers").exists():
         parents = [_CGROUP_ROOT / _own_cgroup("").lstrip("/")]
     else:
@@ -222,8 +222,7 @@ class BubblewrapSandbox:
         """Kill what is left in, and remove, the run cgroups of grader processes on this host that are gone."""
         reaped = 0
         for d in _run_cgroups():
-            pid = d.name.split("-")[1]
-            if not pid.isdigit() or owner_alive(f"{socket.gethostname()}:{pid}"):
+            if tag_alive(d.name.split("-")[1]):
                 continue
             for p in _read(d / "cgroup.procs").split():
                 try:

@@ -5,6 +5,12 @@ Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
 
 - Network: ``network_mode="none"`` (loopback only); the model endpoint's Unix socket is bind-mounted at
   :data:`~grader.sandboxes.base.SOCKET_TARGET`, where the init forwards ``127.0.0.1:8000`` to it.
+- Paths: the daemon resolves a bind mount's source on its own host, so this backend mounts only paths under the
+  grader's temporary directory (``tempfile.gettempdir()``, i.e. ``TMPDIR``), where the workspaces, the model endpoint's
+  socket and each run's own directory are. Any other read-only source (the init, the agent-user script, a task's
+  tests and set-up: files of the grader's installation) is copied into the run's directory first. A grader running in a
+  container beside the host's daemon is given a ``TMPDIR`` at the same path in both (docker-compose.yml's
+  ``grader-worker``); on the daemon's own host nothing needs arranging.
 - File system: the image's userland with the root file system read-only, a tmpfs ``/tmp`` of ``disk_mb`` MiB
   (executable, as bubblewrap's is), the init script read-only, and the mounts given as bind mounts (read-only unless
   writable); nothing else of the host. No capabilities (``cap_drop=ALL``), ``no-new-privileges``, the daemon's default
@@ -22,18 +28,24 @@ Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
   ``mem_limit`` = ``memswap_limit`` = ``memory_mb`` (no swap), ``pids_limit`` = ``processes``, one CPU
   (``nano_cpus``), wall time (the backend kills the container), and the CPU seconds of all its processes together,
   read from the daemon's stats stream (one sample a second, so a run may overshoot ``cpu_s`` by about a second). The
-  logs the daemon keeps are capped (:data:`LOG_MAX`), so a flood of output cannot fill the host's disk.
+  disk: a writable mount on a file system of at most ``disk_mb`` (a tmpfs workspace) fills up and refuses more; one on
+  a larger file system (a grader that may not mount a tmpfs, as in a container) is measured every
+  :data:`DISK_POLL_S` seconds (``du``) and the container killed once the writable mounts together hold more than
+  ``disk_mb`` (so a run may overshoot by what it writes in that time). The logs the daemon keeps are capped
+  (:data:`LOG_MAX`), so a flood of output cannot fill the host's disk.
 - How a run ended: ``"wall"``/``"cpu"`` when the backend killed it (``exit_code`` -9), ``"memory"`` when the kernel's
   out-of-memory killer acted in the container (``State.OOMKilled``), ``"processes"`` when a stats sample found the
   container at ``pids_limit`` (best effort: a fork refused between two samples goes unseen), ``"disk"`` when a writable
-  mount is full, ``"cpu"`` when the command died of ``SIGKILL``/``SIGXCPU`` (what ``RLIMIT_CPU`` sends).
+  mount is full or the backend killed the container for the disk it used, ``"cpu"`` when the command died of ``SIGKILL``/``SIGXCPU`` (what ``RLIMIT_CPU`` sends).
 """
 
 from __future__ import annotations
 
 import os
 import shlex
+import shutil
 import signal
+import subprocess
 import tempfile
 import threading
 import time
@@ -54,6 +66,7 @@ from grader.sandboxes.base import (
     INIT_SCRIPT,
     INIT_TARGET,
     SOCKET_TARGET,
+    WORKSPACE_PREFIX,
     ExecResult,
     LimitHit,
     Limits,
@@ -63,6 +76,7 @@ from grader.sandboxes.base import (
     init_argv,
     owner,
     owner_alive,
+    process_tag,
     sandbox_env,
     tail,
 )
@@ -78,24 +92,32 @@ LOG_MAX = {"max-size": "1m", "max-file": "2"}
 """The daemon's json-file log of a run: at most two files of 1 MiB, so at least the last MiB of output is kept."""
 _ADDED_ENV = ("HOSTNAME",)
 """Variables the daemon adds to every container's environment; removed unless given."""
+DISK_POLL_S = 0.5
+"""How often the disk a run's writable mounts hold is measured, where no file system bounds it."""
 _CPU_STATUSES = frozenset({128 + signal.SIGKILL, 128 + signal.SIGXCPU})
 _HOW_TO_BUILD = "run deploy/images/ensure-dockerd.sh (starts the daemon) and deploy/images/debootstrap.sh sandbox (builds the image)"
 
 
 class _Watch:
     """The container's stats stream, read in a thread: kills the container when its processes together pass ``cpu_s``
-    CPU seconds, and notes whether it was ever seen at its process limit."""
+    CPU seconds, and notes whether it was ever seen at its process limit. A second thread measures ``unbounded``
+    (writable mounts no file system bounds to ``disk_mb``) and kills the container once they hold more."""
 
-    def __init__(self, container: Container, limits: Limits) -> None:
+    def __init__(self, container: Container, limits: Limits, unbounded: Sequence[Path] = ()) -> None:
         self.container = container
         self.limits = limits
+        self.unbounded = list(unbounded)
         self.cpu_exceeded = False
+        self.disk_exceeded = False
         self.at_process_limit = False
         self._stop = threading.Event()
-        self._thread = threading.Thread(target=self._run, name=f"sandbox-stats-{container.short_id}", daemon=True)
+        self._threads = [threading.Thread(target=self._run, name=f"sandbox-stats-{container.short_id}", daemon=True)]
+        if self.unbounded:
+            self._threads.append(threading.Thread(target=self._measure_disk, name=f"sandbox-disk-{container.short_id}", daemon=True))
 
     def start(self) -> None:
-        self._thread.start()
+        for thread in self._threads:
+            thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -115,6 +137,44 @@ class _Watch:
                     return
         except (docker.errors.DockerException, requests.exceptions.RequestException, ValueError):
             return  # the container is gone: the run is over
+
+    def _measure_disk(self) -> None:
+        while not self._stop.wait(DISK_POLL_S):
+            if sum(_bytes_under(p) for p in self.unbounded) > self.limits.disk_mb * 1024 * 1024:
+                self.disk_exceeded = True
+                _kill(self.container)
+                return
+
+
+def _bytes_under(path: Path) -> int:
+    """Bytes of disk the files under ``path`` take (``du``, this file system only); 0 when it cannot be read."""
+    try:
+        done = subprocess.run(["du", "-s", "-x", "-B1", "--", str(path)], capture_output=True, text=True, timeout=60)
+        return int(done.stdout.split()[0]) if done.stdout else 0
+    except (subprocess.TimeoutExpired, ValueError, OSError):
+        return 0
+
+
+def _unbounded(mounts: Sequence[Mount], disk_mb: int) -> list[Path]:
+    """The writable mounts whose file system is larger than ``disk_mb`` (the outermost of nested ones)."""
+    big = [m.source for m in mounts if m.writable and shutil.disk_usage(m.source).total > disk_mb * 1024 * 1024 * 1.25]
+    return [p for p in big if not any(p != q and p.is_relative_to(q) for q in big)]
+
+
+def _host_visible(path: Path) -> bool:
+    """Whether the daemon sees ``path`` where the grader does: only what is under the grader's temporary directory."""
+    return path.resolve().is_relative_to(Path(tempfile.gettempdir()).resolve())
+
+
+def _stage(source: Path, into: Path) -> Path:
+    """A copy of ``source`` (a file or a directory, modes kept) in a fresh directory under ``into``."""
+    target = Path(tempfile.mkdtemp(dir=into)) / source.name
+    if source.is_dir():
+        shutil.copytree(source, target, symlinks=True)
+    else:
+        shutil.copy2(source, target)
+    target.parent.chmod(0o755)
+    return target
 
 
 def _kill(container: Container) -> None:
@@ -165,22 +225,27 @@ class DockerSandbox:
             stdin: bytes = b"", model_socket: Path | None = None, agent_user: bool = False) -> ExecResult:
         client = self._client()
         try:
-            with tempfile.TemporaryDirectory(prefix="crucible-stdin-") as tmp:
-                stdin_file = Path(tmp) / "stdin"
+            with tempfile.TemporaryDirectory(prefix=WORKSPACE_PREFIX.format(owner=process_tag())) as tmp:  # the run's own files
+                run_dir = Path(tmp)
+                run_dir.chmod(0o755)
+                stdin_file = run_dir / "stdin"
                 stdin_file.write_bytes(stdin)
-                os.chmod(tmp, 0o755)
                 stdin_file.chmod(0o644)
-                return self._run(client, argv, mounts=mounts, cwd=cwd, env=env, limits=limits, stdin_file=stdin_file, model_socket=model_socket,
-                                 agent_user=agent_user)
+                shown = [m if m.writable or _host_visible(m.source) else Mount(_stage(m.source, run_dir), m.target) for m in mounts]
+                return self._run(client, argv, mounts=shown, cwd=cwd, env=env, limits=limits, stdin_file=stdin_file, model_socket=model_socket,
+                                 agent_user=agent_user, run_dir=run_dir)
         finally:
             client.close()
 
     def _run(self, client: docker.DockerClient, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str],
-             limits: Limits, stdin_file: Path, model_socket: Path | None, agent_user: bool) -> ExecResult:
-        binds = [docker.types.Mount(INIT_TARGET, str(INIT_SCRIPT), type="bind", read_only=True),
+             limits: Limits, stdin_file: Path, model_socket: Path | None, agent_user: bool, run_dir: Path) -> ExecResult:
+        def visible(path: Path) -> Path:
+            return path if _host_visible(path) else _stage(path, run_dir)
+
+        binds = [docker.types.Mount(INIT_TARGET, str(visible(INIT_SCRIPT)), type="bind", read_only=True),
                  docker.types.Mount(STDIN_TARGET, str(stdin_file), type="bind", read_only=True)]
         if agent_user:
-            binds.append(docker.types.Mount(AS_AGENT_TARGET, str(AS_AGENT_SCRIPT), type="bind", read_only=True))
+            binds.append(docker.types.Mount(AS_AGENT_TARGET, str(visible(AS_AGENT_SCRIPT)), type="bind", read_only=True))
         if model_socket is not None:
             binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind"))
         binds += [docker.types.Mount(m.target, str(m.source), type="bind", read_only=not m.writable) for m in mounts]
@@ -231,7 +296,7 @@ class DockerSandbox:
             return self._refused(exc, time.monotonic() - started)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxUnavailable(f"the Docker daemon cannot start a container: {exc}") from exc
-        watch = _Watch(container, limits)
+        watch = _Watch(container, limits, _unbounded(mounts, limits.disk_mb))
         watch.start()
         killed: LimitHit | None = None
         try:
@@ -250,6 +315,8 @@ class DockerSandbox:
         watch.stop()
         if killed is None and watch.cpu_exceeded:
             killed = "cpu"
+        elif killed is None and watch.disk_exceeded:
+            killed = "disk"
         container.reload()
         hit: LimitHit | None = None
         if container.attrs["State"].get("OOMKilled"):

@@ -9,7 +9,8 @@ compose-images``: from Debian's packages where no registry is reachable) and run
 isolation attempt and every fault's outcome is printed.
 
 The tests share one deployment and run in file order: the reference agent's graded run first, then the checks that
-read it (isolation, secrets), the faults, backup and restore, and the upgrade. Marker ``compose``.
+read it (isolation, secrets), code harnesses in sandbox containers on the host's daemon (an oracle, hostile harnesses,
+limits, verifier cheats), the faults, backup and restore, and the upgrade. Marker ``compose``.
 """
 
 from __future__ import annotations
@@ -28,8 +29,11 @@ from typing import Any
 
 import httpx
 import pytest
+import yaml
 
 from crucible.sdk import AdminClient, CrucibleClient
+from grader.suites import get_suite
+from tests.archives import archive, code_harness, oracle_archive
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(2400)]  # a test waits on real training and grading
 
@@ -214,16 +218,11 @@ def test_only_the_gateways_port_is_published(deployment: Deployment) -> None:
     assert all(b.endswith("->8000/tcp") and b.split("->")[0].rsplit(":", 1)[1] == str(deployment.port) for b in published["gateway"])
 
 
-def _probe(deployment: Deployment, service: str | None, host: str, port: int, network: str | None = None) -> tuple[bool, str]:
-    """Open a TCP connection to ``host:port`` from inside ``service``'s container (or from a throw-away container on
-    ``network``): ``(connected, what happened)``."""
+def _probe(deployment: Deployment, service: str, host: str, port: int) -> tuple[bool, str]:
+    """Open a TCP connection to ``host:port`` from inside ``service``'s container: ``(connected, what happened)``."""
     script = f"exec 3<>/dev/tcp/{host}/{port} && echo connected"
     cmd = ["timeout", "3", "bash", "-c", script]
-    if service is not None:
-        proc = deployment.docker_exec(service, *cmd)
-    else:
-        proc = subprocess.run(["docker", "run", "--rm", "--network", network, IMAGES["CRUCIBLE_BASE_IMAGE"], *cmd], capture_output=True, text=True,
-                              timeout=60)
+    proc = deployment.docker_exec(service, *cmd)
     said = (proc.stdout + proc.stderr).strip().splitlines()
     what = "connected" if proc.returncode == 0 else ("timed out" if proc.returncode == 124 else (said[-1] if said else f"exit {proc.returncode}"))
     return proc.returncode == 0, what.replace("bash: line 1: ", "")
@@ -253,16 +252,6 @@ def test_each_container_reaches_only_the_peers_of_its_networks(deployment: Deplo
     assert wrong == []
     reach_teststore = {s for s in deployment.services() if networks[s] & networks["teststore-db"]} - {"teststore-db"}
     assert reach_teststore == {"grader", "grader-worker"}
-
-
-def test_the_sandbox_network_reaches_inference_and_nothing_else(deployment: Deployment) -> None:
-    network = f"{PROJECT}_sandbox"
-    reached = set()
-    for target, port in {**HTTP_PORTS, **DATA_PORTS, OUTSIDE[0]: OUTSIDE[1]}.items():
-        connected, what = _probe(deployment, None, target, port, network)
-        print(f"[reach] sandbox network -> {target}:{port}: {what}")
-        reached |= {target} if connected else set()
-    assert reached == {"inference"}
 
 
 def test_only_the_grader_and_its_worker_can_open_the_test_store(deployment: Deployment) -> None:
@@ -317,6 +306,154 @@ def test_each_container_holds_only_the_secrets_the_readme_lists(deployment: Depl
         held = _secrets_held(deployment, service)
         print(f"[secrets] {service}: {sorted(held) or 'none'}")
         assert held == table[service], service
+
+
+# --- code-harness sandboxes on the Docker daemon ---------------------------------------------------------------------
+
+SANDBOX_DIR = "/var/lib/crucible/sandboxes"  # deploy/.env.example's CRUCIBLE_SANDBOX_DIR
+TERMINAL_TASKS = ["fizzbuzz-script", "git-commit-changes", "count-log-errors", "dedupe-lines", "csv-column-sum"]
+CHEATED = {"fizzbuzz-script", "git-commit-changes"}  # tasks whose verifiers run what the agent wrote
+
+
+def _terminal_benchmark() -> dict[str, Any]:
+    """The VibeTraining terminal preset on five tasks, with a validation seed that puts the two tasks whose verifiers
+    run the agent's code into the validation split (found with the suite's own draw)."""
+    suite = get_suite("terminal")
+    params = {"tasks": TERMINAL_TASKS}
+    seed = next(s for s in range(10_000) if {it.id for it in suite.generate(params, s, 3, split="validation")} >= CHEATED)
+    doc = yaml.safe_load((ROOT / "benchmarks" / "vibetraining-terminal.yaml").read_text())
+    doc["name"] = "compose-terminal"
+    doc["suite"] = {"name": "terminal", "params": params, "splits": {"train": {"seed": 0, "size": 1}, "validation": {"seed": seed, "size": 3},
+                                                                      "test": {"size": 1}}}
+    doc["limits"] = {"final_submissions": 1, "validation_evaluations_per_hour": 100, "concurrent_evaluations": 2}
+    return doc
+
+
+def _sandbox_run(deployment: Deployment) -> CrucibleClient:
+    """A run of the terminal benchmark (loaded once): its initial system is the suite's own code harness, whose hidden
+    grade the grader works out in sandbox containers as soon as the benchmark is loaded."""
+    if "sandbox_key" not in STATE:
+        admin = deployment.admin()
+        admin.load_benchmark(_terminal_benchmark())
+        run = admin.create_run("compose-terminal", "compose-sandboxes")
+        STATE.update(sandbox_key=run["api_key"], sandbox_run=run["id"])
+    return CrucibleClient(deployment.gateway_url, STATE["sandbox_key"])
+
+
+def _evaluate(client: CrucibleClient, data: bytes, limit: int | None = None) -> tuple[dict, list[dict]]:
+    """Upload ``data`` as a harness archive, evaluate it on validation and wait: ``(evaluation, trajectories)``."""
+    harness = client.upload_harness(data)
+    ev = client.create_evaluation("smollm2-135m-instruct", harness_archive=harness["id"], limit=limit)
+    done = _finished(lambda: client.evaluation(ev["id"]), 600, f"the evaluation of {harness['name']}")
+    assert done["status"] == "succeeded", done.get("error")
+    return done, client.trajectories(ev["id"])
+
+
+def _leftovers(deployment: Deployment) -> tuple[list[str], list[str]]:
+    """Sandbox containers on the daemon, and rollout directories in the shared sandbox directory on the host."""
+    containers = subprocess.run(["docker", "ps", "-aq", "--filter", "label=crucible.sandbox"], capture_output=True, text=True, check=True).stdout.split()
+    left = sorted(p.name for p in Path(SANDBOX_DIR).glob("crucible-*")) if Path(SANDBOX_DIR).is_dir() else []
+    return containers, left
+
+
+def test_code_harnesses_run_in_sandbox_containers_and_their_verifiers_score_them(deployment: Deployment) -> None:
+    """The oracle harness (every task's reference solution) on every validation task: each rollout's set-up, harness
+    and verifier ran in containers of the Docker backend, and each verifier gave reward 1. The suite's own harness,
+    the benchmark's initial system, was graded on the hidden test task the same way, with the real model."""
+    client = _sandbox_run(deployment)
+    done, trajectories = _evaluate(client, oracle_archive())
+    rewards = {t["item_id"]: (t["rollout"]["reward"], t["rollout"]["sandbox"]) for t in trajectories}
+    print(f"\n[sandbox] the oracle harness on validation: {rewards}; score {done['score']}")
+    assert rewards == {t: (1.0, "docker") for t in rewards} and len(rewards) == 3
+    baselines = deployment.admin().wait_baselines("compose-terminal", poll_s=3)
+    print(f"[sandbox] the suite's own harness graded on the hidden test split: {baselines['initial_status']}, score {baselines.get('initial_score')}")
+    assert baselines["initial_status"] == "succeeded"
+
+
+def _container_ips(deployment: Deployment) -> dict[str, str]:
+    ips = {}
+    for service in deployment.services():
+        for net, conf in deployment.inspect(service)["NetworkSettings"]["Networks"].items():
+            ips[f"{service}@{net.removeprefix(PROJECT + '_')}"] = conf["IPAddress"]
+    return ips
+
+
+def test_a_hostile_harness_reaches_nothing_and_changes_nothing_outside_its_workspace(deployment: Deployment) -> None:
+    """A harness that tries every container of the deployment at its service port (by address: a sandbox has no DNS),
+    the host (the docker bridge's gateway, the published port), the outside, the daemon's socket, the shared sandbox
+    directory, the artifacts and the grader's code, and to mount, remount and write outside /app: everything fails,
+    it has no capability, and every attempt is in its trajectory."""
+    client = _sandbox_run(deployment)
+    ports = {**HTTP_PORTS, **DATA_PORTS}
+    targets = [(f"{name}:{ports[name.split('@')[0]]}", ip, ports[name.split("@")[0]]) for name, ip in _container_ips(deployment).items()
+               if name.split("@")[0] in ports and ip]
+    bridge = json.loads(subprocess.run(["docker", "network", "inspect", "bridge"], capture_output=True, text=True, check=True).stdout)[0]
+    host_ip = bridge["IPAM"]["Config"][0]["Gateway"]
+    targets += [("host:gateway-port", host_ip, deployment.port), ("host:ssh", host_ip, 22), ("outside", "pypi.org", 443)]
+    probe = ("import os, socket, subprocess\n"
+             f"for name, host, port in {targets!r}:\n"
+             "    try:\n        socket.create_connection((host, port), timeout=3); print('REACHED', name, host, port)\n"
+             "    except OSError as e:\n        print('refused', name, host, port, type(e).__name__)\n"
+             f"for path in ['/var/run/docker.sock', '/run/docker.sock', {SANDBOX_DIR!r}, '/data', '/app/../opt/venv', '/opt/venv/lib', '/etc/crucible']:\n"
+             "    print('SEEN' if os.path.exists(path) else 'absent', path)\n"
+             "for path in ['/usr/planted', '/planted', '/run/crucible/planted', '/harness/../etc/planted']:\n"
+             "    try:\n        open(path, 'w').write('x'); print('WROTE', path)\n"
+             "    except OSError as e:\n        print('refused', path, type(e).__name__)\n"
+             "print([line for line in open('/proc/self/status') if line.startswith('CapEff')][0].strip())\n"
+             "for cmd in ['mkdir -p /tmp/cg && mount -t cgroup -o pids none /tmp/cg', 'mount -t tmpfs none /tmp', 'mount -o remount,rw /']:\n"
+             "    print('MOUNTED' if subprocess.run(cmd, shell=True, capture_output=True).returncode == 0 else 'refused', cmd)\n")
+    done, [trajectory] = _evaluate(client, archive({"probe.py": probe}, 'name = "probe"\nentry = "python3 /harness/probe.py"\n'), limit=1)
+    stdout = trajectory["rollout"]["harness_run"]["stdout"]
+    print("\n" + "\n".join(f"[sandbox probe] {line}" for line in stdout.splitlines()))
+    assert not [line for line in stdout.splitlines() if line.split()[0] in ("REACHED", "SEEN", "WROTE", "MOUNTED")], stdout
+    assert stdout.count("refused") == len(targets) + 4 + 3 and "CapEff:\t0000000000000000" in stdout
+
+
+@pytest.mark.parametrize(("script", "limits", "limit"), [
+    (":(){ :|:& };:\nsleep 5\n", {"processes": 32}, "processes"),
+    ("for i in $(seq 40); do head -c 4000000 /dev/zero > /app/fill$i || exit; done; sleep 5\n", {"disk_mb": 16}, "disk"),
+    ("python3 -c 'b = bytearray(3 << 30)'\nsleep 5\n", {"memory_mb": 256}, None),
+], ids=["fork-bomb", "fills-the-disk", "allocates-past-its-memory"])
+def test_a_harness_past_a_limit_is_stopped_and_only_its_rollout_fails(deployment: Deployment, script: str, limits: dict[str, int],
+                                                                      limit: str | None) -> None:
+    client = _sandbox_run(deployment)
+    done, [trajectory] = _evaluate(client, code_harness(script, **limits), limit=1)
+    run = trajectory["rollout"]["harness_run"]
+    print(f"\n[sandbox limit] {limits}: exit {run['exit_code']}, limit {run['limit']}, {run['elapsed_s']} s; failure {trajectory['rollout']['failure']!r}")
+    assert trajectory["rollout"]["reward"] == 0.0
+    if limit is None:  # memory: the allocation fails (RLIMIT_AS) and the harness goes on
+        assert "MemoryError" in run["stderr"], run
+    else:
+        assert run["limit"] == limit and trajectory["rollout"]["failure"] == f"the harness was stopped by its {limit} limit", run
+
+
+def test_agent_code_a_verifier_runs_cannot_write_its_reward(deployment: Deployment) -> None:
+    """The cheats a verifier that runs the agent's code invites: a script that writes the reward itself, and a git
+    repository whose config and hooks run commands. Both tasks score 0."""
+    client = _sandbox_run(deployment)
+    cheat = "echo 1 > /logs/verifier/reward.txt; touch /tests/planted; echo Fizz"
+    hook = "echo 1 > /logs/verifier/reward.txt; false"
+    script = (f"printf '%s\\n' '{cheat}' > /app/fizzbuzz.sh; chmod +x /app/fizzbuzz.sh\n"
+              f"if [ -d /app/.git ]; then cd /app && git config core.fsmonitor '{hook}'; git config core.pager '{hook}'; mkdir -p .git/hooks; "
+              f"printf '#!/bin/sh\\n{hook}\\n' > .git/hooks/post-checkout; chmod +x .git/hooks/post-checkout; fi\n")
+    _done, trajectories = _evaluate(client, code_harness(script))
+    rewards = {t["item_id"]: t["rollout"]["reward"] for t in trajectories}
+    print(f"\n[sandbox cheat] rewards {rewards}")
+    assert set(rewards) >= CHEATED and set(rewards.values()) == {0.0}
+    assert all(t["rollout"]["verifier_run"] is not None for t in trajectories if t["item_id"] in CHEATED)
+
+
+def test_a_harness_that_leaves_processes_behind_leaves_nothing_on_the_host(deployment: Deployment) -> None:
+    """A harness forks sleepers and exits; once the evaluation is over no sandbox container, no process of it and no
+    rollout directory is left on the host (every run's container and files are removed)."""
+    client = _sandbox_run(deployment)
+    marker = f"sleeper-{secrets.token_hex(6)}"
+    _done, [trajectory] = _evaluate(client, code_harness(f"(exec -a {marker} sleep 1000) &\nsetsid sleep 999 &\necho started\n"), limit=1)
+    assert trajectory["rollout"]["harness_run"]["exit_code"] == 0
+    containers, left = _leftovers(deployment)
+    running = subprocess.run(["pgrep", "-f", marker], capture_output=True, text=True).stdout.split()
+    print(f"\n[sandbox leftovers] containers {containers}, directories {left}, processes {running}")
+    assert (containers, left, running) == ([], [], [])
 
 
 # --- faults, live ----------------------------------------------------------------------------------------------------

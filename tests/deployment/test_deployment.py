@@ -169,7 +169,7 @@ def test_compose_file_validates_against_the_compose_spec_schema() -> None:
     # The schema is strict enough to matter: an unknown key and a wrong type are refused.
     broken = copy.deepcopy(COMPOSE)
     broken["services"]["gateway"]["publish"] = ["8000:8000"]
-    broken["networks"]["sandbox"]["internal"] = "yes"
+    broken["networks"]["grading"]["internal"] = "yes"
     assert len(list(validator.iter_errors(broken))) == 2
 
 
@@ -365,7 +365,7 @@ def test_only_the_grader_joins_the_grading_network() -> None:
 def test_network_membership() -> None:
     members = {net: {name for name, svc in SERVICES.items() if net in svc.get("networks", [])} for net in COMPOSE["networks"]}
     assert members["edge"] == {"gateway"}
-    assert members["sandbox"] == {"inference"}
+    assert set(members) == {"edge", "core", "grading"}  # sandboxes join no network (network_mode none)
     assert members["core"] == set(SERVICES) - {"teststore-db"}
     assert all(svc.get("networks") for svc in SERVICES.values())  # nobody lands on an implicit default network
 
@@ -381,7 +381,7 @@ def test_only_the_grader_knows_the_test_store_and_seed() -> None:
 
 def test_internal_networks_have_no_egress() -> None:
     nets = COMPOSE["networks"]
-    assert nets["sandbox"]["internal"] and nets["grading"]["internal"] and nets["core"]["internal"]
+    assert nets["grading"]["internal"] and nets["core"]["internal"]
     assert not (nets["edge"] or {}).get("internal")
 
 
@@ -397,12 +397,27 @@ def test_services_are_health_checked_and_started_in_order() -> None:
         assert f"127.0.0.1:{port}/healthz" in " ".join(SERVICES[name]["healthcheck"]["test"]), name
 
 
+def test_only_the_eval_worker_starts_sandboxes_through_the_docker_socket() -> None:
+    """The eval worker alone holds the Docker daemon's socket (root on the host) and runs the Docker sandbox backend;
+    its temporary directory is a host directory mounted at the same path, so the bind mounts it asks the daemon for
+    name the same files on the host."""
+    holders = {name for name, svc in SERVICES.items() if any("docker.sock" in str(v) for v in svc.get("volumes", []))}
+    assert holders == {"grader-worker"}
+    worker = SERVICES["grader-worker"]
+    env = _env(worker)
+    assert env["CRUCIBLE_SANDBOX_BACKEND"] == "docker" and "CRUCIBLE_SANDBOX_BACKEND" not in _env(SERVICES["grader"])
+    shared = env["TMPDIR"]
+    assert f"{shared}:{shared}" in worker["volumes"]
+
+
 def test_workers_share_their_service_image_and_environment() -> None:
     """A worker has its service's settings but the trusted tokens: it serves nothing."""
     for worker, service, queue in (("train-worker", "trainer", "train"), ("train-worker-gpu", "trainer", "train"), ("grader-worker", "grader", "eval")):
         assert WORKERS[worker] == service
         assert SERVICES[worker]["build"] == SERVICES[service]["build"], worker
-        assert _env(SERVICES[worker]) == {k: v for k, v in _env(SERVICES[service]).items() if k != "CRUCIBLE_TRUSTED_TOKENS"}, worker
+        sandboxes = {"CRUCIBLE_SANDBOX_BACKEND", "TMPDIR"} if worker == "grader-worker" else set()  # the eval worker runs code harnesses
+        assert {k: v for k, v in _env(SERVICES[worker]).items() if k not in sandboxes} == {
+            k: v for k, v in _env(SERVICES[service]).items() if k != "CRUCIBLE_TRUSTED_TOKENS"}, worker
         command = SERVICES[worker]["command"]
         assert command[:2] == ["celery", "-A"] and command[command.index("-Q") + 1] == queue, worker
         assert "container_name" not in SERVICES[worker]  # `--scale` needs generated names

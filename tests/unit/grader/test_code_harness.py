@@ -45,39 +45,12 @@ from services.ledger.app import create_app as create_ledger_app
 from services.ledger.client import LedgerClient
 from services.ledger.schemas import AccountCreate, HoldStatus
 from services.ledger.settings import LedgerSettings
+from tests.archives import archive, code_harness, oracle_archive
 from tests.unit.grader.test_routes import GATEWAY_TOKEN, GRADER_TOKEN, stand_in
 from tests.unit.inprocess import in_process
 
 BASE = "smollm2-135m-instruct"
 TASK = "count-log-errors"
-
-
-def archive(files: dict[str, str | bytes], manifest: str | None = None) -> bytes:
-    """A .tar.gz of ``files`` (name → content) with ``manifest`` as harness.toml."""
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        for name, content in ({"harness.toml": manifest} if manifest is not None else {}).items() | files.items():
-            data = content.encode() if isinstance(content, str) else content
-            info = tarfile.TarInfo(name)
-            info.size, info.mode = len(data), 0o755
-            tar.addfile(info, io.BytesIO(data))
-    return buf.getvalue()
-
-
-def code_harness(script: str, **limits: Any) -> bytes:
-    """An archive whose entry runs ``script`` with bash."""
-    extra = "".join(f"{k} = {v}\n" for k, v in limits.items())
-    return archive({"run.sh": script}, 'name = "test"\nentry = "bash /harness/run.sh"\n' + (f"[limits]\n{extra}" if extra else ""))
-
-
-def oracle_archive() -> bytes:
-    """A harness that knows every shipped task's solution: it finds the one for the instruction it reads on stdin."""
-    files = {f"solutions/{hashlib.sha256(t['instruction'].encode()).hexdigest()}.sh": (TASKS_DIR / name / "solution" / "solve.sh").read_text()
-             for name, t in tasks().items()}
-    files["oracle.py"] = ("import hashlib, subprocess, sys\n"
-                          "key = hashlib.sha256(sys.stdin.read().encode()).hexdigest()\n"
-                          "sys.exit(subprocess.run(['bash', f'/harness/solutions/{key}.sh'], cwd='/app').returncode)\n")
-    return archive(files, 'name = "oracle"\nentry = "python3 /harness/oracle.py"\n')
 
 
 METERED: list[tuple[str | None, str | None]] = []  # (hold, idempotency key) of every completion inference was asked for

@@ -25,7 +25,7 @@ from pathlib import Path
 
 import pytest
 
-from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, reap_workspaces, workspace
+from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, owner, owner_alive, reap_workspaces, workspace
 from grader.sandboxes.bwrap import BubblewrapSandbox
 from grader.sandboxes.docker import DockerSandbox
 from tests.conftest import ROOT
@@ -344,10 +344,59 @@ def test_a_sandbox_whose_grader_died_is_removed_when_a_worker_starts(sandbox: Sa
     dying.kill()
     dying.wait()
     assert sandbox.reap() >= (1 if sandbox.name == "docker" else 0)  # bubblewrap's sandbox died with its parent; its cgroup is left
-    assert reap_workspaces() >= 1 and list(Path(tempfile.gettempdir()).glob(f"crucible-ws-{dying.pid}-*")) == []  # its workspace too
+    assert reap_workspaces() >= 1 and list(Path(tempfile.gettempdir()).glob(f"crucible-ws-{dying.pid}.*")) == []  # its workspace too
     deadline = time.monotonic() + 10
     while processes_with(token) and time.monotonic() < deadline:
         time.sleep(0.2)
     assert processes_with(token) == []
     live.join()
     assert sandbox.reap() == 0  # nothing of a dead owner is left, and the live run was not counted
+
+
+def test_an_owner_is_alive_only_while_that_very_process_runs() -> None:
+    """A sandbox's owner is a process id and its start time: a worker restarted in its container is PID 1 again, and
+    the PID 1 that left sandboxes behind must still read as dead."""
+    me = owner()
+    assert owner_alive(me)
+    host, _, tag = me.rpartition(":")
+    pid, _, start = tag.partition(".")
+    assert start.isdigit() and not owner_alive(f"{host}:{pid}.{int(start) + 1}")  # the same id, another process
+    gone = subprocess.Popen(["true"])
+    gone.wait()
+    assert not owner_alive(f"{host}:{gone.pid}")
+    assert owner_alive(f"another-host:{gone.pid}.1")  # not ours to judge
+
+
+def _mount_roots(stdout: str) -> dict[str, str]:
+    """Mount point -> the path of the host's file system it shows (field 4 of /proc/self/mountinfo)."""
+    return {fields[4]: fields[3] for fields in (line.split() for line in stdout.splitlines()) if len(fields) > 4}
+
+
+@pytest.mark.docker
+def test_docker_mounts_only_what_is_under_the_graders_temporary_directory(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """A grader in a container shares only its TMPDIR with the daemon (at the same path): a read-only source elsewhere
+    (a task's tests, the init) is copied into the run's directory there and mounted from it; the copies go with the run."""
+    shared = tmp_path / "shared"
+    shared.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(shared))
+    outside = tmp_path / "outside"
+    outside.mkdir()
+    (outside / "a.txt").write_text("the task's file")
+    result = DockerSandbox().run(["bash", "-c", "cat /x/a.txt; echo; cat /proc/self/mountinfo"], mounts=[Mount(outside, "/x")], cwd="/", env={},
+                                 limits=Limits(wall_s=30))
+    assert result.ok and result.stdout.startswith("the task's file\n"), result
+    roots = _mount_roots(result.stdout)
+    assert roots["/x"].startswith(f"{shared}/crucible-ws-") and roots["/run/crucible/init.py"].startswith(f"{shared}/crucible-ws-"), roots
+    assert list(shared.iterdir()) == []
+
+
+@pytest.mark.docker
+def test_docker_a_workspace_no_file_system_bounds_is_measured_and_stopped_at_its_disk_limit(tmp_path: Path) -> None:
+    """Where the grader may not mount a tmpfs (in a container), the workspace is a plain directory on a large disk: the
+    backend measures it and stops the run once it holds more than ``disk_mb``."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = DockerSandbox().run(["bash", "-c", "for i in $(seq 40); do head -c 4000000 /dev/zero > /app/f$i || exit; done; sleep 10"],
+                                 mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={}, limits=Limits(wall_s=60, disk_mb=16))
+    assert (result.exit_code, result.limit) == (-9, "disk"), result
+    assert result.elapsed_s < 10, result
