@@ -36,7 +36,7 @@ import structlog
 import uvicorn
 from fastapi import Depends, Header, Request
 
-from grader.sandboxes.base import MODEL_PORT
+from grader.sandboxes.base import MODEL_PORT, WORKSPACE_PREFIX, process_tag
 from grader.schemas import RolloutModels
 from grader.service import Grader
 from services.common.app import create_service_app
@@ -105,7 +105,8 @@ class ModelEndpoint:
 
     def __init__(self, grader: Grader, socket_dir: Path | None = None) -> None:
         self.grader = grader
-        self._dir = Path(tempfile.mkdtemp(prefix="crucible-model-", dir=socket_dir))
+        # named for its owner: a dead worker's is removed with its workspaces (grader.sandboxes.base.reap_workspaces)
+        self._dir = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX.format(owner=process_tag()) + "model-", dir=socket_dir))
         self.socket_path = self._dir / "model.sock"
         self._bindings: dict[str, Binding] = {}
         self._lock = threading.Lock()

@@ -157,7 +157,7 @@ def _bytes_under(path: Path) -> int:
 
 def _unbounded(mounts: Sequence[Mount], disk_mb: int) -> list[Path]:
     """The writable mounts whose file system is larger than ``disk_mb`` (the outermost of nested ones)."""
-    big = [m.source for m in mounts if m.writable and shutil.disk_usage(m.source).total > disk_mb * 1024 * 1024 * 1.25]
+    big = [m.source for m in mounts if m.writable and m.source.exists() and shutil.disk_usage(m.source).total > disk_mb * 1024 * 1024 * 1.25]
     return [p for p in big if not any(p != q and p.is_relative_to(q) for q in big)]
 
 
@@ -231,7 +231,8 @@ class DockerSandbox:
                 stdin_file = run_dir / "stdin"
                 stdin_file.write_bytes(stdin)
                 stdin_file.chmod(0o644)
-                shown = [m if m.writable or _host_visible(m.source) else Mount(_stage(m.source, run_dir), m.target) for m in mounts]
+                shown = [m if m.writable or not m.source.exists() or _host_visible(m.source) else Mount(_stage(m.source, run_dir), m.target)
+                         for m in mounts]  # (a missing source is left for the daemon to refuse)
                 return self._run(client, argv, mounts=shown, cwd=cwd, env=env, limits=limits, stdin_file=stdin_file, model_socket=model_socket,
                                  agent_user=agent_user, run_dir=run_dir)
         finally:

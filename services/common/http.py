@@ -16,6 +16,12 @@ service trickles its answer; :class:`ServiceClient` applies it to each connect, 
 :class:`AsyncServiceClient` for an event loop, where a slow service must not hold a thread (the gateway).
 Callers never use these directly: each service's ``client.py`` wraps one in a :class:`ServiceAPI` whose
 methods own that service's paths and wire models.
+
+Both keep every connection they open (:data:`POOL_LIMITS`): httpcore 1.0.9's pool, when it holds more connections than
+``max_keepalive_connections`` or must close an idle one to make room, can close a connection it has just handed to a
+waiting request, whose read then waits on a closed descriptor (or on whatever socket reuses its number) for the whole
+read timeout (encode/httpcore#1110). An eval worker's 64 threads sharing the inference client hit it: an evaluation
+hung on its last item for half an hour, its thread polling a test-store connection that had taken the number.
 """
 
 from __future__ import annotations
@@ -33,6 +39,11 @@ from pydantic import BaseModel, TypeAdapter
 
 from services.common.auth import RunContext, run_headers
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
+
+POOL_CONNECTIONS = 1024
+POOL_LIMITS = httpx.Limits(max_connections=POOL_CONNECTIONS, max_keepalive_connections=POOL_CONNECTIONS)
+"""Connections a client opens to its service, all kept alive: it never closes one as surplus, and closes an idle one to
+make room only past :data:`POOL_CONNECTIONS` calls at once (no caller makes that many; see the module docstring)."""
 
 
 class _Deadline:
@@ -110,7 +121,7 @@ class ServiceClient(_BaseClient):
 
     def __init__(self, base_url: str, token: str, **kw: Any) -> None:
         super().__init__(base_url, token, **kw)
-        self.client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
+        self.client = httpx.Client(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, limits=POOL_LIMITS)
 
     def request(self, method: str, path: str, *, ctx: RunContext | None = None, json: Any = None, params: dict[str, Any] | None = None,
                 content: bytes | None = None, headers: dict[str, str] | None = None, timeout_s: float | None = None, raw: bool = False) -> Any:
@@ -135,12 +146,12 @@ class ServiceClient(_BaseClient):
 class AsyncServiceClient(_BaseClient):
     """:class:`ServiceClient` for an event loop: the same arguments, answers and errors; ``await client.request("GET", …)``.
 
-    A call waiting for its service holds no thread, only one of the client's pooled connections (httpx's 100).
+    A call waiting for its service holds no thread, only one of the client's pooled connections.
     """
 
     def __init__(self, base_url: str, token: str, **kw: Any) -> None:
         super().__init__(base_url, token, **kw)
-        self.client = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {token}"})
+        self.client = httpx.AsyncClient(base_url=base_url, headers={"Authorization": f"Bearer {token}"}, limits=POOL_LIMITS)
 
     async def request(self, method: str, path: str, *, ctx: RunContext | None = None, json: Any = None, params: dict[str, Any] | None = None,
                       content: bytes | None = None, headers: dict[str, str] | None = None, timeout_s: float | None = None,

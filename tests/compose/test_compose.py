@@ -350,9 +350,10 @@ def _evaluate(client: CrucibleClient, data: bytes, limit: int | None = None) -> 
 
 
 def _leftovers(deployment: Deployment) -> tuple[list[str], list[str]]:
-    """Sandbox containers on the daemon, and rollout directories in the shared sandbox directory on the host."""
+    """Sandbox containers on the daemon, and rollout directories in the shared sandbox directory on the host (the
+    running eval worker's model endpoint apart)."""
     containers = subprocess.run(["docker", "ps", "-aq", "--filter", "label=crucible.sandbox"], capture_output=True, text=True, check=True).stdout.split()
-    left = sorted(p.name for p in Path(SANDBOX_DIR).glob("crucible-*")) if Path(SANDBOX_DIR).is_dir() else []
+    left = sorted(p.name for p in Path(SANDBOX_DIR).glob("crucible-*") if "-model-" not in p.name)  # but the live worker's model endpoint
     return containers, left
 
 

@@ -68,3 +68,41 @@ def test_a_problem_answer_is_raised_with_the_http_status_whatever_its_body_says(
     with pytest.raises(UpstreamProblem) as exc:
         client.send(Settings())
     assert exc.value.status == 409 and exc.value.problem["status"] == 409
+
+
+def test_a_client_shared_by_many_threads_closes_none_of_its_connections() -> None:
+    """64 calls at once (an eval worker's threads on the inference client) open 64 connections, and the pool keeps them
+    all: httpcore closes a surplus idle connection under a request it has just been handed (encode/httpcore#1110; an
+    evaluation's call then waited half an hour on a closed socket), and with every connection kept there is no surplus."""
+    import http.server
+    import threading
+    from concurrent.futures import ThreadPoolExecutor
+
+    calls = 64
+    arrived = threading.Barrier(calls, timeout=30)
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        protocol_version = "HTTP/1.1"  # keep-alive
+
+        def do_GET(self) -> None:
+            arrived.wait()  # every call holds its own connection at once
+            self.send_response(200)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", "2")
+            self.end_headers()
+            self.wfile.write(b"{}")
+
+        def log_message(self, *args: object) -> None:
+            pass
+
+    server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    client = ServiceClient(f"http://127.0.0.1:{server.server_address[1]}", "token", name="svc", timeout_s=30)
+    try:
+        with ThreadPoolExecutor(calls) as pool:
+            assert list(pool.map(lambda _: client.request("GET", "/internal/x"), range(calls))) == [{}] * calls
+        connections = client.client._transport._pool.connections  # type: ignore[attr-defined]
+        assert len(connections) == calls and not [c for c in connections if c.is_closed()]
+    finally:
+        client.close()
+        server.shutdown()
