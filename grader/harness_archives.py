@@ -19,8 +19,9 @@ stdin and ``OPENAI_BASE_URL``/``OPENAI_API_KEY``/``OPENAI_MODEL`` in its environ
 Refused with a 422 naming the member (``field: "file"``, ``member``): absolute paths, ``..``, links pointing out of
 the tree (or anywhere, for hard links), device files, FIFOs, setuid or setgid files, names that are not UTF-8 or hold
 control characters, paths deeper than :data:`MAX_DEPTH`, more than the limits, a second manifest; and a missing or
-invalid manifest (``field: "harness.toml"`` and the key; values are not coerced: ``wall_s = "10"`` is refused). Python's ``tarfile.data_filter`` (PEP 706)
-decides what is unsafe; this module adds the limits and the manifest.
+invalid manifest (``field: "harness.toml"`` and the key; values are not coerced: ``wall_s = "10"`` is refused). The
+``tarfile.data_filter`` of PEP 706 decides what is unsafe (``backports.tarfile``, CPython 3.12's tarfile: Debian's Python
+3.11.2, the compose images' base, predates the filters); this module adds the limits and the manifest.
 """
 
 from __future__ import annotations
@@ -28,10 +29,10 @@ from __future__ import annotations
 import gzip
 import hashlib
 import io
-import tarfile
 import tomllib
 from pathlib import Path, PurePosixPath
 
+from backports import tarfile  # the PEP 706 filters on every Python 3.11 (Debian's 3.11.2 has none)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 from sqlalchemy import select
 

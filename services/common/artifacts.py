@@ -1,7 +1,9 @@
 """The artifact store: immutable files addressed by a URI (``file://`` in embedded mode).
 
-Datasets and checkpoints are written once under ``<data_dir>/artifacts`` and read by path; an S3-compatible
-backend can implement the same three functions.
+Datasets, checkpoints and harness archives are written once under ``<data_dir>/artifacts`` and read by path; an
+S3-compatible backend can implement the same three functions. The directories the store creates are writable by their
+group as well as their owner: the processes sharing a store may be different users of one group (docker-compose runs
+the services as uid 10001 of group 0 and the eval worker, which starts sandbox containers, as root).
 """
 
 from __future__ import annotations
@@ -19,11 +21,22 @@ def local_path(uri: str) -> Path:
     return Path(parsed.path)
 
 
+def _make_parents(path: Path) -> None:
+    """Create the missing directories above ``path``, each writable by its group (see the module docstring)."""
+    missing = [p for p in reversed(path.parents) if not p.exists()]
+    path.parent.mkdir(parents=True, exist_ok=True)
+    for directory in missing:
+        try:
+            directory.chmod(0o775)
+        except PermissionError:
+            pass  # another process of the store made it first: its mode is its maker's
+
+
 def put_bytes(root: Path, key: str, data: bytes) -> str:
     """Write ``data`` at ``root/key`` atomically (if absent) and return its URI."""
     path = (root / key).resolve()
     if not path.exists():
-        path.parent.mkdir(parents=True, exist_ok=True)
+        _make_parents(path)
         tmp = path.with_suffix(path.suffix + ".tmp")
         tmp.write_bytes(data)
         tmp.replace(path)
@@ -35,7 +48,7 @@ def put_dir(root: Path, key: str, src: Path) -> str:
     dest = (root / key).resolve()
     if dest.exists():
         shutil.rmtree(dest)
-    dest.parent.mkdir(parents=True, exist_ok=True)
+    _make_parents(dest)
     tmp = dest.with_name(dest.name + ".tmp")
     if tmp.exists():
         shutil.rmtree(tmp)

