@@ -367,7 +367,7 @@ def test_code_harnesses_run_in_sandbox_containers_and_their_verifiers_score_them
     print(f"\n[sandbox] the oracle harness on validation: {rewards}; score {done['score']}")
     assert rewards == {t: (1.0, "docker") for t in rewards} and len(rewards) == 3
     baselines = deployment.admin().wait_baselines("compose-terminal", poll_s=3)
-    print(f"[sandbox] the suite's own harness graded on the hidden test split: {baselines['initial_status']}, score {baselines.get('initial_score')}")
+    print(f"[sandbox] the suite's own harness graded on the hidden test split: {baselines['initial_status']}; {baselines['tasks']}")
     assert baselines["initial_status"] == "succeeded"
 
 
@@ -388,9 +388,10 @@ def test_a_hostile_harness_reaches_nothing_and_changes_nothing_outside_its_works
     ports = {**HTTP_PORTS, **DATA_PORTS}
     targets = [(f"{name}:{ports[name.split('@')[0]]}", ip, ports[name.split("@")[0]]) for name, ip in _container_ips(deployment).items()
                if name.split("@")[0] in ports and ip]
-    bridge = json.loads(subprocess.run(["docker", "network", "inspect", "bridge"], capture_output=True, text=True, check=True).stdout)[0]
-    host_ip = bridge["IPAM"]["Config"][0]["Gateway"]
-    targets += [("host:gateway-port", host_ip, deployment.port), ("host:ssh", host_ip, 22), ("outside", "pypi.org", 443)]
+    addresses = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True, check=True).stdout
+    for host_ip in sorted({line.split()[3].split("/")[0] for line in addresses.splitlines()}):  # the host on each of its networks (docker's bridges too)
+        targets += [(f"host:published-gateway-port@{host_ip}", host_ip, deployment.port), (f"host:postgres@{host_ip}", host_ip, 5432)]
+    targets += [("outside", "pypi.org", 443)]
     probe = ("import os, socket, subprocess\n"
              f"for name, host, port in {targets!r}:\n"
              "    try:\n        socket.create_connection((host, port), timeout=3); print('REACHED', name, host, port)\n"
