@@ -4,7 +4,9 @@
 A sandbox runs one untrusted command (a harness, a task's set-up, a verifier) with:
 
 - **No way out but the model.** A network namespace of its own with loopback only. With ``model_socket``, the
-  sandbox's init (:mod:`grader.sandboxes.init`) forwards ``127.0.0.1:MODEL_PORT`` inside to that Unix socket outside,
+  sandbox's init (:mod:`grader.sandboxes.init`) forwards ``127.0.0.1:MODEL_PORT`` inside to that Unix socket outside
+  (bound in read-only: the sandbox's root, the socket's owner as the grader is, cannot chmod or remove the one socket
+  every rollout of the worker shares),
   the rollout's model endpoint (:mod:`grader.model_endpoint`); nothing else is reachable: not the grader, the ledger,
   the test store, nor the internet.
 - **No privileges.** Root of the sandbox without capabilities, ``no_new_privs`` set (a task's verifier keeps setuid
@@ -214,7 +216,7 @@ def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX.format(owner=process_tag()), dir=root))  # reap_workspaces() removes a dead owner's
     mounted = False
     if os.geteuid() == 0:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0755", "tmpfs", str(path)],
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0755,nosuid,nodev", "tmpfs", str(path)],
                                  capture_output=True).returncode == 0
         if not mounted:
             log.warning("the workspace is not size-limited: tmpfs cannot be mounted here", path=str(path))

@@ -243,7 +243,7 @@ class BubblewrapSandbox:
                 "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
                 "--dir", "/run/crucible", "--ro-bind", str(INIT_SCRIPT), INIT_TARGET]
         if model_socket is not None:
-            args += ["--bind", str(model_socket), SOCKET_TARGET]
+            args += ["--ro-bind", str(model_socket), SOCKET_TARGET]  # read-only: connectable, but no chmod or unlink of the shared socket
         for m in mounts:
             args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]
         if agent_user:

@@ -248,7 +248,7 @@ class DockerSandbox:
         if agent_user:
             binds.append(docker.types.Mount(AS_AGENT_TARGET, str(visible(AS_AGENT_SCRIPT)), type="bind", read_only=True))
         if model_socket is not None:
-            binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind"))
+            binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind", read_only=True))  # no chmod of the shared socket
         binds += [docker.types.Mount(m.target, str(m.source), type="bind", read_only=not m.writable) for m in mounts]
         environment = sandbox_env(env)
         unset = " ".join(name for name in _ADDED_ENV if name not in environment)

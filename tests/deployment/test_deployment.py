@@ -397,6 +397,21 @@ def test_services_are_health_checked_and_started_in_order() -> None:
         assert f"127.0.0.1:{port}/healthz" in " ".join(SERVICES[name]["healthcheck"]["test"]), name
 
 
+ROLLOUT_CAPS = ("CRUCIBLE_ROLLOUT_WALL_S", "CRUCIBLE_ROLLOUT_MEMORY_MB", "CRUCIBLE_ROLLOUT_PROCESSES", "CRUCIBLE_ROLLOUT_DISK_MB",
+                "CRUCIBLE_VERIFIER_WALL_S", "CRUCIBLE_ROLLOUT_CONCURRENCY")
+
+
+def test_the_rollout_caps_are_the_operators_to_set_and_default_to_the_graders_own(tmp_path: Path) -> None:
+    """The caps the README lists for operators reach the eval worker from deploy/.env, with the grader's defaults."""
+    from grader.settings import GraderSettings
+
+    env = _env(SERVICES["grader-worker"])
+    example = _read_env_file(ENV_EXAMPLE)
+    for name in ROLLOUT_CAPS:
+        field = GraderSettings.model_fields[name.removeprefix("CRUCIBLE_").lower()]
+        assert env[name] == f"${{{name}:-{field.default:g}}}" and float(example[name]) == field.default, name
+
+
 def test_only_the_eval_worker_starts_sandboxes_through_the_docker_socket() -> None:
     """The eval worker alone holds the Docker daemon's socket (root on the host) and runs the Docker sandbox backend;
     its temporary directory is a host directory mounted at the same path, so the bind mounts it asks the daemon for
@@ -417,7 +432,7 @@ def test_workers_share_their_service_image_and_environment() -> None:
     for worker, service, queue in (("train-worker", "trainer", "train"), ("train-worker-gpu", "trainer", "train"), ("grader-worker", "grader", "eval")):
         assert WORKERS[worker] == service
         assert SERVICES[worker]["build"] == SERVICES[service]["build"], worker
-        sandboxes = {"CRUCIBLE_SANDBOX_BACKEND", "TMPDIR"} if worker == "grader-worker" else set()  # the eval worker runs code harnesses
+        sandboxes = {"CRUCIBLE_SANDBOX_BACKEND", "TMPDIR", *ROLLOUT_CAPS} if worker == "grader-worker" else set()  # the eval worker runs code harnesses
         assert {k: v for k, v in _env(SERVICES[worker]).items() if k not in sandboxes} == {
             k: v for k, v in _env(SERVICES[service]).items() if k != "CRUCIBLE_TRUSTED_TOKENS"}, worker
         command = SERVICES[worker]["command"]

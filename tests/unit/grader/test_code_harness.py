@@ -375,6 +375,18 @@ def test_the_model_endpoint_serves_only_the_rollouts_model_and_only_while_it_run
         assert client.get("http://rollout/v1/models", headers={"Authorization": "Bearer rk-guessed"}).status_code == 401
 
 
+def test_a_harness_cannot_take_the_model_endpoint_away_from_the_rollouts_after_it(endpoint: ModelEndpoint, backend: str) -> None:
+    """The endpoint's socket is shared by every rollout of the worker, and the sandbox's root owns it as the grader does:
+    a harness that chmods, removes or replaces it fails, and the next rollout reaches the model as before."""
+    script = ("chmod 000 /run/crucible/model.sock && echo CHMODDED; rm -f /run/crucible/model.sock && echo REMOVED; "
+              "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.bind('/run/crucible/model.sock')\" 2>/dev/null && echo REPLACED\n")
+    out = rollout(endpoint, backend, code_harness(script))
+    assert not [w for w in ("CHMODDED", "REMOVED", "REPLACED") if w in out.trajectory.harness_run.stdout], out.trajectory.harness_run  # type: ignore[union-attr]
+    assert endpoint.socket_path.stat().st_mode & 0o777 == (endpoint.socket_path.stat().st_mode & 0o777) | 0o600
+    out = rollout(endpoint, backend, asking("ask()"))
+    assert out.trajectory.harness_run.stdout.split() == ["200"], out.trajectory.harness_run  # type: ignore[union-attr]
+
+
 def test_a_harness_cannot_call_the_model_more_than_the_benchmark_allows(endpoint: ModelEndpoint, backend: str) -> None:
     out = rollout(endpoint, backend, asking("ask(), ask(), ask()"), max_calls=2)
     assert out.trajectory.harness_run.stdout.split() == ["200", "200", "429"] and out.trajectory.model_calls == 2  # type: ignore[union-attr]
