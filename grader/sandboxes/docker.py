@@ -41,6 +41,7 @@ Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
 
 from __future__ import annotations
 
+import datetime as dt
 import os
 import shlex
 import shutil
@@ -92,6 +93,8 @@ LOG_MAX = {"max-size": "1m", "max-file": "2"}
 """The daemon's json-file log of a run: at most two files of 1 MiB, so at least the last MiB of output is kept."""
 _ADDED_ENV = ("HOSTNAME",)
 """Variables the daemon adds to every container's environment; removed unless given."""
+STALE_AFTER_S = 600.0
+"""A sandbox container stopped this long ago is removed by any worker's :meth:`DockerSandbox.reap`."""
 DISK_POLL_S = 0.5
 """How often the disk a run's writable mounts hold is measured, where no file system bounds it."""
 _CPU_STATUSES = frozenset({128 + signal.SIGKILL, 128 + signal.SIGXCPU})
@@ -177,6 +180,18 @@ def _stage(source: Path, into: Path) -> Path:
     return target
 
 
+def _ended_long_ago(container: Container) -> bool:
+    """Whether the container stopped more than :data:`STALE_AFTER_S` ago (its owner removes it as soon as it stops)."""
+    state = container.attrs.get("State") or {}
+    if state.get("Status") not in ("exited", "dead"):
+        return False
+    try:
+        finished = dt.datetime.fromisoformat(state.get("FinishedAt", "")[:19]).replace(tzinfo=dt.UTC)
+    except ValueError:
+        return False
+    return finished.year > 1 and (dt.datetime.now(dt.UTC) - finished).total_seconds() > STALE_AFTER_S
+
+
 def _kill(container: Container) -> None:
     try:
         container.kill()
@@ -203,12 +218,14 @@ class DockerSandbox:
             raise SandboxUnavailable(f"the Docker daemon cannot be reached ({exc}): {_HOW_TO_BUILD}") from exc
 
     def reap(self) -> int:
-        """Remove the sandbox containers whose grader process on this host is gone (stopped or still running)."""
+        """Remove the sandbox containers whose grader process on this host is gone (stopped or still running), and any
+        that ended more than :data:`STALE_AFTER_S` ago, whoever started them (an owner in a container that is gone for
+        good, whose host name no process has any more, would keep its own forever)."""
         client = self._client()
         try:
             reaped = 0
             for container in client.containers.list(all=True, filters={"label": LABEL}):
-                if owner_alive(container.labels.get(OWNER_LABEL, "")):
+                if owner_alive(container.labels.get(OWNER_LABEL, "")) and not _ended_long_ago(container):
                     continue
                 try:
                     container.remove(force=True)

@@ -350,9 +350,12 @@ def _evaluate(client: CrucibleClient, data: bytes, limit: int | None = None) -> 
 
 
 def _leftovers(deployment: Deployment) -> tuple[list[str], list[str]]:
-    """Sandbox containers on the daemon, and rollout directories in the shared sandbox directory on the host (the
-    running eval worker's model endpoint apart)."""
-    containers = subprocess.run(["docker", "ps", "-aq", "--filter", "label=crucible.sandbox"], capture_output=True, text=True, check=True).stdout.split()
+    """The deployment's sandbox containers on the daemon, and rollout directories in the shared sandbox directory on
+    the host (the running eval worker's model endpoint apart)."""
+    worker = deployment.inspect("grader-worker")["Config"]["Hostname"]  # a sandbox's owner label: <the worker's host name>:<process>
+    listed = subprocess.run(["docker", "ps", "-a", "--filter", "label=crucible.sandbox", "--format", '{{.ID}} {{.Label "crucible.owner"}}'],
+                            capture_output=True, text=True, check=True).stdout.splitlines()
+    containers = [line.split()[0] for line in listed if line.partition(" ")[2].startswith(f"{worker}:")]
     left = sorted(p.name for p in Path(SANDBOX_DIR).glob("crucible-*") if "-model-" not in p.name)  # but the live worker's model endpoint
     return containers, left
 

@@ -400,3 +400,30 @@ def test_docker_a_workspace_no_file_system_bounds_is_measured_and_stopped_at_its
                                  mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={}, limits=Limits(wall_s=60, disk_mb=16))
     assert (result.exit_code, result.limit) == (-9, "disk"), result
     assert result.elapsed_s < 10, result
+
+
+@pytest.mark.docker
+def test_docker_a_stopped_sandbox_of_a_worker_gone_for_good_is_removed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """A worker in a container that compose replaced has a host name no process has any more: its sandboxes cannot be
+    judged by their owner, so once stopped for a while they are removed by any worker; running ones are left alone."""
+    import docker as docker_sdk
+
+    from grader.sandboxes import docker as backend
+
+    client = docker_sdk.from_env()
+    labels = {backend.LABEL: "1", backend.OWNER_LABEL: "a-container-long-gone:1.1"}
+    stopped = client.containers.run(backend.DEFAULT_IMAGE, ["true"], labels=labels, detach=True, network_mode="none")
+    running = client.containers.run(backend.DEFAULT_IMAGE, ["sleep", "60"], labels=labels, detach=True, network_mode="none")
+    try:
+        stopped.wait(timeout=30)
+        assert DockerSandbox().reap() == 0  # stopped a moment ago: not yet
+        monkeypatch.setattr(backend, "STALE_AFTER_S", 0.0)
+        time.sleep(1.1)
+        assert DockerSandbox().reap() == 1
+        ids = {c.id for c in client.containers.list(all=True, filters={"label": backend.LABEL})}
+        assert stopped.id not in ids and running.id in ids
+    finally:
+        for container in (stopped, running):
+            with contextlib.suppress(docker_sdk.errors.NotFound):
+                container.remove(force=True)
+        client.close()
