@@ -248,17 +248,15 @@ class DockerSandbox:
                 stdin_file = run_dir / "stdin"
                 stdin_file.write_bytes(stdin)
                 stdin_file.chmod(0o644)
-                shown = [m if m.writable or not m.source.exists() or _host_visible(m.source) else Mount(_stage(m.source, run_dir), m.target)
-                         for m in mounts]  # (a missing source is left for the daemon to refuse)
-                return self._run(client, argv, mounts=shown, cwd=cwd, env=env, limits=limits, stdin_file=stdin_file, model_socket=model_socket,
+                return self._run(client, argv, mounts=mounts, cwd=cwd, env=env, limits=limits, stdin_file=stdin_file, model_socket=model_socket,
                                  agent_user=agent_user, run_dir=run_dir)
         finally:
             client.close()
 
     def _run(self, client: docker.DockerClient, argv: Sequence[str], *, mounts: Sequence[Mount], cwd: str, env: Mapping[str, str],
              limits: Limits, stdin_file: Path, model_socket: Path | None, agent_user: bool, run_dir: Path) -> ExecResult:
-        def visible(path: Path) -> Path:
-            return path if _host_visible(path) else _stage(path, run_dir)
+        def visible(path: Path) -> Path:  # a read-only source, as the daemon can mount it (a missing one is left for it to refuse)
+            return path if not path.exists() or _host_visible(path) else _stage(path, run_dir)
 
         binds = [docker.types.Mount(INIT_TARGET, str(visible(INIT_SCRIPT)), type="bind", read_only=True),
                  docker.types.Mount(STDIN_TARGET, str(stdin_file), type="bind", read_only=True)]
@@ -266,7 +264,7 @@ class DockerSandbox:
             binds.append(docker.types.Mount(AS_AGENT_TARGET, str(visible(AS_AGENT_SCRIPT)), type="bind", read_only=True))
         if model_socket is not None:
             binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind", read_only=True))  # no chmod of the shared socket
-        binds += [docker.types.Mount(m.target, str(m.source), type="bind", read_only=not m.writable) for m in mounts]
+        binds += [docker.types.Mount(m.target, str(m.source if m.writable else visible(m.source)), type="bind", read_only=not m.writable) for m in mounts]
         environment = sandbox_env(env)
         unset = " ".join(name for name in _ADDED_ENV if name not in environment)
         prelude = f"unset {unset}; " if unset else ""
