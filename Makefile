@@ -86,33 +86,34 @@ compose-test: compose-images
 # tests/unit: each service in this process (its routes through TestClient, its logic, its client), plus the layout
 # checks (no import cycle, internal paths only in their service's client.py); tests/e2e: every service and worker as
 # real processes with the real model; tests/deployment: compose and Helm checked statically; tests/faults: real
-# processes killed. `make test` leaves to `make test-slow` what waits on real clocks (marker `slow`), the presets'
-# end-to-end runs (`long`), and the Docker backend's limit tests and rollouts; it runs the Docker backend's contract.
+# processes killed. `make test` leaves to `make test-slow` what is marked `slow` (real clocks, fault injection, the
+# differential test, whole client tasks) or `long` (the presets end to end), the vLLM engines and the Docker backend's
+# limit tests and rollouts; it runs the Docker backend's contract.
+# pytest-xdist, two workers, `--dist loadgroup` (tests/conftest.py): every test that boots a stack runs on one worker,
+# each file's tests stay together, and the in-process tests fill the other core meanwhile (the end-to-end tests are
+# named first: the longest group starts first).
+XDIST := -n 2 --dist loadgroup
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .
-	$(PY) -m pytest -q tests/unit tests/deployment tests/e2e -m "not vllm and not docker and not long and not slow" --ignore=tests/e2e/test_hidden_split_isolation.py \
-	  --ignore=tests/e2e/test_openai_clients.py
+	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"
 	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m "docker and not slow"  # the sandbox guarantees, on the Docker backend
 
-# The in-process tests alone, those that wait on real clocks left out (marker `slow`): quick feedback while changing a service.
+# The in-process tests alone, those marked `slow` left out: quick feedback while changing a service.
 test-unit: $(STAMP) services sandbox
-	$(PY) -m pytest -q tests/unit -m "not slow and not docker"
+	$(PY) -m pytest -q $(XDIST) tests/unit -m "not slow and not docker"
 
-# The slower suites, which CI runs after `make test`: the fault tests (real processes killed, about 8 minutes), the
-# differential test (every preset in two deployments whose secret test seeds differ must answer every agent route
-# alike, about 6 minutes on 2 idle cores), the tests on real clocks and the slow trainer tests (about 7 minutes), the
-# reference agent training by DPO on full weights and merging, and by GRPO with the grader's rewards (about 4 minutes), code-harness rollouts and limits
-# on the Docker sandbox backend (about 5 minutes), every preset end to end with the reference agent (about 12 minutes),
-# the engine suite on the vLLM engines (in process, and a vllm serve behind the upstream engine) and unmodified OpenAI
-# clients (the openai SDK, lm-evaluation-harness) against the gateway.
+# The slower suites, which CI runs after `make test`. One session (two workers, as `make test`) holds the fault tests
+# (real processes killed), the differential test (every preset in two deployments whose secret test seeds differ must
+# answer every agent route alike), the tests on real clocks and the slow trainer tests, the reference agent training
+# by DPO on full weights and merging and by GRPO with the grader's rewards, every preset end to end with the reference
+# agent, and unmodified OpenAI clients (the openai SDK, lm-evaluation-harness) against the gateway: the stacks start
+# once each, on one worker, while the other runs the tests that wait on clocks. Then code-harness rollouts and limits
+# on the Docker sandbox backend, and the engine suite on the vLLM engines (in process, and a vllm serve behind the
+# upstream engine).
 test-slow: $(STAMP) services sandbox docker-sandbox
-	$(PY) -m pytest -q tests/faults tests/e2e/test_hidden_split_isolation.py
-	$(PY) -m pytest -q tests/unit -m "slow and not docker and not vllm"  # real clocks: timeouts, CPU and wall-clock limits, hanging scorers
-	$(PY) -m pytest -q tests/e2e/test_flows.py -m slow -k sqlite  # the reference agent's DPO on full weights, a merge job, GRPO, through every service
+	$(PY) -m pytest -q $(XDIST) tests/faults tests/e2e tests/unit -m "(slow or long) and not docker and not vllm"
 	$(PY) -m pytest -q tests/unit/grader/test_code_harness.py -m docker  # rollouts on the Docker backend: every task's oracle, hostile harnesses
 	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m "docker and slow"  # the Docker backend's wall, CPU, memory and process limits
-	$(PY) -m pytest -q tests/e2e/test_presets.py -m long  # every preset end to end with the reference agent
-	$(PY) -m pytest -q tests/e2e/test_openai_clients.py -k sqlite  # the protocol does not depend on the database
 	$(PY) -m pytest -q tests/unit/inference/test_engine.py -m vllm
 
 clean:

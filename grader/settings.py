@@ -27,6 +27,11 @@ class GraderSettings(ServiceSettings):
         1800.0, gt=0,
         description="Seconds a grading call may wait for its completion (queued behind other batches included). A call that times out "
                     "is sent again while the first still runs, so this is long.")
+    upstream_retry_backoff_s: float = Field(
+        2.0, gt=0, le=60,
+        description="An evaluation's calls to inference and the ledger are tried again while that service is unavailable (restarting): "
+                    "5 more tries, this many seconds × the try's number apart (2 + 4 + 6 + 8 + 10 = 30 s by default); after that the "
+                    "evaluation is requeued, not failed.")
 
     sandbox_backend: Literal["bwrap", "docker"] = Field(
         "bwrap", description="Where code harnesses and task verifiers run (grader/sandboxes): `bwrap` (bubblewrap, local processes) or "

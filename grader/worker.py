@@ -95,9 +95,10 @@ def _unavailable(exc: BaseException) -> bool:
     return isinstance(exc, UpstreamUnavailable) or (isinstance(exc, UpstreamProblem) and exc.status == 503)
 
 
-def _with_retries(call: Callable[[], T], attempts: int = 6, backoff_s: float = 2.0) -> T:
+def _with_retries(call: Callable[[], T], backoff_s: float, attempts: int = 6) -> T:
     """``call()``, retried while the service it reaches is unavailable (e.g. restarting): up to ``attempts``
-    tries, ``backoff_s`` × try-number seconds apart. Other errors are raised at once."""
+    tries, ``backoff_s`` × try-number seconds apart (the grader's ``upstream_retry_backoff_s``). Other errors are
+    raised at once."""
     for attempt in range(1, attempts + 1):
         try:
             return call()
@@ -195,7 +196,8 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
                                   caps=RolloutLimits.from_settings(grader.settings), check=lease.check, unbind_wait_s=grader.settings.inference_timeout_s)
             if charged and outcome.sandbox_s:
                 _with_retries(lambda: grader.ledger.charge_hold(charged, HoldCharge(
-                    usage=[UsageItem(kind=UsageKind.sandbox_seconds, quantity=outcome.sandbox_s)], idempotency_key=f"{key}:sandbox")))
+                    usage=[UsageItem(kind=UsageKind.sandbox_seconds, quantity=outcome.sandbox_s)], idempotency_key=f"{key}:sandbox")),
+                    grader.settings.upstream_retry_backoff_s)
             if outcome.reward is not None:
                 return outcome.reward, None, outcome
             answer = storable(outcome.answer.strip()) if outcome.answer else None
@@ -220,7 +222,8 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
                 key = f"{eval_id}:{item.id}:{sample}:{len(calls)}"
                 try:
                     out = _with_retries(lambda: grader.inference.chat_completions(ctx, request, hold_id=charged, unmetered=charged is None,
-                                                                                  idempotency_key=key, context_tokens=spec.evaluation.context_tokens))
+                                                                                  idempotency_key=key, context_tokens=spec.evaluation.context_tokens),
+                                       grader.settings.upstream_retry_backoff_s)
                 except UpstreamProblem as exc:
                     if exc.code != "context_exceeded":
                         raise _refusal(exc) or exc from exc
@@ -271,7 +274,7 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
             try:  # one key per (evaluation, item, sample): a sample re-run after a crash is not charged twice
                 out = _with_retries(lambda: grader.inference.chat_completions(
                     ctx, request, hold_id=charged, unmetered=charged is None, idempotency_key=f"{eval_id}:{item.id}:{sample}",
-                    context_tokens=spec.evaluation.context_tokens))
+                    context_tokens=spec.evaluation.context_tokens), grader.settings.upstream_retry_backoff_s)
                 completion, prompt_tokens, completion_tokens = out.choices[0].message.content or "", out.usage.prompt_tokens, out.usage.completion_tokens
             except UpstreamProblem as exc:
                 if exc.code != "context_exceeded":

@@ -5,6 +5,8 @@ from __future__ import annotations
 import contextlib
 import os
 import shutil
+import subprocess
+import time
 import uuid
 from collections.abc import Iterable, Iterator
 from pathlib import Path
@@ -13,7 +15,11 @@ import pytest
 import yaml
 
 ROOT = Path(__file__).resolve().parent.parent
-MODEL_CACHE = ROOT / ".crucible" / "models"
+# Prepared base models, shared by every checkout on this machine (a dequantized model is a function of its card and its
+# package alone; SmolLM2 takes about 20 s to prepare and Gemma about 60 s on 2 cores): CRUCIBLE_TEST_MODEL_CACHE, else
+# $XDG_CACHE_HOME/crucible/models. Preparation is locked per model, so concurrent sessions prepare each once.
+MODEL_CACHE = Path(os.environ.get("CRUCIBLE_TEST_MODEL_CACHE")
+                   or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crucible" / "models")
 PORT_BASE = int(os.environ.get("CRUCIBLE_TEST_PORT_BASE", "18100"))
 
 TEST_BENCHMARK = {
@@ -36,8 +42,8 @@ TEST_BENCHMARK = {
 
 def prepared_models(*names: str) -> Path:
     """A models folder holding exactly the built-in models ``names`` (default: ``DEFAULT_MODELS``, SmolLM2), each
-    prepared once into the repository's cache (shared with ``make demo``) and linked into a folder of its own, so a
-    model that ``make demo`` or another test prepared into the cache is not served where a test does not ask for it."""
+    prepared once into :data:`MODEL_CACHE` and linked into a folder of its own, so a model that another test prepared
+    into the cache is not served where a test does not ask for it."""
     from services.common.llms import DEFAULT_MODELS, prepare_base_model
 
     names = tuple(sorted(set(names or DEFAULT_MODELS)))
@@ -50,6 +56,45 @@ def prepared_models(*names: str) -> Path:
             with contextlib.suppress(FileExistsError):
                 link.symlink_to(MODEL_CACHE / name, target_is_directory=True)
     return view
+
+
+if os.environ.get("PYTEST_XDIST_WORKER"):
+    # Two workers on two cores: each computes on one thread. Two processes each running torch's default (a thread per
+    # core) oversubscribe the cores, and OpenMP's waiting threads spin: measured on 2 cores, `make test` took 894 s of wall
+    # time and 28 CPU-minutes that way, against 960 s and 19 CPU-minutes with no workers at all. A stack's own processes
+    # keep the default: they are other processes, and mostly wait.
+    import torch
+
+    torch.set_num_threads(1)
+
+
+class RedisServer:
+    """A private, non-persistent Redis server on ``port`` (like the CI machine's): nothing else shares its databases,
+    so no other test (nor a concurrent session) can flush, fill or restart what a stack's broker holds."""
+
+    def __init__(self, port: int) -> None:
+        self.port = port
+        self.proc: subprocess.Popen | None = None
+
+    @property
+    def url(self) -> str:
+        return f"redis://127.0.0.1:{self.port}/0"
+
+    def start(self, timeout_s: float = 20.0) -> None:
+        if shutil.which("redis-server") is None:
+            pytest.fail("redis-server is needed (make services starts the machine's Redis; the binary must exist)")
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
+                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        deadline = time.monotonic() + timeout_s
+        while subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True).stdout.strip() != "PONG":
+            if self.proc.poll() is not None or time.monotonic() > deadline:
+                raise RuntimeError(f"redis-server on port {self.port} did not start (exit {self.proc.poll()})")
+            time.sleep(0.1)
+
+    def kill(self) -> None:
+        if self.proc is not None and self.proc.poll() is None:
+            self.proc.kill()
+            self.proc.wait()
 
 
 PG_ADMIN = os.environ.get("CRUCIBLE_TEST_PG", "postgresql://postgres@127.0.0.1:5432/postgres")
@@ -86,15 +131,59 @@ def throwaway_postgres() -> contextlib.AbstractContextManager[dict[str, str]]:
     return throwaway_databases(SERVICES)
 
 
-@pytest.fixture(scope="session", params=["sqlite", "postgres"])
+PLANES = ("sqlite", "postgres")
+
+
+@pytest.hookimpl(wrapper=True)
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
+    """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` and ``make test-slow`` run two workers): every test
+    that boots processes (marker ``e2e``) runs on one worker, in turn as without xdist, so no two stacks ever run at once
+    (each takes about 5 GB and fixed ports) and each plane's session stack starts once; the other worker runs the
+    in-process tests meanwhile, each file's tests together (a module's loaded model is built once). The end-to-end
+    tests come first (the longest group starts first): those on a module's own deployment (faults, differential), torn
+    down at the module's end, then the session stack's sqlite tests, then its postgres ones (a session fixture keeps
+    one parameter's instance at a time: interleaved planes would boot a stack again per switch), so at most two stacks
+    are up at once.
+
+    The marks go on before every other plugin's hook (xdist's reads them); after it, each item's node id must carry its
+    group, or the end-to-end tests would spread over both workers (pytest 9.2 broke that: pytest-xdist#1386)."""
+    def order(item: pytest.Item) -> int:
+        if item.get_closest_marker("e2e") is None:
+            return len(PLANES) + 1
+        plane = getattr(item, "callspec", None) and item.callspec.params.get("stack")  # type: ignore[attr-defined]
+        return 1 + PLANES.index(plane) if plane else 0
+
+    for item in items:
+        item.add_marker(pytest.mark.xdist_group("e2e" if item.get_closest_marker("e2e") else item.nodeid.split("::", 1)[0]))
+    items.sort(key=order)
+    yield
+    if os.environ.get("PYTEST_XDIST_WORKER") and config.getvalue("loadgroup"):
+        lost = [item.nodeid for item in items if "@" not in item.nodeid]
+        assert not lost, f"pytest-xdist did not group {lost[:3]}… (pytest 9.2 and pytest-xdist#1386: keep pytest below 9.2)"
+
+
+def pytest_generate_tests(metafunc: pytest.Metafunc) -> None:
+    """A test that uses :func:`stack` runs on the data planes its ``planes`` marker names (closest wins: function,
+    then module), on the embedded one (``sqlite``) when it names none. Both planes are for what the data plane changes
+    (ledger holds and charges, leases and job states, triggers, the test store); each plane's stack is started once
+    per session and shared by every test on it (run-scoped keys keep their data apart)."""
+    defs = metafunc._arg2fixturedefs.get("stack")  # noqa: SLF001 - which ``stack`` this test resolves to
+    if not defs or defs[-1].func.__module__ != __name__:  # another folder's own ``stack`` fixture
+        return
+    marker = metafunc.definition.get_closest_marker("planes")
+    planes = marker.args if marker else ("sqlite",)
+    assert set(planes) <= set(PLANES), f"planes: {planes} (known: {PLANES})"
+    metafunc.parametrize("stack", planes, indirect=True, scope="session")
+
+
+@pytest.fixture(scope="session")
 def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[object]:
     """Every service and worker as separate processes on 127.0.0.1 (ports from ``PORT_BASE``).
 
     ``sqlite``: the embedded mode (SQLite files, embedded broker). ``postgres``: production's data plane,
-    a throw-away PostgreSQL database per service and the test store, Redis as the Celery broker.
+    a throw-away PostgreSQL database per service and the test store, a Redis server of its own as the Celery broker. Which a test
+    gets is its ``planes`` marker's choice (:func:`pytest_generate_tests`).
     """
-    import redis
-
     from crucible.stack import Stack
 
     data_dir = tmp_path_factory.mktemp(f"crucible-{request.param}")
@@ -102,8 +191,10 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     with contextlib.ExitStack() as cleanup:
         if request.param == "postgres":
             urls = cleanup.enter_context(throwaway_postgres())
-            redis.Redis.from_url(REDIS_URL).flushdb()
-            s = Stack(data_dir, PORT_BASE + 10, database_urls=urls, broker_url=REDIS_URL, test_store_url=urls["teststore"])
+            broker = RedisServer(PORT_BASE + 19)
+            broker.start()
+            cleanup.callback(broker.kill)
+            s = Stack(data_dir, PORT_BASE + 10, database_urls=urls, broker_url=broker.url, test_store_url=urls["teststore"])
         else:
             s = Stack(data_dir, PORT_BASE)
         s.start(timeout_s=300)

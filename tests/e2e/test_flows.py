@@ -33,6 +33,7 @@ def _test_questions(stack, benchmark_id: str) -> list[str]:  # noqa: ANN001
     return [it.question for it in store.items(benchmark_id)]
 
 
+@pytest.mark.planes("sqlite", "postgres")  # ledger holds and charges, job states and leases: both data planes
 def test_research_loop_improves_and_reaches_the_leaderboard(stack, new_run, benchmark):  # noqa: ANN001
     run, client = new_run("e2e-baseline")
     agent = BaselineAgent(client, AgentConfig(train_examples=200, recipe={"max_steps": 4, "batch_size": 8, "checkpoint_every": 2},
@@ -318,6 +319,7 @@ def test_bad_inputs_get_problem_json(stack, new_run):  # noqa: ANN001
     assert exc.value.status == 401
 
 
+@pytest.mark.planes("sqlite", "postgres")  # ledger holds and charges, job states and leases: both data planes
 def test_over_budget_is_402_and_reads_keep_working(stack, new_run):  # noqa: ANN001
     run, client = new_run("poor", budget_usd=0.000002)
     with pytest.raises(CrucibleAPIError) as exc:
@@ -331,6 +333,7 @@ def test_over_budget_is_402_and_reads_keep_working(stack, new_run):  # noqa: ANN
     assert client.run()["run_id"] == run["id"]
 
 
+@pytest.mark.planes("sqlite", "postgres")  # ledger holds and charges, job states and leases: both data planes
 def test_an_operator_refunds_part_of_a_charge_and_the_run_sees_it(stack, new_run, admin):  # noqa: ANN001
     run, client = new_run("refunded")
     client.chat("smollm2-135m-instruct", [{"role": "user", "content": "hi"}], max_tokens=4)
@@ -357,6 +360,7 @@ def test_past_deadline_is_403_run_expired(stack, new_run):  # noqa: ANN001
     assert client.run()["seconds_left"] == 0  # reads still work
 
 
+@pytest.mark.planes("sqlite", "postgres")  # ledger holds and charges, job states and leases: both data planes
 def test_cancelling_a_queued_job_releases_its_hold_and_a_running_one_is_charged_for_its_steps(stack, new_run):  # noqa: ANN001
     run, client = new_run("canceller")
     items = client.train_sample(limit=32)
@@ -391,6 +395,7 @@ def test_cancelling_a_queued_job_releases_its_hold_and_a_running_one_is_charged_
     assert bal["held_usd_micros"] == 0
 
 
+@pytest.mark.planes("sqlite", "postgres")  # ledger holds and charges, job states and leases: both data planes
 def test_validation_evaluations_are_limited_as_the_benchmark_says(stack, admin):  # noqa: ANN001
     from crucible.sdk import CrucibleClient
     from tests.conftest import TEST_BENCHMARK
@@ -488,6 +493,7 @@ def test_a_key_past_its_rate_limit_gets_429_problem_json_with_retry_after(stack,
     assert other.datasets() == []  # another key is not slowed by this one
 
 
+@pytest.mark.planes("sqlite", "postgres")  # the audit log is append-only by each database's own triggers: both data planes
 def test_operator_actions_and_refused_keys_are_in_the_append_only_audit_log(stack, admin, benchmark):  # noqa: ANN001
     from sqlalchemy import create_engine, text
 

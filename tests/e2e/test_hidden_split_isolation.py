@@ -31,7 +31,7 @@ from crucible.sdk import AdminClient, CrucibleClient
 from services.common.llms import BUILTIN_CARDS
 from tests.conftest import PORT_BASE, ROOT, prepared_models
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: two deployments, every preset
 PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
 SEEDS = (1111, 2222)
 # What a final grade is made of (a submission's score; a leaderboard row's scores, intervals, audit result and the rank

@@ -27,7 +27,7 @@ import sqlalchemy as sa
 from crucible.sdk import CrucibleClient
 from tests.conftest import MODEL_CACHE, ROOT
 
-pytestmark = pytest.mark.e2e
+pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: lm-evaluation-harness runs whole tasks
 
 MODEL = "smollm2-135m-instruct"
 TASKS = Path(__file__).resolve().parent / "lm_eval_task"

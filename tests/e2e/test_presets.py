@@ -21,7 +21,8 @@ from crucible.agent import AgentConfig, BaselineAgent
 from crucible.sdk import CrucibleAPIError, CrucibleClient
 from tests.conftest import ROOT
 
-pytestmark = [pytest.mark.e2e, pytest.mark.long]  # 1 to 6 minutes each: in `make test-slow` (the main loop is in test_flows.py, in `make test`)
+# 1 to 6 minutes each: in `make test-slow` (the main loop is in test_flows.py, in `make test`); on production's data plane only
+pytestmark = [pytest.mark.e2e, pytest.mark.long, pytest.mark.planes("postgres")]
 PRESETS = ["vibetraining-mini", "rsibench-data-mini", "rsigym-mini", "vibetraining-terminal"]
 
 
@@ -45,22 +46,15 @@ def scaled(doc: dict) -> dict:
     return doc
 
 
-@pytest.fixture()
-def pg_stack(stack):  # noqa: ANN001, ANN201
-    if not stack.database_urls:
-        pytest.skip("presets run on production's data plane; the embedded stack runs the main loop (tests/e2e/test_flows.py)")
-    return stack
-
-
 @pytest.mark.parametrize("preset", PRESETS)
-def test_preset_runs_end_to_end_with_the_reference_agent(pg_stack, admin, preset: str) -> None:  # noqa: ANN001
+def test_preset_runs_end_to_end_with_the_reference_agent(stack, admin, preset: str) -> None:  # noqa: ANN001
     shipped = yaml.safe_load((ROOT / "benchmarks" / f"{preset}.yaml").read_text())
     bench = admin.load_benchmark(scaled(shipped))
     baselines = admin.wait_baselines(bench["name"], poll_s=0.5)
     assert baselines["initial_status"] == "succeeded", baselines
 
     run = admin.create_run(bench["name"], f"reference-{preset}")
-    client = CrucibleClient(pg_stack.gateway_url, run["api_key"])
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
     card = client.run()
     tasks = [t["name"] for t in card["benchmark"]["tasks"]]
     assert tasks == [t["name"] for t in shipped.get("tasks", [{"name": "main"}])]
@@ -83,7 +77,7 @@ def test_preset_runs_end_to_end_with_the_reference_agent(pg_stack, admin, preset
     if "trainer" not in card["editable"]:  # the locked recipe ran, scaled as above
         assert all(j["recipe"]["max_steps"] == 2 and j["recipe"]["learning_rate"] == shipped["recipe"]["lock"]["learning_rate"] for j in jobs)
 
-    row = next(r for r in httpx.get(f"{pg_stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
+    row = next(r for r in httpx.get(f"{stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
     assert row["status"] == "graded" and [t["task"] for t in row["tasks"]] == tasks
     finals = [t["final_score"] for t in row["tasks"]]
     assert row["final_score"] == pytest.approx(sum(finals) / len(finals))
@@ -93,10 +87,10 @@ def test_preset_runs_end_to_end_with_the_reference_agent(pg_stack, admin, preset
     client.close()
 
 
-def test_an_rsigym_run_on_another_track_gets_that_tracks_editable_space(pg_stack, admin) -> None:  # noqa: ANN001
+def test_an_rsigym_run_on_another_track_gets_that_tracks_editable_space(stack, admin) -> None:  # noqa: ANN001
     bench = admin.load_benchmark(scaled(yaml.safe_load((ROOT / "benchmarks" / "rsigym-mini.yaml").read_text())))
     run = admin.create_run(bench["name"], "harness-only", track="harness")
-    client = CrucibleClient(pg_stack.gateway_url, run["api_key"])
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
     card = client.run()
     assert (card["track"], card["editable"]) == ("harness", ["harness"])
     with pytest.raises(CrucibleAPIError) as exc:

