@@ -132,6 +132,7 @@ def throwaway_postgres() -> contextlib.AbstractContextManager[dict[str, str]]:
 
 
 PLANES = ("sqlite", "postgres")
+HEAVY_FIRST = ("tests/unit/trainer/", "tests/unit/inference/", "tests/unit/common/test_llms.py")  # minutes of CPU each, on the real model
 
 
 @pytest.hookimpl(wrapper=True)
@@ -143,13 +144,14 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
     tests come first (the longest group starts first): those on a module's own deployment (faults, differential), torn
     down at the module's end, then the session stack's sqlite tests, then its postgres ones (a session fixture keeps
     one parameter's instance at a time: interleaved planes would boot a stack again per switch), so at most two stacks
-    are up at once.
+    are up at once. Of the in-process tests, the model-training and serving ones (:data:`HEAVY_FIRST`) go first, so the
+    session does not end on one worker's long file while the other idles.
 
     The marks go on before every other plugin's hook (xdist's reads them); after it, each item's node id must carry its
     group, or the end-to-end tests would spread over both workers (pytest 9.2 broke that: pytest-xdist#1386)."""
     def order(item: pytest.Item) -> int:
         if item.get_closest_marker("e2e") is None:
-            return len(PLANES) + 1
+            return len(PLANES) + 1 + (not item.nodeid.startswith(HEAVY_FIRST))
         plane = getattr(item, "callspec", None) and item.callspec.params.get("stack")  # type: ignore[attr-defined]
         return 1 + PLANES.index(plane) if plane else 0
 
