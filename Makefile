@@ -92,7 +92,7 @@ compose-test: compose-images
 # pytest-xdist, two workers, `--dist loadgroup` (tests/conftest.py): every test that boots a stack runs on one worker,
 # each file's tests stay together, and the in-process tests fill the other core meanwhile (the end-to-end tests are
 # named first: the longest group starts first).
-XDIST := -n 2 --dist loadgroup
+XDIST := -n 2 --dist loadgroup --durations=15  # and the 15 slowest tests, in every log
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"
