@@ -98,9 +98,9 @@ test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"
 	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m "docker and not slow"  # the sandbox guarantees, on the Docker backend
 
-# The in-process tests alone, those marked `slow` left out: quick feedback while changing a service.
+# The in-process tests alone, those marked `slow`, `docker` or `vllm` left out: quick feedback while changing a service.
 test-unit: $(STAMP) services sandbox
-	$(PY) -m pytest -q $(XDIST) tests/unit -m "not slow and not docker"
+	$(PY) -m pytest -q $(XDIST) tests/unit -m "not slow and not docker and not vllm"
 
 # The slower suites, which CI runs after `make test`. One session (two workers, as `make test`) holds the fault tests
 # (real processes killed), the differential test (every preset in two deployments whose secret test seeds differ must
