@@ -2,7 +2,9 @@
 hidden test split.
 
 Text is normalized (Unicode NFKC, lower case) and split into word and punctuation tokens, so that "31 - 8"
-and "31 + 8" stay different (operators matter in math and code). An item's n-grams are its windows of
+and "31 + 8" stay different (operators matter in math and code); an arithmetic expression is one token, so that an
+n-gram never ends inside one ("…problem: 73 - 46" would be shared by "…problem: 73 - 46 =" and by the different
+problem "…problem: 73 - 46 + 37 =", and flag the one when the other was planted). An item's n-grams are its windows of
 ``ngram`` tokens (13 by default, after Brown et al. 2020, "Language Models are Few-Shot Learners", app. C);
 an item shorter than that is one n-gram, itself. An item's question is compared, and its reference answer
 too when that is at least ``ngram`` tokens long (a HumanEval solution without its docstring is still the
@@ -29,7 +31,7 @@ from grader.schemas import ContaminationReport
 from grader.suites import Item
 from services.common.contracts import AuditSettings
 
-tokens = text_tokens  # the audit's normalization: NFKC, lower case, words and single punctuation marks
+tokens = text_tokens  # the audit's normalization: NFKC, lower case, words, single punctuation marks, whole expressions
 
 
 def _ngrams(toks: list[str], n: int) -> set[tuple[str, ...]]:

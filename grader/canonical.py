@@ -9,7 +9,7 @@ when the copy is read in the same view:
 
 - ``"math"`` (:func:`math_tokens`): numbers, operators and the one-letter variables next to them, nothing else:
   the expression of an arithmetic item, whatever sentence surrounds it.
-- ``"text"`` (:func:`text_tokens`): normalized words and punctuation (the audit's tokens): a problem statement
+- ``"text"`` (:func:`text_tokens`): normalized words, punctuation and whole expressions (the audit's tokens): a problem statement
   without its instruction text, a function's ``def`` line.
 
 The instruction text of a generated family is learned from the family itself (:func:`template_clauses`):
@@ -29,7 +29,11 @@ from typing import NamedTuple
 
 MIN_DIGITS = 4  # "4 + 3" is no evidence of copying (every pool holds it); "760, 368" is
 MIN_TEXT_TOKENS = 6
-_TEXT_TOKEN = re.compile(r"\w+|[^\w\s]")
+# An arithmetic expression of numbers and binary operators ("73 - 46 + 37") is one token, so that no n-gram ends inside
+# one: "73 - 46" cut from "... 73 - 46 + 37 =" is not the item "... 73 - 46 =". Else words and single punctuation marks.
+_NUMBER = r"(?<![\w.])\d+(?:\.\d+)?(?![\w.])"
+_TEXT_TOKEN = re.compile(rf"{_NUMBER}(?:\s*[-+*/^%]\s*{_NUMBER})+|\w+|[^\w\s]")
+_SPACE = re.compile(r"\s+")
 # A number (thousands separators and a decimal part allowed: 1,234,567.5), an operator, or a word.
 # A minus sign stuck to the digits after it, where no operand ends just before it, is the number's sign ("= -27").
 _MATH_TOKEN = re.compile(r"(?:(?<![\w).])-)?\d+(?:,\d{3})*(?:\.\d+)?|[-+*/^%()<>]|[^\W\d_]+")
@@ -48,8 +52,9 @@ class Canonical(NamedTuple):
 
 
 def text_tokens(text: str) -> list[str]:
-    """Normalized tokens: Unicode NFKC, lower case, words and single punctuation marks."""
-    return _TEXT_TOKEN.findall(unicodedata.normalize("NFKC", text).lower())
+    """Normalized tokens: Unicode NFKC, lower case; an arithmetic expression (numbers joined by ``+ - * / ^ %``) as
+    one token without its spaces (``"31 - 8 + 62"`` → ``"31-8+62"``), else words and single punctuation marks."""
+    return [_SPACE.sub("", tok) for tok in _TEXT_TOKEN.findall(unicodedata.normalize("NFKC", text).lower())]
 
 
 def _is_number(token: str) -> bool:

@@ -3,8 +3,10 @@ suite's template or differ in an operator are not."""
 
 from __future__ import annotations
 
+import pytest
+
 from grader.audit import audit, row_text, tokens
-from grader.suites import Item, get_suite
+from grader.suites import Item, get_suite, suite_canonical
 from services.common.contracts import AuditSettings
 
 PARAMS = {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
@@ -27,12 +29,16 @@ def test_planted_test_items_are_flagged_and_honest_training_data_is_not() -> Non
     planted = honest + [{"prompt": f"Q: {it.question}", "completion": it.answer} for it in test[:7]]
     report = audit(test, planted, AuditSettings(), public=public)
     assert report.contaminated and report.flagged_items == 7
-    # without the public pool, the shared template alone would flag honest data: that is why it is left out
-    assert audit(test, honest, AuditSettings()).flagged_items > 0
+    # with 8-grams an item has windows of the template alone; without the public pool they would flag honest data:
+    # that is why the pool's n-grams are left out
+    assert audit(test, honest, AuditSettings(ngram=8), public=public).flagged_items == 0
+    assert audit(test, honest, AuditSettings(ngram=8)).flagged_items > 0
+    assert audit(test, planted, AuditSettings(ngram=8), public=public).flagged_items == 7
 
 
 def test_normalization_keeps_operators_and_ignores_case_and_spacing() -> None:
-    assert tokens("State  the answer:\n31 - 8 + 62 =") == ["state", "the", "answer", ":", "31", "-", "8", "+", "62", "="]
+    assert tokens("State  the answer:\n31 - 8 + 62 =") == ["state", "the", "answer", ":", "31-8+62", "="]
+    assert tokens("3x + 5 = 2.5, v1.2 + 3") == ["3x", "+", "5", "=", "2", ".", "5", ",", "v1", ".", "2", "+", "3"]
     item = Item(id="t", question="What is 31 - 8 + 62 ?", answer="85")
     assert audit([item], ["WHAT is 31 - 8 + 62?"], AuditSettings()).flagged_items == 1
     assert audit([item], ["what is 31 + 8 - 62 ?"], AuditSettings()).flagged_items == 0
@@ -66,3 +72,38 @@ def test_a_long_reference_answer_planted_without_its_question_is_flagged_too() -
     long_answers = [it for it in test if len(tokens(it.answer)) >= settings.ngram][:3]
     solutions_only = honest + [{"prompt": "write the function", "completion": it.answer} for it in long_answers]
     assert audit(test, solutions_only, settings, public=public_texts).flagged_items == 3
+
+
+def test_a_planted_item_does_not_flag_an_item_that_it_starts_with_or_that_starts_it() -> None:
+    """An expression is one token, so no n-gram ends inside it: "…: 73 - 46 =" shares no 13-gram with the different
+    problem "…: 73 - 46 + 37 =" (token by token they would share "…problem: 73 - 46", half the short item's 13-grams)."""
+    stem = "State the final answer to the following arithmetic problem: "
+    short, long_ = Item(id="a", question=stem + "73 - 46 =", answer="27"), Item(id="b", question=stem + "73 - 46 + 37 =", answer="64")
+    other = Item(id="c", question=stem + "1 - 3 - 3 =", answer="-5")
+    for planted, flagged in ((long_, "b"), (short, "a"), (Item(id="d", question=stem + "1 - 3 - 8 =", answer="-10"), None)):
+        report = audit([short, long_, other], [{"prompt": planted.question, "completion": planted.answer}], AuditSettings())
+        assert report.flagged_items == (flagged is not None), (planted.question, report)
+    assert audit([short], [stem + "73 - 46.5 ="], AuditSettings()).flagged_items == 0
+
+
+# Hidden seeds under which planting the first five test items of the test suite's benchmark flagged a sixth that
+# shares a prefix with one of them (the planted "73 - 46 + 37 =" flagged "73 - 46 ="; "1 - 3 - 8 =" flagged "1 - 3 - 3 =").
+PREFIX_SEEDS = (2237951778, 3498182076, 1858758766, 2096560163)
+
+
+@pytest.mark.parametrize("seed", PREFIX_SEEDS)
+def test_planting_five_hidden_items_flags_exactly_those_five(seed: int) -> None:
+    from grader import splits
+    from services.common.contracts import EvaluationSettings, GradingSpec, SuiteSpec, SystemSpec
+    from tests.conftest import TEST_BENCHMARK
+
+    spec = GradingSpec(task_id="t", suite=SuiteSpec.model_validate(TEST_BENCHMARK["suite"]), initial_system=SystemSpec(model="m"),
+                       evaluation=EvaluationSettings.model_validate(TEST_BENCHMARK["evaluation"]))
+    validation = splits.validation_split(spec)
+    pool = splits.training_pool(spec, validation)
+    test = splits.test_split(spec, seed, pool + validation)
+    rows = [{"messages": [{"role": "user", "content": it.question}, {"role": "assistant", "content": "0"}]} for it in test[:5]]
+    suite = get_suite("reasoning_gym")
+    report = audit(test, rows, AuditSettings(), public=[t for it in pool + validation for t in (it.question, it.answer)],
+                   canonical=lambda item: suite_canonical(suite, item))
+    assert report.flagged_items == 5
