@@ -139,7 +139,9 @@ HEAVY_FIRST = ("tests/unit/trainer/", "tests/unit/inference/", "tests/unit/commo
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> Iterator[None]:
     """Groups for pytest-xdist's ``--dist loadgroup`` (``make test`` and ``make test-slow`` run two workers): every test
     that boots processes (marker ``e2e``) runs on one worker, in turn as without xdist, so no two stacks ever run at once
-    (each takes about 5 GB and fixed ports) and each plane's session stack starts once; the other worker runs the
+    (each takes about 5 GB and fixed ports, and two stacks computing at once on two cores oversubscribe them: with the
+    faults and the presets on separate workers, `make test-slow` ran past 30 minutes where it takes 21 in turn) and each
+    plane's session stack starts once; the other worker runs the
     in-process tests meanwhile, each file's tests together (a module's loaded model is built once). The end-to-end
     tests come first (the longest group starts first): those on a module's own deployment (faults, differential), torn
     down at the module's end, then the session stack's sqlite tests, then its postgres ones (a session fixture keeps
@@ -149,6 +151,7 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     The marks go on before every other plugin's hook (xdist's reads them); after it, each item's node id must carry its
     group, or the end-to-end tests would spread over both workers (pytest 9.2 broke that: pytest-xdist#1386)."""
+    # Groups start in the order of their first item (``--no-loadscope-reorder``, in the Makefile's XDIST).
     def order(item: pytest.Item) -> int:
         if item.get_closest_marker("e2e") is None:
             return len(PLANES) + 1 + (not item.nodeid.startswith(HEAVY_FIRST))

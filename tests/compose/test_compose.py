@@ -24,6 +24,7 @@ import subprocess
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 from typing import Any
 
@@ -48,7 +49,7 @@ IMAGES = {  # what `make compose-images` built; the published defaults elsewhere
     "CRUCIBLE_POSTGRES_IMAGE": os.environ.get("CRUCIBLE_POSTGRES_IMAGE", "postgres:16"),
     "CRUCIBLE_REDIS_IMAGE": os.environ.get("CRUCIBLE_REDIS_IMAGE", "redis:7"),
 }
-AGENT_STEPS = int(os.environ.get("CRUCIBLE_COMPOSE_AGENT_STEPS", "40"))
+AGENT_STEPS = int(os.environ.get("CRUCIBLE_COMPOSE_AGENT_STEPS", "20"))
 STATE: dict[str, Any] = {}  # what one test leaves for the next (the graded run, its key)
 
 
@@ -83,10 +84,14 @@ class Deployment:
         (self.workdir / "deploy").mkdir(exist_ok=True)
         (self.workdir / "deploy" / ".env").write_text("".join(f"{k}={v}\n" for k, v in self.env.items()))
 
-    def sh(self, script: str, timeout_s: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-        """Run ``script`` with bash in the operator's directory (``set -euo pipefail``)."""
-        proc = subprocess.run(["bash", "-c", "set -euo pipefail\n" + script], cwd=self.workdir, env=self.shell_env, capture_output=True,
+    def sh(self, script: str, timeout_s: float = 900, check: bool = True, trace: str = "") -> subprocess.CompletedProcess:
+        """Run ``script`` with bash in the operator's directory (``set -euo pipefail``). ``trace``: a label; each
+        command of the script is printed under it with the second of the script it started at (``set -x``)."""
+        prologue = "set -euo pipefail\n" + ("PS4='+ [${SECONDS} s] '\nset -x\n" if trace else "")
+        proc = subprocess.run(["bash", "-c", prologue + script], cwd=self.workdir, env=self.shell_env, capture_output=True,
                               text=True, timeout=timeout_s)
+        if trace:
+            print("".join(f"\n[{trace}] {line}" for line in proc.stderr.splitlines() if line.startswith("+ [")))
         if check and proc.returncode:
             raise AssertionError(f"exit {proc.returncode}: {script}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
         return proc
@@ -236,19 +241,15 @@ def test_each_container_reaches_only_the_peers_of_its_networks(deployment: Deplo
     networks = {name: set(svc.get("networks", {})) for name, svc in config["services"].items() if name in deployment.services()}
     internal = {name for name, net in config["networks"].items() if net.get("internal")}
     targets = {**HTTP_PORTS, **DATA_PORTS}
+    probes = [(source, f"{target}:{port}", target, port, bool(networks[source] & networks[target]))
+              for source in deployment.services() for target, port in targets.items() if target != source]
+    probes += [(source, f"{OUTSIDE[0]}:{OUTSIDE[1]} (outside)", *OUTSIDE, bool(networks[source] - internal)) for source in deployment.services()]
+    with ThreadPoolExecutor(max_workers=8) as pool:  # an unreachable peer costs the probe's 3 s: all at once
+        results = list(pool.map(lambda p: _probe(deployment, p[0], p[2], p[3]), probes))
     wrong = []
-    for source in deployment.services():
-        for target, port in targets.items():
-            if target == source:
-                continue
-            connected, what = _probe(deployment, source, target, port)
-            expected = bool(networks[source] & networks[target])
-            print(f"[reach] {source:>13} -> {target}:{port}: {what} (expected {'reachable' if expected else 'unreachable'})")
-            wrong += [(source, target)] if connected != expected else []
-        connected, what = _probe(deployment, source, *OUTSIDE)
-        expected = bool(networks[source] - internal)
-        print(f"[reach] {source:>13} -> {OUTSIDE[0]}:{OUTSIDE[1]} (outside): {what} (expected {'reachable' if expected else 'unreachable'})")
-        wrong += [(source, "outside")] if connected != expected else []
+    for (source, where, *_, expected), (connected, what) in zip(probes, results, strict=True):
+        print(f"[reach] {source:>13} -> {where}: {what} (expected {'reachable' if expected else 'unreachable'})")
+        wrong += [(source, where)] if connected != expected else []
     assert wrong == []
     reach_teststore = {s for s in deployment.services() if networks[s] & networks["teststore-db"]} - {"teststore-db"}
     assert reach_teststore == {"grader", "grader-worker"}
@@ -259,8 +260,10 @@ def test_only_the_grader_and_its_worker_can_open_the_test_store(deployment: Depl
     url = f"postgresql://teststore:{deployment.env['TESTSTORE_DB_PASSWORD']}@teststore-db:5432/teststore"
     code = f"import psycopg; psycopg.connect({url!r}, connect_timeout=4).execute('SELECT count(*) FROM test_items').fetchone(); print('opened')"
     opened = set()
-    for service in (*HTTP_PORTS, "train-worker", "grader-worker"):
-        proc = deployment.docker_exec(service, "python", "-c", code)
+    services = (*HTTP_PORTS, "train-worker", "grader-worker")
+    with ThreadPoolExecutor(max_workers=len(services)) as pool:  # each refusal waits for its DNS or connect timeout
+        procs = list(pool.map(lambda service: deployment.docker_exec(service, "python", "-c", code), services))
+    for service, proc in zip(services, procs, strict=True):
         said = (proc.stdout + proc.stderr).strip().splitlines()
         print(f"[teststore] {service}: {'opened the test store' if proc.returncode == 0 else said[-1] if said else proc.returncode}")
         opened |= {service} if proc.returncode == 0 else set()
@@ -571,7 +574,7 @@ def test_backup_and_restore_as_the_readme_says_keep_the_leaderboard_and_the_book
     _fault_run(deployment)
     before = _snapshot(deployment)
     started = time.monotonic()
-    deployment.sh(readme_block("**Backups.**"), timeout_s=900)
+    deployment.sh(readme_block("**Backups.**"), timeout_s=900, trace="backup")
     dumps = sorted(p.name for p in (deployment.workdir / "backup").iterdir())
     print(f"\n[backup] {dumps} in {time.monotonic() - started:.0f} s")
 
@@ -581,7 +584,7 @@ def test_backup_and_restore_as_the_readme_says_keep_the_leaderboard_and_the_book
     assert _snapshot(deployment)["balances"] != before["balances"]
 
     started = time.monotonic()
-    deployment.sh(readme_block("To restore"), timeout_s=900)
+    deployment.sh(readme_block("To restore"), timeout_s=900, trace="restore")
     wait_for(deployment.healthy, 600, "every container healthy after the restore")
     after = _snapshot(deployment)
     print(f"[restore] done in {time.monotonic() - started:.0f} s; balances {after['balances']}")
@@ -601,7 +604,7 @@ def test_an_upgrade_as_the_readme_says_keeps_a_run_in_progress_going(deployment:
     deployment.write_env()
     started = time.monotonic()
     block = "\n".join(line for line in readme_block("**Upgrading.**").splitlines() if line.strip() != "git pull")  # the tree is the new version
-    deployment.sh(block, timeout_s=1800)
+    deployment.sh(block, timeout_s=1800, trace="upgrade")
     wait_for(deployment.healthy, 600, "every container healthy after the upgrade")
     new = {s: deployment.container(s) for s in HTTP_PORTS}
     assert all(old[s] != new[s] for s in HTTP_PORTS)  # every service runs a new container
