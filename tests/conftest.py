@@ -70,23 +70,28 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
 
 class RedisServer:
     """A private, non-persistent Redis server on ``port`` (like the CI machine's): nothing else shares its databases,
-    so no other test (nor a concurrent session) can flush, fill or restart what a stack's broker holds."""
+    so no other test (nor a concurrent session) can flush, fill or restart what a stack's broker holds. Its password
+    is new for each instance, so a worker that an earlier, cut-off session left running, whose broker was this port,
+    cannot take this stack's messages (one did: it consumed the postgres stack's tasks, and its jobs waited for the
+    reconciler's resends until tests timed out)."""
 
     def __init__(self, port: int) -> None:
         self.port = port
+        self.password = uuid.uuid4().hex
         self.proc: subprocess.Popen | None = None
 
     @property
     def url(self) -> str:
-        return f"redis://127.0.0.1:{self.port}/0"
+        return f"redis://:{self.password}@127.0.0.1:{self.port}/0"
 
     def start(self, timeout_s: float = 20.0) -> None:
         if shutil.which("redis-server") is None:
             pytest.fail("redis-server is needed (make services starts the machine's Redis; the binary must exist)")
-        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no"],
-                                     stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+        self.proc = subprocess.Popen(["redis-server", "--port", str(self.port), "--bind", "127.0.0.1", "--save", "", "--appendonly", "no",
+                                      "--requirepass", self.password], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
         deadline = time.monotonic() + timeout_s
-        while subprocess.run(["redis-cli", "-p", str(self.port), "ping"], capture_output=True, text=True).stdout.strip() != "PONG":
+        ping = ["redis-cli", "-p", str(self.port), "--no-auth-warning", "-a", self.password, "ping"]
+        while subprocess.run(ping, capture_output=True, text=True).stdout.strip() != "PONG":  # a leftover server on the port: NOAUTH
             if self.proc.poll() is not None or time.monotonic() > deadline:
                 raise RuntimeError(f"redis-server on port {self.port} did not start (exit {self.proc.poll()})")
             time.sleep(0.1)
