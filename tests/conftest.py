@@ -156,7 +156,6 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
 
     The marks go on before every other plugin's hook (xdist's reads them); after it, each item's node id must carry its
     group, or the end-to-end tests would spread over both workers (pytest 9.2 broke that: pytest-xdist#1386)."""
-    # Groups start in the order of their first item (``--no-loadscope-reorder``, in the Makefile's XDIST).
     def order(item: pytest.Item) -> int:
         if item.get_closest_marker("e2e") is None:
             return len(PLANES) + 1 + (not item.nodeid.startswith(HEAVY_FIRST))
