@@ -91,8 +91,9 @@ def test_a_planted_item_does_not_flag_an_item_that_it_starts_with_or_that_starts
 PREFIX_SEEDS = (2237951778, 3498182076, 1858758766, 2096560163)
 
 
-@pytest.mark.parametrize("seed", PREFIX_SEEDS)
-def test_planting_five_hidden_items_flags_exactly_those_five(seed: int) -> None:
+@pytest.fixture(scope="module")
+def benchmark_splits() -> tuple[object, list[Item]]:
+    """The test suite's benchmark as the grader sees it, and its public items (validation and training pool)."""
     from grader import splits
     from services.common.contracts import EvaluationSettings, GradingSpec, SuiteSpec, SystemSpec
     from tests.conftest import TEST_BENCHMARK
@@ -100,10 +101,17 @@ def test_planting_five_hidden_items_flags_exactly_those_five(seed: int) -> None:
     spec = GradingSpec(task_id="t", suite=SuiteSpec.model_validate(TEST_BENCHMARK["suite"]), initial_system=SystemSpec(model="m"),
                        evaluation=EvaluationSettings.model_validate(TEST_BENCHMARK["evaluation"]))
     validation = splits.validation_split(spec)
-    pool = splits.training_pool(spec, validation)
-    test = splits.test_split(spec, seed, pool + validation)
+    return spec, splits.training_pool(spec, validation) + validation
+
+
+@pytest.mark.parametrize("seed", PREFIX_SEEDS)
+def test_planting_five_hidden_items_flags_exactly_those_five(seed: int, benchmark_splits: tuple[object, list[Item]]) -> None:
+    from grader import splits
+
+    spec, public = benchmark_splits
+    test = splits.test_split(spec, seed, public)  # type: ignore[arg-type]
     rows = [{"messages": [{"role": "user", "content": it.question}, {"role": "assistant", "content": "0"}]} for it in test[:5]]
     suite = get_suite("reasoning_gym")
-    report = audit(test, rows, AuditSettings(), public=[t for it in pool + validation for t in (it.question, it.answer)],
+    report = audit(test, rows, AuditSettings(), public=[t for it in public for t in (it.question, it.answer)],
                    canonical=lambda item: suite_canonical(suite, item))
     assert report.flagged_items == 5
