@@ -14,6 +14,8 @@ from pathlib import Path
 import pytest
 import yaml
 
+from tests.models import TINY_MODEL
+
 ROOT = Path(__file__).resolve().parent.parent
 # Prepared base models, shared by every checkout on this machine (a dequantized model is a function of its card and its
 # package alone; SmolLM2 takes about 20 s to prepare and Gemma about 60 s on 2 cores): CRUCIBLE_TEST_MODEL_CACHE, else
@@ -50,12 +52,33 @@ def prepared_models(*names: str) -> Path:
     view = ROOT / ".crucible" / "test-models" / "+".join(names)
     view.mkdir(parents=True, exist_ok=True)
     for name in names:
-        prepare_base_model(name, MODEL_CACHE)
+        if name == TINY_MODEL:
+            prepare_tiny_model()
+        else:
+            prepare_base_model(name, MODEL_CACHE)
         link = view / name
         if not link.is_symlink():
             with contextlib.suppress(FileExistsError):
                 link.symlink_to(MODEL_CACHE / name, target_is_directory=True)
     return view
+
+
+def prepare_tiny_model() -> Path:
+    """The test-only model ``tiny-smollm2`` (:mod:`tests.models`) prepared into :data:`MODEL_CACHE` as a base model is,
+    from a Hugging Face folder written once beside it (under a lock: concurrent sessions write it once)."""
+    import fcntl
+
+    from services.common.llms import prepare_base_model, prepare_model
+    from tests.models import tiny_model_card, tiny_model_folder
+
+    source, tmp = MODEL_CACHE / f".{TINY_MODEL}-source", MODEL_CACHE / f".{TINY_MODEL}-source.tmp"
+    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
+    with open(MODEL_CACHE / f".{TINY_MODEL}-source.lock", "w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)
+        if not source.is_dir():
+            shutil.rmtree(tmp, ignore_errors=True)
+            tiny_model_folder(prepare_base_model("smollm2-135m-instruct", MODEL_CACHE), tmp).rename(source)
+    return prepare_model(tiny_model_card(source), MODEL_CACHE)
 
 
 if os.environ.get("PYTEST_XDIST_WORKER"):

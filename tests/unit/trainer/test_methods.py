@@ -1,6 +1,7 @@
-"""The trainer's loop and its methods on the real built-in model (SmolLM2-135M, CPU): log-probabilities as the model
-computes them, DPO's loss as its paper defines it, GRPO's policy gradient, LoRA and full weights, exact resume, and
-tokens billed as counted."""
+"""The trainer's loop and its methods, on the test-only model ``tiny-smollm2`` (SmolLM2's architecture and tokenizer,
+random weights; :mod:`tests.models`): log-probabilities as the model computes them, DPO's loss as its paper defines it,
+GRPO's policy gradient, LoRA and full weights, exact resume, and tokens billed as counted. What is checked is the
+arithmetic of the loop, which holds for any weights; what training teaches the real model is the end-to-end tests'."""
 
 from __future__ import annotations
 
@@ -29,6 +30,7 @@ from trainer_service.training import (
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import prepared_models
+from tests.models import TINY_MODEL
 
 SFT_ROWS = [parse_row({"prompt": f"What is {a} + {a}?", "completion": str(2 * a)}, 1) for a in range(6)]
 DPO_ROWS = [parse_row({"prompt": [{"role": "system", "content": "Answer with the number only."}, {"role": "user", "content": f"What is {a} + {a}?"}]
@@ -37,26 +39,27 @@ GRPO_ROWS = [parse_row({"prompt": f"Count from {a} to {a + 3}.", "item_id": f"it
 ROWS = {"sft": SFT_ROWS, "dpo": DPO_ROWS, "grpo": GRPO_ROWS}
 
 
-class ShortAnswers:
-    """A reward that keeps what it scored: 1 for a completion that ends (the end-of-sequence token) within 6 tokens."""
+class EvenFirstToken:
+    """A reward that keeps what it scored: 1 for a completion whose first token id is even. A random model samples
+    about as many of each, so a group of a few completions almost always holds both rewards (a signal to learn from)."""
 
-    def __init__(self, eos: int) -> None:
-        self.eos, self.scored = eos, []
+    def __init__(self) -> None:
+        self.scored: list[tuple[str, list[int], float]] = []
 
     def __call__(self, item_ids: list[str], completions: list[list[int]]) -> list[float]:
-        rewards = [float(self.eos in c and len(c) <= 6) for c in completions]
+        rewards = [float(bool(c) and c[0] % 2 == 0) for c in completions]
         self.scored += [(i, c, r) for i, c, r in zip(item_ids, completions, rewards, strict=True)]
         return rewards
 
 
-def method(name: str, base: Path) -> object:
-    """``METHODS[name]``; GRPO with a :class:`ShortAnswers` reward (the grader's part is tested with the services)."""
-    return GRPO(ShortAnswers(AutoTokenizer.from_pretrained(base).eos_token_id)) if name == "grpo" else METHODS[name]
+def method(name: str) -> object:
+    """``METHODS[name]``; GRPO with an :class:`EvenFirstToken` reward (the grader's part is tested with the services)."""
+    return GRPO(EvenFirstToken()) if name == "grpo" else METHODS[name]
 
 
 @pytest.fixture(scope="module")
 def base() -> Path:
-    return prepared_models() / "smollm2-135m-instruct"
+    return prepared_models(TINY_MODEL) / TINY_MODEL
 
 
 def config(**fields: object) -> TrainConfig:
@@ -83,13 +86,13 @@ def test_dpo_starts_at_log_2_and_learns_to_prefer_the_chosen_answers(base: Path,
     """Policy and reference are the same model at step 1, so every pair's margin is 0 and the loss exactly ln 2
     (Rafailov et al. 2023, eq. 7); a few steps on one preference make the implicit reward pick the chosen answer."""
     steps = []
-    result = train(base, METHODS["dpo"], DPO_ROWS, config(max_steps=4, batch_size=3, checkpoint_every=100), tmp_path, on_step=steps.append)
+    result = train(base, METHODS["dpo"], DPO_ROWS, config(max_steps=8, batch_size=3, learning_rate=1e-2, checkpoint_every=100), tmp_path, on_step=steps.append)
     assert math.isclose(steps[0].loss, math.log(2), abs_tol=1e-5) and steps[0].extra["reward_margin"] == pytest.approx(0, abs=1e-5)
     assert steps[-1].loss < math.log(2) and steps[-1].extra["reward_accuracy"] == 1.0 and steps[-1].extra["reward_margin"] > 0
     assert (result.last_checkpoint / "adapter_model.safetensors").exists()
 
 
-@pytest.mark.parametrize(("name", "adapter"), [pytest.param("sft", "full", marks=pytest.mark.slow), ("dpo", "lora"), ("grpo", "lora")])
+@pytest.mark.parametrize(("name", "adapter"), [("sft", "full"), ("dpo", "lora"), ("grpo", "lora")])
 def test_a_job_resumed_from_its_checkpoint_ends_with_the_weights_of_an_uninterrupted_run(base: Path, tmp_path: Path, name: str,
                                                                                        adapter: str) -> None:
     """What a killed worker's job does: the second attempt resumes from the newest checkpoint (weights, AdamW
@@ -99,18 +102,18 @@ def test_a_job_resumed_from_its_checkpoint_ends_with_the_weights_of_an_uninterru
     cfg = config(adapter=adapter, learning_rate=1e-4 if adapter == "full" else 1e-3, max_steps=3, checkpoint_every=100,
                  grpo_max_new_tokens=8)
     billed: list[TokenCounts] = []
-    straight = train(base, method(name, base), ROWS[name], cfg, tmp_path / "straight",
+    straight = train(base, method(name), ROWS[name], cfg, tmp_path / "straight",
                      on_step=lambda m: billed.append(TokenCounts(m.tokens, m.prefill_tokens, m.decode_tokens)))
     stopped_after = []
 
     def stop_after_one() -> bool:
         return len(stopped_after) >= 1
 
-    first = train(base, method(name, base), ROWS[name], cfg, tmp_path / "first", on_step=stopped_after.append, should_stop=stop_after_one)
+    first = train(base, method(name), ROWS[name], cfg, tmp_path / "first", on_step=stopped_after.append, should_stop=stop_after_one)
     assert (first.stopped, first.steps_done, first.last_checkpoint.name) == (True, 1, "step-1")
-    resumed = train(base, method(name, base), ROWS[name], cfg, tmp_path / "resumed", resume=first.last_checkpoint)
+    resumed = train(base, method(name), ROWS[name], cfg, tmp_path / "resumed", resume=first.last_checkpoint)
     assert (resumed.steps_done, resumed.usage) == (3, straight.usage)
-    examples = method(name, base).examples(AutoTokenizer.from_pretrained(base), ROWS[name], cfg)
+    examples = method(name).examples(AutoTokenizer.from_pretrained(base), ROWS[name], cfg)
     priced = count_tokens(METHODS[name], examples, cfg)
     assert sum(billed, TokenCounts()) == straight.usage
     if name == "grpo":
@@ -144,7 +147,7 @@ def test_grpo_pushes_up_the_completions_its_reward_prefers_and_starts_at_the_ref
     so the k3 KL is 0; after the step, the completions with positive advantage (rewarded above their group's mean)
     gained log-likelihood relative to those with negative advantage. The completions are the step's own, kept by the
     reward function; their log-likelihood is measured under the base model and under the checkpoint."""
-    reward = ShortAnswers(AutoTokenizer.from_pretrained(base).eos_token_id)
+    reward = EvenFirstToken()
     steps = []
     cfg = config(max_steps=1, batch_size=4, learning_rate=3e-3, grpo_group_size=6, grpo_max_new_tokens=10, grpo_temperature=1.2, seed=3)
     result = train(base, GRPO(reward), GRPO_ROWS, cfg, tmp_path, on_step=steps.append)
@@ -176,7 +179,7 @@ def test_grpo_pushes_up_the_completions_its_reward_prefers_and_starts_at_the_ref
             elif r < mean:
                 down.append(gain)
     assert up and down
-    assert sum(up) / len(up) > sum(down) / len(down) + 1.0, (up, down)  # measured: -4.5 vs -20.8 nats
+    assert sum(up) / len(up) > sum(down) / len(down) + 0.5, (up, down)  # measured: +0.63 vs -0.61 nats
 
 
 def test_a_job_continuing_a_lora_parent_starts_at_the_parent_as_its_reference(base: Path, tmp_path: Path) -> None:
@@ -186,7 +189,7 @@ def test_a_job_continuing_a_lora_parent_starts_at_the_parent_as_its_reference(ba
     learning rate, so it differs from the base; its own step-1 KL against the base shows the difference matters."""
     sft = train(base, METHODS["sft"], SFT_ROWS, config(max_steps=6, learning_rate=5e-3), tmp_path / "sft")
     parent = sft.last_checkpoint
-    reward = ShortAnswers(AutoTokenizer.from_pretrained(base).eos_token_id)
+    reward = EvenFirstToken()
     # float32 throughout (no bf16 autocast), so the merged reference and the adapter differ only by the merge's rounding
     grpo_cfg = config(max_steps=1, batch_size=2, grpo_group_size=4, grpo_max_new_tokens=8, seed=5, bf16_autocast=False)
     steps: list = []
