@@ -42,6 +42,15 @@ TEST_BENCHMARK = {
 }
 
 
+def plumbing_benchmark(name: str) -> dict:
+    """A copy of :data:`TEST_BENCHMARK` named ``name`` whose initial system is the test-only model (:data:`TINY_MODEL`),
+    for the end-to-end tests of rules, limits and plumbing: loading a benchmark grades its initial system on the
+    hidden split at once, in the stack's eval worker, which then takes milliseconds instead of seconds of CPU."""
+    doc = yaml.safe_load(yaml.safe_dump(TEST_BENCHMARK))
+    doc["name"], doc["initial_system"] = name, {"model": TINY_MODEL}
+    return doc
+
+
 def prepared_models(*names: str) -> Path:
     """A models folder holding exactly the built-in models ``names`` (default: ``DEFAULT_MODELS``, SmolLM2), each
     prepared once into :data:`MODEL_CACHE` and linked into a folder of its own, so a model that another test prepared
@@ -71,9 +80,10 @@ def prepare_tiny_model() -> Path:
     from services.common.llms import prepare_base_model, prepare_model
     from tests.models import tiny_model_card, tiny_model_folder
 
-    source, tmp = MODEL_CACHE / f".{TINY_MODEL}-source", MODEL_CACHE / f".{TINY_MODEL}-source.tmp"
-    MODEL_CACHE.mkdir(parents=True, exist_ok=True)
-    with open(MODEL_CACHE / f".{TINY_MODEL}-source.lock", "w") as lock:
+    sources = MODEL_CACHE.with_name(f"{MODEL_CACHE.name}-sources")  # beside the registry folder, which holds prepared models alone
+    source, tmp = sources / TINY_MODEL, sources / f"{TINY_MODEL}.tmp"
+    sources.mkdir(parents=True, exist_ok=True)
+    with open(sources / f"{TINY_MODEL}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)
         if not source.is_dir():
             shutil.rmtree(tmp, ignore_errors=True)
@@ -81,13 +91,19 @@ def prepare_tiny_model() -> Path:
     return prepare_model(tiny_model_card(source), MODEL_CACHE)
 
 
+# A stack's processes compute on every CPU, as `crucible up`'s do (whatever this process's own setting below).
+STACK_ENV = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
+
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: each computes on one thread. Two processes each running torch's default (a thread per
     # core) oversubscribe the cores, and OpenMP's waiting threads spin: measured on 2 cores, `make test` took 894 s of wall
-    # time and 28 CPU-minutes that way, against 960 s and 19 CPU-minutes with no workers at all. A stack's own processes
-    # keep the default: they are other processes, and mostly wait.
+    # time and 28 CPU-minutes that way, against 960 s and 19 CPU-minutes with no workers at all. OMP_NUM_THREADS too, as
+    # the trainer and the transformers engine set torch's threads to services.common.llms.cpu_threads() when a job or an
+    # engine starts (every CPU unless it caps them: an in-process engine or training loop had put each worker back
+    # on two threads). A stack's own processes keep every CPU (STACK_ENV): they are other processes, and mostly wait.
     import torch
 
+    os.environ["OMP_NUM_THREADS"] = "1"
     torch.set_num_threads(1)
 
 
@@ -217,18 +233,19 @@ def stack(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFacto
     gets is its ``planes`` marker's choice (:func:`pytest_generate_tests`).
     """
     from crucible.stack import Stack
+    from services.common.llms import DEFAULT_MODELS
 
     data_dir = tmp_path_factory.mktemp(f"crucible-{request.param}")
-    (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
+    (data_dir / "models").symlink_to(prepared_models(*DEFAULT_MODELS, TINY_MODEL), target_is_directory=True)
     with contextlib.ExitStack() as cleanup:
         if request.param == "postgres":
             urls = cleanup.enter_context(throwaway_postgres())
             broker = RedisServer(PORT_BASE + 19)
             broker.start()
             cleanup.callback(broker.kill)
-            s = Stack(data_dir, PORT_BASE + 10, database_urls=urls, broker_url=broker.url, test_store_url=urls["teststore"])
+            s = Stack(data_dir, PORT_BASE + 10, database_urls=urls, broker_url=broker.url, test_store_url=urls["teststore"], extra_env=STACK_ENV)
         else:
-            s = Stack(data_dir, PORT_BASE)
+            s = Stack(data_dir, PORT_BASE, extra_env=STACK_ENV)
         s.start(timeout_s=300)
         try:
             yield s

@@ -27,7 +27,6 @@ from __future__ import annotations
 
 import copy
 import logging
-import os
 import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
@@ -38,6 +37,8 @@ from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
 
 import torch
 import torch.nn.functional as F
+
+from services.common.llms import cpu_threads
 
 if TYPE_CHECKING:
     from trainer_service.schemas import SFTRow
@@ -204,14 +205,15 @@ def cpu_has_native_bf16() -> bool:
 
 def select_device(config: TrainConfig) -> Device:
     """The first CUDA device when this process sees one (bf16 autocast), else the CPU (every CPU this process may
-    run on; bf16 autocast only with native bf16). Chosen once, at the start of a job."""
+    run on, or ``OMP_NUM_THREADS`` of them: :func:`~services.common.llms.cpu_threads`; bf16 autocast only with native bf16).
+    Chosen once, at the start of a job."""
     if torch.cuda.is_available():
         index = torch.cuda.current_device()
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         return Device(torch.device("cuda", index), f"cuda:{index} ({torch.cuda.get_device_name(index)})",
                       torch.bfloat16 if config.bf16_autocast else None)
-    torch.set_num_threads(len(os.sched_getaffinity(0)))
+    torch.set_num_threads(cpu_threads())
     bf16 = config.bf16_autocast and cpu_has_native_bf16()
     return Device(torch.device("cpu"), f"cpu ({torch.get_num_threads()} threads)", torch.bfloat16 if bf16 else None)
 

@@ -33,7 +33,6 @@ import copy
 import gc
 import json
 import logging
-import os
 import threading
 import time
 from collections import OrderedDict, defaultdict
@@ -58,6 +57,8 @@ from inference_service.engines.base import (
     TokenLogprob,
 )
 from transformers import LogitsProcessor, StoppingCriteria
+
+from services.common.llms import cpu_threads
 
 if TYPE_CHECKING:
     from inference_service.settings import InferenceSettings
@@ -123,7 +124,8 @@ class TransformersEngine:
     """The model in ``model_dir`` (a prepared Hugging Face folder) and its checkpoints (LoRA adapters and full weights),
     served by transformers.
 
-    Loads the model once in float32 and uses every CPU the process may run on.
+    Loads the model once in float32 and computes on :func:`~services.common.llms.cpu_threads` threads (every CPU the
+    process may run on, unless ``OMP_NUM_THREADS`` caps them).
     """
 
     features = frozenset(Feature)  # every one, full_weights included
@@ -139,7 +141,7 @@ class TransformersEngine:
         self.max_loaded_full_checkpoints = max_loaded_full_checkpoints
         self._max_wait_s = max_wait_ms / 1000
         self._max_window_s = max_window_ms / 1000
-        torch.set_num_threads(len(os.sched_getaffinity(0)))
+        torch.set_num_threads(cpu_threads())
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
         self._model: Any = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()

@@ -25,6 +25,7 @@ import importlib
 import importlib.util
 import json
 import logging
+import os
 import re
 import shutil
 import tempfile
@@ -191,6 +192,14 @@ class ModelConflict(ValueError):
 
 
 # ---------------------------------------------------------------------- reading cards
+
+
+def cpu_threads() -> int:
+    """Threads for a model's CPU kernels (torch's intra-op pool) in this process: ``OMP_NUM_THREADS`` when it is set to
+    a positive integer (OpenMP's own setting, which torch honours: one machine shared by several processes caps each
+    of them with it), else every CPU the process may run on (its affinity: a container's CPUs, not the host's)."""
+    value = os.environ.get("OMP_NUM_THREADS", "")
+    return int(value) if value.isdigit() and int(value) > 0 else len(os.sched_getaffinity(0))
 
 
 def card_error(exc: ValidationError, prefix: str = "") -> tuple[str, str]:

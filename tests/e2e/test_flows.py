@@ -8,11 +8,11 @@ import time
 
 import httpx
 import pytest
-import yaml
 
 from crucible.agent import AgentConfig, BaselineAgent
 from crucible.sdk import CrucibleAPIError, CrucibleClient
-from tests.conftest import TEST_BENCHMARK
+from tests.conftest import TEST_BENCHMARK, plumbing_benchmark
+from tests.models import TINY_MODEL
 
 pytestmark = pytest.mark.e2e
 
@@ -226,17 +226,16 @@ def test_the_same_system_evaluated_twice_gets_identical_scores_and_completions(s
 
 
 def test_an_item_that_does_not_fit_the_benchmarks_context_length_scores_zero(stack, admin):  # noqa: ANN001
-    doc = yaml.safe_load(yaml.safe_dump(TEST_BENCHMARK))
-    doc["name"] = f"chain-sum-short-context-{stack.port_base}"
+    doc = plumbing_benchmark(f"chain-sum-short-context-{stack.port_base}")
     doc["suite"]["splits"]["test"]["size"] = 2
     doc["evaluation"]["context_tokens"] = 128
     admin.load_benchmark(doc)
     run = admin.create_run(doc["name"], "short-context")
     client = CrucibleClient(stack.gateway_url, run["api_key"])
-    fits = client.wait_evaluation(client.create_evaluation("smollm2-135m-instruct", limit=2)["id"], poll_s=0.5)
+    fits = client.wait_evaluation(client.create_evaluation(TINY_MODEL, limit=2)["id"], poll_s=0.5)
     assert fits["status"] == "succeeded" and all(t["completion"] for t in client.trajectories(fits["id"]))
     long_prompt = {"system_prompt": "Think about the sum carefully. " * 30, "user_template": "{{ question }}", "answer_extraction": "first_line"}
-    too_long = client.wait_evaluation(client.create_evaluation("smollm2-135m-instruct", harness=long_prompt, limit=2)["id"], poll_s=0.5)
+    too_long = client.wait_evaluation(client.create_evaluation(TINY_MODEL, harness=long_prompt, limit=2)["id"], poll_s=0.5)
     assert too_long["status"] == "succeeded" and too_long["score"]["value"] == 0.0
     assert [(t["completion"], t["answer"], t["score"]) for t in client.trajectories(too_long["id"])] == [("", None, 0.0)] * 2
     client.close()
@@ -398,10 +397,8 @@ def test_cancelling_a_queued_job_releases_its_hold_and_a_running_one_is_charged_
 @pytest.mark.planes("sqlite", "postgres")  # ledger holds and charges, job states and leases: both data planes
 def test_validation_evaluations_are_limited_as_the_benchmark_says(stack, admin):  # noqa: ANN001
     from crucible.sdk import CrucibleClient
-    from tests.conftest import TEST_BENCHMARK
 
-    doc = json.loads(json.dumps(TEST_BENCHMARK))
-    doc["name"] = "chain-sum-limited"
+    doc = plumbing_benchmark("chain-sum-limited")
     doc["suite"]["splits"]["test"] = {"size": 4}
     doc["limits"] = {"final_submissions": 1, "validation_evaluations_per_hour": 2, "concurrent_evaluations": 1}
     admin.load_benchmark(doc)
@@ -451,10 +448,9 @@ PERMISSION_OPERATIONS = [
 def test_permission_matrix_every_operation_on_every_track(stack, admin, track):  # noqa: ANN001
     from crucible.sdk import CrucibleClient
     from gateway.schemas import TRACKS
-    from tests.conftest import TEST_BENCHMARK
 
-    doc = json.loads(json.dumps(TEST_BENCHMARK))
-    doc.update(name=f"chain-sum-track-{track}", track=track)
+    doc = plumbing_benchmark(f"chain-sum-track-{track}")
+    doc["track"] = track
     doc["suite"]["splits"]["test"] = {"size": 4}
     doc["recipe"] = {"lock": {"method": "sft"}}
     admin.load_benchmark(doc)

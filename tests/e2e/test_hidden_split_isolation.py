@@ -29,7 +29,7 @@ import yaml
 
 from crucible.sdk import AdminClient, CrucibleClient
 from services.common.llms import BUILTIN_CARDS
-from tests.conftest import PORT_BASE, ROOT, prepared_models
+from tests.conftest import PORT_BASE, ROOT, STACK_ENV, prepared_models
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: two deployments, every preset
 PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
@@ -68,7 +68,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]
         grader_env = ensure_secrets(data_dir)[2]
         (data_dir / "secrets" / "grader.env").write_text(
             f"CRUCIBLE_GRADER_TEST_SEED={seed}\nCRUCIBLE_GRADER_TEST_STORE_URL={grader_env['CRUCIBLE_GRADER_TEST_STORE_URL']}\n")
-        stacks.append(Stack(data_dir, PORT_BASE + 60 + 10 * i))
+        stacks.append(Stack(data_dir, PORT_BASE + 60 + 10 * i, extra_env=STACK_ENV))
     errors: list[BaseException] = []
 
     def start(s: Any) -> None:

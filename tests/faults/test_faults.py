@@ -26,7 +26,7 @@ from sqlalchemy import create_engine, text
 
 from crucible.sdk import AdminClient, CrucibleAPIError, CrucibleClient
 from crucible.stack import Stack, admin_key, service_token
-from tests.conftest import PORT_BASE, TEST_BENCHMARK, RedisServer, prepared_models, throwaway_postgres
+from tests.conftest import PORT_BASE, STACK_ENV, TEST_BENCHMARK, RedisServer, prepared_models, throwaway_postgres
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: kills processes and waits for leases, reconcilers and restarts
 
@@ -64,7 +64,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Re
         cleanup.callback(redis.kill)
         urls = cleanup.enter_context(throwaway_postgres())
         stack = Stack(data_dir, PORT_BASE + 20, database_urls=urls, broker_url=redis.url,
-                      test_store_url=urls["teststore"], extra_env=FAST_RECONCILE)
+                      test_store_url=urls["teststore"], extra_env=STACK_ENV | FAST_RECONCILE)
         stack.start(timeout_s=300)
         stack.supervise(on_exit=lambda name, code, _: EXITS.append((name, code)))
         if keep := os.environ.get("CRUCIBLE_KEEP_LOGS"):

@@ -207,3 +207,17 @@ def test_a_folder_prepared_before_cards_existed_is_its_built_in_model(tmp_path: 
     assert (tmp_path / "models" / SMOL / CARD_FILE).is_file()
     shutil.copytree(smol_dir, tmp_path / "models" / "unknown-folder", ignore=shutil.ignore_patterns(CARD_FILE))
     assert list(registry(tmp_path / "models")) == [SMOL]  # a folder without a card is no model unless built in
+
+
+@pytest.mark.parametrize(("value", "threads"), [("3", 3), ("1", 1), (None, "every"), ("", "every"), ("0", "every"), ("two", "every")])
+def test_cpu_threads_are_omp_num_threads_when_it_is_a_positive_integer_else_every_cpu_of_the_process(
+        monkeypatch: pytest.MonkeyPatch, value: str | None, threads: int | str) -> None:
+    import os
+
+    from services.common.llms import cpu_threads
+
+    if value is None:
+        monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    else:
+        monkeypatch.setenv("OMP_NUM_THREADS", value)
+    assert cpu_threads() == (len(os.sched_getaffinity(0)) if threads == "every" else threads)
