@@ -104,16 +104,14 @@ test-unit: $(STAMP) services sandbox
 
 # The slower suites, which CI runs after `make test`. One session (two workers, as `make test`) holds the fault tests
 # (real processes killed), the differential test (every preset in two deployments whose secret test seeds differ must
-# answer every agent route alike), the tests on real clocks and the slow trainer tests, the reference agent training
-# by DPO on full weights and merging and by GRPO with the grader's rewards, every preset end to end with the reference
-# agent, and unmodified OpenAI clients (the openai SDK, lm-evaluation-harness) against the gateway: the stacks start
-# once each, on one worker, while the other runs the tests that wait on clocks. Then code-harness rollouts and limits
-# on the Docker sandbox backend, and the engine suite on the vLLM engines (in process, and a vllm serve behind the
-# upstream engine).
+# answer every agent route alike), the tests on real clocks, the reference agent training by DPO on full weights and
+# merging and by GRPO with the grader's rewards, every preset end to end with the reference agent, unmodified OpenAI
+# clients (the openai SDK, lm-evaluation-harness) against the gateway, and the Docker sandbox backend's rollouts (every
+# task's oracle, hostile harnesses) and limits (wall, CPU, memory, processes): the stacks start once each, on one
+# worker, while the other runs the in-process tests. Then the engine suite on the vLLM engines (in process, and a
+# vllm serve behind the upstream engine).
 test-slow: $(STAMP) services sandbox docker-sandbox
-	$(PY) -m pytest -q $(XDIST) tests/faults tests/e2e tests/unit -m "(slow or long) and not docker and not vllm"
-	$(PY) -m pytest -q tests/unit/grader/test_code_harness.py -m docker  # rollouts on the Docker backend: every task's oracle, hostile harnesses
-	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m "docker and slow"  # the Docker backend's wall, CPU, memory and process limits
+	$(PY) -m pytest -q $(XDIST) tests/faults tests/e2e tests/unit -m "(slow or long) and not vllm"
 	$(PY) -m pytest -q tests/unit/inference/test_engine.py -m vllm
 
 clean:

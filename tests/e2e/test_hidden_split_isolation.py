@@ -9,7 +9,9 @@ deployments) and the final grades themselves, the answers must be byte-identical
 read from the two test stores (the test plays the auditor) to show they differed, so the test could fail.
 
 Presets are scaled for test time in what costs inference (test and validation items graded, output caps,
-samples); the training pools, where the leak was, keep the sizes the files give.
+samples); the training pools, where the leak was, keep the sizes the files give. Every system is the test-only model
+(``tiny-smollm2``: SmolLM2's architecture, tokenizer and chat template, random weights): what is compared is what
+the routes answer, which a model's knowledge does not change, and its rollouts cost a fortieth of the base's.
 """
 
 from __future__ import annotations
@@ -28,8 +30,8 @@ import pytest
 import yaml
 
 from crucible.sdk import AdminClient, CrucibleClient
-from services.common.llms import BUILTIN_CARDS
 from tests.conftest import PORT_BASE, ROOT, STACK_ENV, prepared_models
+from tests.models import TINY_MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: two deployments, every preset
 PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
@@ -43,10 +45,11 @@ _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)
 
 
 def scaled(doc: dict) -> dict:
-    """The preset with few graded items and short outputs; training pools as shipped."""
+    """The preset with few graded items and short outputs, its initial systems on the test-only model; training pools as shipped."""
     doc = copy.deepcopy(doc)
     doc["name"] = f"{doc['name']}-differential"
     for task in doc.get("tasks") or [doc]:
+        task["initial_system"]["model"] = TINY_MODEL
         splits = task["suite"]["splits"]
         splits["test"]["size"] = 6
         for settings in filter(None, [task.get("evaluation"), doc.get("evaluation")]):
@@ -64,7 +67,7 @@ def deployments(tmp_path_factory: pytest.TempPathFactory) -> Iterator[list[Any]]
     stacks = []
     for i, seed in enumerate(SEEDS):
         data_dir = tmp_path_factory.mktemp(f"differential-{i}")
-        (data_dir / "models").symlink_to(prepared_models(*BUILTIN_CARDS), target_is_directory=True)  # every preset's model
+        (data_dir / "models").symlink_to(prepared_models(TINY_MODEL), target_is_directory=True)  # every system's model
         grader_env = ensure_secrets(data_dir)[2]
         (data_dir / "secrets" / "grader.env").write_text(
             f"CRUCIBLE_GRADER_TEST_SEED={seed}\nCRUCIBLE_GRADER_TEST_STORE_URL={grader_env['CRUCIBLE_GRADER_TEST_STORE_URL']}\n")
@@ -182,19 +185,19 @@ def _session(stack: Any, doc: dict) -> Transcript:
                 break
             offset += len(page["data"])
         question = http.get("/v1/suite/validation", params=params).json()["data"][0]["question"]
-        log.add("POST chat", http.post("/v1/chat/completions", json={"model": "smollm2-135m-instruct", "max_tokens": 4, "temperature": 0,
+        log.add("POST chat", http.post("/v1/chat/completions", json={"model": TINY_MODEL, "max_tokens": 4, "temperature": 0,
                                                                        "messages": [{"role": "user", "content": question}]}))
         # one item: the transformers engine pads the prompts it batches together, and in fp32 on a CPU a near tie between
         # two tokens can go either way with the padding, so which items share a batch (a matter of timing) must not vary
-        eval_id = log.add(f"POST evaluation {task}", http.post("/v1/evaluations", params=params, json={"model": "smollm2-135m-instruct", "limit": 1}))["id"]
+        eval_id = log.add(f"POST evaluation {task}", http.post("/v1/evaluations", params=params, json={"model": TINY_MODEL, "limit": 1}))["id"]
         client.wait_evaluation(eval_id, 0.5)
         log.add(f"GET evaluation {task}", http.get(f"/v1/evaluations/{eval_id}"))
         log.add(f"GET trajectories {task}", http.get(f"/v1/evaluations/{eval_id}/trajectories"))
         log.add(f"POST bad evaluation {task}", http.post("/v1/evaluations", params=params, json={"model": "no-such-model"}))
         log.add(f"GET train-sample past the end {task}", http.get("/v1/suite/train-sample", params={**params, "offset": 10**6}))
-        sub = log.add(f"POST submission {task}", http.post("/v1/submissions", params=params, json={"model": "smollm2-135m-instruct"}), grades=True)
+        sub = log.add(f"POST submission {task}", http.post("/v1/submissions", params=params, json={"model": TINY_MODEL}), grades=True)
         client.wait_submission(sub["id"], 0.5)
-        log.add(f"POST second submission {task}", http.post("/v1/submissions", params=params, json={"model": "smollm2-135m-instruct"}), grades=True)
+        log.add(f"POST second submission {task}", http.post("/v1/submissions", params=params, json={"model": TINY_MODEL}), grades=True)
     for path in ("/v1/run", "/v1/budget", "/v1/evaluations"):
         log.add(f"GET {path} at the end", http.get(path))
     log.add("GET /v1/submissions at the end", http.get("/v1/submissions"), grades=True)

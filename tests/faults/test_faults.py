@@ -27,6 +27,7 @@ from sqlalchemy import create_engine, text
 from crucible.sdk import AdminClient, CrucibleAPIError, CrucibleClient
 from crucible.stack import Stack, admin_key, service_token
 from tests.conftest import PORT_BASE, STACK_ENV, TEST_BENCHMARK, RedisServer, prepared_models, throwaway_postgres
+from tests.models import TINY_MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: kills processes and waits for leases, reconcilers and restarts
 
@@ -57,7 +58,7 @@ def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float
 @pytest.fixture(scope="module")
 def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, RedisServer, dict[str, str]]]:
     data_dir = tmp_path_factory.mktemp("crucible-faults")
-    (data_dir / "models").symlink_to(prepared_models(), target_is_directory=True)
+    (data_dir / "models").symlink_to(prepared_models(BASE, TINY_MODEL), target_is_directory=True)
     redis = RedisServer(REDIS_PORT)
     redis.start()
     with contextlib.ExitStack() as cleanup:
@@ -78,6 +79,7 @@ def bench(faulty) -> dict:  # noqa: ANN001
     stack, _, _ = faulty
     doc = yaml.safe_load(yaml.safe_dump(TEST_BENCHMARK))
     doc["name"] = "chain-sum-faults"
+    doc["initial_system"] = {"model": TINY_MODEL}  # its baseline grading, at load, is not what these tests break; the work they break is on BASE
     doc["suite"]["splits"] = {"train": {"seed": 11, "size": 300}, "validation": {"seed": 23, "size": 24}, "test": {"size": 8}}
     doc["recipe"] = {"lock": {"adapter": "lora"}}  # every method
     admin = AdminClient(stack.gateway_url, admin_key(stack.data_dir))

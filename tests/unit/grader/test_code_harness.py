@@ -116,7 +116,7 @@ def endpoint(served: Served) -> ModelEndpoint:
     return worker.model_endpoint(served.service)
 
 
-@pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.slow])])
 def backend(request: pytest.FixtureRequest) -> str:
     """The sandbox backend a rollout test runs on: bubblewrap in `make test`, Docker in `make test-slow`."""
     return request.param
