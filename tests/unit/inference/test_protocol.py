@@ -8,6 +8,7 @@ effect (a check per parameter) or is a 422 naming it; a parameter the SDK gains 
 from __future__ import annotations
 
 import asyncio
+import functools
 import json
 import time
 from collections.abc import Callable
@@ -48,7 +49,9 @@ def text(out: Any, i: int = 0) -> str:
     return out.choices[i].message.content
 
 
+@functools.cache
 def plain(client: openai.OpenAI) -> Any:
+    """The plain request's answer (greedy, so the same every time it is asked: computed once per client)."""
     return create(client)
 
 
