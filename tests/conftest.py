@@ -52,9 +52,9 @@ def plumbing_benchmark(name: str) -> dict:
 
 
 def prepared_models(*names: str) -> Path:
-    """A models folder holding exactly the models ``names`` (built-in ones, or the test-only :data:`TINY_MODEL`; default:
-    ``DEFAULT_MODELS``, SmolLM2), each prepared once into :data:`MODEL_CACHE` and linked into a folder of its own, so a model that another test prepared
-    into the cache is not served where a test does not ask for it."""
+    """A models folder holding exactly the models ``names`` (built-in ones, or the test-only :data:`TINY_MODEL`;
+    default: ``DEFAULT_MODELS``, SmolLM2), each prepared once into :data:`MODEL_CACHE` and linked into a folder of its
+    own, so a model that another test prepared into the cache is not served where a test does not ask for it."""
     from services.common.llms import DEFAULT_MODELS, prepare_base_model
 
     names = tuple(sorted(set(names or DEFAULT_MODELS)))

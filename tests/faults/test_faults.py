@@ -21,12 +21,11 @@ from typing import Any
 
 import httpx
 import pytest
-import yaml
 from sqlalchemy import create_engine, text
 
 from crucible.sdk import AdminClient, CrucibleAPIError, CrucibleClient
 from crucible.stack import Stack, admin_key, service_token
-from tests.conftest import PORT_BASE, STACK_ENV, TEST_BENCHMARK, RedisServer, prepared_models, throwaway_postgres
+from tests.conftest import PORT_BASE, STACK_ENV, RedisServer, plumbing_benchmark, prepared_models, throwaway_postgres
 from tests.models import TINY_MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: kills processes and waits for leases, reconcilers and restarts
@@ -77,9 +76,7 @@ def faulty(tmp_path_factory: pytest.TempPathFactory) -> Iterator[tuple[Stack, Re
 @pytest.fixture(scope="module")
 def bench(faulty) -> dict:  # noqa: ANN001
     stack, _, _ = faulty
-    doc = yaml.safe_load(yaml.safe_dump(TEST_BENCHMARK))
-    doc["name"] = "chain-sum-faults"
-    doc["initial_system"] = {"model": TINY_MODEL}  # its baseline grading, at load, is not what these tests break; the work they break is on BASE
+    doc = plumbing_benchmark("chain-sum-faults")  # its baseline grading, at load, is not what these tests break; the work they break is on BASE
     doc["suite"]["splits"] = {"train": {"seed": 11, "size": 300}, "validation": {"seed": 23, "size": 24}, "test": {"size": 8}}
     doc["recipe"] = {"lock": {"adapter": "lora"}}  # every method
     admin = AdminClient(stack.gateway_url, admin_key(stack.data_dir))

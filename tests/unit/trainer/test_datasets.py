@@ -1,9 +1,9 @@
 """What the upload accepts, the trainer trains: dataset rows through the trainer app, on a real database.
 
 The trainer app runs in-process (TestClient) on SQLite and on PostgreSQL, with the real ledger app behind it
-(its own database) and SmolLM2's tokenizer (on the test-only tiny model, whose training steps take milliseconds). Every kind of row the trainer cannot train is a 422
-at upload naming its ``line`` and ``field``; a row whose answer is cut away at ``max_seq_len`` is a 422 at job
-creation with nothing held or charged.
+(its own database) and SmolLM2's tokenizer (on the test-only tiny model, whose training steps take milliseconds).
+Every kind of row the trainer cannot train is a 422 at upload naming its ``line`` and ``field``; a row whose answer is
+cut away at ``max_seq_len`` is a 422 at job creation with nothing held or charged.
 """
 
 from __future__ import annotations

@@ -1,7 +1,8 @@
 """Merge jobs' combinations on the test-only model ``tiny-smollm2`` (SmolLM2's architecture and tokenizer, four layers,
-random weights; :mod:`tests.models`), as a merge is arithmetic on weights whatever they are: a merge of one checkpoint with weight 1 is
-that checkpoint, merged LoRA weights folded into the base answer as the adapter served on top, a linear merge of full
-weights is their weighted average, and TIES / DARE write loadable checkpoints (DARE's drop fixed by its seed)."""
+random weights; :mod:`tests.models`), as a merge is arithmetic on weights whatever they are: a merge of one checkpoint
+with weight 1 is that checkpoint, merged LoRA weights folded into the base answer as the adapter served on top, a
+linear merge of full weights is their weighted average, and TIES / DARE write loadable checkpoints (DARE's drop fixed
+by its seed)."""
 
 from __future__ import annotations
 
