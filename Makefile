@@ -92,7 +92,7 @@ compose-test: compose-images
 # pytest-xdist, two workers, `--dist loadgroup` (groups and order: tests/conftest.py): every test that boots processes
 # runs on one worker, in turn, each other file's tests stay together, and the in-process tests fill the other core
 # meanwhile. xdist starts the groups with the most tests first (with --no-loadscope-reorder, conftest's order: 844 s, not 658).
-XDIST := -n 2 --dist loadgroup --durations=15  # and the 15 slowest tests, in every log
+XDIST := -n 2 --dist loadgroup --no-loadscope-reorder --durations=15  # groups in the order tests/conftest.py sorts them; the 15 slowest tests in every log
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"

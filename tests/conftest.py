@@ -176,7 +176,11 @@ def throwaway_postgres() -> contextlib.AbstractContextManager[dict[str, str]]:
 
 
 PLANES = ("sqlite", "postgres")
-HEAVY_FIRST = ("tests/unit/trainer/", "tests/unit/inference/", "tests/unit/common/test_llms.py")  # minutes of CPU each, on the real model
+# The in-process files of 10-40 s each (`make test-unit`'s log, --durations), started before the short ones so that both
+# workers end together (`--no-loadscope-reorder`: xdist would otherwise start the files with the most tests first).
+HEAVY_FIRST = ("tests/unit/trainer/", "tests/unit/inference/", "tests/unit/common/test_llms.py", "tests/unit/common/test_extraction.py",
+               "tests/unit/common/test_migrations.py", "tests/unit/grader/test_code_harness.py", "tests/unit/grader/test_scorers.py",
+               "tests/unit/grader/test_suite_math.py", "tests/unit/ledger/test_ledger.py")
 
 
 @pytest.hookimpl(wrapper=True)

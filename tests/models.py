@@ -2,11 +2,11 @@
 
 :func:`tiny_model_folder` writes the Hugging Face folder of ``tiny-smollm2`` (:func:`tiny_model_card`), the test-only
 model of the plumbing tests (training loops, resume, merges, the differential test's systems, the benchmarks of the
-end-to-end rule and limit tests): SmolLM2's architecture, whole tokenizer, chat template and end-of-turn token, with
+end-to-end rule and limit tests, the inference protocol's fields, streams and holds, full-weight checkpoints): SmolLM2's architecture, whole tokenizer, chat template and end-of-turn token, with
 four layers of width 64 and seeded random weights (3.4 M parameters, 14 MB, where the base has 135 M). :func:`tests.conftest.prepared_models` registers it like any base model
 (its card, then ``prepare_model``); a step of training or a generated token costs about a fortieth of the base's. What
-depends on what the model says (scores, the demo, the presets, the research loop end to end, the inference protocol and
-engine suites, whose checks read the generated text) stays on the real model.
+depends on what the model says (scores, the demo, the presets, the research loop end to end, the engine suite and the
+protocol's checks that read the generated text: penalties, stop strings, JSON schemas) stays on the real model.
 
 :func:`tiny_gguf` writes a GGUF file of SmolLM2's architecture (every other metadata field of the shipped file, its
 chat template included) with the head of its tokenizer (the first 2,048 tokens and the merges among them), two layers

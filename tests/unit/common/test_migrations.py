@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import importlib
 from collections.abc import Iterator
+from typing import Any
 
 import pytest
 from alembic import command
@@ -82,18 +83,25 @@ def _migrate_in_a_process(service: str, url: str, start) -> str:  # noqa: ANN001
     return migrate_service(service, url)
 
 
-@pytest.mark.parametrize("service", ["teststore", "grader"])
-def test_processes_starting_together_migrate_one_database_once(service: str, empty_db: str) -> None:
-    """A service's API and its workers start at once and each migrates the databases it opens (the grader,
-    its eval worker and its grading worker all open the test store): four processes released together all
-    end at head, none fails with "table already exists" (CI saw exactly that on the embedded stack)."""
+@pytest.fixture(scope="module")
+def processes() -> Iterator[tuple[Any, Any]]:
+    """Four spawned processes (a pool) and a manager for their start event, shared by the module's cases: spawning them
+    (each imports the services) is most of a case's time, and each case releases its four migrations together."""
     import multiprocessing
 
     ctx = multiprocessing.get_context("spawn")
-    with ctx.Manager() as manager:
-        start = manager.Event()
-        with ctx.Pool(4) as pool:
-            pending = [pool.apply_async(_migrate_in_a_process, (service, empty_db, start)) for _ in range(4)]
-            start.set()
-            revisions = {p.get(timeout=120) for p in pending}
+    with ctx.Manager() as manager, ctx.Pool(4) as pool:
+        yield pool, manager
+
+
+@pytest.mark.parametrize("service", ["teststore", "grader"])
+def test_processes_starting_together_migrate_one_database_once(service: str, empty_db: str, processes: tuple[Any, Any]) -> None:
+    """A service's API and its workers start at once and each migrates the databases it opens (the grader,
+    its eval worker and its grading worker all open the test store): four processes released together all
+    end at head, none fails with "table already exists" (CI saw exactly that on the embedded stack)."""
+    pool, manager = processes
+    start = manager.Event()
+    pending = [pool.apply_async(_migrate_in_a_process, (service, empty_db, start)) for _ in range(4)]
+    start.set()
+    revisions = {p.get(timeout=120) for p in pending}
     assert len(revisions) == 1 and revisions != {"base"}

@@ -11,6 +11,7 @@
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 import secrets
@@ -71,13 +72,15 @@ def _store_url(kind: str, tmp_path_factory: pytest.TempPathFactory) -> Iterator[
         yield urls["teststore"]
 
 
-@pytest.fixture(scope="module", params=["sqlite", "postgresql"])
-def store(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[teststore.TestStore]:
-    """The grader's test store (migrated) on SQLite or PostgreSQL."""
-    for url in _store_url(request.param, tmp_path_factory):
-        test_store = teststore.TestStore(url)
-        yield test_store
-        test_store.db.engine.dispose()
+@pytest.fixture(scope="module")
+def stores(tmp_path_factory: pytest.TempPathFactory) -> Iterator[dict[str, teststore.TestStore]]:
+    """The grader's test store (migrated) on SQLite and on PostgreSQL, by plane."""
+    with contextlib.ExitStack() as stack:
+        out = {kind: teststore.TestStore(stack.enter_context(contextlib.contextmanager(_store_url)(kind, tmp_path_factory)))
+               for kind in ("sqlite", "postgresql")}
+        yield out
+        for test_store in out.values():
+            test_store.db.engine.dispose()
 
 
 def _reference(item: Item) -> str:
@@ -99,14 +102,17 @@ SUITE_FAMILIES = [_case("reasoning_gym", f) for f in FAMILIES] + [_case("math", 
 
 
 @pytest.mark.parametrize(("suite_name", "family"), SUITE_FAMILIES)
-def test_an_items_own_reference_answer_scores_full_marks_after_the_grader_stored_it(suite_name: str, family: str, store: teststore.TestStore) -> None:
+def test_an_items_own_reference_answer_scores_full_marks_after_the_grader_stored_it(suite_name: str, family: str,
+                                                                                 stores: dict[str, teststore.TestStore]) -> None:
+    """The items are generated once and stored in both planes (generating them is most of the test's time)."""
     suite = get_suite(suite_name)
     params = {"task": family} if suite_name == "reasoning_gym" else {"source": "reasoning_gym", "tasks": [family]}
     items = suite.generate(params, SEED, ITEMS_PER_FAMILY, split="validation")
     assert [suite.score(_reference(it), it) for it in items] == [1.0] * len(items), "the family's own scorer, before storage"
-    loaded = _round_trip(store, items, family)
-    assert [decode_entry(it.entry) for it in loaded] == [decode_entry(it.entry) for it in items]
-    assert [suite.score(_reference(it), it) for it in loaded] == [1.0] * len(items), "after storage"
+    for plane, store in stores.items():
+        loaded = _round_trip(store, items, family)
+        assert [decode_entry(it.entry) for it in loaded] == [decode_entry(it.entry) for it in items], plane
+        assert [suite.score(_reference(it), it) for it in loaded] == [1.0] * len(items), f"after storage ({plane})"
 
 
 @pytest.mark.parametrize("family", FAMILIES)

@@ -1,5 +1,6 @@
-"""The inference app in this process, shared by the route and protocol tests of this folder: ``create_app`` with the real
-model, its ledger calls answered by the real ledger app (SQLite) in this process, its checkpoint look-ups by a stub
+"""The inference app in this process, shared by the route and protocol tests of this folder: ``create_app`` serving the
+test-only model ``tiny-smollm2`` (:data:`MODEL`) and the real one (:data:`REAL_MODEL`, for the checks that read what it
+says), its ledger calls answered by the real ledger app (SQLite) in this process, its checkpoint look-ups by a stub
 trainer that knows none."""
 
 from __future__ import annotations
@@ -22,9 +23,11 @@ from services.ledger.client import LedgerClient
 from services.ledger.schemas import AccountCreate
 from services.ledger.settings import LedgerSettings
 from tests.conftest import prepared_models
+from tests.models import TINY_MODEL
 from tests.unit.inprocess import in_process
 
-MODEL = "smollm2-135m-instruct"
+MODEL = TINY_MODEL  # the protocol's plumbing: which fields, streams, holds and logs (what the model says does not matter)
+REAL_MODEL = "smollm2-135m-instruct"  # where a check reads what the model says (penalties, stops, JSON schemas)
 GATEWAY_TOKEN, INFERENCE_TOKEN = "gateway-token", "inference-token"
 
 
@@ -47,7 +50,7 @@ def ledger(tmp_path_factory: pytest.TempPathFactory) -> Iterator[LedgerClient]:
 def served(tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> Iterator[TestClient]:
     """The inference app, started (engine loaded), called with the gateway's token."""
     data_dir = tmp_path_factory.mktemp("inference")
-    (data_dir / "models").symlink_to(prepared_models())
+    (data_dir / "models").symlink_to(prepared_models(MODEL, REAL_MODEL))
     settings = InferenceSettings(data_dir=data_dir, service_token=INFERENCE_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN})
     with TestClient(create_app(settings), base_url="http://inference", headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"}) as client:
         inference: Inference = client.app.state.inference

@@ -50,7 +50,7 @@ class Served:
 def served(tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> Iterator[Served]:
     data_dir = tmp_path_factory.mktemp("registry")
     (data_dir / "models").mkdir()
-    (data_dir / "models" / MODEL).symlink_to(prepared_models() / MODEL, target_is_directory=True)
+    (data_dir / "models" / MODEL).symlink_to(prepared_models(MODEL) / MODEL, target_is_directory=True)
     settings = InferenceSettings(data_dir=data_dir, service_token=INFERENCE_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN})
     gateway_settings = GatewaySettings(data_dir=data_dir / "gateway", admin_key=ADMIN_KEY, service_token=GATEWAY_TOKEN, rate_limits="")
     with TestClient(create_app(settings), base_url="http://inference") as http, \
@@ -67,7 +67,7 @@ def served(tmp_path_factory: pytest.TempPathFactory, ledger: LedgerClient) -> It
 
 
 def card_doc(name: str, **extra: object) -> dict:
-    return {"name": name, "source": {"kind": "hf_folder", "path": str(prepared_models() / MODEL)}, **extra}
+    return {"name": name, "source": {"kind": "hf_folder", "path": str(prepared_models(MODEL) / MODEL)}, **extra}
 
 
 def ask(model: str, max_tokens: int = 3) -> ChatCompletionRequest:
@@ -108,7 +108,7 @@ def test_the_admin_api_registers_a_model_and_it_is_served_without_a_restart(serv
 
 
 def test_a_model_another_replica_registered_is_listed_and_served_on_first_use(served: Served, ledger: LedgerClient) -> None:
-    prepare_model(ModelCard(name="smol-elsewhere", source=HFFolderSource(path=prepared_models() / MODEL)), served.models_dir)
+    prepare_model(ModelCard(name="smol-elsewhere", source=HFFolderSource(path=prepared_models(MODEL) / MODEL)), served.models_dir)
     assert "smol-elsewhere" not in served.service.engines  # written into the shared folder, not by this process
     assert "smol-elsewhere" in [m.id for m in served.inference.list_models().data]
     assert "smol-elsewhere" in [c.name for c in served.inference.list_base_models().data]
@@ -141,7 +141,7 @@ def test_the_model_routes_answer_only_the_admin_key_and_trusted_services(served:
 
 
 def test_crucible_admin_add_model_registers_a_card_file(served: Served, tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
-    (tmp_path / "weights").symlink_to(prepared_models() / MODEL, target_is_directory=True)
+    (tmp_path / "weights").symlink_to(prepared_models(MODEL) / MODEL, target_is_directory=True)
     card = tmp_path / "card.yaml"
     card.write_text(yaml.safe_dump({"name": "smol-cli", "source": {"kind": "hf_folder", "path": "weights"}, "description": "from the CLI"}))
     admin = AdminClient("http://gateway", ADMIN_KEY)

@@ -1,11 +1,12 @@
 """Full-weight checkpoints (``Adapter(kind="full")``): served by the transformers engine as models of their own, on the
-real model (no HTTP for the engine tests), through the service with a stub trainer, and refused (422 on ``model``) by
+test-only model ``tiny-smollm2`` (what is checked is which weights answer, not what they say; no HTTP for the engine
+tests), through the service with a stub trainer, and refused (422 on ``model``) by
 an engine without :attr:`~inference_service.engines.base.Feature.full_weights`.
 
 The checkpoints are written as the trainer writes a full one: transformers' ``save_pretrained`` (safetensors, one of
 them sharded with its index), a ``training_state.pt`` beside, no tokenizer. ``same`` holds the base model's own
-weights, so it must answer exactly as the base does, for every feature; ``mid`` and ``late`` have one MLP layer scaled,
-so each answers differently from the base and from each other, and as transformers' own forward pass on those weights
+weights, so it must answer exactly as the base does, for every feature; ``mid`` and ``late`` have one MLP layer scaled
+(20 and 50 times: the random-weight model's greedy answer is a run of newlines until a layer dominates it), so each answers differently from the base and from each other, and as transformers' own forward pass on those weights
 says (each generated token the most likely, its log-probability the model's).
 
 Log-probabilities are compared to 1e-4: two float32 copies of the same weights may round a decode step's last digits
@@ -43,12 +44,12 @@ from services.ledger.client import LedgerClient
 from tests.conftest import prepared_models
 from tests.unit.inference.conftest import INFERENCE_TOKEN, MODEL, run
 
-MODEL_DIR = prepared_models() / MODEL
+MODEL_DIR = prepared_models(MODEL) / MODEL
 QUESTIONS = ["What is 3 + 4?", "Name a colour."]
 SCHEMA = {"type": "object", "properties": {"name": {"type": "string", "maxLength": 20}, "age": {"type": "integer"}}, "required": ["name", "age"],
           "additionalProperties": False}
 # checkpoint name -> (layer whose MLP output projection is scaled, factor); None: the base's own weights
-VARIANTS: dict[str, tuple[int, float] | None] = {"same": None, "mid": (10, 1.5), "late": (20, 2.0)}
+VARIANTS: dict[str, tuple[int, float] | None] = {"same": None, "mid": (1, 20.0), "late": (3, 50.0)}
 
 
 @pytest.fixture(scope="module")
@@ -64,7 +65,7 @@ def checkpoints(tmp_path_factory: pytest.TempPathFactory) -> dict[str, Adapter]:
             original = weight.clone() if weight is not None else None
             if change and weight is not None:
                 weight.mul_(change[1])
-            model.save_pretrained(folder, safe_serialization=True, **({"max_shard_size": "200MB"} if name == "same" else {}))
+            model.save_pretrained(folder, safe_serialization=True, **({"max_shard_size": "5MB"} if name == "same" else {}))
             if original is not None and weight is not None:
                 weight.copy_(original)
         torch.save({"optimizer": {}, "step": 3}, folder / "training_state.pt")  # the trainer's, never read by inference

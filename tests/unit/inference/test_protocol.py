@@ -1,5 +1,6 @@
 """The OpenAI protocol, honoured or refused — never ignored — driven by the unmodified ``openai`` SDK (sync, async,
-streaming, tools) against the inference app of ``conftest.py`` (the real model and ledger).
+streaming, tools) against the inference app of ``conftest.py`` (the real ledger; the test-only model, and the real one where a check reads
+what the model says).
 
 The rule test takes every parameter the SDK declares for chat completions and checks it either has its documented
 effect (a check per parameter) or is a 422 naming it; a parameter the SDK gains without a case here fails the test.
@@ -24,7 +25,7 @@ from sqlalchemy import select
 from services.common.auth import run_headers
 from services.ledger.client import LedgerClient
 from services.ledger.schemas import HoldStatus
-from tests.unit.inference.conftest import GATEWAY_TOKEN, MODEL, run
+from tests.unit.inference.conftest import GATEWAY_TOKEN, MODEL, REAL_MODEL, run
 
 Q = [{"role": "user", "content": "What is 3 + 4?"}]
 WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "The weather in a city.", "parameters": {
@@ -88,8 +89,8 @@ def check_penalty(param: str) -> Callable[[openai.OpenAI], None]:
 
     def check(client: openai.OpenAI) -> None:
         messages = [{"role": "user", "content": "Say hello hello hello hello hello hello hello"}]
-        free = text(create(client, messages=messages, max_tokens=30))
-        penalised = text(create(client, messages=messages, max_tokens=30, **{param: 1.5}))
+        free = text(create(client, model=REAL_MODEL, messages=messages, max_tokens=30))
+        penalised = text(create(client, model=REAL_MODEL, messages=messages, max_tokens=30, **{param: 1.5}))
         assert distinct(penalised) > distinct(free)
     return check
 
@@ -101,7 +102,7 @@ def check_logit_bias(client: openai.OpenAI) -> None:
 
     from tests.conftest import prepared_models
 
-    token = AutoTokenizer.from_pretrained(prepared_models() / MODEL)(" banana", add_special_tokens=False)["input_ids"][0]
+    token = AutoTokenizer.from_pretrained(prepared_models(MODEL) / MODEL)(" banana", add_special_tokens=False)["input_ids"][0]
     assert text(create(client, max_tokens=2, logit_bias={str(token): 100})).split() == ["banana", "banana"]
 
 
@@ -131,10 +132,10 @@ def check_parallel_tool_calls(client: openai.OpenAI) -> None:
 
 
 def check_response_format(client: openai.OpenAI) -> None:
-    out = create(client, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=60,
+    out = create(client, model=REAL_MODEL, messages=[{"role": "user", "content": "Describe a person."}], max_tokens=60,
                  response_format={"type": "json_schema", "json_schema": {"name": "person", "schema": PERSON, "strict": True}})
     jsonschema.validate(json.loads(text(out)), PERSON)
-    obj = create(client, messages=[{"role": "user", "content": "Say hi."}], max_tokens=40, response_format={"type": "json_object"})
+    obj = create(client, model=REAL_MODEL, messages=[{"role": "user", "content": "Say hi."}], max_tokens=40, response_format={"type": "json_object"})
     assert isinstance(json.loads(text(obj)), dict)
 
 
@@ -144,9 +145,9 @@ def check_seed(client: openai.OpenAI) -> None:
 
 
 def check_stop(client: openai.OpenAI) -> None:
-    full = text(create(client, max_tokens=12))
+    full = text(create(client, model=REAL_MODEL, max_tokens=12))
     word = full.split()[1]
-    out = create(client, max_tokens=12, stop=[word])
+    out = create(client, model=REAL_MODEL, max_tokens=12, stop=[word])
     assert text(out) == full[: full.index(word)] and out.choices[0].finish_reason == "stop"
 
 
@@ -300,7 +301,7 @@ def test_the_async_sdk_streams_concurrent_requests(served: TestClient, ledger: L
                                         default_headers=run_headers(ctx, GATEWAY_TOKEN), max_retries=0)
 
             async def one(question: str) -> str:
-                stream = await client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": question}], max_tokens=6,
+                stream = await client.chat.completions.create(model=REAL_MODEL, messages=[{"role": "user", "content": question}], max_tokens=6,
                                                               temperature=0, stream=True)
                 return "".join([c.choices[0].delta.content or "" async for c in stream if c.choices])
 

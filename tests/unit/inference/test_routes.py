@@ -15,7 +15,7 @@ from services.common.errors import UpstreamProblem
 from services.common.openai_protocol import ChatCompletionRequest, ChatMessage
 from services.ledger.client import LedgerClient
 from services.ledger.schemas import EntryType, HoldCreate, HoldStatus, UsageItem, UsageKind
-from tests.unit.inference.conftest import GATEWAY_TOKEN, INFERENCE_TOKEN, MODEL, run
+from tests.unit.inference.conftest import GATEWAY_TOKEN, INFERENCE_TOKEN, MODEL, REAL_MODEL, run
 
 ROUTES = [("GET", "/internal/models"), ("GET", f"/internal/models/{MODEL}"), ("POST", "/internal/chat/completions"), ("POST", "/internal/completions")]
 
@@ -42,9 +42,10 @@ def test_a_forged_run_context_is_refused(served: TestClient) -> None:
     assert problem(served.get("/internal/models", headers=forged), 401)["code"] == "unauthorized"
 
 
-def test_models_lists_the_loaded_base_model(served: TestClient, inference: InferenceClient) -> None:
-    assert served.get("/internal/models").json() == {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "crucible"}]}
-    assert [m.id for m in inference.list_models().data] == [MODEL]
+def test_models_lists_the_loaded_base_models(served: TestClient, inference: InferenceClient) -> None:
+    names = sorted([MODEL, REAL_MODEL])  # loaded in the registry's order, by name
+    assert served.get("/internal/models").json() == {"object": "list", "data": [{"id": n, "object": "model", "owned_by": "crucible"} for n in names]}
+    assert [m.id for m in inference.list_models().data] == names
 
 
 def test_a_base_model_resolves_to_itself_without_adapter(served: TestClient, inference: InferenceClient) -> None:
