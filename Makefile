@@ -49,8 +49,8 @@ services:
 	@pg_isready -h 127.0.0.1 -p 5432 >/dev/null 2>&1 || pg_ctlcluster --skip-systemctl-redirect $$(ls /etc/postgresql) main start || true
 	@redis-cli -h 127.0.0.1 ping >/dev/null 2>&1 || redis-server --daemonize yes --bind 127.0.0.1 -::1 --port 6379 --save "" --appendonly no --dir /var/lib/redis --logfile /var/log/redis/ci.log || true
 
-# bubblewrap, the grader's local sandbox for untrusted code (grader/sandbox.py); without it the sandbox falls back
-# to rlimits only, which leaves the network open.
+# bubblewrap, the grader's local sandbox backend (grader/sandboxes/bwrap.py) for code harnesses, task verifiers and
+# HumanEval's programs; without it (and without the Docker backend configured) nothing of theirs runs.
 sandbox:
 	@command -v bwrap >/dev/null || apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap) || true
 
@@ -96,7 +96,7 @@ XDIST := -n 2 --dist loadgroup --no-loadscope-reorder --durations=15  # groups i
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .
 	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"
-	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py -m "docker and not slow"  # the sandbox guarantees, on the Docker backend
+	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py tests/unit/grader/test_suite_code.py -m "docker and not slow"  # the sandbox guarantees, on the Docker backend
 
 # The in-process tests alone, those marked `slow`, `docker` or `vllm` left out: quick feedback while changing a service.
 test-unit: $(STAMP) services sandbox

@@ -24,12 +24,13 @@ from concurrent.futures import ThreadPoolExecutor
 from grader import repository
 from grader.grading_tasks import harness_for, train_pool
 from grader.harness import check_harness, extract_answer, render_messages
+from grader.sandboxes import SandboxUnavailable
 from grader.scoring import score_item
 from grader.service import Grader
 from grader.suites import Item, Suite, get_suite, suite_converse
 from services.common.auth import RunContext
 from services.common.contracts import GradingSpec, Harness, PoolPrompt, PoolPromptsRequest, Reward, RewardRequest
-from services.common.errors import Unprocessable
+from services.common.errors import Unprocessable, UpstreamUnavailable
 
 
 def _spec(grader: Grader, ctx: RunContext) -> GradingSpec:
@@ -91,8 +92,9 @@ def score_completions(grader: Grader, ctx: RunContext, req: RewardRequest) -> li
     scorer could not score the answer). Up to ``grader.settings.scoring_concurrency`` answers are scored at once.
 
     Raises ``Unprocessable`` field ``completions[i].item_id`` for the first completion whose id is no item of the
-    training pool (before anything is scored; the same answer for an unknown, a validation or a test id), and as
-    :func:`resolve_harness`. Nothing is charged.
+    training pool (before anything is scored; the same answer for an unknown, a validation or a test id), as
+    :func:`resolve_harness`, and ``UpstreamUnavailable`` (503) when the suite runs answers as programs (HumanEval) and
+    this process cannot start a sandbox. Nothing is charged.
     """
     spec = _spec(grader, ctx)
     suite = _single_completion_suite(spec)
@@ -112,5 +114,9 @@ def score_completions(grader: Grader, ctx: RunContext, req: RewardRequest) -> li
         return Reward(item_id=item.id, reward=value, answer=answer, reason=reason)
 
     pairs = [(c.completion, item) for c, item in zip(req.completions, items, strict=True)]
-    with ThreadPoolExecutor(max_workers=min(grader.settings.scoring_concurrency, len(pairs))) as pool_of_scorers:
-        return list(pool_of_scorers.map(reward, pairs))
+    try:
+        with ThreadPoolExecutor(max_workers=min(grader.settings.scoring_concurrency, len(pairs))) as pool_of_scorers:
+            return list(pool_of_scorers.map(reward, pairs))
+    except SandboxUnavailable as exc:  # the suite runs answers as programs and this grader process has no sandbox
+        raise UpstreamUnavailable(f"the grader cannot start a sandbox to score {spec.suite.name} answers here: {exc}",
+                                  retry_after_s=60) from exc

@@ -8,6 +8,7 @@ import re
 
 import structlog
 
+from grader.sandboxes import SandboxUnavailable
 from grader.suites import Item, Suite
 from services.common.contracts import Score
 
@@ -77,7 +78,8 @@ def storable(text: str | None) -> str | None:
 
 def score_item(suite: Suite, answer: str | None, item: Item) -> tuple[float, str | None]:
     """``(score, reason)``: the suite's score of ``answer`` for ``item``, and why it is 0.0 when the suite could not
-    score it, else ``None``. Never raises (``Exception``): a model's answer cannot fail an evaluation.
+    score it, else ``None``. Raises nothing a model's answer causes (a model's answer cannot fail an evaluation);
+    raises ``SandboxUnavailable`` when a suite that runs the answer (HumanEval) cannot start a sandbox on this machine.
 
     A scorer that raises (``prime_factorization``'s on the factor ``3.``; BFCL's decoder on prose), runs past its
     time limit or dies in its child process (:mod:`grader.suites.isolated`), or returns anything but a number in
@@ -85,6 +87,8 @@ def score_item(suite: Suite, answer: str | None, item: Item) -> tuple[float, str
     """
     try:
         score = suite.score(answer, item)
+    except SandboxUnavailable:
+        raise  # the platform cannot run the program: not the answer's 0
     except Exception as exc:  # noqa: BLE001 - whatever a scorer raises on an answer is that answer's 0
         log.info("scorer failed", suite=suite.name, item=item.id, error=f"{exc.__class__.__name__}: {exc}"[:200])
         return 0.0, storable(f"{exc.__class__.__name__}: {exc}"[:_SCORE_ERROR_CHARS])

