@@ -57,8 +57,8 @@ def dataset_rows(datasets: list[Dataset], recipe: Recipe) -> TrainingRows:
     where: list[tuple[str, int]] = []
     for ds in datasets:
         parsed = read_dataset(ds)
-        if parsed.format not in method.formats:
-            raise Unprocessable(f"dataset {ds.id} is {parsed.format}; {method.name} trains on {' or '.join(sorted(method.formats))} rows",
+        if parsed.format not in method.spec.formats:
+            raise Unprocessable(f"dataset {ds.id} is {parsed.format}; {method.name} trains on {' or '.join(sorted(method.spec.formats))} rows",
                                 field="datasets", dataset=ds.id)
         rows += parsed.rows
         where += [(ds.id, line) for line in parsed.lines]
@@ -172,7 +172,7 @@ def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None,
     seq = min(longest or recipe.max_seq_len, recipe.max_seq_len)
     trained = params if recipe.adapter == "full" else params // 100
     # a frozen copy for a method that reads the reference policy, unless LoRA over the base (its adapter switched off)
-    reference = 4 * params if method.needs_reference and (recipe.adapter == "full" or lora_parent) else 0
+    reference = 4 * params if method.spec.needs_reference and (recipe.adapter == "full" or lora_parent) else 0
     activations = 2 * 34 * layers * seq * rows * hidden
     return MemoryEstimate(weights=4 * params, gradients=4 * trained, optimizer=8 * trained, reference=reference,
                           activations=activations, logits=2 * 4 * rows * seq * config["vocab_size"])

@@ -21,7 +21,7 @@ from trainer_service.models import Checkpoint, JobEvent, TrainingJob
 from trainer_service.schemas import CheckpointRecord
 from trainer_service.service import Trainer
 
-from services.common import artifacts
+from services.common import artifacts, recipes
 from services.common.auth import RunContext
 from services.common.contracts import CheckpointOut, Harness, JobEventOut, MergeSpec, Recipe, TrainingJobCreate, TrainingJobOut
 from services.common.db import utcnow
@@ -73,7 +73,7 @@ class _Plan:
     message: str
     data: dict[str, Any]
     adapter: str | None = None  # a merge: its checkpoints' kind, recorded as the job's recipe.adapter
-    run_context: dict[str, Any] | None = None  # a grpo job: the run its worker asks the grader for rewards for
+    run_context: dict[str, Any] | None = None  # a rewarded (grpo) job: the run its worker asks the grader for rewards for
 
 
 def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempotency_key: str | None = None) -> TrainingJobOut:
@@ -121,9 +121,10 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     return out
 
 
-def _refuse_unused(recipe: Recipe, used: set[str]) -> None:
+def _refuse_unused(recipe: Recipe, used: frozenset[str]) -> None:
     """``Unprocessable`` naming ``recipe.<field>`` for a field set to other than its default that the job's method
-    does not read: a recipe field is honoured or refused, never silently ignored."""
+    does not read (``used``: its :attr:`~services.common.recipes.MethodSpec.fields`): a recipe field is honoured or
+    refused, never silently ignored."""
     defaults = Recipe()
     for name in Recipe.model_fields:
         if name not in used and getattr(recipe, name) != getattr(defaults, name):
@@ -131,19 +132,20 @@ def _refuse_unused(recipe: Recipe, used: set[str]) -> None:
 
 
 def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _Plan:
-    from trainer_service.methods import METHODS
-
     recipe = req.recipe
-    method = method_of(recipe)
-    others = set().union(*(m.own_fields for m in METHODS.values())) - method.own_fields
-    _refuse_unused(recipe, set(Recipe.model_fields) - others)
+    spec = method_of(recipe).spec
+    _refuse_unused(recipe, spec.fields)
+    if recipe.adapter not in spec.adapters:
+        raise Unprocessable(f"recipe.method {recipe.method!r} trains {' or '.join(sorted(spec.adapters))}, not {recipe.adapter!r}",
+                            field="recipe.adapter")
     if req.merge is not None:
         raise Unprocessable("merge is for recipe.method 'merge' only", field="merge")
-    grpo = recipe.method == "grpo"
-    if req.harness is not None and not grpo:
-        raise Unprocessable("harness is for recipe.method 'grpo' only (it renders the training pool's prompts and extracts the rewarded "
+    rewarded = spec.rewarded
+    if req.harness is not None and not rewarded:
+        names = " or ".join(repr(m.name) for m in recipes.METHODS.values() if m.rewarded)
+        raise Unprocessable(f"harness is for recipe.method {names} only (it renders the training pool's prompts and extracts the rewarded "
                             "answer); evaluations take their own harness", field="harness")
-    if not req.datasets and not grpo:
+    if not req.datasets and not rewarded:
         raise Unprocessable(f"recipe.method {recipe.method!r} trains on at least one dataset", field="datasets")
     with trainer.db.session() as s:
         base_model, parent = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
@@ -151,7 +153,7 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
     if parent is not None and parent.kind == "full" and recipe.adapter == "lora":
         raise Unprocessable(f"{parent.id} holds full weights; a LoRA adapter is trained over a base model or another adapter. "
                             "Continue it with recipe.adapter 'full'.", field="recipe.adapter")
-    if grpo:
+    if rewarded:
         from trainer_service.rewards import grpo_rows
 
         rows = grpo_rows(trainer, ctx, req.harness, datasets, recipe)
@@ -163,13 +165,13 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
     usage += [UsageItem(kind=kind, quantity=quantity, model=base_model)
               for kind, quantity in ((UsageKind.prefill_tokens, tokens.prefill), (UsageKind.decode_tokens, tokens.decode)) if quantity]
     source = f"{len(datasets)} dataset(s)" if datasets else "the training pool"
-    rollouts = f", ≤{tokens.prefill} prefill and ≤{tokens.decode} decode tokens of rollouts" if grpo else ""
+    rollouts = f", ≤{tokens.prefill} prefill and ≤{tokens.decode} decode tokens of rollouts" if rewarded else ""
     return _Plan(base_model=base_model, parent_id=parent.id if parent else None, dataset_ids=[d.id for d in datasets], usage=usage,
-                 estimated_tokens=tokens.training, merge=None, run_context=ctx.model_dump() if grpo else None,
+                 estimated_tokens=tokens.training, merge=None, run_context=ctx.model_dump() if rewarded else None,
                  message=f"validated {examples} {recipe.method} examples from {source}; estimated ≤{tokens.training} training "
                          f"tokens{rollouts}, ≈{memory_mb} MiB",
                  data={"rows": examples, "estimated_tokens": tokens.training, "estimated_memory_mb": memory_mb}
-                 | ({"estimated_prefill_tokens": tokens.prefill, "estimated_decode_tokens": tokens.decode} if grpo else {}))
+                 | ({"estimated_prefill_tokens": tokens.prefill, "estimated_decode_tokens": tokens.decode} if rewarded else {}))
 
 
 def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _Plan:
@@ -201,7 +203,7 @@ def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _P
     kind = next(iter(kinds))
     if req.recipe.adapter == "full" and kind == "lora":
         raise Unprocessable("a merge keeps its checkpoints' kind: these are LoRA adapters", field="recipe.adapter")
-    _refuse_unused(req.recipe, {"method", "adapter"})
+    _refuse_unused(req.recipe, recipes.method_spec("merge").fields)
     if kind == "lora":
         ranks = [lora_rank(folder) for _, folder in checkpoints]
         if len(set(ranks)) > 1:

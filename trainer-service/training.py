@@ -31,13 +31,14 @@ import shutil
 import time
 from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager, nullcontext
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, make_dataclass, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol
+from typing import TYPE_CHECKING, Any, ClassVar, Literal, Protocol, TypeVar
 
 import torch
 import torch.nn.functional as F
 
+from services.common import recipes
 from services.common.llms import cpu_threads
 
 if TYPE_CHECKING:
@@ -59,8 +60,8 @@ LOGPROB_VOCAB_CHUNK = 32768
 
 
 @dataclass
-class TrainConfig:
-    """Hyper-parameters of a training job; names follow PEFT's ``LoraConfig`` and transformers' ``TrainingArguments``.
+class LoopConfig:
+    """The training loop's hyper-parameters; names follow PEFT's ``LoraConfig`` and transformers' ``TrainingArguments``.
 
     ``adapter``: ``lora`` trains a PEFT LoRA adapter (``lora_*`` on ``target_modules``) over the frozen base;
     ``full`` trains every weight. ``batch_size`` is examples per optimizer step (a DPO example is one preference
@@ -69,7 +70,7 @@ class TrainConfig:
     cut at the right. ``checkpoint_every`` is in steps; a final checkpoint is always written. ``bf16_autocast``
     takes effect on CUDA and on CPUs with native bf16 (:func:`cpu_has_native_bf16`). ``compile``: compile each
     decoder layer with ``torch.compile`` (regional compilation; ``None``: on CUDA only, where it was measured to
-    help). Method fields (``dpo_beta``, ``grpo_*``) are read only by their method.
+    help).
     """
 
     adapter: Literal["lora", "full"] = "lora"
@@ -89,11 +90,15 @@ class TrainConfig:
     checkpoint_every: int = 25
     bf16_autocast: bool = True
     compile: bool | None = None
-    dpo_beta: float = 0.1
-    grpo_group_size: int = 4
-    grpo_kl_coef: float = 0.04
-    grpo_temperature: float = 1.0
-    grpo_max_new_tokens: int = 64
+
+
+TrainConfig = make_dataclass(  # built from the declarations, so that a method's field is never restated here
+    "TrainConfig",
+    [(name, info.annotation, field(default=info.default)) for method in recipes.METHODS.values() for name, info in method.config.model_fields.items()],
+    bases=(LoopConfig,),
+    namespace={"__module__": __name__,
+               "__doc__": "A training job's hyper-parameters: :class:`LoopConfig`'s, then every registered method's own fields (``dpo_beta``, "
+                          "``grpo_*``, ``orpo_lambda``: :mod:`services.common.recipes`, same names and defaults), each read only by its method."})
 
 
 @dataclass
@@ -434,18 +439,18 @@ class Policy:
 
 
 class Method(Protocol):
-    """One training method.
+    """One training method's step: how rows become examples, what an example costs and the loss of a batch.
 
-    ``name``: its ``recipe.method``. ``formats``: the dataset formats it trains on (``trainer_service.schemas``).
-    ``needs_reference``: whether its loss reads the reference policy (the loop then keeps one: the base with the
-    adapter off for LoRA, a frozen copy of the starting weights for full fine-tuning, counted in the memory estimate).
-    ``own_fields``: the recipe fields only this method reads (``dpo_beta``); another method's job refuses them.
+    ``name``: its ``recipe.method``; ``spec``: its declaration (:class:`~services.common.recipes.MethodSpec`: its own
+    fields, the dataset formats it trains on, whether its loss reads the reference policy, for which the loop then
+    keeps one: the base with the adapter off for LoRA, a frozen copy of the starting weights for full fine-tuning,
+    counted in the memory estimate). Both are set by :func:`method_step`. A ``spec.rewarded`` method's step is built
+    with the job's reward function as its one argument (GRPO's ``reward``; none where only examples and token counts
+    are needed, a job's estimate).
     """
 
     name: ClassVar[str]
-    formats: ClassVar[frozenset[str]]
-    needs_reference: ClassVar[bool]
-    own_fields: ClassVar[frozenset[str]]
+    spec: ClassVar[recipes.MethodSpec]
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[Any]:
         """The rows as this method's examples, in order. Raises ``NoSupervisedTokens`` naming the rows that have
@@ -463,6 +468,25 @@ class Method(Protocol):
     def loss(self, policy: Policy, batch: Sequence[Any], config: TrainConfig) -> StepLoss:
         """One optimizer step's loss on ``batch`` (see :class:`StepLoss`)."""
         ...
+
+
+STEPS: dict[str, type[Method]] = {}
+"""The registered steps by method name (``trainer_service.methods`` imports every module that registers one)."""
+
+M = TypeVar("M", bound=type)
+
+
+def method_step(name: str) -> Callable[[M], M]:
+    """Decorator: register the decorated class as the step of the method ``name`` declared in
+    :mod:`services.common.recipes`, setting its ``name`` and ``spec``. ``KeyError`` for an undeclared method,
+    ``ValueError`` for a second step of one method."""
+    def register(cls: M) -> M:
+        if name in STEPS:
+            raise ValueError(f"method {name!r} has two steps")
+        cls.name, cls.spec = name, recipes.method_spec(name)
+        STEPS[name] = cls
+        return cls
+    return register
 
 
 # --------------------------------------------------------------------------- models and checkpoints
@@ -624,7 +648,7 @@ def train_examples(
     causal_lm = model.get_base_model() if config.adapter == "lora" else model
     reference = (_reference_context(model, config, device, Path(base_dir), init_adapter=init_adapter, init_weights=init_weights,
                                     resumed=resume is not None)
-                 if method.needs_reference else (lambda: nullcontext(None)))
+                 if method.spec.needs_reference else (lambda: nullcontext(None)))
     compiled = device.is_cuda if config.compile is None else config.compile
     if compiled:
         _compile_layers(causal_lm)

@@ -129,10 +129,11 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             else:
                 with db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
                     datasets = [s.get(Dataset, d) for d in dataset_ids]
-                    if recipe.method == "grpo":
-                        rows, method = _grpo(trainer, base_model, datasets, recipe, harness_d, context_d)
+                    method = method_of(recipe)
+                    if method.spec.rewarded:
+                        rows, method = _rewarded(trainer, base_model, datasets, recipe, harness_d, context_d)
                     else:
-                        rows, method = dataset_rows(datasets, recipe).rows, method_of(recipe)  # type: ignore[arg-type]
+                        rows = dataset_rows(datasets, recipe).rows  # type: ignore[arg-type]
                 result = train(
                     base_model_dir(base_model, settings.models_dir), method, rows, train_config(recipe), workdir,
                     init_adapter=parent_dir if parent_kind == "lora" else None, init_weights=parent_dir if parent_kind == "full" else None,
@@ -157,16 +158,16 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     settle(trainer, job_id)
 
 
-def _grpo(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe, harness_d: dict | None,
-          context_d: dict | None) -> tuple[list, Any]:
-    """A GRPO job's rows (its ``prompt_only`` datasets, or the training pool as its harness renders it, read again from the
-    grader) and its method, rewarded by the grader for the run the job was created for."""
-    from trainer_service.methods.grpo import GRPO
+def _rewarded(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe, harness_d: dict | None,
+              context_d: dict | None) -> tuple[list, Any]:
+    """A rewarded (GRPO) job's rows (its ``prompt_only`` datasets, or the training pool as its harness renders it, read again
+    from the grader) and its method's step, built with the reward (``trainer_service.methods.grpo.Reward``): the grader's
+    scores for the run the job was created for."""
     from trainer_service.rewards import grpo_rows, reward_function
 
     ctx, harness = RunContext(**context_d or {}), Harness(**harness_d) if harness_d else None
     rows = grpo_rows(trainer, ctx, harness, datasets, recipe).rows
-    return rows, GRPO(reward_function(trainer, ctx, harness, tokenizer(base_model, trainer.settings.models_dir)))
+    return rows, type(method_of(recipe))(reward_function(trainer, ctx, harness, tokenizer(base_model, trainer.settings.models_dir)))
 
 
 def _merge(trainer: Trainer, base_model: str, kind: str, spec: MergeSpec, out: Path, should_stop: Callable[[], bool]) -> None:

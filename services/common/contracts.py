@@ -12,46 +12,12 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validator
 from pydantic_core import PydanticCustomError
 
-from services.common import extraction
+from services.common import extraction, recipes
 from services.common.openai_protocol import ChatMessage, ModelName
 
-
-class Recipe(BaseModel):
-    """How to train: method, adapter and hyper-parameters (names as in transformers/PEFT)."""
-
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False,
-                              json_schema_extra={"example": {"method": "sft", "lora_r": 16, "learning_rate": 1e-3, "max_steps": 100}})
-
-    method: Literal["sft", "dpo", "grpo", "merge"] = Field("sft", description=(
-        "`sft`: next-token loss on the answers of `messages` or `prompt_completion` datasets; `dpo`: Direct Preference Optimization "
-        "on `preference` datasets (`prompt`, `chosen`, `rejected`); `grpo`: reinforcement learning with the suite's scorer as reward; "
-        "`merge`: no training, the job's `merge` combines checkpoints into a new one."))
-    adapter: Literal["lora", "full"] = Field("lora", description=(
-        "`lora`: a LoRA adapter over the frozen base (`lora_*`, `target_modules`); `full`: every weight (full fine-tuning; its "
-        "memory estimate must fit the deployment's train workers)."))
-    lora_r: int = Field(16, ge=1, le=256)
-    lora_alpha: int = Field(32, ge=1, le=1024)
-    lora_dropout: float = Field(0.0, ge=0.0, lt=1.0)
-    target_modules: Literal["all-linear"] | Annotated[list[Literal["q_proj", "k_proj", "v_proj", "o_proj", "gate_proj", "up_proj", "down_proj"]],
-                                                      Field(min_length=1, max_length=7)] = Field(
-        "all-linear", description="`all-linear` or a non-empty list of the model's projection layers.")
-    learning_rate: float = Field(1e-3, gt=0, le=1.0)
-    batch_size: int = Field(8, ge=1, le=256)
-    max_steps: int = Field(100, ge=1, le=100_000)
-    warmup_steps: int = Field(10, ge=0)
-    lr_scheduler: Literal["cosine", "linear", "constant"] = "cosine"
-    max_seq_len: int = Field(256, ge=16, le=4096)
-    seed: int = Field(0, ge=0, le=2**31 - 1)
-    checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many steps (and at the end).")
-    dpo_beta: float = Field(0.1, gt=0, le=10, description="`dpo` only: β of the DPO loss, how far the policy may move from the reference "
-                            "(Rafailov et al. 2023; TRL's default 0.1).")
-    grpo_group_size: int = Field(4, ge=2, le=64, description="`grpo` only: completions sampled per prompt (the group whose mean and "
-                                 "standard deviation normalize each completion's reward into its advantage; TRL's `num_generations`).")
-    grpo_kl_coef: float = Field(0.04, ge=0, le=10, description="`grpo` only: β of the KL penalty to the reference policy (Shao et al. 2024's "
-                                "0.04; 0 drops the reference).")
-    grpo_temperature: float = Field(1.0, gt=0, le=2, description="`grpo` only: sampling temperature of the rollouts.")
-    grpo_max_new_tokens: int = Field(64, ge=1, le=2048, description="`grpo` only: tokens a rollout may generate (fewer when the prompt "
-                                     "leaves less of `max_seq_len`).")
+Recipe = recipes.recipe_model()
+"""How to train: ``method``, ``adapter`` and hyper-parameters, derived from the registered methods
+(:mod:`services.common.recipes`)."""
 
 
 TRAINING_FIELDS: tuple[str, ...] = tuple(Recipe.model_fields)
@@ -121,8 +87,9 @@ class TrainingJobCreate(BaseModel):
         "Base model name, or a `ckpt_…` to continue training from: a LoRA parent continues as LoRA (or is merged into the base for "
         "`adapter: full`); a full parent continues as full weights."))
     datasets: list[str] = Field(default_factory=list, max_length=16, description=(
-        "The datasets to train on: at least one for `sft` and `dpo`; for `grpo`, `prompt_only` datasets (prompts of training-pool "
-        "items) or none (the run's training pool, rendered by `harness`); none for a merge."))
+        f"The datasets to train on: at least one for {recipes.names(m for m in recipes.METHODS.values() if m.trains and not m.rewarded)}; "
+        "for `grpo`, `prompt_only` datasets (prompts of training-pool items) or none (the run's training pool, rendered by `harness`); "
+        "none for a merge."))
     recipe: Recipe = Field(default_factory=Recipe)
     merge: MergeSpec | None = Field(None, description="`recipe.method: merge` only: the checkpoints to combine and how.")
     harness: Harness | None = Field(None, description=(

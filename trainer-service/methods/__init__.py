@@ -1,17 +1,21 @@
-"""Training methods, one module each, registered by their ``recipe.method`` name (the seam: ``trainer_service.training.Method``;
-``merge`` is a job of its own, ``merge.py``)."""
+"""Training methods' steps, one module each, registered by :func:`~trainer_service.training.method_step` under the
+``recipe.method`` they implement (declared, with their fields and formats, in :mod:`services.common.recipes`; the
+seam: ``trainer_service.training.Method``; ``merge`` is a job of its own, ``merge.py``).
+
+Importing this package imports every module of it once, so each step registers itself; nothing lists them by hand.
+"""
 
 from __future__ import annotations
 
-from trainer_service.methods.dpo import DPO
-from trainer_service.methods.grpo import GRPO
-from trainer_service.methods.sft import SFT
-from trainer_service.training import Method
+import importlib
+import pkgutil
 
-METHODS: dict[str, Method] = {m.name: m for m in (SFT(), DPO(), GRPO())}
-"""Every method this trainer runs, by name (``grpo`` without its reward: a job's worker builds ``GRPO(reward)``)."""
+from trainer_service.training import STEPS, Method
 
+from services.common import recipes
 
-def get_method(name: str) -> Method:
-    """The method called ``name``; ``KeyError`` if this trainer has none."""
-    return METHODS[name]
+for _module in pkgutil.iter_modules(__path__):
+    importlib.import_module(f"{__name__}.{_module.name}")
+
+METHODS: dict[str, Method] = {name: STEPS[name]() for name in recipes.METHODS if name in STEPS}
+"""Every method this trainer runs, by name, in the order they are declared (``grpo`` without its reward: a job's worker builds ``GRPO(reward)``)."""

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from collections.abc import Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch.nn.functional as F
 from trainer_service.training import (
@@ -22,6 +22,7 @@ from trainer_service.training import (
     TokenCounts,
     TrainConfig,
     collate,
+    method_step,
     sequence_logprobs,
     tokenize_turns,
 )
@@ -35,13 +36,9 @@ class PreferencePair:
     rejected: Example
 
 
+@method_step("dpo")
 class DPO:
     """DPO's sigmoid loss over preference pairs; the step's metrics are the implicit rewards' accuracy and margin."""
-
-    name: ClassVar[str] = "dpo"
-    formats: ClassVar[frozenset[str]] = frozenset({"preference"})
-    needs_reference: ClassVar[bool] = True
-    own_fields: ClassVar[frozenset[str]] = frozenset({"dpo_beta"})
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[PreferencePair]:
         """Each row as a :class:`PreferencePair`; ``NoSupervisedTokens`` for rows where either answer is cut away."""

@@ -26,10 +26,10 @@ from __future__ import annotations
 
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
-from typing import Any, ClassVar
+from typing import Any
 
 import torch
-from trainer_service.training import IGNORE_INDEX, Example, NoSupervisedTokens, Policy, StepLoss, TokenCounts, TrainConfig, collate
+from trainer_service.training import IGNORE_INDEX, Example, NoSupervisedTokens, Policy, StepLoss, TokenCounts, TrainConfig, collate, method_step
 
 Reward = Callable[[list[str], list[list[int]]], list[float]]
 """``reward(item_ids, completions) -> rewards``: for each completion (its token ids, ending with the end-of-sequence
@@ -51,17 +51,13 @@ class PromptExample:
     max_new_tokens: int
 
 
+@method_step("grpo")
 class GRPO:
     """GRPO's loss over groups of sampled completions. ``reward``: scores completions (the worker's call to the grader);
     ``None`` where only examples and token counts are needed (a job's estimate), and :meth:`loss` then raises
     ``RuntimeError``. Step metrics: ``reward_mean``, ``reward_std`` (mean within-group standard deviation), ``kl``
     (mean per-token KL to the reference), ``completion_tokens`` (mean rollout length), ``groups_with_signal``
     (share of prompts whose group's rewards differ)."""
-
-    name: ClassVar[str] = "grpo"
-    formats: ClassVar[frozenset[str]] = frozenset({"prompt_only"})
-    needs_reference: ClassVar[bool] = True
-    own_fields: ClassVar[frozenset[str]] = frozenset({"grpo_group_size", "grpo_kl_coef", "grpo_temperature", "grpo_max_new_tokens"})
 
     def __init__(self, reward: Reward | None = None) -> None:
         self.reward = reward

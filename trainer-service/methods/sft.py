@@ -4,18 +4,14 @@
 from __future__ import annotations
 
 from collections.abc import Sequence
-from typing import Any, ClassVar
+from typing import Any
 
-from trainer_service.training import Example, Policy, StepLoss, TokenCounts, TrainConfig, collate, tokenize_examples
+from trainer_service.training import Example, Policy, StepLoss, TokenCounts, TrainConfig, collate, method_step, tokenize_examples
 
 
+@method_step("sft")
 class SFT:
     """Mean negative log-likelihood over every supervised token of the batch."""
-
-    name: ClassVar[str] = "sft"
-    formats: ClassVar[frozenset[str]] = frozenset({"messages", "prompt_completion"})
-    needs_reference: ClassVar[bool] = False
-    own_fields: ClassVar[frozenset[str]] = frozenset()
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[Example]:
         """:func:`~trainer_service.training.tokenize_examples`: loss on the answer only."""
