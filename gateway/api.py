@@ -204,7 +204,7 @@ async def get_dataset(dataset_id: DatasetId, gw: GatewayDep, caller: AgentDep) -
                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, Unprocessable, PayloadTooLarge))
 async def upload_harness(gw: GatewayDep, caller: MutatingAgentDep,
                          file: UploadFile = File(..., description="A .tar.gz with `harness.toml` at its root (name, entry, optional install "
-                                                                  "and limits) and the harness's code; the README's *Code harnesses* states the format"),
+                                                                  "and limits) and the harness's code; docs/harnesses.md states the format"),
                          name: str | None = Form(None, max_length=200)) -> HarnessArchiveOut:
     """Validated on upload (422 names the ``member``: absolute paths, ``..``, links out of the tree, device files,
     too many or too large members; or the ``harness.toml`` key), content-addressed and immutable. Needs the

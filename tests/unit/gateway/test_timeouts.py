@@ -31,7 +31,7 @@ from services.ledger.client import LedgerClient
 from tests.conftest import ROOT, TEST_BENCHMARK
 
 pytestmark = pytest.mark.slow  # every test here waits on real timeouts
-README_LEDGER_S = 10.0  # the README: "callers retry for about 10 s … After that the agent gets a 503"
+README_LEDGER_S = 10.0  # docs/operators.md: "callers retry for about 10 s … After that the agent gets a 503"
 HOLD_S = 8.0  # the fake inference answers the requests it holds every HOLD_S seconds
 
 

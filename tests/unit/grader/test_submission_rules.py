@@ -4,7 +4,7 @@ the trainer and the ledger answer over HTTP from stand-ins; :class:`Inference` p
 and errors that decide whose fault a failed grading is. The queue is a list: a test runs the evaluation that
 was sent, as a worker would.
 
-The rules (README, "Submission rules"): a submission uses up one of the task's final submissions unless its
+The rules (docs/using.md, "Submission rules"): a submission uses up one of the task's final submissions unless its
 grading failed by the platform's fault; a failure says whose fault it is; per task the run's latest graded
 submission counts on the leaderboard.
 """

@@ -85,7 +85,7 @@ crucible.io/migrate: "true"
 {{/* Settings that hold secrets must come from Secrets: `config` goes to every pod. */}}
 {{- define "crucible.checkConfig" -}}
 {{- if .Values.secrets.platform -}}
-{{- fail "secrets.platform (one token shared by every service) is gone: each service has its own token Secret, secrets.tokens.<service> (README.md, Operators)" -}}
+{{- fail "secrets.platform (one token shared by every service) is gone: each service has its own token Secret, secrets.tokens.<service> (docs/operators.md)" -}}
 {{- end -}}
 {{- range $key, $_ := .Values.config -}}
 {{- if has $key (list "CRUCIBLE_SERVICE_TOKEN" "CRUCIBLE_TRUSTED_TOKENS" "CRUCIBLE_ADMIN_KEY" "CRUCIBLE_BROKER_URL" "CRUCIBLE_DATABASE_URL" "CRUCIBLE_GRADER_TEST_STORE_URL" "CRUCIBLE_GRADER_TEST_SEED") -}}
