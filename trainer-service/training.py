@@ -643,34 +643,13 @@ def train_examples(
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
 
-    model = load_model(Path(base_dir), config, device, init_adapter=init_adapter, init_weights=init_weights, resume=resume)
-    model.train()
-    causal_lm = model.get_base_model() if config.adapter == "lora" else model
-    reference = (_reference_context(model, config, device, Path(base_dir), init_adapter=init_adapter, init_weights=init_weights,
-                                    resumed=resume is not None)
-                 if method.spec.needs_reference else (lambda: nullcontext(None)))
-    compiled = device.is_cuda if config.compile is None else config.compile
-    if compiled:
-        _compile_layers(causal_lm)
-    policy = Policy(device=device, pad_token_id=pad_token_id, _causal_lm=causal_lm, _reference=reference)
+    model, policy, compiled = _policy(Path(base_dir), method, config, device, pad_token_id, init_adapter=init_adapter, init_weights=init_weights,
+                                      resume=resume)
     params = [p for p in model.parameters() if p.requires_grad]
     optimizer = torch.optim.AdamW(params, lr=config.learning_rate, weight_decay=config.weight_decay, fused=device.is_cuda)
     scheduler = get_scheduler(config.lr_scheduler_type, optimizer, num_warmup_steps=config.warmup_steps, num_training_steps=config.max_steps)
 
-    step, usage = 0, TokenCounts()
-    if resume is not None:
-        state = torch.load(Path(resume) / STATE_FILE, weights_only=True, map_location=device.torch_device)
-        expected = {"seed": config.seed, "batch_size": config.batch_size, "n_rows": len(examples)}
-        found = {key: state[key] for key in expected}
-        if found != expected:
-            raise ValueError(f"resume state {found} does not match this job {expected}")
-        optimizer.load_state_dict(state["optimizer"])
-        scheduler.load_state_dict(state["scheduler"])
-        torch.set_rng_state(state["torch_rng"].cpu())
-        if device.is_cuda and "cuda_rng" in state:
-            torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device.torch_device)
-        step = state["step"]
-        usage = TokenCounts(state["tokens_total"], state.get("prefill_tokens", 0), state.get("decode_tokens", 0))
+    step, usage = _restore(Path(resume), config, len(examples), optimizer, scheduler, device) if resume is not None else (0, TokenCounts())
 
     start_info = {"device": device.name, "precision": f"{'bf16 autocast' if device.autocast_dtype else 'float32'}",
                   "method": method.name, "adapter": config.adapter, "trainable_parameters": sum(p.numel() for p in params),
@@ -684,12 +663,7 @@ def train_examples(
     def checkpoint() -> Path | None:
         if out_dir is None:
             return None
-        state = {"step": step, "tokens_total": usage.training, "prefill_tokens": usage.prefill, "decode_tokens": usage.decode,
-                 "seed": config.seed, "batch_size": config.batch_size, "n_rows": len(examples),
-                 "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(), "config": asdict(config)}
-        if device.is_cuda:
-            state["cuda_rng"] = torch.cuda.get_rng_state(device.torch_device)
-        folder = _save_checkpoint(model, out_dir, step, state)
+        folder = _save_checkpoint(model, out_dir, step, _training_state(step, usage, config, len(examples), optimizer, scheduler, device))
         checkpoints.append(folder)
         if on_checkpoint is not None:
             on_checkpoint(step, folder)
@@ -705,18 +679,10 @@ def train_examples(
         step_started = time.monotonic()
         batch = [examples[i] for i in _batch_indices(step + 1, len(examples), config.batch_size, config.seed)]
         learning_rate = scheduler.get_last_lr()[0]
-        optimizer.zero_grad(set_to_none=True)
-        out = method.loss(policy, batch, config)
-        loss = out.loss
-        loss.backward()
-        torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=True)
-        optimizer.step()
-        scheduler.step()
-
+        out, loss_value = _optimizer_step(method, policy, batch, config, optimizer, scheduler, params)
         step += 1
         tokens = out.tokens if out.tokens is not None else sum((method.tokens(e) for e in batch), TokenCounts())
         usage += tokens
-        loss_value = float(loss.detach())  # waits for the step's kernels: the step's time is real
         now = time.monotonic()
         if on_step is not None:
             on_step(StepMetrics(step=step, max_steps=config.max_steps, loss=loss_value, learning_rate=learning_rate, tokens=tokens.training,
@@ -729,3 +695,61 @@ def train_examples(
         last_checkpoint = checkpoint()
     return TrainResult(steps_done=step, final_loss=loss_value, stopped=stopped,
                        last_checkpoint=last_checkpoint, checkpoints=checkpoints, usage=usage)
+
+
+def _restore(resume: Path, config: TrainConfig, n_rows: int, optimizer: torch.optim.Optimizer, scheduler: Any,
+             device: Device) -> tuple[int, TokenCounts]:
+    """Load ``resume``'s training state into ``optimizer``, ``scheduler`` and the RNGs: ``(step, tokens so far)``. Raises
+    ``ValueError`` for a state from a different seed, batch size or dataset size (its data order would differ)."""
+    state = torch.load(resume / STATE_FILE, weights_only=True, map_location=device.torch_device)
+    expected = {"seed": config.seed, "batch_size": config.batch_size, "n_rows": n_rows}
+    found = {key: state[key] for key in expected}
+    if found != expected:
+        raise ValueError(f"resume state {found} does not match this job {expected}")
+    optimizer.load_state_dict(state["optimizer"])
+    scheduler.load_state_dict(state["scheduler"])
+    torch.set_rng_state(state["torch_rng"].cpu())
+    if device.is_cuda and "cuda_rng" in state:
+        torch.cuda.set_rng_state(state["cuda_rng"].cpu(), device.torch_device)
+    return state["step"], TokenCounts(state["tokens_total"], state.get("prefill_tokens", 0), state.get("decode_tokens", 0))
+
+
+def _training_state(step: int, usage: TokenCounts, config: TrainConfig, n_rows: int, optimizer: torch.optim.Optimizer, scheduler: Any,
+                    device: Device) -> dict[str, Any]:
+    """What ``training_state.pt`` holds for :func:`_restore`: the step, tokens, data order's keys, optimizer, scheduler, RNGs."""
+    state = {"step": step, "tokens_total": usage.training, "prefill_tokens": usage.prefill, "decode_tokens": usage.decode,
+             "seed": config.seed, "batch_size": config.batch_size, "n_rows": n_rows,
+             "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(), "torch_rng": torch.get_rng_state(), "config": asdict(config)}
+    if device.is_cuda:
+        state["cuda_rng"] = torch.cuda.get_rng_state(device.torch_device)
+    return state
+
+
+def _optimizer_step(method: Method, policy: Policy, batch: Sequence[Any], config: TrainConfig, optimizer: torch.optim.Optimizer,
+                    scheduler: Any, params: list[torch.nn.Parameter]) -> tuple[StepLoss, float]:
+    """One optimizer step on ``batch``: the method's loss, backward, gradients clipped to ``config.max_grad_norm``, AdamW
+    and the schedule stepped. Returns the method's :class:`StepLoss` and the loss as a number (reading it waits for the
+    step's kernels, so the step's measured time is real)."""
+    optimizer.zero_grad(set_to_none=True)
+    out = method.loss(policy, batch, config)
+    out.loss.backward()
+    torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=True)
+    optimizer.step()
+    scheduler.step()
+    return out, float(out.loss.detach())
+
+
+def _policy(base_dir: Path, method: Method, config: TrainConfig, device: Device, pad_token_id: int, *, init_adapter: Path | None,
+            init_weights: Path | None, resume: Path | None) -> tuple[Any, Policy, bool]:
+    """The model being trained (:func:`load_model`, in training mode, its layers compiled where ``config.compile`` or a
+    GPU says so) and the :class:`Policy` the method's loss reads, with the reference policy where the method needs one:
+    ``(model, policy, compiled)``."""
+    model = load_model(base_dir, config, device, init_adapter=init_adapter, init_weights=init_weights, resume=resume)
+    model.train()
+    causal_lm = model.get_base_model() if config.adapter == "lora" else model
+    reference = (_reference_context(model, config, device, base_dir, init_adapter=init_adapter, init_weights=init_weights, resumed=resume is not None)
+                 if method.spec.needs_reference else (lambda: nullcontext(None)))
+    compiled = device.is_cuda if config.compile is None else config.compile
+    if compiled:
+        _compile_layers(causal_lm)
+    return model, Policy(device=device, pad_token_id=pad_token_id, _causal_lm=causal_lm, _reference=reference), compiled

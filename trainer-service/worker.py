@@ -7,6 +7,7 @@ from __future__ import annotations
 import shutil
 import tempfile
 from collections.abc import Callable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 from typing import Any
@@ -42,19 +43,65 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     the run the job was created for (``trainer_service.rewards``); their prefill and decode tokens are counted like
     the training tokens (per step, in checkpoints, settled).
     """
-    from trainer_service.training import train
-
-    db, settings = trainer.db, trainer.settings
-    if not jobs.claim(db, TrainingJob, job_id):
+    if not jobs.claim(trainer.db, TrainingJob, job_id):
         return
-    with db.session() as s:
-        job = s.get(TrainingJob, job_id)
-        if job.cancel_requested:
-            finish(s, job, "cancelled", None)
-            job_snapshot = None
-        else:
+    run = _JobRun.start(trainer, job_id)
+    if run is None:  # cancelled while queued
+        settle(trainer, job_id)
+        return
+    try:
+        with run.lease:
+            outcome, error = run.merge() if run.merge_d is not None else run.train()
+    except jobs.LeaseLost:
+        outcome, error = None, None
+    except Exception as exc:  # the job fails; the worker lives on
+        log.exception("training job failed", job_id=job_id)
+        outcome, error = "failed", f"{exc.__class__.__name__}: {exc}"
+    finally:
+        shutil.rmtree(run.workdir, ignore_errors=True)
+    if outcome is None or run.lease.lost.is_set():
+        log.warning("lease lost; leaving the job to its new owner", job_id=job_id)
+        return
+    with trainer.db.session() as s:
+        job = jobs.owned_row(s, TrainingJob, job_id)
+        if job is None:
+            return
+        finish(s, job, outcome, error)
+    settle(trainer, job_id)
+
+
+@dataclass
+class _JobRun:
+    """One claimed job as this worker runs it: what it trains (``recipe``, ``base_model``, the datasets, a parent
+    checkpoint) or merges (``merge_d``, its ``MergeSpec``), the checkpoint it resumes from (``resume``), its working directory and lease;
+    its methods are the training loop's callbacks (progress, checkpoints, cancellation) and the two kinds of work."""
+
+    trainer: Trainer
+    job_id: str
+    recipe: Recipe
+    base_model: str
+    dataset_ids: list[str]
+    parent_dir: Path | None
+    parent_kind: str | None
+    merge_d: dict | None
+    harness_d: dict | None
+    context_d: dict | None
+    resume: Path | None
+    workdir: Path
+    lease: jobs.Lease
+
+    @classmethod
+    def start(cls, trainer: Trainer, job_id: str) -> _JobRun | None:
+        """The claimed job, set to start or resume: ``None`` (and the job ``cancelled``) if it was cancelled while queued.
+        A job with checkpoints resumes from its newest, its token counts reset to that checkpoint's (no step is charged
+        twice); an event says which."""
+        db, settings = trainer.db, trainer.settings
+        with db.session() as s:
+            job = s.get(TrainingJob, job_id)
+            if job.cancel_requested:
+                finish(s, job, "cancelled", None)
+                return None
             latest = s.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc()).limit(1))
-            resume = artifacts.local_path(latest.uri) if latest is not None else None
             if latest is not None:
                 job.steps_done = latest.step
                 job.trained_tokens = int(latest.metrics.get("trained_tokens", job.trained_tokens))
@@ -65,97 +112,86 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             else:
                 job.steps_done, job.trained_tokens, job.prefill_tokens, job.decode_tokens = 0, 0, 0, 0
                 event(s, job.id, "info", "started", f"training started (attempt {job.attempts})", {"attempt": job.attempts})
-            job_snapshot = (job.recipe, job.dataset_ids, job.base_model, job.parent_checkpoint_id, job.merge, job.harness, job.run_context)
-    if job_snapshot is None:
-        settle(trainer, job_id)
-        return
-    recipe_d, dataset_ids, base_model, parent_id, merge_d, harness_d, context_d = job_snapshot
-    with db.session() as s:
-        parent = s.get(Checkpoint, parent_id) if parent_id else None
-        parent_dir, parent_kind = (artifacts.local_path(parent.uri), parent.kind) if parent is not None else (None, None)
-    recipe = Recipe(**recipe_d)
-    workdir = Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=settings.data_dir))
-    lease = jobs.Lease(db, TrainingJob, job_id, settings.job_heartbeat_s)
+            parent = s.get(Checkpoint, job.parent_checkpoint_id) if job.parent_checkpoint_id else None
+            return cls(trainer=trainer, job_id=job_id, recipe=Recipe(**job.recipe), base_model=job.base_model, dataset_ids=list(job.dataset_ids),
+                       parent_dir=artifacts.local_path(parent.uri) if parent is not None else None, parent_kind=parent.kind if parent is not None else None,
+                       merge_d=job.merge, harness_d=job.harness, context_d=job.run_context,
+                       resume=artifacts.local_path(latest.uri) if latest is not None else None,
+                       workdir=Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=settings.data_dir)),
+                       lease=jobs.Lease(db, TrainingJob, job_id, settings.job_heartbeat_s))
 
-    def on_step(m) -> None:  # noqa: ANN001
-        with db.session() as s:
-            job = lease.row(s)
+    def train(self) -> tuple[str, None]:
+        """Train (from ``resume`` if set) to the recipe's last step or a stop: ``("succeeded" | "cancelled", None)``. The
+        datasets are validated again: one stored under older rules fails the job, not the worker."""
+        from trainer_service.training import train
+
+        with self.trainer.db.session() as s:
+            datasets = [s.get(Dataset, d) for d in self.dataset_ids]
+            method = method_of(self.recipe)
+            if method.spec.rewarded:
+                rows, method = _rewarded(self.trainer, self.base_model, datasets, self.recipe, self.harness_d, self.context_d)
+            else:
+                rows = dataset_rows(datasets, self.recipe).rows  # type: ignore[arg-type]
+        result = train(
+            base_model_dir(self.base_model, self.trainer.settings.models_dir), method, rows, train_config(self.recipe), self.workdir,
+            init_adapter=self.parent_dir if self.parent_kind == "lora" else None, init_weights=self.parent_dir if self.parent_kind == "full" else None,
+            resume=self.resume, on_start=self.on_start, on_step=self.on_step, on_checkpoint=self.on_checkpoint, should_stop=self.should_stop,
+        )
+        return ("cancelled" if result.stopped else "succeeded"), None
+
+    def merge(self) -> tuple[str, None]:
+        """Write the merged checkpoint (step 1) unless an earlier attempt did: ``("succeeded" | "cancelled", None)``."""
+        from trainer_service.methods.merge import MergeStopped
+
+        try:
+            if self.resume is None:  # else an earlier attempt wrote the merged checkpoint: nothing left to do
+                _merge(self.trainer, self.base_model, self.recipe.adapter, MergeSpec(**self.merge_d or {}), self.workdir / "step-1",
+                       self.should_stop)
+                self.on_checkpoint(1, self.workdir / "step-1")
+            with self.trainer.db.session() as s:
+                self.lease.row(s).steps_done = 1
+        except MergeStopped:
+            return "cancelled", None
+        return "succeeded", None
+
+    def on_start(self, info: dict) -> None:
+        """Record the device, precision and trainable parameters the loop runs with."""
+        with self.trainer.db.session() as s:
+            self.lease.row(s)
+            event(s, self.job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {info['device']}, {info['precision']}, "
+                  f"{info['trainable_parameters']:,} trainable parameters", info)
+
+    def on_step(self, m: Any) -> None:
+        """Count a step's tokens on the job (charged at settle) and record its loss, learning rate and speed."""
+        with self.trainer.db.session() as s:
+            job = self.lease.row(s)
             job.steps_done = m.step
             job.trained_tokens += m.tokens
             job.prefill_tokens += m.prefill_tokens
             job.decode_tokens += m.decode_tokens
             job.heartbeat_at = utcnow()
-            event(s, job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
+            event(s, self.job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
                   {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
                    "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s, **m.extra,
                    **({"prefill_tokens": m.prefill_tokens, "decode_tokens": m.decode_tokens} if m.decode_tokens else {})})
 
-    def on_start(info: dict) -> None:
-        with db.session() as s:
-            lease.row(s)
-            event(s, job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {info['device']}, {info['precision']}, "
-                  f"{info['trainable_parameters']:,} trainable parameters", info)
-
-    def on_checkpoint(step: int, path: Path) -> None:
+    def on_checkpoint(self, step: int, path: Path) -> None:
+        """Store the checkpoint folder as an artifact and record it with the job's token counts (a resume restarts from them)."""
         ckpt_id = new_id("ckpt")
-        uri = artifacts.put_dir(settings.artifacts_dir, f"checkpoints/{job_id}/step-{step}", path)
-        with db.session() as s:
-            job = lease.row(s)
-            s.add(Checkpoint(id=ckpt_id, job_id=job_id, run_id=job.run_id, step=step, base_model=base_model, kind=recipe.adapter, uri=uri,
-                             metrics={"trained_tokens": job.trained_tokens, "prefill_tokens": job.prefill_tokens, "decode_tokens": job.decode_tokens},
-                             created_at=utcnow()))
-            event(s, job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
+        uri = artifacts.put_dir(self.trainer.settings.artifacts_dir, f"checkpoints/{self.job_id}/step-{step}", path)
+        with self.trainer.db.session() as s:
+            job = self.lease.row(s)
+            s.add(Checkpoint(id=ckpt_id, job_id=self.job_id, run_id=job.run_id, step=step, base_model=self.base_model, kind=self.recipe.adapter,
+                             uri=uri, metrics={"trained_tokens": job.trained_tokens, "prefill_tokens": job.prefill_tokens,
+                                               "decode_tokens": job.decode_tokens}, created_at=utcnow()))
+            event(s, self.job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
 
-    def should_stop() -> bool:
-        if lease.lost.is_set():
+    def should_stop(self) -> bool:
+        """The lease is lost, or the job's cancellation was asked for."""
+        if self.lease.lost.is_set():
             return True
-        with db.session() as s:
-            return bool(s.get(TrainingJob, job_id).cancel_requested)  # type: ignore[union-attr]
-
-    try:
-        with lease:
-            if merge_d is not None:
-                from trainer_service.methods.merge import MergeStopped
-
-                try:
-                    if resume is None:  # else an earlier attempt wrote the merged checkpoint: nothing left to do
-                        _merge(trainer, base_model, recipe.adapter, MergeSpec(**merge_d), workdir / "step-1", should_stop)
-                        on_checkpoint(1, workdir / "step-1")
-                    with db.session() as s:
-                        lease.row(s).steps_done = 1
-                    outcome, error = "succeeded", None
-                except MergeStopped:
-                    outcome, error = "cancelled", None
-            else:
-                with db.session() as s:  # validated again: a dataset stored under older rules fails the job, not the worker
-                    datasets = [s.get(Dataset, d) for d in dataset_ids]
-                    method = method_of(recipe)
-                    if method.spec.rewarded:
-                        rows, method = _rewarded(trainer, base_model, datasets, recipe, harness_d, context_d)
-                    else:
-                        rows = dataset_rows(datasets, recipe).rows  # type: ignore[arg-type]
-                result = train(
-                    base_model_dir(base_model, settings.models_dir), method, rows, train_config(recipe), workdir,
-                    init_adapter=parent_dir if parent_kind == "lora" else None, init_weights=parent_dir if parent_kind == "full" else None,
-                    resume=resume, on_start=on_start, on_step=on_step, on_checkpoint=on_checkpoint, should_stop=should_stop,
-                )
-                outcome, error = ("cancelled" if result.stopped else "succeeded"), None
-    except jobs.LeaseLost:
-        outcome, error = None, None
-    except Exception as exc:  # the job fails; the worker lives on
-        log.exception("training job failed", job_id=job_id)
-        outcome, error = "failed", f"{exc.__class__.__name__}: {exc}"
-    finally:
-        shutil.rmtree(workdir, ignore_errors=True)
-    if outcome is None or lease.lost.is_set():
-        log.warning("lease lost; leaving the job to its new owner", job_id=job_id)
-        return
-    with db.session() as s:
-        job = jobs.owned_row(s, TrainingJob, job_id)
-        if job is None:
-            return
-        finish(s, job, outcome, error)
-    settle(trainer, job_id)
+        with self.trainer.db.session() as s:
+            return bool(s.get(TrainingJob, self.job_id).cancel_requested)  # type: ignore[union-attr]
 
 
 def _rewarded(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe, harness_d: dict | None,

@@ -103,25 +103,49 @@ def create_service_app(
     """
     log = configure_logging(name, log_level)
     if lifespan is None and (migrations or on_startup or background):
-
-        @asynccontextmanager
-        async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
-            if migrations:
-                url, folder = migrations
-                migrate(url(), folder)
-            if on_startup:
-                on_startup()
-            loop = background().start() if background else None
-            try:
-                yield
-            finally:
-                if loop:
-                    loop.stop()
-
+        lifespan = _lifespan(migrations, on_startup, background)
     docs = {"openapi_url": None, "docs_url": None, "redoc_url": None} if docs_auth else {}
     app = FastAPI(title=title, description=description, version=version, lifespan=lifespan, **docs)
     if docs_auth:
         _guarded_docs(app, docs_auth)
+
+    _add_error_handlers(app, log)
+    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+
+    instrument(app, name, metrics_auth or docs_auth)
+
+    @app.get("/healthz", summary="Liveness and readiness", tags=["health"])
+    def healthz() -> dict[str, Any]:
+        """``{"status": "ok", "service": name, ...}`` once the service can answer requests."""
+        return {"status": "ok", "service": name, **(health() if health else {})}
+
+    return app
+
+
+def _lifespan(migrations: tuple[Callable[[], str], Path] | None, on_startup: Callable[[], None] | None,
+              background: Callable[[], Periodic] | None) -> Callable[[FastAPI], AbstractAsyncContextManager[None]]:
+    """The app's start and stop: migrations applied, then ``on_startup``, then the ``background`` loop until it stops."""
+
+    @asynccontextmanager
+    async def lifespan(_app: FastAPI) -> AsyncIterator[None]:
+        if migrations:
+            url, folder = migrations
+            migrate(url(), folder)
+        if on_startup:
+            on_startup()
+        loop = background().start() if background else None
+        try:
+            yield
+        finally:
+            if loop:
+                loop.stop()
+
+    return lifespan
+
+
+def _add_error_handlers(app: FastAPI, log: Any) -> None:
+    """Every error as problem+json: the platform's own (:class:`CrucibleError`), FastAPI's validation errors (422 naming
+    the field), Starlette's 404/405, text that is not text (an unpaired surrogate), and anything unexpected (500, logged)."""
 
     @app.exception_handler(CrucibleError)
     async def _crucible_error(_request: Request, exc: CrucibleError) -> JSONResponse:
@@ -146,17 +170,6 @@ def create_service_app(
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         body = {"type": f"urn:crucible:problem:{code}", "title": str(exc.detail), "status": exc.status_code, "detail": str(exc.detail), "code": code}
         return JSONResponse(body, status_code=exc.status_code, media_type=PROBLEM_JSON)
-
-    app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
-
-    instrument(app, name, metrics_auth or docs_auth)
-
-    @app.get("/healthz", summary="Liveness and readiness", tags=["health"])
-    def healthz() -> dict[str, Any]:
-        """``{"status": "ok", "service": name, ...}`` once the service can answer requests."""
-        return {"status": "ok", "service": name, **(health() if health else {})}
-
-    return app
 
 
 def _guarded_docs(app: FastAPI, check: Callable[[Request], Any]) -> None:

@@ -212,6 +212,20 @@ def reconcile(
     """
     now = now or utcnow()
     report = ReconcileReport()
+    _take_back_running(db, table, policy, now, report, on_requeue=on_requeue, on_fail=on_fail)
+    for job_id in report.timed_out + report.gave_up:
+        after_fail(job_id)
+    _resend_queued(db, table, policy, now, report)
+    for job_id in report.requeued + report.resent:
+        send(job_id)
+    _settle_finished(db, table, now, report, after_fail)
+    return report
+
+
+def _take_back_running(db: Database, table: type, policy: ReconcilePolicy, now: dt.datetime, report: ReconcileReport, *,
+                       on_requeue: Callable[[Session, Any], None], on_fail: Callable[[Session, Any, str], None]) -> None:
+    """Running rows past the time limit fail (``report.timed_out``); those whose worker is gone are queued again
+    (``report.requeued``) or, past ``max_attempts``, fail (``report.gave_up``). Each a conditional update on the owner read."""
     limit = now - dt.timedelta(seconds=policy.time_limit_s)
     with db.session() as s:
         running = s.execute(select(table.id, table.worker_id, table.heartbeat_at, table.started_at, table.attempts).where(table.status == "running")).all()
@@ -234,22 +248,28 @@ def reconcile(
                          .values(status="failed", worker_id=None)).rowcount:
                 on_fail(s, s.get(table, job_id), reason)
                 bucket.append(job_id)
-    for job_id in report.timed_out + report.gave_up:
-        after_fail(job_id)
+
+
+def _resend_queued(db: Database, table: type, policy: ReconcilePolicy, now: dt.datetime, report: ReconcileReport) -> None:
+    """Queued rows whose message may be lost (waiting longer than ``resend_after_s``, doubled per resend up to 32×) are
+    marked resent (``report.resent``); ``resends`` doubles as a version number, so one reconciler wins."""
     with db.session() as s:
         queued = s.execute(select(table.id, table.enqueued_at, table.resends).where(table.status == "queued")).all()
     for job_id, enqueued_at, resends in queued:
         wait = dt.timedelta(seconds=policy.resend_after_s * 2 ** min(resends, 5))
         if enqueued_at is not None and enqueued_at > now - wait:
             continue
-        with db.session() as s:  # ``resends`` doubles as a version number: one reconciler wins
+        with db.session() as s:
             if not s.execute(update(table).where(table.id == job_id, table.status == "queued", table.resends == resends)
                              .values(enqueued_at=now, resends=resends + 1)).rowcount:
                 continue
         report.resent.append(job_id)
-    for job_id in report.requeued + report.resent:
-        send(job_id)
-    with db.session() as s:  # finished a while ago (not racing the worker's own settle) with the hold still open
+
+
+def _settle_finished(db: Database, table: type, now: dt.datetime, report: ReconcileReport, after_fail: Callable[[str], None]) -> None:
+    """Rows finished a while ago (not racing the worker's own settle) whose hold is still open: ``after_fail`` settles
+    each (``report.settled``); one the ledger cannot settle yet waits for the next round."""
+    with db.session() as s:
         unsettled = s.scalars(select(table.id).where(table.status.in_(TERMINAL), table.hold_id.is_not(None), table.hold_closed_at.is_(None),
                                                      table.finished_at < now - dt.timedelta(seconds=SETTLE_GRACE_S))).all()
     for job_id in unsettled:
@@ -258,4 +278,3 @@ def reconcile(
             report.settled.append(job_id)
         except Exception:  # noqa: BLE001 - the ledger is still away; the next round tries again
             _log.warning("could not settle the hold of a finished job yet", job_id=job_id)
-    return report
