@@ -35,6 +35,7 @@ from gateway.service import (
     log_call,
     training_job,
 )
+from grader.schemas import DatasetDigest
 from services.common.auth import hash_secret
 from services.common.contracts import (
     BenchmarkBaselines,
@@ -392,7 +393,8 @@ async def create_submission(req: SubmissionCreate, gw: GatewayDep, caller: Mutat
     caller = for_task(caller, task)
     if req.harness is not None or req.harness_archive is not None:
         check_editable(caller, "harness", "submitting a custom harness")
-    return await gw.grader.create_submission(caller.ctx, req, max_submissions=caller.benchmark.limits.final_submissions)
+    datasets = [DatasetDigest(id=d.id, sha256=d.sha256) for d in (await gw.trainer.list_datasets(caller.ctx)).data]  # what its audit reads
+    return await gw.grader.create_submission(caller.ctx, req, max_submissions=caller.benchmark.limits.final_submissions, datasets=datasets)
 
 
 @agent_router.get("/submissions", tags=["submissions"], summary="List the run's submissions")

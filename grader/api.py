@@ -12,7 +12,7 @@ from typing import Annotated
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
 from grader import evaluations, grading_tasks, harness_archives, rewards, submissions
-from grader.schemas import LeaderboardEntry, TaskRegistered
+from grader.schemas import LeaderboardEntry, SubmissionGrading, TaskRegistered
 from grader.service import Grader
 from services.common.auth import RunCaller, ServiceCaller, only_callers
 from services.common.contracts import (
@@ -28,7 +28,6 @@ from services.common.contracts import (
     PoolPromptsRequest,
     Reward,
     RewardRequest,
-    SubmissionCreate,
     SubmissionOut,
     SuiteItemOut,
     TrajectoryOut,
@@ -123,7 +122,7 @@ def get_trajectories(eval_id: str, grader: GraderDep, ctx: RunCaller) -> Page[Tr
 
 
 @router.post("/submissions", status_code=201, summary="Submit the final system", responses=problem_responses(Unprocessable, SubmissionLimitReached))
-def create_submission(req: SubmissionCreate, grader: GraderDep, ctx: RunCaller, max_submissions: int = Query(1, ge=0)) -> SubmissionOut:
+def create_submission(req: SubmissionGrading, grader: GraderDep, ctx: RunCaller, max_submissions: int = Query(1, ge=0)) -> SubmissionOut:
     return submissions.create_submission(grader, ctx, req, max_submissions)
 
 

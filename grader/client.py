@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from grader.schemas import LeaderboardEntry, TaskRegistered
+from grader.schemas import DatasetDigest, LeaderboardEntry, SubmissionGrading, TaskRegistered
 from services.common.auth import RunContext
 from services.common.contracts import (
     EvaluationCreate,
@@ -92,9 +92,11 @@ class GraderClient(ServiceAPI):
         """Per-item trajectories of one of the run's validation evaluations; 404 for any other id."""
         return self._call("GET", f"/internal/evaluations/{eval_id}/trajectories", Page[TrajectoryOut], ctx=ctx)
 
-    def create_submission(self, ctx: RunContext, body: SubmissionCreate, *, max_submissions: int) -> SubmissionOut:
-        """Submit the run's final system for the task; 403 ``submission_limit`` once ``max_submissions`` are used up."""
-        return self._call("POST", "/internal/submissions", SubmissionOut, ctx=ctx, body=body, params={"max_submissions": max_submissions})
+    def create_submission(self, ctx: RunContext, body: SubmissionCreate, *, max_submissions: int, datasets: list[DatasetDigest]) -> SubmissionOut:
+        """Submit the run's final system for the task with the run's ``datasets`` (what its contamination audit reads);
+        403 ``submission_limit`` once ``max_submissions`` are used up."""
+        grading = SubmissionGrading(**body.model_dump(exclude_unset=True), datasets=datasets)
+        return self._call("POST", "/internal/submissions", SubmissionOut, ctx=ctx, body=grading, params={"max_submissions": max_submissions})
 
     def list_submissions(self, ctx: RunContext) -> Page[SubmissionOut]:
         """The run's submissions, oldest first."""

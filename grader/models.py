@@ -109,6 +109,7 @@ class Submission(Base):
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     evaluation_id: Mapped[str] = mapped_column(String(40))
     contamination: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # grader.schemas.ContaminationReport
+    datasets: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # the run's grader.schemas.DatasetDigest at submission
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from services.common.contracts import GradingTaskStatus, Score
+from services.common.contracts import GradingTaskStatus, Score, SubmissionCreate
 from services.common.openai_protocol import ModelOut
 
 
@@ -17,6 +17,21 @@ class TaskRegistered(GradingTaskStatus):
 
     warnings: list[str] = Field(default_factory=list, description="For the operator, first registration only: e.g. a task whose "
                                                                    "items are few enough to enumerate. Depends on public inputs only.")
+
+
+class DatasetDigest(BaseModel):
+    """One of the run's uploaded datasets as the gateway hands it over with a submission: its id and the SHA-256 of its
+    bytes, by which the grader reads it from the artifact store (``services.common.artifacts.dataset_key``)."""
+
+    id: str = Field(max_length=40)
+    sha256: str = Field(pattern="^[0-9a-f]{64}$")
+
+
+class SubmissionGrading(SubmissionCreate):
+    """A submission as the gateway forwards it: the agent's request and the run's datasets at that moment, which the
+    contamination audit reads from the artifact store (the grader never calls the trainer)."""
+
+    datasets: list[DatasetDigest] = Field(default_factory=list, max_length=10_000)
 
 
 class ContaminationReport(BaseModel):

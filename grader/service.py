@@ -21,7 +21,6 @@ from pathlib import Path
 
 from celery import Celery
 from inference_service.client import InferenceClient
-from trainer_service.client import TrainerClient
 
 from grader.settings import GraderSettings
 from grader.suites import Item
@@ -47,7 +46,7 @@ def evaluation_queue(settings: ServiceSettings) -> Celery:
 @dataclass
 class Grader:
     """What the grader's logic works with: ``settings``, its ``db``, the hidden test ``store``, the ``ledger`` it holds
-    validation budget on, the ``trainer`` whose datasets it audits, the ``inference`` that answers for the evaluated
+    validation budget on, the ``inference`` that answers for the evaluated
     systems, and ``enqueue(eval_id)``, which sends an evaluation to the eval workers (by task name; nothing imports
     the tasks). ``train_pools``: task id → its training pool, the last few read (:func:`grader.grading_tasks.train_pool`)."""
 
@@ -55,7 +54,6 @@ class Grader:
     db: Database
     store: TestStore
     ledger: LedgerClient
-    trainer: TrainerClient
     inference: InferenceClient
     enqueue: Callable[[str], None]
     train_pools: dict[str, list[Item]] = field(default_factory=dict)
@@ -63,7 +61,7 @@ class Grader:
     @classmethod
     def from_settings(cls, settings: GraderSettings, queue: Celery | None = None) -> Grader:
         """The grader of ``settings``: its database (``database_url_for("grader")``) and its test store, both migrated, the
-        ledger, trainer (300 s, 3 retries) and inference (``inference_timeout_s``) clients, and an evaluation queue on
+        ledger and inference (``inference_timeout_s``) clients, and an evaluation queue on
         ``queue`` (an eval worker passes its own Celery app; default: a new one on the broker)."""
         queue = queue or evaluation_queue(settings)
 
@@ -72,12 +70,12 @@ class Grader:
 
         migrate(settings.database_url_for("grader"), MIGRATIONS_DIR)  # an eval worker may start (and reconcile) before the app
         return cls(settings=settings, db=Database(settings.database_url_for("grader")), store=TestStore(settings.test_store_url()),
-                   ledger=LedgerClient.connect(settings), trainer=TrainerClient.connect(settings, timeout_s=300, retries=3),
+                   ledger=LedgerClient.connect(settings),
                    inference=InferenceClient.connect(settings, timeout_s=settings.inference_timeout_s), enqueue=enqueue)
 
     def close(self) -> None:
         """Close the clients' connections and the databases' pools."""
-        for client in (self.ledger, self.trainer, self.inference):
+        for client in (self.ledger, self.inference):
             client.close()
         self.db.engine.dispose()
         self.store.db.engine.dispose()

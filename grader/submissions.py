@@ -12,11 +12,11 @@ from grader.grading_tasks import harness_for
 from grader.harness import check_harness
 from grader.harness_archives import code_harness_for
 from grader.models import AGENT, PLATFORM, Evaluation, Submission
-from grader.schemas import ContaminationReport, LeaderboardEntry
+from grader.schemas import ContaminationReport, LeaderboardEntry, SubmissionGrading
 from grader.service import Grader
 from grader.suites import get_suite
 from services.common.auth import RunContext
-from services.common.contracts import Harness, Score, SubmissionCreate, SubmissionOut
+from services.common.contracts import Harness, Score, SubmissionOut
 from services.common.db import serialize, utcnow
 from services.common.errors import SubmissionLimitReached
 from services.common.ids import new_id
@@ -71,8 +71,9 @@ def counted_submissions(s: Session, run_id: str, task_id: str) -> int:
     return made - min(_platform_failures(s, run_id, task_id), FREE_PLATFORM_FAILURES)
 
 
-def create_submission(grader: Grader, ctx: RunContext, req: SubmissionCreate, max_submissions: int) -> SubmissionOut:
-    """Record the run's final system and queue its grading on the hidden test split (not charged).
+def create_submission(grader: Grader, ctx: RunContext, req: SubmissionGrading, max_submissions: int) -> SubmissionOut:
+    """Record the run's final system, with the digests of the run's datasets (``req.datasets``, which its contamination
+    audit reads), and queue its grading on the hidden test split (not charged).
 
     Raises ``Forbidden`` (code ``submission_limit``) when ``max_submissions`` of the task (``ctx.task_id``)
     are used up (see :func:`counted_submissions`) and ``Unprocessable`` for an unknown model or a bad harness.
@@ -93,7 +94,8 @@ def create_submission(grader: Grader, ctx: RunContext, req: SubmissionCreate, ma
         eval_id = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="submission", split="test", model=req.model, harness=harness,
                                             items_total=spec.suite.splits.test.size, harness_archive=archive)
         sub = Submission(id=new_id("sub"), run_id=ctx.run_id, task_id=ctx.task_id, model=req.model, harness=harness.model_dump(),
-                         harness_archive=archive, note=req.note, evaluation_id=eval_id, created_at=utcnow())
+                         harness_archive=archive, note=req.note, evaluation_id=eval_id, datasets=[d.model_dump() for d in req.datasets],
+                         created_at=utcnow())
         s.add(sub)
         s.flush()
         out = submission_out(s, sub)

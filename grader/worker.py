@@ -26,10 +26,11 @@ from grader.model_endpoint import Binding, Call, ModelEndpoint
 from grader.models import AGENT, PLATFORM, Evaluation, Submission, Trajectory
 from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout, steps_of
 from grader.sandboxes import Sandbox, SandboxUnavailable, get_sandbox, reap_workspaces
+from grader.schemas import DatasetDigest
 from grader.scoring import aggregate, score_item, storable
 from grader.service import Grader
 from grader.suites import Item, Suite, TurnLimitReached, get_suite, suite_canonical, suite_converse, suite_environment, suite_tools
-from services.common import jobs
+from services.common import artifacts, jobs
 from services.common.auth import RunContext
 from services.common.contracts import GradingSpec, Harness, RolloutTrajectory
 from services.common.db import utcnow
@@ -155,160 +156,11 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
     """
     if not jobs.claim(grader.db, Evaluation, eval_id):
         return
-    with grader.db.session() as s:
-        ev = s.get(Evaluation, eval_id)
-        spec = repository.spec(s, ev.task_id)  # type: ignore[union-attr]
-        split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total  # type: ignore[union-attr]
-        archive_id = ev.harness_archive  # type: ignore[union-attr]
     lease = jobs.Lease(grader.db, Evaluation, eval_id, grader.settings.job_heartbeat_s)
-
     outcome: tuple[str, Any] | None = None
     lease.start()
     try:
-        if split == "test":
-            items = grader.store.items(spec.task_id)[:total]
-            done = grader.store.done(eval_id)
-        else:
-            with grader.db.session() as s:
-                items = repository.validation_items(s, spec.task_id)[:total]
-                done = {(t.item_id, t.sample): t.score for t in s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id))}
-        suite = get_suite(spec.suite.name)
-        k = spec.evaluation.samples
-        ctx = RunContext(run_id=run_id, task_id=spec.task_id) if run_id else None
-        if split == "test" and ctx is not None:
-            _audit_submission(grader, eval_id, ctx, items, spec)
-        charged = hold_id if split == "validation" else None  # test grading is not charged
-        todo = [(it, j) for it in items for j in range(k) if (it.id, j) not in done]
-        with grader.db.session() as s:
-            lease.row(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(k)))
-
-        scoring = threading.BoundedSemaphore(grader.settings.scoring_concurrency)
-        code = _CodeHarness.load(grader, ctx, archive_id) if archive_id else None
-        converse = suite_converse(suite) if code is None else None
-
-        def rollout(item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
-            """A code harness's rollout of one sample: ``(score, answer, outcome)``; its sandbox seconds charged."""
-            key = f"{eval_id}:{item.id}:{sample}"
-            binding = Binding(model=model, ctx=ctx, hold_id=charged, key=key, context_tokens=spec.evaluation.context_tokens,
-                              max_tokens=spec.evaluation.max_tokens, max_calls=spec.evaluation.max_turns)
-            outcome = run_rollout(code.sandbox, code.endpoint, archive=code.data, archive_id=code.id, manifest=code.manifest,  # type: ignore[union-attr]
-                                  instruction=item.question, binding=binding, environment=suite_environment(suite, item),
-                                  caps=RolloutLimits.from_settings(grader.settings), check=lease.check, unbind_wait_s=grader.settings.inference_timeout_s)
-            if charged and outcome.sandbox_s:
-                _with_retries(lambda: grader.ledger.charge_hold(charged, HoldCharge(
-                    usage=[UsageItem(kind=UsageKind.sandbox_seconds, quantity=outcome.sandbox_s)], idempotency_key=f"{key}:sandbox")),
-                    grader.settings.upstream_retry_backoff_s)
-            if outcome.reward is not None:
-                return outcome.reward, None, outcome
-            answer = storable(outcome.answer.strip()) if outcome.answer else None
-            with scoring:
-                return score_item(suite, answer, item)[0], answer, outcome
-
-        def conversation(item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
-            """A conversation the suite drives (``converse``): ``(score, None, outcome)``, the outcome's failure saying why a
-            0 could not be scored otherwise; each model turn metered under ``<eval>:<item>:<sample>:<turn>``."""
-            calls: list[Call] = []
-
-            def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
-                lease.check()
-                if len(calls) >= spec.evaluation.max_turns:
-                    raise TurnLimitReached(f"the benchmark allows {spec.evaluation.max_turns} model turns per item")
-                try:
-                    request = completion_request(model, harness, messages, sample, tools)
-                except SystemRefused as exc:
-                    if "(field messages" not in str(exc):
-                        raise
-                    raise TurnLimitReached(f"the conversation no longer fits a request: {exc}") from exc  # it grew too long
-                key = f"{eval_id}:{item.id}:{sample}:{len(calls)}"
-                try:
-                    out = _with_retries(lambda: grader.inference.chat_completions(ctx, request, hold_id=charged, unmetered=charged is None,
-                                                                                  idempotency_key=key, context_tokens=spec.evaluation.context_tokens),
-                                       grader.settings.upstream_retry_backoff_s)
-                except UpstreamProblem as exc:
-                    if exc.code != "context_exceeded":
-                        raise _refusal(exc) or exc from exc
-                    raise TurnLimitReached("the conversation no longer fits the context") from exc
-                message = out.choices[0].message
-                calls.append(Call(messages=messages, message=message.model_dump(exclude_none=True), finish_reason=out.choices[0].finish_reason,
-                                  prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens, at=utcnow().isoformat()))
-                return message.content or ""
-
-            failure = None
-            try:
-                score = converse(item, harness, complete)  # type: ignore[misc]
-            except (SystemRefused, jobs.LeaseLost, UpstreamUnavailable):
-                raise
-            except UpstreamProblem as exc:
-                if _unavailable(exc):
-                    raise
-                score, failure = 0.0, storable(f"{exc.__class__.__name__}: {exc}"[:500])
-            except Exception as exc:  # noqa: BLE001 - what the suite raises on a conversation is that item's 0
-                score, failure = 0.0, storable(f"{exc.__class__.__name__}: {exc}"[:500])
-            trajectory = RolloutTrajectory(model=model, steps=steps_of(calls), reward=score, failure=failure, model_calls=len(calls),
-                                           prompt_tokens=sum(c.prompt_tokens for c in calls), completion_tokens=sum(c.completion_tokens for c in calls))
-            return score, None, RolloutOutcome(trajectory=trajectory, answer=None, reward=score, sandbox_s=0)
-
-        def one(task: tuple[Item, int]) -> tuple[str, int, float]:
-            item, sample = task
-            lease.check()
-            if code is not None or converse is not None:
-                score, answer, outcome = rollout(item, sample) if code is not None else conversation(item, sample)
-                if split == "test":
-                    grader.store.record(eval_id, item.id, sample, "", answer, score, outcome.trajectory.failure)
-                    if sample == k - 1:
-                        with grader.db.session() as s:
-                            lease.row(s).items_done += 1
-                else:
-                    with grader.db.session() as s:
-                        ev = lease.row(s)
-                        s.add(Trajectory(evaluation_id=eval_id, item_id=item.id, sample=sample, question=item.question,
-                                         messages=[{"role": "user", "content": item.question}], completion=storable(outcome.answer or "") or "",
-                                         answer=answer, expected=item.answer, score=score, score_error=outcome.trajectory.failure,
-                                         prompt_tokens=outcome.trajectory.prompt_tokens, completion_tokens=outcome.trajectory.completion_tokens,
-                                         rollout=outcome.trajectory.model_dump(mode="json")))
-                        if sample == k - 1:
-                            ev.items_done += 1
-                return item.id, sample, score
-            messages = render_messages(harness, item.question)
-            request = completion_request(model, harness, messages, sample, suite_tools(suite, item))
-            try:  # one key per (evaluation, item, sample): a sample re-run after a crash is not charged twice
-                out = _with_retries(lambda: grader.inference.chat_completions(
-                    ctx, request, hold_id=charged, unmetered=charged is None, idempotency_key=f"{eval_id}:{item.id}:{sample}",
-                    context_tokens=spec.evaluation.context_tokens), grader.settings.upstream_retry_backoff_s)
-                completion, prompt_tokens, completion_tokens = out.choices[0].message.content or "", out.usage.prompt_tokens, out.usage.completion_tokens
-            except UpstreamProblem as exc:
-                if exc.code != "context_exceeded":
-                    if (refused := _refusal(exc)) is not None:
-                        raise refused from exc
-                    raise
-                completion, prompt_tokens, completion_tokens = "", 0, 0  # does not fit: scores 0
-            lease.check()
-            answer = extract_answer(harness, completion, entry_point=item.entry.get("entry_point"))
-            with scoring:  # at most scoring_concurrency answers (sandboxed programs, for code suites) at once
-                score, score_error = score_item(suite, answer, item)
-            if split == "test":
-                grader.store.record(eval_id, item.id, sample, storable(completion), storable(answer), score, score_error)  # type: ignore[arg-type]
-            else:
-                with grader.db.session() as s:
-                    ev = lease.row(s)
-                    s.add(Trajectory(evaluation_id=eval_id, item_id=item.id, sample=sample, question=item.question, messages=messages,
-                                     completion=storable(completion), answer=storable(answer), expected=item.answer, score=score, score_error=score_error,
-                                     prompt_tokens=prompt_tokens, completion_tokens=completion_tokens))
-                    if sample == k - 1:
-                        ev.items_done += 1
-            if split == "test" and sample == k - 1:
-                with grader.db.session() as s:
-                    lease.row(s).items_done += 1
-            return item.id, sample, score
-
-        results = dict(done)
-        with ThreadPoolExecutor(grader.settings.rollout_concurrency if code or converse else grader.settings.inference_concurrency) as pool:
-            for item_id, sample, score in pool.map(one, todo):
-                results[(item_id, sample)] = score
-        by_item: dict[str, list[float]] = {}
-        for (item_id, _sample), score in sorted(results.items()):
-            by_item.setdefault(item_id, []).append(score)
-        outcome = ("succeeded", (aggregate(by_item, spec.evaluation.metric, k), len(by_item)))
+        outcome = ("succeeded", _EvaluationRun.load(grader, eval_id, lease).score_all())
     except jobs.LeaseLost:
         pass
     except Exception as exc:
@@ -322,6 +174,12 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
     if outcome is None or lease.lost.is_set():
         log.warning("lease lost; leaving the evaluation to its new owner", eval_id=eval_id)
         return
+    _finish(grader, eval_id, outcome)
+
+
+def _finish(grader: Grader, eval_id: str, outcome: tuple[str, Any]) -> None:
+    """Write how the evaluation ended (``succeeded`` with ``(score, items)``, ``failed`` with ``(cause, reason)``, or
+    ``queued`` again with the reason a service is away), if this worker still owns it; close its hold unless queued."""
     with grader.db.session() as s:
         ev = jobs.owned_row(s, Evaluation, eval_id)
         if ev is None:
@@ -339,18 +197,219 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
     close_hold(grader, eval_id)
 
 
+@dataclass
+class _EvaluationRun:
+    """One claimed evaluation as this worker runs it: what it evaluates (``model``, ``harness``, a code harness, the
+    suite), on which ``split``, charged to which hold (``charged``: validation only), under which ``lease``. Each sample
+    is answered one of three ways: a code harness's rollout in a sandbox (:meth:`rollout`), a conversation the suite
+    drives (:meth:`conversation`), or one completion scored by the suite (:meth:`completion`); :meth:`record` writes it."""
+
+    grader: Grader
+    eval_id: str
+    lease: jobs.Lease
+    spec: GradingSpec
+    split: str
+    model: str
+    harness: Harness
+    charged: str | None
+    ctx: RunContext | None
+    total: int
+    suite: Suite
+    code: _CodeHarness | None
+    converse: Callable[[Item, Harness, Any], float] | None
+    scoring: threading.BoundedSemaphore
+
+    @classmethod
+    def load(cls, grader: Grader, eval_id: str, lease: jobs.Lease) -> _EvaluationRun:
+        """The evaluation's row, its task's grading spec, the suite and (for a code harness) its archive."""
+        with grader.db.session() as s:
+            ev = s.get(Evaluation, eval_id)
+            spec = repository.spec(s, ev.task_id)  # type: ignore[union-attr]
+            split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total  # type: ignore[union-attr]
+            archive_id = ev.harness_archive  # type: ignore[union-attr]
+        ctx = RunContext(run_id=run_id, task_id=spec.task_id) if run_id else None
+        suite = get_suite(spec.suite.name)
+        code = _CodeHarness.load(grader, ctx, archive_id) if archive_id else None
+        return cls(grader=grader, eval_id=eval_id, lease=lease, spec=spec, split=split, model=model, harness=harness,
+                   charged=hold_id if split == "validation" else None,  # test grading is not charged
+                   ctx=ctx, total=total, suite=suite, code=code, converse=suite_converse(suite) if code is None else None,
+                   scoring=threading.BoundedSemaphore(grader.settings.scoring_concurrency))
+
+    @property
+    def k(self) -> int:
+        """Samples per item."""
+        return self.spec.evaluation.samples
+
+    def score_all(self) -> tuple[Any, int]:
+        """Score every sample not scored yet (a test grading audits the run's datasets first) and aggregate them all:
+        ``(score, items)``. Raises what a sample raises (:class:`SystemRefused`, ``LeaseLost``, an unavailable service)."""
+        items, done = self._items_and_done()
+        if self.split == "test" and self.ctx is not None:
+            _audit_submission(self.grader, self.eval_id, self.ctx, items, self.spec)
+        todo = [(it, j) for it in items for j in range(self.k) if (it.id, j) not in done]
+        with self.grader.db.session() as s:
+            self.lease.row(s).items_done = sum(1 for it in items if all((it.id, j) in done for j in range(self.k)))
+        results = dict(done)
+        settings = self.grader.settings
+        with ThreadPoolExecutor(settings.rollout_concurrency if self.code or self.converse else settings.inference_concurrency) as pool:
+            for item_id, sample, score in pool.map(self._one, todo):
+                results[(item_id, sample)] = score
+        by_item: dict[str, list[float]] = {}
+        for (item_id, _sample), score in sorted(results.items()):
+            by_item.setdefault(item_id, []).append(score)
+        return aggregate(by_item, self.spec.evaluation.metric, self.k), len(by_item)
+
+    def _items_and_done(self) -> tuple[list[Item], dict[tuple[str, int], float]]:
+        """The split's first ``total`` items, and the scores of the samples an earlier attempt already wrote."""
+        if self.split == "test":
+            return self.grader.store.items(self.spec.task_id)[:self.total], self.grader.store.done(self.eval_id)
+        with self.grader.db.session() as s:
+            items = repository.validation_items(s, self.spec.task_id)[:self.total]
+            done = {(t.item_id, t.sample): t.score for t in s.scalars(select(Trajectory).where(Trajectory.evaluation_id == self.eval_id))}
+        return items, done
+
+    def _one(self, task: tuple[Item, int]) -> tuple[str, int, float]:
+        """Answer, score and record one sample: ``(item id, sample, score)``."""
+        item, sample = task
+        self.lease.check()
+        if self.code is None and self.converse is None:
+            return self.completion(item, sample)
+        score, answer, outcome = self.rollout(item, sample) if self.code is not None else self.conversation(item, sample)
+        trajectory = outcome.trajectory
+        self.record(item, sample, score, trajectory.failure, stored_completion="", answer=answer,
+                    row={"messages": [{"role": "user", "content": item.question}], "completion": storable(outcome.answer or "") or "",
+                         "prompt_tokens": trajectory.prompt_tokens, "completion_tokens": trajectory.completion_tokens,
+                         "rollout": trajectory.model_dump(mode="json")})
+        return item.id, sample, score
+
+    def record(self, item: Item, sample: int, score: float, error: str | None, *, stored_completion: str, answer: str | None,
+               row: dict[str, Any]) -> None:
+        """Write one scored sample: to the test store (``stored_completion``, ``answer``) on the test split, else as a
+        :class:`Trajectory` (``row``: its messages, completion, tokens and rollout); the item counts as done with its
+        last sample."""
+        last = sample == self.k - 1
+        if self.split == "test":
+            self.grader.store.record(self.eval_id, item.id, sample, stored_completion, answer, score, error)
+            if last:
+                with self.grader.db.session() as s:
+                    self.lease.row(s).items_done += 1
+            return
+        with self.grader.db.session() as s:
+            ev = self.lease.row(s)
+            s.add(Trajectory(evaluation_id=self.eval_id, item_id=item.id, sample=sample, question=item.question, answer=answer,
+                             expected=item.answer, score=score, score_error=error, **row))
+            if last:
+                ev.items_done += 1
+
+    def _chat(self, request: ChatCompletionRequest, key: str) -> Any:
+        """One metered completion (charged to the hold under ``key``, unmetered on the test split), retried while
+        inference or the ledger is away."""
+        return _with_retries(lambda: self.grader.inference.chat_completions(
+            self.ctx, request, hold_id=self.charged, unmetered=self.charged is None, idempotency_key=key,
+            context_tokens=self.spec.evaluation.context_tokens), self.grader.settings.upstream_retry_backoff_s)
+
+    def completion(self, item: Item, sample: int) -> tuple[str, int, float]:
+        """One completion of the harness's messages (one idempotency key per evaluation, item and sample: a sample re-run
+        after a crash is not charged twice), its answer extracted and scored, recorded: ``(item id, sample, score)``. A
+        prompt that does not fit the context scores 0; a request inference refuses is :class:`SystemRefused`."""
+        messages = render_messages(self.harness, item.question)
+        request = completion_request(self.model, self.harness, messages, sample, suite_tools(self.suite, item))
+        try:
+            out = self._chat(request, f"{self.eval_id}:{item.id}:{sample}")
+            completion, prompt_tokens, completion_tokens = out.choices[0].message.content or "", out.usage.prompt_tokens, out.usage.completion_tokens
+        except UpstreamProblem as exc:
+            if exc.code != "context_exceeded":
+                if (refused := _refusal(exc)) is not None:
+                    raise refused from exc
+                raise
+            completion, prompt_tokens, completion_tokens = "", 0, 0  # does not fit: scores 0
+        self.lease.check()
+        answer = extract_answer(self.harness, completion, entry_point=item.entry.get("entry_point"))
+        with self.scoring:  # at most scoring_concurrency answers (sandboxed programs, for code suites) at once
+            score, score_error = score_item(self.suite, answer, item)
+        self.record(item, sample, score, score_error, stored_completion=storable(completion), answer=storable(answer),  # type: ignore[arg-type]
+                    row={"messages": messages, "completion": storable(completion), "prompt_tokens": prompt_tokens,
+                         "completion_tokens": completion_tokens})
+        return item.id, sample, score
+
+    def rollout(self, item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
+        """A code harness's rollout of one sample: ``(score, answer, outcome)``; its sandbox seconds charged."""
+        code, settings = self.code, self.grader.settings
+        assert code is not None
+        key = f"{self.eval_id}:{item.id}:{sample}"
+        binding = Binding(model=self.model, ctx=self.ctx, hold_id=self.charged, key=key, context_tokens=self.spec.evaluation.context_tokens,
+                          max_tokens=self.spec.evaluation.max_tokens, max_calls=self.spec.evaluation.max_turns)
+        outcome = run_rollout(code.sandbox, code.endpoint, archive=code.data, archive_id=code.id, manifest=code.manifest,
+                              instruction=item.question, binding=binding, environment=suite_environment(self.suite, item),
+                              caps=RolloutLimits.from_settings(settings), check=self.lease.check, unbind_wait_s=settings.inference_timeout_s)
+        if self.charged and outcome.sandbox_s:
+            charged = self.charged
+            _with_retries(lambda: self.grader.ledger.charge_hold(charged, HoldCharge(
+                usage=[UsageItem(kind=UsageKind.sandbox_seconds, quantity=outcome.sandbox_s)], idempotency_key=f"{key}:sandbox")),
+                settings.upstream_retry_backoff_s)
+        if outcome.reward is not None:
+            return outcome.reward, None, outcome
+        answer = storable(outcome.answer.strip()) if outcome.answer else None
+        with self.scoring:
+            return score_item(self.suite, answer, item)[0], answer, outcome
+
+    def conversation(self, item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
+        """A conversation the suite drives (``converse``): ``(score, None, outcome)``, the outcome's failure saying why a
+        0 could not be scored otherwise; each model turn metered under ``<eval>:<item>:<sample>:<turn>``."""
+        calls: list[Call] = []
+        evaluation = self.spec.evaluation
+
+        def complete(messages: list[dict[str, Any]], tools: list[dict[str, Any]] | None) -> str:
+            self.lease.check()
+            if len(calls) >= evaluation.max_turns:
+                raise TurnLimitReached(f"the benchmark allows {evaluation.max_turns} model turns per item")
+            try:
+                request = completion_request(self.model, self.harness, messages, sample, tools)
+            except SystemRefused as exc:
+                if "(field messages" not in str(exc):
+                    raise
+                raise TurnLimitReached(f"the conversation no longer fits a request: {exc}") from exc  # it grew too long
+            try:
+                out = self._chat(request, f"{self.eval_id}:{item.id}:{sample}:{len(calls)}")
+            except UpstreamProblem as exc:
+                if exc.code != "context_exceeded":
+                    raise _refusal(exc) or exc from exc
+                raise TurnLimitReached("the conversation no longer fits the context") from exc
+            message = out.choices[0].message
+            calls.append(Call(messages=messages, message=message.model_dump(exclude_none=True), finish_reason=out.choices[0].finish_reason,
+                              prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens, at=utcnow().isoformat()))
+            return message.content or ""
+
+        failure = None
+        try:
+            score = self.converse(item, self.harness, complete)  # type: ignore[misc]
+        except (SystemRefused, jobs.LeaseLost, UpstreamUnavailable):
+            raise
+        except UpstreamProblem as exc:
+            if _unavailable(exc):
+                raise
+            score, failure = 0.0, storable(f"{exc.__class__.__name__}: {exc}"[:500])
+        except Exception as exc:  # noqa: BLE001 - what the suite raises on a conversation is that item's 0
+            score, failure = 0.0, storable(f"{exc.__class__.__name__}: {exc}"[:500])
+        trajectory = RolloutTrajectory(model=self.model, steps=steps_of(calls), reward=score, failure=failure, model_calls=len(calls),
+                                       prompt_tokens=sum(c.prompt_tokens for c in calls), completion_tokens=sum(c.completion_tokens for c in calls))
+        return score, None, RolloutOutcome(trajectory=trajectory, answer=None, reward=score, sandbox_s=0)
+
+
 def _audit_submission(grader: Grader, eval_id: str, ctx: RunContext, test_items: list[Item], spec: GradingSpec) -> None:
     """Run the contamination audit (:mod:`grader.audit`) of the submission graded by ``eval_id`` over every
-    dataset the run uploaded, once (a resumed grading keeps the first report), and store it on the submission."""
+    dataset the run had uploaded when it submitted (the digests the gateway handed over with the submission, read from
+    the artifact store, content-addressed), once (a resumed grading keeps the first report), and store it on the
+    submission. A dataset missing from the store raises ``FileNotFoundError`` (the grading fails, by the platform)."""
     with grader.db.session() as s:
         sub = s.scalar(select(Submission).where(Submission.evaluation_id == eval_id))
         if sub is None or sub.contamination is not None:
             return
-    datasets = grader.trainer.list_datasets(ctx).data
+        datasets = [DatasetDigest(**d) for d in sub.datasets or []]
 
     def rows() -> Iterator[Any]:
         for ds in datasets:
-            for line in grader.trainer.dataset_content(ctx, ds.id).splitlines():
+            for line in artifacts.get_bytes(grader.settings.artifacts_dir, artifacts.dataset_key(ds.sha256)).splitlines():
                 if line.strip():
                     yield json.loads(line)
 

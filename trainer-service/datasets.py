@@ -32,7 +32,7 @@ def create_dataset(trainer: Trainer, ctx: RunContext, name: str, data: bytes) ->
     parsed = parse_dataset(data)
     fmt, rows = parsed.format, len(parsed.rows)
     digest = hashlib.sha256(data).hexdigest()
-    uri = artifacts.put_bytes(trainer.settings.artifacts_dir, f"datasets/{digest}.jsonl", data)
+    uri = artifacts.put_bytes(trainer.settings.artifacts_dir, artifacts.dataset_key(digest), data)
     with trainer.db.session() as s:
         existing = s.scalar(select(Dataset).where(Dataset.run_id == ctx.run_id, Dataset.sha256 == digest))
         if existing is not None:

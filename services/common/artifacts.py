@@ -1,7 +1,7 @@
 """The artifact store: immutable files addressed by a URI (``file://`` in embedded mode).
 
 Datasets, checkpoints and harness archives are written once under ``<data_dir>/artifacts`` and read by path; an
-S3-compatible backend can implement the same three functions. The directories the store creates are writable by their
+S3-compatible backend can implement the same functions. The directories the store creates are writable by their
 group as well as their owner: the processes sharing a store may be different users of one group (docker-compose runs
 the services as uid 10001 of group 0 and the eval worker, which starts sandbox containers, as root).
 """
@@ -30,6 +30,17 @@ def _make_parents(path: Path) -> None:
             directory.chmod(0o775)
         except PermissionError:
             pass  # another process of the store made it first: its mode is its maker's
+
+
+def dataset_key(sha256: str) -> str:
+    """Where an uploaded dataset's bytes live in the store: content-addressed by their SHA-256 (hex), so the trainer
+    that writes them and the grader that audits them agree on the place without asking each other."""
+    return f"datasets/{sha256}.jsonl"
+
+
+def get_bytes(root: Path, key: str) -> bytes:
+    """The bytes stored at ``root/key``; raises ``FileNotFoundError`` if nothing is."""
+    return (root / key).read_bytes()
 
 
 def put_bytes(root: Path, key: str, data: bytes) -> str:

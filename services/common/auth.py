@@ -28,7 +28,7 @@ MAY_CALL: dict[str, tuple[str, ...]] = {  # the design's service table: caller -
     "gateway": ("ledger", "trainer", "inference", "grader"),
     "trainer": ("ledger", "grader"),  # the grader: its /internal/training-pool routes only (GRPO), see grader.api
     "inference": ("ledger", "trainer"),
-    "grader": ("inference", "ledger", "trainer"),
+    "grader": ("inference", "ledger"),  # never the trainer: a submission's audit reads the datasets the gateway names from the artifact store
     "ledger": (),
 }
 

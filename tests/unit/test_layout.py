@@ -49,3 +49,30 @@ def test_every_service_reads_the_same_way() -> None:
         names = {p.name for p in (ROOT / folder).glob("*.py")}
         expected = {"app.py", "api.py", "schemas.py"} | ({"client.py"} if folder != "gateway" else set())
         assert expected <= names, f"{folder} lacks {sorted(expected - names)}"
+
+
+PACKAGE_OF = {"gateway": "gateway", "ledger": "services.ledger", "trainer": "trainer_service", "inference": "inference_service", "grader": "grader"}
+SHARED_MODULES = ("client", "schemas")  # what a caller may import of a service it calls: its typed client and wire models
+
+
+def test_services_call_one_way_as_the_table_says() -> None:
+    """In ``services.common.auth.MAY_CALL`` no two services call each other (a round about way stays: the grader asks
+    inference for completions, inference the trainer for checkpoints, the trainer the grader for rewards), and a
+    service imports another one only where the table lets it call that service, and then only its ``client`` and
+    ``schemas`` (every import counts, module level or in a function)."""
+    from services.common.auth import MAY_CALL
+
+    both_ways = sorted({tuple(sorted((a, b))) for a, callees in MAY_CALL.items() for b in callees if a in MAY_CALL.get(b, ())})
+    assert both_ways == [], f"services that call each other: {both_ways}"
+    graph = grimp.build_graph(*PACKAGES)
+    found = []
+    for caller, package in PACKAGE_OF.items():
+        for module in graph.find_descendants(package) | {package}:
+            for imported in graph.find_modules_directly_imported_by(module):
+                for callee, other in PACKAGE_OF.items():
+                    if callee == caller or not (imported == other or imported.startswith(other + ".")):
+                        continue
+                    shared = imported.removeprefix(other + ".") in SHARED_MODULES
+                    if not (shared and callee in MAY_CALL[caller]):
+                        found.append(f"{module} imports {imported} ({caller} → {callee})")
+    assert found == [], "imports across services that the call table does not allow:\n" + "\n".join(sorted(found))

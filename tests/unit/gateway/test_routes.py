@@ -178,8 +178,8 @@ class Grader:
         self._record("get_trajectories", ctx, eval_id=eval_id)
         return Page[TrajectoryOut](data=[])
 
-    async def create_submission(self, ctx: RunContext, body: SubmissionCreate, *, max_submissions: int) -> SubmissionOut:
-        self._record("create_submission", ctx, body=body, max_submissions=max_submissions)
+    async def create_submission(self, ctx: RunContext, body: SubmissionCreate, *, max_submissions: int, datasets: list) -> SubmissionOut:
+        self._record("create_submission", ctx, body=body, max_submissions=max_submissions, datasets=datasets)
         return self._submission(ctx, model=body.model)
 
     async def get_submission(self, ctx: RunContext, sub_id: str) -> SubmissionOut:

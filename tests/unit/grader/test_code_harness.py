@@ -25,7 +25,6 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from inference_service.client import InferenceClient
-from trainer_service.client import TrainerClient
 
 from grader import worker
 from grader.app import create_app
@@ -100,7 +99,6 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         queue: list[str] = []
         service.ledger = ledger = LedgerClient(in_process(ledger_http, GRADER_TOKEN, "ledger"))
         service.inference = InferenceClient(stand_in("inference", agent_model))
-        service.trainer = TrainerClient(stand_in("trainer", lambda _r: httpx.Response(200, json={"object": "list", "data": []})))
         service.enqueue = queue.append
         client = GraderClient(in_process(http, GATEWAY_TOKEN, "grader"))
         spec = GradingSpec(task_id="bm_terminal", suite={"name": "terminal", "params": {"tasks": [TASK, "dedupe-lines", "extract-emails", "csv-column-sum", "find-large-files"]},
@@ -268,7 +266,7 @@ def test_an_edited_harness_is_evaluated_and_submitted(served: Served) -> None:
     worker.run_evaluation(served.service, created.id)
     done = served.grader.get_evaluation(ctx, created.id)
     assert (done.status, done.score.value, done.harness_archive) == ("succeeded", 1.0, uploaded.id)  # type: ignore[union-attr]
-    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE, harness_archive=uploaded.id), max_submissions=1)
+    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE, harness_archive=uploaded.id), max_submissions=1, datasets=[])
     worker.run_evaluation(served.service, served.queue[-1])
     graded = served.grader.get_submission(ctx, sub.id)
     assert (graded.status, graded.score.value, graded.harness_archive) == ("graded", 1.0, uploaded.id)  # type: ignore[union-attr]

@@ -14,7 +14,6 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from inference_service.client import InferenceClient
-from trainer_service.client import TrainerClient
 
 from grader import worker
 from grader.app import create_app
@@ -80,11 +79,10 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
                               inference_concurrency=2, scoring_concurrency=2)
     with TestClient(ledger_app, base_url="http://ledger") as ledger_http, TestClient(create_app(settings), base_url="http://grader") as http:
         service: Grader = http.app.state.grader  # type: ignore[attr-defined]
-        service.close()  # its clients reached the configured URLs: the ledger here, inference and the trainer as stand-ins
+        service.close()  # its clients reached the configured URLs: the ledger here, inference as a stand-in
         queue: list[str] = []
         service.ledger = ledger = LedgerClient(in_process(ledger_http, GRADER_TOKEN, "ledger"))
         service.inference = InferenceClient(stand_in("inference", inference))
-        service.trainer = TrainerClient(stand_in("trainer", lambda _r: httpx.Response(200, json={"object": "list", "data": []})))
         service.enqueue = queue.append
         client = GraderClient(in_process(http, GATEWAY_TOKEN, "grader"))
         spec = GradingSpec(task_id="bm_routes", suite=TEST_BENCHMARK["suite"], initial_system=TEST_BENCHMARK["initial_system"],
@@ -208,10 +206,10 @@ def test_another_runs_evaluation_is_a_404(served: Served) -> None:
 
 def test_a_submission_is_graded_on_the_hidden_split_and_shows_on_the_leaderboard(served: Served) -> None:
     ctx = served.ctx("run_submits")
-    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1)
+    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1, datasets=[])
     assert (sub.status, sub.counted, served.queue[-1] != sub.id) == ("queued", True, True)
     with pytest.raises(UpstreamProblem) as refused:
-        served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1)
+        served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1, datasets=[])
     assert (refused.value.status, refused.value.code) == (403, "submission_limit")
 
     worker.run_evaluation(served.service, served.queue[-1])

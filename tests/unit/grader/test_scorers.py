@@ -304,7 +304,6 @@ def _ledger(request: httpx.Request) -> httpx.Response:
 def grader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Any]:
     """The grader's service object on migrated databases (SQLite or PostgreSQL), with a prime_factorization task registered."""
     from inference_service.client import InferenceClient
-    from trainer_service.client import TrainerClient
 
     from grader import grading_tasks
     from grader.service import Grader
@@ -321,7 +320,7 @@ def grader(request: pytest.FixtureRequest, tmp_path_factory: pytest.TempPathFact
             queue: list[str] = []
             service = Grader(settings=settings, db=Database(grader_url), store=teststore.TestStore(store_url),
                              inference=_client(InferenceClient, "inference", _inference), ledger=_client(LedgerClient, "ledger", _ledger),
-                             trainer=_client(TrainerClient, "trainer", lambda _r: httpx.Response(200, json={"data": []})), enqueue=queue.append)
+                             enqueue=queue.append)
             task_id = new_id("bm")
             grading_tasks.register_task(service, GradingSpec(
                 task_id=task_id, initial_system={"model": BASE}, evaluation={"max_tokens": 8, "samples": 2, "metric": "avg@k"},

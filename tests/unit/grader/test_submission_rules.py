@@ -23,8 +23,9 @@ import pytest
 from fastapi.testclient import TestClient
 from sqlalchemy import select
 
+from grader.schemas import SubmissionGrading
 from services.common.auth import RunContext, hash_secret
-from services.common.contracts import GradingSpec, SubmissionCreate, SubmissionOut
+from services.common.contracts import GradingSpec, SubmissionOut
 from services.common.db import Database, migrate, utcnow
 from services.common.errors import SubmissionLimitReached
 from services.common.http import ServiceClient
@@ -91,7 +92,7 @@ class GraderRig:
     def submit(self, max_submissions: int = 1) -> SubmissionOut:
         from grader import submissions
 
-        return submissions.create_submission(self.service, self.ctx(), SubmissionCreate(model=BASE), max_submissions)
+        return submissions.create_submission(self.service, self.ctx(), SubmissionGrading(model=BASE), max_submissions)
 
     def evaluation_of(self, sub: SubmissionOut) -> str:
         from grader.models import Submission
@@ -127,7 +128,6 @@ class GraderRig:
 @pytest.fixture
 def grader(tmp_path: Path) -> Iterator[GraderRig]:
     from inference_service.client import InferenceClient
-    from trainer_service.client import TrainerClient
 
     from grader import grading_tasks, worker
     from grader.service import Grader
@@ -144,7 +144,6 @@ def grader(tmp_path: Path) -> Iterator[GraderRig]:
     service = Grader(settings=settings, db=Database(url), store=TestStore(f"sqlite:///{tmp_path / 'teststore.sqlite'}"),
                      inference=stand_in(InferenceClient, "inference", inference),
                      ledger=stand_in(LedgerClient, "ledger", lambda _r: httpx.Response(503, json={"status": 503, "detail": "test grading holds nothing"})),
-                     trainer=stand_in(TrainerClient, "trainer", lambda _r: httpx.Response(200, json={"object": "list", "data": []})),  # no datasets to audit
                      enqueue=queue.append)
     g = GraderRig(inference, service, new_id("bm"), tmp_path, queue)
     splits = {"train": {"seed": 11, "size": 40}, "validation": {"seed": 22, "size": 4}, "test": {"size": 6}}
@@ -287,7 +286,8 @@ def test_the_run_lists_whose_fault_each_failure_was_and_what_is_used_up(grader: 
 @pytest.fixture
 def gateway(grader: GraderRig) -> Iterator[TestClient]:
     """The gateway's app (its real leaderboard and run routes, its service object built as it builds it) reading the
-    grader's real app in process; the ledger answers the run's account, the trainer and inference are not called."""
+    grader's real app in process; the ledger answers the run's account, the trainer that the run uploaded no dataset
+    (what a submission's audit reads), inference is not called."""
     from gateway.app import create_app as gateway_app
     from gateway.models import Benchmark, Run
     from gateway.settings import GatewaySettings
@@ -297,10 +297,12 @@ def gateway(grader: GraderRig) -> Iterator[TestClient]:
     account = {"account_id": "run_a", "budget_usd_micros": 1_000_000, "remaining_usd_micros": 750_000, "held_usd_micros": 0,
                "spent_usd_micros": 250_000, "spent_by_kind": {}, "usage_by_kind": {}, "price_version": "test"}
     refuse = httpx.MockTransport(lambda _r: httpx.Response(500, json={"status": 500, "detail": "not called"}))
+    no_datasets = httpx.MockTransport(lambda r: httpx.Response(200, json={"object": "list", "data": []}) if r.url.path == "/internal/datasets"
+                                      else httpx.Response(500, json={"status": 500, "detail": "not called"}))
     app = gateway_app(settings)
     with TestClient(app) as client:
         gw = app.state.gateway
-        for service, transport in ((gw.grader, httpx.ASGITransport(app=grader_app(grader=grader.service))), (gw.trainer, refuse), (gw.inference, refuse),
+        for service, transport in ((gw.grader, httpx.ASGITransport(app=grader_app(grader=grader.service))), (gw.trainer, no_datasets), (gw.inference, refuse),
                                    (gw.ledger, httpx.MockTransport(lambda _r: httpx.Response(200, json=account)))):
             http = service.http.client
             service.http.client = httpx.AsyncClient(base_url=http.base_url, headers=http.headers, transport=transport)

@@ -27,7 +27,7 @@ Workers serve nothing, so they have no callers and read CRUCIBLE_SERVICE_TOKEN a
 {{- define "crucible.components" -}}
 gateway: {image: gateway, port: 8000, database: gateway, token: gateway, callers: [], platform: true, admin: true}
 ledger: {image: ledger, port: 8001, database: ledger, token: ledger, callers: [gateway, trainer, inference, grader], platform: true}
-trainer: {image: trainer, port: 8002, database: trainer, token: trainer, callers: [gateway, inference, grader], platform: true, broker: true, artifacts: true}
+trainer: {image: trainer, port: 8002, database: trainer, token: trainer, callers: [gateway, inference], platform: true, broker: true, artifacts: true}
 inference: {image: inference, port: 8003, database: inference, token: inference, callers: [gateway, grader], platform: true, artifacts: true, upstream: true}
 grader: {image: grader, port: 8004, database: grader, token: grader, callers: [gateway, trainer], platform: true, broker: true, testStore: true, artifacts: true}
 train-worker: {image: trainer, database: trainer, token: trainer, platform: true, broker: true, artifacts: true, queue: train, app: trainer_service.tasks}
