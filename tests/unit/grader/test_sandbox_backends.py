@@ -20,17 +20,15 @@ import textwrap
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
 
+from grader.sandboxes import BACKENDS
 from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, owner, owner_alive, reap_workspaces, workspace
-from grader.sandboxes.bwrap import BubblewrapSandbox
 from grader.sandboxes.docker import DockerSandbox
 from tests.conftest import ROOT
-
-BACKENDS: dict[str, Callable[[], Sandbox]] = {"bwrap": BubblewrapSandbox, "docker": DockerSandbox}
 
 
 @pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
