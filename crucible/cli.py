@@ -249,6 +249,18 @@ def agent(api_key: Annotated[str, typer.Option(envvar="CRUCIBLE_API_KEY", help="
     BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig.for_steps(steps, method.value, adapter.value), console).run()
 
 
+@app.command()
+def mcp(api_key: Annotated[str, typer.Option(envvar="CRUCIBLE_API_KEY", help="The run's API key.")],
+        gateway: GatewayUrl = "http://127.0.0.1:8000") -> None:
+    """Serve the run's API as MCP tools over stdio, for a coding agent (Claude Code, Codex) that launches this command.
+
+    The tools call the gateway with the run's key (what HTTP refuses, they refuse); `path` arguments are this machine's files.
+    The gateway serves the same tools over streamable HTTP at /mcp."""
+    from gateway.mcp import stdio_server
+
+    stdio_server(gateway, api_key).run("stdio")
+
+
 def _admin(gateway: str, data_dir: Path) -> AdminClient:
     return AdminClient(gateway, _admin_key(data_dir))
 

@@ -19,8 +19,8 @@ from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from gateway import benchmarks, leaderboard, runs
-from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut
+from gateway import benchmarks, leaderboard, reports, runs
+from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut, RunReport
 from gateway.service import (
     Caller,
     Gateway,
@@ -33,6 +33,7 @@ from gateway.service import (
     for_task,
     log_audit,
     log_call,
+    run_caller,
     training_job,
 )
 from grader.schemas import DatasetDigest
@@ -169,6 +170,15 @@ async def get_run(gw: GatewayDep, caller: AgentDep) -> RunCard:
 async def get_budget(gw: GatewayDep, caller: AgentDep) -> BudgetOut:
     """Micro-USD: ``budget = remaining + held + spent``; ``spent_by_kind`` per usage kind. Works after exhaustion."""
     return await runs.budget(gw, caller)
+
+
+@agent_router.get("/run/report", tags=["run"], summary="Where the run's time and money went, and what it tried")
+async def get_run_report(gw: GatewayDep, caller: AgentDep) -> RunReport:
+    """Wall time by activity (training, evaluating, queued, final grading, the agent's own; overlaps counted once in
+    ``wall_s``, every job in ``busy_s``), the share spent waiting on queues and grading, spend over time by kind
+    (micro-USD), the designs tried (datasets, recipes, harnesses, checkpoints) with their best validation score and cost,
+    and each validation evaluation's score over time. Free; computed on each call."""
+    return await reports.run_report(gw, caller)
 
 
 # --------------------------------------------------------------------------- datasets and suite data
@@ -481,6 +491,12 @@ def revoke(run_id: RunId, gw: GatewayDep) -> RunOut:
 @admin_router.get("/runs/{run_id}/episode", summary="A run's episode log (every agent call)")
 def episode(run_id: RunId, gw: GatewayDep, after: int = Query(0, ge=0, le=2**62), limit: int = Query(1000, ge=1, le=10_000)) -> dict:
     return {"object": "list", "data": episode_log(gw, run_id, after, limit)}
+
+
+@admin_router.get("/runs/{run_id}/report", summary="A run's report", responses=problem_responses(NotFound))
+async def run_report(run_id: RunId, gw: GatewayDep) -> RunReport:
+    """What ``GET /v1/run/report`` answers the run's agent, for the operator."""
+    return await reports.run_report(gw, await run_in_threadpool(run_caller, gw, run_id))
 
 
 @admin_router.get("/audit", summary="The audit log (operator actions and refused credentials)")

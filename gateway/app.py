@@ -2,7 +2,8 @@
 
 On start-up it reads its settings (unless given), migrates its database to the newest revision and builds
 the :class:`~gateway.service.Gateway` (database, rate limiter, clients of the four services) into
-``app.state.gateway``, where the routes find it; on shutdown it closes the clients and the database.
+``app.state.gateway``, where the routes find it, and starts the MCP endpoint (``/mcp``, :mod:`gateway.mcp`); on
+shutdown it closes them.
 """
 
 from __future__ import annotations
@@ -14,6 +15,7 @@ from pathlib import Path
 from fastapi import FastAPI, Request
 
 from gateway import api
+from gateway.mcp import MCPEndpoint
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
 from services.common.app import create_service_app
@@ -32,8 +34,10 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         migrate(s.database_url_for("gateway"), MIGRATIONS_DIR)
         app.state.gateway = gateway = Gateway.from_settings(s)
         try:
-            yield
+            async with mcp.run():
+                yield
         finally:
+            await mcp.aclose()
             await gateway.close()
 
     def metrics_auth(request: Request) -> None:
@@ -50,6 +54,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(api.agent_router)
     app.include_router(api.admin_router)
     app.include_router(api.public_router)
+    mcp = MCPEndpoint(app)  # the same API as MCP tools, for coding agents (streamable HTTP; gateway.mcp)
+    app.router.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)
     return app
 
 

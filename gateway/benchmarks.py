@@ -9,17 +9,15 @@ from __future__ import annotations
 from typing import Any
 
 from pydantic import ValidationError
-from sqlalchemy import select
-from sqlalchemy.orm import Session
 from starlette.concurrency import run_in_threadpool
 
+from gateway import repository
 from gateway.models import Benchmark
 from gateway.schemas import BenchmarkFile, BenchmarkOut, TaskSpec
 from gateway.service import Gateway
 from services.common.contracts import BenchmarkBaselines, GradingSpec
-from services.common.db import utcnow
-from services.common.errors import Conflict, NotFound, Unprocessable
-from services.common.ids import has_prefix, new_id
+from services.common.errors import Conflict, Unprocessable
+from services.common.ids import new_id
 
 
 def benchmark_out(b: Benchmark, warnings: list[str] | None = None) -> BenchmarkOut:
@@ -60,14 +58,6 @@ def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str) -> GradingSp
                        reference_system=task.reference.system, reference_score=task.reference.score, evaluation=task.evaluation, audit=spec.audit)
 
 
-def find_benchmark(s: Session, ref: str) -> Benchmark:
-    """The benchmark with id or name ``ref``; ``NotFound`` (field ``benchmark``) if there is none."""
-    b = s.get(Benchmark, ref) if has_prefix(ref, "bm") else s.scalar(select(Benchmark).where(Benchmark.name == ref))
-    if b is None:
-        raise NotFound(f"benchmark {ref!r} not found", field="benchmark")
-    return b
-
-
 async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
     """Register a benchmark: validate (its models among those inference serves), have the grader build each task's splits, store it. Same name and same
     document → the existing benchmark; same name, different document → ``Conflict``. The answer's ``warnings``
@@ -77,7 +67,7 @@ async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
 
     def existing() -> BenchmarkOut | None:
         with gw.db.session() as s:
-            b = s.scalar(select(Benchmark).where(Benchmark.name == spec.name))
+            b = repository.benchmark_by_name(s, spec.name)
             if b is not None and BenchmarkFile.model_validate(b.spec) != spec:
                 raise Conflict(f"benchmark {spec.name!r} exists with a different definition; choose a new name", field="name")
             return None if b is None else benchmark_out(b)
@@ -93,17 +83,14 @@ async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
 
     def store() -> BenchmarkOut:
         with gw.db.session() as s:
-            b = Benchmark(id=bm_id, name=spec.name, spec=spec.model_dump(mode="json"), tasks=ids, created_at=utcnow())
-            s.add(b)
-            s.flush()
-            return benchmark_out(b, warnings)
+            return benchmark_out(repository.add_benchmark(s, bm_id, spec.name, spec.model_dump(mode="json"), ids), warnings)
 
     return await run_in_threadpool(store)
 
 
 def list_benchmarks(gw: Gateway) -> list[BenchmarkOut]:
     with gw.db.session() as s:
-        return [benchmark_out(b) for b in s.scalars(select(Benchmark).order_by(Benchmark.id))]
+        return [benchmark_out(b) for b in repository.benchmarks(s)]
 
 
 async def benchmark_baselines(gw: Gateway, ref: str) -> BenchmarkBaselines:
@@ -111,7 +98,7 @@ async def benchmark_baselines(gw: Gateway, ref: str) -> BenchmarkBaselines:
     states summed up over the tasks (:class:`BenchmarkBaselines`). ``NotFound`` for an unknown benchmark."""
     def task_ids() -> tuple[str, dict[str, str]]:
         with gw.db.session() as s:
-            bm = find_benchmark(s, ref)
+            bm = repository.find_benchmark(s, ref)
             return bm.id, bm.task_ids()
 
     benchmark_id, ids = await run_in_threadpool(task_ids)

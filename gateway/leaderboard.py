@@ -6,9 +6,9 @@ The grader says which submission of each run and task counts and its aggregate t
 
 from __future__ import annotations
 
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
+from gateway import repository
 from gateway.models import Benchmark, Run
 from gateway.schemas import LeaderboardRow, TaskScore
 from gateway.service import Gateway
@@ -30,7 +30,7 @@ async def leaderboard(gw: Gateway) -> list[LeaderboardRow]:
 
     def read() -> tuple[dict[str, Run], dict[str, Benchmark]]:
         with gw.db.session() as s:
-            return {r.id: r for r in s.scalars(select(Run))}, {b.id: b for b in s.scalars(select(Benchmark))}
+            return {r.id: r for r in repository.runs(s)}, {b.id: b for b in repository.benchmarks(s)}
 
     runs, benchmarks = await run_in_threadpool(read)
     counting: dict[str, dict[str, LeaderboardEntry]] = {}  # run -> the grader's task id -> the submission that counts

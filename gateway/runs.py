@@ -9,17 +9,15 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import select
 from starlette.concurrency import run_in_threadpool
 
-from gateway.benchmarks import find_benchmark
+from gateway import repository
 from gateway.models import Benchmark, Run
 from gateway.schemas import BenchmarkFile, BudgetOut, RefundRequest, RunCard, RunCreate, RunCreated, RunOut
 from gateway.service import Caller, Gateway
 from services.common.auth import hash_secret, new_secret
 from services.common.contracts import EvaluationUsage
 from services.common.db import utcnow
-from services.common.errors import NotFound
 from services.common.ids import new_id
 from services.ledger.schemas import AccountCreate, Entry, Refund, RefundCreate
 
@@ -38,7 +36,7 @@ async def create_run(gw: Gateway, req: RunCreate) -> RunCreated:
 
     def find() -> tuple[Benchmark, BenchmarkFile]:
         with gw.db.session() as s:
-            b = find_benchmark(s, req.benchmark)
+            b = repository.find_benchmark(s, req.benchmark)
             return b, BenchmarkFile.model_validate(b.spec)
 
     b, spec = await run_in_threadpool(find)
@@ -51,10 +49,8 @@ async def create_run(gw: Gateway, req: RunCreate) -> RunCreated:
     def store() -> RunCreated:
         now = utcnow()
         with gw.db.session() as s:
-            r = Run(id=run_id, benchmark_id=b.id, agent_name=req.agent_name, track=req.track or spec.track, key_hash=hash_secret(key),
-                    key_prefix=key[:8], budget_usd_micros=budget, deadline_at=now + dt.timedelta(hours=hours), created_at=now)
-            s.add(r)
-            s.flush()
+            r = repository.add_run(s, run_id, benchmark_id=b.id, agent_name=req.agent_name, track=req.track or spec.track, key_hash=hash_secret(key),
+                                   key_prefix=key[:8], budget_usd_micros=budget, deadline_at=now + dt.timedelta(hours=hours), created_at=now)
             return RunCreated(**run_out(r).model_dump(), api_key=key)
 
     return await run_in_threadpool(store)
@@ -62,23 +58,20 @@ async def create_run(gw: Gateway, req: RunCreate) -> RunCreated:
 
 def list_runs(gw: Gateway) -> list[RunOut]:
     with gw.db.session() as s:
-        return [run_out(r) for r in s.scalars(select(Run).order_by(Run.id))]
+        return [run_out(r) for r in repository.runs(s)]
 
 
 def revoke_run_key(gw: Gateway, run_id: str) -> RunOut:
     """Revoke a run's key; the next request with it gets 401. ``NotFound`` for an unknown run."""
     with gw.db.session() as s:
-        r = s.get(Run, run_id)
-        if r is None:
-            raise NotFound(f"run {run_id} not found")
+        r = repository.run(s, run_id)
         r.revoked_at = r.revoked_at or utcnow()
         return run_out(r)
 
 
 def _require_run(gw: Gateway, run_id: str) -> None:
     with gw.db.session() as s:
-        if s.get(Run, run_id) is None:
-            raise NotFound(f"run {run_id} not found", field="run_id")
+        repository.run(s, run_id, field="run_id")
 
 
 async def ledger_entries(gw: Gateway, run_id: str, after: str | None, limit: int) -> list[Entry]:

@@ -285,3 +285,76 @@ class LeaderboardRow(BaseModel):
     validation_evaluations: int
     spent_usd: float
     elapsed_hours: float
+
+
+# --------------------------------------------------------------------------- the run report (gateway.reports)
+
+
+class ActivityTime(BaseModel):
+    """Seconds of one activity in the run. ``wall_s``: time at least one ran (overlaps once); ``busy_s``: their summed
+    durations (job-seconds); ``exclusive_s``: its part of the run's span (the parts sum to ``wall_s`` of the run);
+    ``count``: intervals (the agent's: its calls)."""
+
+    activity: Literal["training", "evaluating", "final_grading", "queued", "agent"]
+    wall_s: float
+    busy_s: float
+    exclusive_s: float
+    count: int
+
+
+class SpendPoint(BaseModel):
+    """Spend so far (micro-USD, charges less refunds) at ``at``, in all and by usage kind."""
+
+    at: dt.datetime
+    spent_usd_micros: int
+    by_kind: dict[str, int]
+
+
+class DesignTried(BaseModel):
+    """One design the run tried: a ``dataset`` (``ds_…``), ``recipe`` (its JSON as submitted), ``harness`` (its JSON, or
+    ``har_…``), ``checkpoint`` or base ``model``; ``uses``: jobs or evaluations that used it; its validation ``evaluations``,
+    best validation score among them, and ``cost_usd_micros`` (its jobs' or evaluations' charges)."""
+
+    kind: Literal["dataset", "recipe", "harness", "checkpoint", "model"]
+    key: str
+    uses: int
+    evaluations: int
+    best_validation_score: float | None
+    cost_usd_micros: int
+
+
+class ValidationPoint(BaseModel):
+    """A finished validation evaluation: when it finished, the system's model (``checkpoint``: one of the run's), its score."""
+
+    eval_id: str
+    at: dt.datetime
+    task: str
+    model: str
+    checkpoint: bool
+    score: float
+    ci_low: float | None
+    ci_high: float | None
+    items: int
+
+
+class RunReport(BaseModel):
+    """Where a run's time and money went and what it tried (``gateway.reports`` states how each figure is made).
+
+    ``wall_s``: from the run's creation to the last thing that happened; ``waiting_and_grading_share``: the part of it
+    in which the run waited on a queue or on grading and no training ran (0–1)."""
+
+    run_id: str
+    started_at: dt.datetime
+    ended_at: dt.datetime
+    wall_s: float
+    time: list[ActivityTime]
+    waiting_and_grading_s: float
+    waiting_and_grading_share: float
+    agent_calls: int
+    budget_usd_micros: int
+    spent_usd_micros: int
+    spend: list[SpendPoint]
+    tried: dict[str, int] = Field(description="Distinct datasets, recipes, harnesses and checkpoints the run tried.")
+    designs: list[DesignTried]
+    validation: list[ValidationPoint]
+    submissions: list[dict[str, Any]] = Field(description="Each submission's id, task, model, status, aggregate score and times.")

@@ -16,10 +16,11 @@ from dataclasses import dataclass
 from typing import Any
 
 from inference_service.client import InferenceClient
-from sqlalchemy import select
+from sqlalchemy.orm import Session
 from trainer_service.client import TrainerClient
 
-from gateway.models import AuditEvent, Benchmark, EpisodeEvent, Run
+from gateway import repository
+from gateway.models import Run
 from gateway.ratelimit import KeyRateLimiter
 from gateway.schemas import TRACKS, BenchmarkFile
 from gateway.settings import GatewaySettings
@@ -99,13 +100,23 @@ def authenticate(gw: Gateway, authorization: str | None) -> Caller:
     if key is None:
         raise Unauthorized("send the run's API key as `Authorization: Bearer <key>`")
     with gw.db.session() as s:
-        run = s.scalar(select(Run).where(Run.key_hash == hash_secret(key)))
+        run = repository.run_by_key_hash(s, hash_secret(key))
         if run is None:
             raise Unauthorized("unknown API key")
         if run.revoked_at is not None:
             raise Unauthorized("this API key has been revoked")
-        bm = s.get(Benchmark, run.benchmark_id)
-        spec, tasks = BenchmarkFile.model_validate(bm.spec), bm.task_ids()  # type: ignore[union-attr]
+        return _caller(s, run)
+
+
+def run_caller(gw: Gateway, run_id: str) -> Caller:
+    """Run ``run_id`` as its agent's calls see it, for an operator's reading of it (``NotFound`` naming ``run_id``)."""
+    with gw.db.session() as s:
+        return _caller(s, repository.run(s, run_id, field="run_id"))
+
+
+def _caller(s: Session, run: Run) -> Caller:
+    bm = repository.benchmark(s, run.benchmark_id)
+    spec, tasks = BenchmarkFile.model_validate(bm.spec), bm.task_ids()  # type: ignore[union-attr]
     editable = list(spec.editable or []) if run.track == spec.track else list(TRACKS[run.track])  # a run on another track than the file's
     ctx = RunContext(run_id=run.id, task_id=next(iter(tasks.values())), track=run.track, editable=editable)
     return Caller(run=run, benchmark=spec, ctx=ctx, tasks=tasks)
@@ -174,25 +185,24 @@ def training_job(caller: Caller, req: TrainingJobCreate) -> TrainingJobCreate:
 def log_call(gw: Gateway, run_id: str, method: str, path: str, status: int, latency_ms: int) -> None:
     """Append one agent call to the episode log."""
     with gw.db.session() as s:
-        s.add(EpisodeEvent(run_id=run_id, method=method, path=path, status=status, latency_ms=latency_ms, created_at=utcnow()))
+        repository.add_episode_event(s, run_id, method, path, status, latency_ms)
 
 
 def log_audit(gw: Gateway, actor: str, key_prefix: str | None, method: str, path: str, status: int, client: str | None) -> None:
     """Append an operator action or a refused credential to the audit log."""
     with gw.db.session() as s:
-        s.add(AuditEvent(actor=actor, key_prefix=key_prefix, method=method, path=path, status=status, client=client, created_at=utcnow()))
+        repository.add_audit_event(s, actor, key_prefix, method, path, status, client)
 
 
 def audit_log(gw: Gateway, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
     """At most ``limit`` audit events with ``seq > after``, oldest first."""
     with gw.db.session() as s:
-        rows = s.scalars(select(AuditEvent).where(AuditEvent.seq > after).order_by(AuditEvent.seq).limit(limit))
         return [{"seq": e.seq, "actor": e.actor, "key_prefix": e.key_prefix, "method": e.method, "path": e.path, "status": e.status,
-                 "client": e.client, "created_at": e.created_at} for e in rows]
+                 "client": e.client, "created_at": e.created_at} for e in repository.audit_events_after(s, after, limit)]
 
 
 def episode_log(gw: Gateway, run_id: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
     """At most ``limit`` of run ``run_id``'s calls with ``seq > after``, oldest first."""
     with gw.db.session() as s:
-        rows = s.scalars(select(EpisodeEvent).where(EpisodeEvent.run_id == run_id, EpisodeEvent.seq > after).order_by(EpisodeEvent.seq).limit(limit))
-        return [{"seq": e.seq, "method": e.method, "path": e.path, "status": e.status, "latency_ms": e.latency_ms, "created_at": e.created_at} for e in rows]
+        return [{"seq": e.seq, "method": e.method, "path": e.path, "status": e.status, "latency_ms": e.latency_ms, "created_at": e.created_at}
+                for e in repository.episode_events_after(s, run_id, after, limit)]

@@ -8,14 +8,13 @@ import json
 import math
 from typing import Any
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session, object_session
+from sqlalchemy.orm import Session
 
 from grader import repository
 from grader.grading_tasks import harness_for
 from grader.harness import check_harness, render_messages
 from grader.harness_archives import code_harness_for
-from grader.models import PLATFORM, Evaluation, Trajectory
+from grader.models import PLATFORM, Evaluation
 from grader.rollouts import RolloutLimits
 from grader.service import Grader
 from grader.suites import get_suite, suite_converse, suite_tools
@@ -27,8 +26,8 @@ from services.common.ids import new_id
 from services.ledger.schemas import HoldCreate, HoldRelease, UsageItem, UsageKind
 
 PROMPT_OVERHEAD_TOKENS = 64  # chat-template tokens added around the rendered messages (upper bound)
-TOOLS_OVERHEAD_TOKENS = 256
-ROLLOUT_CONTEXT_TOKENS = 8192  # a code harness's prompt bound per call when the benchmark sets no context length  # tokens a chat template (or inference's tools system message) adds around the tools' JSON (upper bound)
+TOOLS_OVERHEAD_TOKENS = 256  # tokens a chat template (or inference's tools system message) adds around the tools' JSON (upper bound)
+ROLLOUT_CONTEXT_TOKENS = 8192  # a code harness's prompt bound per call when the benchmark sets no context length
 
 
 def check_model(grader: Grader, ctx: RunContext, model: str) -> None:
@@ -66,13 +65,13 @@ def rollout_usage(grader: Grader, spec: GradingSpec, base: str, rollouts: int, *
 def evaluation_usage(s: Session, run_id: str, now: dt.datetime | None = None) -> tuple[EvaluationUsage, list[dt.datetime]]:
     """The run's use of its evaluation allowance, and the start times of its counted evaluations (newest first)."""
     now = now or utcnow()
-    rows = s.execute(select(Evaluation.status, Evaluation.created_at, Evaluation.failure_cause).where(repository.of_run_validation(run_id))).all()
-    counted = sorted((created for status, created, _ in rows if status not in ("failed", "cancelled")), reverse=True)
+    rows = repository.validation_evaluations(s, run_id)
+    counted = sorted((ev.created_at for ev in rows if ev.status not in ("failed", "cancelled")), reverse=True)
     usage = EvaluationUsage(
         last_hour=sum(1 for c in counted if c > now - dt.timedelta(hours=1)),
         last_day=sum(1 for c in counted if c > now - dt.timedelta(days=1)),
-        active=sum(1 for status, _, _ in rows if status in ("queued", "running")),
-        failed=sum(1 for status, _, cause in rows if status in ("failed", "cancelled") and cause != PLATFORM),
+        active=sum(1 for ev in rows if ev.status in ("queued", "running")),
+        failed=sum(1 for ev in rows if ev.status in ("failed", "cancelled") and ev.failure_cause != PLATFORM),
         total=len(rows),
     )
     return usage, counted
@@ -136,10 +135,9 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
         with grader.db.session() as s:
             serialize(s, f"evaluations:{ctx.run_id}")  # the re-check and the insert are one step per run
             check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
-            repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="validation", split="validation", model=req.model, harness=harness,
-                                      items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id, harness_archive=archive)
-            s.flush()
-            out = evaluation_out(s.get(Evaluation, eval_id))  # type: ignore[arg-type]
+            ev = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="validation", split="validation", model=req.model, harness=harness,
+                                           items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id, harness_archive=archive)
+            out = evaluation_out(s, ev)
     except Exception:
         grader.ledger.release_hold(hold.hold_id, HoldRelease(idempotency_key=f"release:{eval_id}"))
         raise
@@ -147,14 +145,13 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
     return out
 
 
-def evaluation_out(ev: Evaluation) -> EvaluationOut:
-    """The wire form of ``ev`` (read in its session)."""
-    task = repository.spec(object_session(ev), ev.task_id).task  # type: ignore[arg-type]
-    return EvaluationOut(id=ev.id, status=ev.status, task=task, split=ev.split, model=ev.model,  # type: ignore[arg-type]
+def evaluation_out(s: Session, ev: Evaluation) -> EvaluationOut:
+    """The wire form of ``ev`` (read in ``s``, its session)."""
+    return EvaluationOut(id=ev.id, status=ev.status, task=repository.spec(s, ev.task_id).task, split=ev.split, model=ev.model,  # type: ignore[arg-type]
                          harness=None if ev.harness_archive else Harness(**ev.harness),
                          harness_archive=ev.harness_archive,
                          items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
-                         attempts=ev.attempts, error=ev.error, created_at=ev.created_at, finished_at=ev.finished_at)
+                         attempts=ev.attempts, error=ev.error, created_at=ev.created_at, started_at=ev.started_at, finished_at=ev.finished_at)
 
 
 def usage_of(grader: Grader, ctx: RunContext) -> EvaluationUsage:
@@ -166,20 +163,19 @@ def usage_of(grader: Grader, ctx: RunContext) -> EvaluationUsage:
 def get_evaluation(grader: Grader, ctx: RunContext, eval_id: str) -> EvaluationOut:
     """One of the run's validation evaluations; raises ``NotFound`` for any other id."""
     with grader.db.session() as s:
-        return evaluation_out(repository.owned_evaluation(s, ctx, eval_id))
+        return evaluation_out(s, repository.owned_evaluation(s, ctx, eval_id))
 
 
 def list_evaluations(grader: Grader, ctx: RunContext) -> list[EvaluationOut]:
     """The run's validation evaluations, oldest first."""
     with grader.db.session() as s:
-        return [evaluation_out(e) for e in s.scalars(select(Evaluation).where(repository.of_run_validation(ctx.run_id)).order_by(Evaluation.id))]
+        return [evaluation_out(s, e) for e in repository.validation_evaluations(s, ctx.run_id)]
 
 
 def trajectories(grader: Grader, ctx: RunContext, eval_id: str) -> list[TrajectoryOut]:
     """Per-item trajectories of one of the run's validation evaluations; raises ``NotFound`` for any other id."""
     with grader.db.session() as s:
         repository.owned_evaluation(s, ctx, eval_id)
-        rows = s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id).order_by(Trajectory.item_id, Trajectory.sample))
         return [TrajectoryOut(item_id=t.item_id, sample=t.sample, question=t.question, messages=t.messages, completion=t.completion,  # type: ignore[arg-type]
                               answer=t.answer, expected=t.expected, score=t.score, score_error=t.score_error, prompt_tokens=t.prompt_tokens,
-                              completion_tokens=t.completion_tokens, rollout=t.rollout) for t in rows]
+                              completion_tokens=t.completion_tokens, rollout=t.rollout) for t in repository.trajectories(s, eval_id)]

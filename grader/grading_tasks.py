@@ -12,13 +12,11 @@ import structlog
 from grader import repository, splits
 from grader.harness import apply_settings, check_harness
 from grader.harness_archives import code_harness_for
-from grader.models import Evaluation, GradingTask, ValidationItem
 from grader.schemas import TaskRegistered
 from grader.service import Grader
 from grader.suites import Item, get_suite
 from services.common.auth import RunContext
 from services.common.contracts import GradingSpec, GradingTaskStatus, Harness, Score, SuiteItemOut, SystemSpec
-from services.common.db import utcnow
 
 log = structlog.get_logger("grader")
 
@@ -39,7 +37,7 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
     larger than the task space allows.
     """
     with grader.db.session() as s:
-        registered = s.get(GradingTask, spec.task_id) is not None
+        registered = repository.task_registered(s, spec.task_id)
     if registered:  # read in a session of its own: on SQLite a second one would wait for this one's lock
         return TaskRegistered(**task_status(grader, spec.task_id).model_dump())
     suite = get_suite(spec.suite.name)
@@ -57,19 +55,15 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
     if warning:
         log.warning("enumerable task", task_id=spec.task_id, warning=warning)
     with grader.db.session() as s:
-        task = GradingTask(id=spec.task_id, spec=spec.model_dump(mode="json"), created_at=utcnow())
-        s.add(task)
-        s.flush()
-        s.add_all(ValidationItem(task_id=spec.task_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry)
-                  for i, it in enumerate(validation))
+        task = repository.add_task(s, spec, validation)
         baseline = {"run_id": None, "split": "test", "items_total": len(test)}
         task.initial_evaluation_id = repository.add_evaluation(s, spec, purpose="initial", model=spec.initial_system.model,
                                                                harness=harness_for(spec, spec.initial_system.harness),
-                                                               harness_archive=archives[0], **baseline)
+                                                               harness_archive=archives[0], **baseline).id
         if spec.reference_system is not None:
             task.reference_evaluation_id = repository.add_evaluation(s, spec, purpose="reference", model=spec.reference_system.model,
                                                                      harness=harness_for(spec, spec.reference_system.harness),
-                                                                     harness_archive=archives[1], **baseline)
+                                                                     harness_archive=archives[1], **baseline).id
         queued = [e for e in (task.initial_evaluation_id, task.reference_evaluation_id) if e]
     for eval_id in queued:
         grader.enqueue(eval_id)
@@ -81,9 +75,9 @@ def task_status(grader: Grader, task_id: str) -> GradingTaskStatus:
     with grader.db.session() as s:
         task = repository.grading_task(s, task_id)
         spec = GradingSpec.model_validate(task.spec)
-        initial = s.get(Evaluation, task.initial_evaluation_id) if task.initial_evaluation_id else None
+        initial = repository.evaluation(s, task.initial_evaluation_id) if task.initial_evaluation_id else None
         archive = initial.harness_archive if initial else None
-        reference = s.get(Evaluation, task.reference_evaluation_id) if task.reference_evaluation_id else None
+        reference = repository.evaluation(s, task.reference_evaluation_id) if task.reference_evaluation_id else None
         declared = (Score(value=spec.reference_score, n=0, metric=spec.evaluation.metric, k=spec.evaluation.samples)
                     if spec.reference_score is not None else None)
         return GradingTaskStatus(

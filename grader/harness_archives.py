@@ -34,17 +34,15 @@ from pathlib import Path, PurePosixPath
 
 from backports import tarfile  # the PEP 706 filters on every Python 3.11 (Debian's 3.11.2 has none)
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
-from sqlalchemy import select
 
-from grader.models import HarnessArchive
+from grader import repository
+from grader.models import PLATFORM_RUN, HarnessArchive
 from grader.service import Grader
 from grader.suites import Suite
 from services.common import artifacts
 from services.common.auth import RunContext
 from services.common.contracts import Harness, HarnessArchiveOut
-from services.common.db import utcnow
-from services.common.errors import NotFound, PayloadTooLarge, Unprocessable
-from services.common.ids import new_id
+from services.common.errors import PayloadTooLarge, Unprocessable
 
 MAX_ARCHIVE_BYTES = 16 * 1024 * 1024
 MAX_UNPACKED_BYTES = 64 * 1024 * 1024
@@ -52,8 +50,6 @@ MAX_MEMBERS = 2000
 MAX_DEPTH = 32  # directories in a member's path
 MAX_NAME_CHARS = 1024
 MANIFEST = "harness.toml"
-PLATFORM_RUN = ""
-"""The ``run_id`` of the suites' own harnesses: every run may read and use them."""
 
 
 class HarnessLimits(BaseModel):
@@ -171,34 +167,28 @@ def _out(row: HarnessArchive) -> HarnessArchiveOut:
 
 
 def store_archive(grader: Grader, run_id: str, data: bytes, *, name: str | None = None) -> HarnessArchiveOut:
-    """Validate and store ``data`` for ``run_id`` (:data:`PLATFORM_RUN` for a suite's own); the same bytes stored twice
-    for a run return the first record. Raises as :func:`inspect_archive`."""
+    """Validate and store ``data`` for ``run_id`` (:data:`grader.models.PLATFORM_RUN` for a suite's own); the same
+    bytes stored twice for a run return the first record. Raises as :func:`inspect_archive`."""
     manifest = inspect_archive(data)
     digest = hashlib.sha256(data).hexdigest()
     uri = artifacts.put_bytes(grader.settings.artifacts_dir, f"harnesses/{digest}.tar.gz", data)
     with grader.db.session() as s:
-        existing = s.scalar(select(HarnessArchive).where(HarnessArchive.run_id == run_id, HarnessArchive.sha256 == digest))
+        existing = repository.run_archive_by_digest(s, run_id, digest)
         if existing is not None:
             return _out(existing)
-        row = HarnessArchive(id=new_id("har"), run_id=run_id, name=name or manifest.name, sha256=digest, bytes=len(data), uri=uri,
-                             manifest=manifest.model_dump(mode="json"), created_at=utcnow())
-        s.add(row)
-        s.flush()
-        return _out(row)
+        return _out(repository.add_archive(s, run_id, name=name or manifest.name, sha256=digest, size=len(data), uri=uri,
+                                           manifest=manifest.model_dump(mode="json")))
 
 
 def owned_archive(grader: Grader, ctx: RunContext | None, harness_id: str) -> HarnessArchive:
     """The archive ``harness_id`` if ``ctx``'s run may use it (its own, or a suite's; a baseline, ``ctx=None``, only a
     suite's); ``NotFound`` (field ``harness_archive``) otherwise."""
     with grader.db.session() as s:
-        row = s.get(HarnessArchive, harness_id)
-        if row is None or row.run_id not in (PLATFORM_RUN, ctx.run_id if ctx else PLATFORM_RUN):
-            raise NotFound(f"harness archive {harness_id} not found", field="harness_archive")
-        s.expunge(row)
-        return row
+        return repository.usable_archive(s, ctx, harness_id)
 
 
 def get_archive(grader: Grader, ctx: RunContext, harness_id: str) -> HarnessArchiveOut:
+    """The wire form of an archive the run may use (as :func:`owned_archive`)."""
     return _out(owned_archive(grader, ctx, harness_id))
 
 
@@ -210,8 +200,7 @@ def archive_bytes(grader: Grader, ctx: RunContext | None, harness_id: str) -> by
 def list_archives(grader: Grader, ctx: RunContext) -> list[HarnessArchiveOut]:
     """The run's archives, oldest first, then the suites' own."""
     with grader.db.session() as s:
-        rows = s.scalars(select(HarnessArchive).where(HarnessArchive.run_id.in_((ctx.run_id, PLATFORM_RUN))).order_by(HarnessArchive.created_at))
-        return sorted((_out(r) for r in rows), key=lambda a: a.platform)
+        return sorted((_out(r) for r in repository.usable_archives(s, ctx.run_id)), key=lambda a: a.platform)
 
 
 def unpack(data: bytes, dest: Path) -> None:

@@ -17,6 +17,8 @@ class Base(DeclarativeBase):
 
 
 AGENT, PLATFORM = "agent", "platform"  # whose fault a failed evaluation is (Evaluation.failure_cause)
+PLATFORM_RUN = ""
+"""The ``run_id`` of the suites' own harness archives (:class:`HarnessArchive`): every run may read and use them."""
 
 
 class GradingTask(Base):

@@ -6,8 +6,8 @@ worker builds one when its first task runs (:data:`grader.tasks.grader`). The lo
 argument: :mod:`grader.grading_tasks` (registering a task: its splits and baselines; its status, training pool and
 validation items), :mod:`grader.evaluations` (admission under the limits, listing), :mod:`grader.scoring`
 (estimators, intervals, one answer's score), :mod:`grader.worker` (running an evaluation, closing its hold, the
-reconciler) and :mod:`grader.submissions` (final submissions, the leaderboard); the queries they share are in
-:mod:`grader.repository`. No HTTP in any of them; errors are ``services.common.errors`` exceptions.
+reconciler) and :mod:`grader.submissions` (final submissions, the leaderboard); every query of the grader's database
+is in :mod:`grader.repository` (the hidden test store's in :mod:`grader.teststore`). No HTTP in any of them; errors are ``services.common.errors`` exceptions.
 
 Validation evaluations are charged to the run (a hold for the worst case, each completion charged against it, the
 rest released); official test grading is not charged.

@@ -3,7 +3,6 @@ it counts), and the leaderboard's choice of the submission that counts per run a
 
 from __future__ import annotations
 
-from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
 from grader import repository
@@ -17,9 +16,8 @@ from grader.service import Grader
 from grader.suites import get_suite
 from services.common.auth import RunContext
 from services.common.contracts import Harness, Score, SubmissionOut
-from services.common.db import serialize, utcnow
+from services.common.db import serialize
 from services.common.errors import SubmissionLimitReached
-from services.common.ids import new_id
 
 FREE_PLATFORM_FAILURES = 3  # per run and task: platform-failed gradings given back; later ones count (no free oracle)
 
@@ -28,12 +26,12 @@ def submission_out(s: Session, sub: Submission) -> SubmissionOut:
     """The wire form of ``sub``. A failure says whose fault it was. Its text is never a function of the test split:
     an agent failure shows what inference refused (:func:`public_refusal`), a platform failure only that the
     submission was given back; both stay whole in the grader's records."""
-    ev = s.get(Evaluation, sub.evaluation_id)
-    status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")  # type: ignore[union-attr]
-    cause = ev.failure_cause if status == "failed" else None  # type: ignore[union-attr]
-    counted = cause != PLATFORM or _platform_failures(s, sub.run_id, sub.task_id, up_to=sub.id) > FREE_PLATFORM_FAILURES
+    ev = repository.evaluation(s, sub.evaluation_id)
+    status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")
+    cause = ev.failure_cause if status == "failed" else None
+    counted = cause != PLATFORM or repository.count_platform_failed_submissions(s, sub.run_id, sub.task_id, up_to=sub.id) > FREE_PLATFORM_FAILURES
     if cause == AGENT:
-        error = public_refusal(ev.error or "")  # type: ignore[union-attr]
+        error = public_refusal(ev.error or "")
     elif cause == PLATFORM:
         error = "grading failed on the platform's side; " + ("this submission does not count against the task's final submissions" if not counted else
                                                              f"it counts: the task had more than {FREE_PLATFORM_FAILURES} such failures")
@@ -42,8 +40,8 @@ def submission_out(s: Session, sub: Submission) -> SubmissionOut:
     return SubmissionOut(id=sub.id, status=status, task=repository.spec(s, sub.task_id).task, model=sub.model,  # type: ignore[arg-type]
                          harness=None if sub.harness_archive else Harness(**sub.harness),
                          harness_archive=sub.harness_archive,
-                         score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=counted,  # type: ignore[union-attr, arg-type]
-                         created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)  # type: ignore[union-attr]
+                         score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=counted,  # type: ignore[arg-type]
+                         created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)
 
 
 def public_refusal(error: str) -> str:
@@ -54,21 +52,13 @@ def public_refusal(error: str) -> str:
     return error if head.endswith("(field model)") else head
 
 
-def _platform_failures(s: Session, run_id: str, task_id: str, up_to: str | None = None) -> int:
-    """The run's submissions for the task whose grading failed by the platform's fault (those up to id ``up_to``)."""
-    query = (select(func.count()).select_from(Submission).join(Evaluation, Evaluation.id == Submission.evaluation_id)
-             .where(Submission.run_id == run_id, Submission.task_id == task_id, Evaluation.status == "failed",
-                    Evaluation.failure_cause == PLATFORM))
-    return s.scalar(query.where(Submission.id <= up_to) if up_to else query) or 0
-
-
 def counted_submissions(s: Session, run_id: str, task_id: str) -> int:
     """How many of the run's final submissions for the task are used up: every submission except those whose grading
     failed by the platform's fault (queued, running, graded, failed by the agent's), and those too past the first
     :data:`FREE_PLATFORM_FAILURES` (were a platform failure ever triggered by what a system answers, each free retry
     would tell the agent something about the hidden split)."""
-    made = s.scalar(select(func.count()).select_from(Submission).where(Submission.run_id == run_id, Submission.task_id == task_id)) or 0
-    return made - min(_platform_failures(s, run_id, task_id), FREE_PLATFORM_FAILURES)
+    made = repository.count_submissions(s, run_id, task_id)
+    return made - min(repository.count_platform_failed_submissions(s, run_id, task_id), FREE_PLATFORM_FAILURES)
 
 
 def create_submission(grader: Grader, ctx: RunContext, req: SubmissionGrading, max_submissions: int) -> SubmissionOut:
@@ -92,13 +82,8 @@ def create_submission(grader: Grader, ctx: RunContext, req: SubmissionGrading, m
                                          "(a grading that failed by the platform's fault is given back)", limit=max_submissions)
         harness = harness_for(spec, req.harness)
         eval_id = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="submission", split="test", model=req.model, harness=harness,
-                                            items_total=spec.suite.splits.test.size, harness_archive=archive)
-        sub = Submission(id=new_id("sub"), run_id=ctx.run_id, task_id=ctx.task_id, model=req.model, harness=harness.model_dump(),
-                         harness_archive=archive, note=req.note, evaluation_id=eval_id, datasets=[d.model_dump() for d in req.datasets],
-                         created_at=utcnow())
-        s.add(sub)
-        s.flush()
-        out = submission_out(s, sub)
+                                            items_total=spec.suite.splits.test.size, harness_archive=archive).id
+        out = submission_out(s, repository.add_submission(s, ctx, req, harness=harness, harness_archive=archive, evaluation_id=eval_id))
     grader.enqueue(eval_id)
     return out
 
@@ -112,7 +97,7 @@ def get_submission(grader: Grader, ctx: RunContext, sub_id: str) -> SubmissionOu
 def list_submissions(grader: Grader, ctx: RunContext) -> list[SubmissionOut]:
     """The run's submissions, oldest first."""
     with grader.db.session() as s:
-        return [submission_out(s, sub) for sub in s.scalars(select(Submission).where(Submission.run_id == ctx.run_id).order_by(Submission.id))]
+        return [submission_out(s, sub) for sub in repository.run_submissions(s, ctx.run_id)]
 
 
 def leaderboard_entries(grader: Grader) -> list[LeaderboardEntry]:
@@ -124,16 +109,14 @@ def leaderboard_entries(grader: Grader) -> list[LeaderboardEntry]:
     """
     with grader.db.session() as s:
         counting: dict[tuple[str, str], tuple[Submission, Evaluation]] = {}
-        for sub, ev in s.execute(select(Submission, Evaluation).join(Evaluation, Evaluation.id == Submission.evaluation_id)
-                                 .order_by(Submission.created_at, Submission.id)):
+        for sub, ev in repository.submissions_with_gradings(s):
             key = (sub.run_id, sub.task_id)
             if key not in counting or ev.status == "succeeded" or counting[key][1].status != "succeeded":
                 counting[key] = (sub, ev)
         out = []
         for sub, _ev in counting.values():
             o = submission_out(s, sub)
-            used = s.scalar(select(func.count()).select_from(Evaluation).where(repository.of_run_validation(sub.run_id)))
             out.append(LeaderboardEntry(submission_id=sub.id, run_id=sub.run_id, task_id=sub.task_id, status=o.status, score=o.score,
-                                        graded_at=o.graded_at, validation_evaluations=used or 0,
+                                        graded_at=o.graded_at, validation_evaluations=repository.count_validation_evaluations(s, sub.run_id),
                                         contamination=ContaminationReport(**sub.contamination) if sub.contamination else None))
         return out

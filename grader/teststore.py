@@ -2,6 +2,10 @@
 
 Only the grader imports this module, and only the grader's configuration holds its URL. Nothing read
 from here leaves the grader except aggregate scores.
+
+This module is storage only, that database's tables and its repository (every query of it is a method of
+:class:`TestStore`); the rules that use it (drawing the split, scoring, what leaves the grader) are in the grader's
+logic modules, and the queries of the grader's main database in :mod:`grader.repository`.
 """
 
 from __future__ import annotations
@@ -69,6 +73,7 @@ class TestStore:
             s.add_all(TestItem(task_id=task_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry) for i, it in enumerate(items))
 
     def items(self, task_id: str) -> list[Item]:
+        """The task's test items, in split order."""
         with self.db.session() as s:
             rows = s.scalars(select(TestItem).where(TestItem.task_id == task_id).order_by(TestItem.position))
             return [Item(id=r.item_id, question=r.question, answer=r.answer, entry=r.entry) for r in rows]

@@ -14,7 +14,6 @@ from typing import Any, TypeVar
 
 import structlog
 from pydantic import ValidationError
-from sqlalchemy import select
 from sqlalchemy.orm import Session
 
 from grader import repository
@@ -23,7 +22,7 @@ from grader.grading_tasks import train_pool
 from grader.harness import extract_answer, render_messages
 from grader.harness_archives import HarnessManifest, archive_bytes, owned_archive
 from grader.model_endpoint import Binding, Call, ModelEndpoint
-from grader.models import AGENT, PLATFORM, Evaluation, Submission, Trajectory
+from grader.models import AGENT, PLATFORM, Evaluation
 from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout, steps_of
 from grader.sandboxes import Sandbox, SandboxUnavailable, get_sandbox, reap_workspaces
 from grader.schemas import DatasetDigest
@@ -223,10 +222,10 @@ class _EvaluationRun:
     def load(cls, grader: Grader, eval_id: str, lease: jobs.Lease) -> _EvaluationRun:
         """The evaluation's row, its task's grading spec, the suite and (for a code harness) its archive."""
         with grader.db.session() as s:
-            ev = s.get(Evaluation, eval_id)
-            spec = repository.spec(s, ev.task_id)  # type: ignore[union-attr]
-            split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total  # type: ignore[union-attr]
-            archive_id = ev.harness_archive  # type: ignore[union-attr]
+            ev = repository.evaluation(s, eval_id)
+            spec = repository.spec(s, ev.task_id)
+            split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total
+            archive_id = ev.harness_archive
         ctx = RunContext(run_id=run_id, task_id=spec.task_id) if run_id else None
         suite = get_suite(spec.suite.name)
         code = _CodeHarness.load(grader, ctx, archive_id) if archive_id else None
@@ -265,7 +264,7 @@ class _EvaluationRun:
             return self.grader.store.items(self.spec.task_id)[:self.total], self.grader.store.done(self.eval_id)
         with self.grader.db.session() as s:
             items = repository.validation_items(s, self.spec.task_id)[:self.total]
-            done = {(t.item_id, t.sample): t.score for t in s.scalars(select(Trajectory).where(Trajectory.evaluation_id == self.eval_id))}
+            done = {(t.item_id, t.sample): t.score for t in repository.trajectories(s, self.eval_id)}
         return items, done
 
     def _one(self, task: tuple[Item, int]) -> tuple[str, int, float]:
@@ -296,8 +295,7 @@ class _EvaluationRun:
             return
         with self.grader.db.session() as s:
             ev = self.lease.row(s)
-            s.add(Trajectory(evaluation_id=self.eval_id, item_id=item.id, sample=sample, question=item.question, answer=answer,
-                             expected=item.answer, score=score, score_error=error, **row))
+            repository.add_trajectory(s, self.eval_id, item, sample, score=score, score_error=error, answer=answer, row=row)
             if last:
                 ev.items_done += 1
 
@@ -402,7 +400,7 @@ def _audit_submission(grader: Grader, eval_id: str, ctx: RunContext, test_items:
     the artifact store, content-addressed), once (a resumed grading keeps the first report), and store it on the
     submission. A dataset missing from the store raises ``FileNotFoundError`` (the grading fails, by the platform)."""
     with grader.db.session() as s:
-        sub = s.scalar(select(Submission).where(Submission.evaluation_id == eval_id))
+        sub = repository.submission_graded_by(s, eval_id)
         if sub is None or sub.contamination is not None:
             return
         datasets = [DatasetDigest(**d) for d in sub.datasets or []]
@@ -419,17 +417,17 @@ def _audit_submission(grader: Grader, eval_id: str, ctx: RunContext, test_items:
     report = audit(test_items, rows(), spec.audit, public=public, datasets=len(datasets), canonical=lambda item: suite_canonical(suite, item))
     log.info("contamination audit", eval_id=eval_id, flagged=report.flagged_items, items=report.items, rows=report.rows)
     with grader.db.session() as s:
-        s.get(Submission, sub.id).contamination = report.model_dump()  # type: ignore[union-attr]
+        repository.submission_graded_by(s, eval_id).contamination = report.model_dump()  # type: ignore[union-attr]
 
 
 def close_hold(grader: Grader, eval_id: str) -> None:
     """Close the evaluation's hold: each completion was charged against it; the rest is released."""
     with grader.db.session() as s:
-        hold_id = s.get(Evaluation, eval_id).hold_id  # type: ignore[union-attr]
+        hold_id = repository.evaluation(s, eval_id).hold_id
     if hold_id:
         grader.ledger.settle_or_charge(hold_id, [], f"settle:{eval_id}")
         with grader.db.session() as s:
-            s.get(Evaluation, eval_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
+            repository.evaluation(s, eval_id).hold_closed_at = utcnow()
 
 
 def reap_sandboxes(grader: Grader) -> int:

@@ -5,8 +5,7 @@ from __future__ import annotations
 
 import hashlib
 
-from sqlalchemy import select
-from sqlalchemy.orm import Session
+from trainer_service import repository
 from trainer_service.models import Dataset
 from trainer_service.schemas import ParsedDataset, parse_dataset
 from trainer_service.service import Trainer
@@ -14,8 +13,7 @@ from trainer_service.service import Trainer
 from services.common import artifacts
 from services.common.auth import RunContext
 from services.common.contracts import DatasetOut
-from services.common.db import utcnow
-from services.common.errors import NotFound, Unprocessable
+from services.common.errors import Unprocessable
 from services.common.ids import new_id
 
 
@@ -34,39 +32,28 @@ def create_dataset(trainer: Trainer, ctx: RunContext, name: str, data: bytes) ->
     digest = hashlib.sha256(data).hexdigest()
     uri = artifacts.put_bytes(trainer.settings.artifacts_dir, artifacts.dataset_key(digest), data)
     with trainer.db.session() as s:
-        existing = s.scalar(select(Dataset).where(Dataset.run_id == ctx.run_id, Dataset.sha256 == digest))
+        existing = repository.dataset_by_digest(s, ctx, digest)
         if existing is not None:
             return _dataset_out(existing)
-        ds = Dataset(id=new_id("ds"), run_id=ctx.run_id, name=name, format=fmt, sha256=digest, rows=rows, bytes=len(data), uri=uri, created_at=utcnow())
-        s.add(ds)
-        s.flush()
-        return _dataset_out(ds)
+        return _dataset_out(repository.add_dataset(s, ctx, new_id("ds"), name=name, fmt=fmt, sha256=digest, rows=rows, size=len(data), uri=uri))
 
 
 def list_datasets(trainer: Trainer, ctx: RunContext) -> list[DatasetOut]:
     """The run's datasets, oldest first."""
     with trainer.db.session() as s:
-        return [_dataset_out(d) for d in s.scalars(select(Dataset).where(Dataset.run_id == ctx.run_id).order_by(Dataset.id))]
+        return [_dataset_out(d) for d in repository.run_datasets(s, ctx)]
 
 
 def get_dataset(trainer: Trainer, ctx: RunContext, dataset_id: str) -> DatasetOut:
     """The run's dataset; another run's or an unknown id → ``NotFound``."""
     with trainer.db.session() as s:
-        return _dataset_out(owned_dataset(s, ctx, dataset_id))
-
-
-def owned_dataset(s: Session, ctx: RunContext, dataset_id: str) -> Dataset:
-    """The row of the run's dataset ``dataset_id``; ``NotFound`` (``field="datasets"``) for another run's or an unknown id."""
-    ds = s.get(Dataset, dataset_id)
-    if ds is None or ds.run_id != ctx.run_id:
-        raise NotFound(f"dataset {dataset_id} not found", field="datasets")
-    return ds
+        return _dataset_out(repository.owned_dataset(s, ctx, dataset_id))
 
 
 def dataset_content(trainer: Trainer, ctx: RunContext, dataset_id: str) -> bytes:
     """The stored JSONL bytes of the run's dataset; ``NotFound`` for another run's or an unknown id."""
     with trainer.db.session() as s:
-        uri = owned_dataset(s, ctx, dataset_id).uri
+        uri = repository.owned_dataset(s, ctx, dataset_id).uri
     return artifacts.local_path(uri).read_bytes()
 
 

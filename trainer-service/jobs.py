@@ -12,12 +12,11 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import select
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
-from trainer_service.datasets import owned_dataset
+from trainer_service import repository
 from trainer_service.estimate import check_memory, dataset_rows, estimate_tokens, lora_rank, method_of, place_hold, stored_parameters
-from trainer_service.models import Checkpoint, JobEvent, TrainingJob
+from trainer_service.models import Checkpoint, TrainingJob
 from trainer_service.schemas import CheckpointRecord
 from trainer_service.service import Trainer
 
@@ -35,12 +34,12 @@ log = structlog.get_logger("trainer")
 
 
 def _job_out(s: Session, job: TrainingJob) -> TrainingJobOut:
-    latest = s.scalar(select(Checkpoint.id).where(Checkpoint.job_id == job.id).order_by(Checkpoint.step.desc()).limit(1))
+    latest = repository.latest_checkpoint(s, job.id)
     return TrainingJobOut(
         id=job.id, status=job.status, model=job.parent_checkpoint_id or job.base_model, base_model=job.base_model,  # type: ignore[arg-type]
         datasets=job.dataset_ids, recipe=Recipe(**job.recipe), merge=MergeSpec(**job.merge) if job.merge else None,
         harness=Harness(**job.harness) if job.harness else None, steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
-        trained_tokens=job.trained_tokens, prefill_tokens=job.prefill_tokens, decode_tokens=job.decode_tokens, latest_checkpoint=latest, attempts=job.attempts, error=job.error, created_at=job.created_at,
+        trained_tokens=job.trained_tokens, prefill_tokens=job.prefill_tokens, decode_tokens=job.decode_tokens, latest_checkpoint=latest.id if latest else None, attempts=job.attempts, error=job.error, created_at=job.created_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
 
@@ -49,8 +48,8 @@ def _resolve_model(s: Session, ctx: RunContext, model: str, models_dir: Path) ->
     """``(base_model, parent_checkpoint)`` for a base model prepared under ``models_dir`` (the registry) or one of the
     run's checkpoints; else 422."""
     if has_prefix(model, "ckpt"):
-        ckpt = s.get(Checkpoint, model)
-        if ckpt is None or ckpt.run_id != ctx.run_id:
+        ckpt = repository.checkpoint(s, model, ctx.run_id)
+        if ckpt is None:
             raise Unprocessable(f"unknown checkpoint {model!r}", field="model")
         return ckpt.base_model, ckpt
     try:
@@ -97,18 +96,15 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     hold = place_hold(trainer, ctx, job_id, plan.usage, idempotency_key)
     try:
         with trainer.db.session() as s:
-            job = TrainingJob(
-                id=job_id, run_id=ctx.run_id, status="queued", method=recipe.method, merge=plan.merge, run_context=plan.run_context,
+            job = repository.add_job(
+                s, ctx, job_id, method=recipe.method, merge=plan.merge, run_context=plan.run_context,
                 harness=req.harness.model_dump() if req.harness else None,
                 recipe=recipe.model_dump() | ({"adapter": plan.adapter} if plan.adapter else {}),
                 dataset_ids=plan.dataset_ids, base_model=plan.base_model, parent_checkpoint_id=plan.parent_id,
-                hold_id=hold.hold_id, idempotency_key=idempotency_key, request_sha256=fingerprint,
-                estimated_tokens=plan.estimated_tokens, created_at=utcnow(), enqueued_at=utcnow(),
+                hold_id=hold.hold_id, idempotency_key=idempotency_key, request_sha256=fingerprint, estimated_tokens=plan.estimated_tokens,
             )
-            s.add(job)
-            s.flush()
-            event(s, job.id, "info", "validated", f"{plan.message}, hold {hold.amount_usd_micros} µUSD",
-                  {**plan.data, "hold_usd_micros": hold.amount_usd_micros})
+            repository.add_event(s, job.id, "info", "validated", f"{plan.message}, hold {hold.amount_usd_micros} µUSD",
+                                 {**plan.data, "hold_usd_micros": hold.amount_usd_micros})
             out = _job_out(s, job)
     except IntegrityError:  # the same key was used concurrently and the other request wrote its job first
         if idempotency_key and (existing := _job_by_key(trainer, ctx, idempotency_key, fingerprint)) is not None:
@@ -149,7 +145,7 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
         raise Unprocessable(f"recipe.method {recipe.method!r} trains on at least one dataset", field="datasets")
     with trainer.db.session() as s:
         base_model, parent = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
-        datasets = [owned_dataset(s, ctx, d) for d in req.datasets]
+        datasets = [repository.owned_dataset(s, ctx, d) for d in req.datasets]
     if parent is not None and parent.kind == "full" and recipe.adapter == "lora":
         raise Unprocessable(f"{parent.id} holds full weights; a LoRA adapter is trained over a base model or another adapter. "
                             "Continue it with recipe.adapter 'full'.", field="recipe.adapter")
@@ -191,8 +187,8 @@ def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _P
         base_model, _ = _resolve_model(s, ctx, req.model, trainer.settings.models_dir)
         checkpoints = []
         for i, ckpt_id in enumerate(spec.checkpoints):
-            ckpt = s.get(Checkpoint, ckpt_id)
-            if ckpt is None or ckpt.run_id != ctx.run_id:
+            ckpt = repository.checkpoint(s, ckpt_id, ctx.run_id)
+            if ckpt is None:
                 raise Unprocessable(f"unknown checkpoint {ckpt_id!r}", field=f"merge.checkpoints[{i}]")
             if ckpt.base_model != base_model:
                 raise Unprocessable(f"{ckpt_id} is of {ckpt.base_model}, not {base_model}", field=f"merge.checkpoints[{i}]")
@@ -219,7 +215,7 @@ def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _P
 def _job_by_key(trainer: Trainer, ctx: RunContext, idempotency_key: str, fingerprint: str) -> TrainingJobOut | None:
     """The run's job created with ``idempotency_key``; ``IdempotencyKeyReused`` if it was created from another request."""
     with trainer.db.session() as s:
-        job = s.scalar(select(TrainingJob).where(TrainingJob.run_id == ctx.run_id, TrainingJob.idempotency_key == idempotency_key))
+        job = repository.job_by_idempotency_key(s, ctx, idempotency_key)
         if job is None:
             return None
         if job.request_sha256 != fingerprint:
@@ -228,36 +224,24 @@ def _job_by_key(trainer: Trainer, ctx: RunContext, idempotency_key: str, fingerp
         return _job_out(s, job)
 
 
-def event(s: Session, job_id: str, level: str, type_: str, message: str, data: dict[str, Any] | None = None) -> None:
-    """Append an event (``level`` info | warn | error) to job ``job_id``'s log."""
-    s.add(JobEvent(job_id=job_id, level=level, type=type_, message=message, data=data or {}, created_at=utcnow()))
-
-
-def _owned_job(s: Session, ctx: RunContext, job_id: str, *, lock: bool = False) -> TrainingJob:
-    job = s.get(TrainingJob, job_id, with_for_update=lock)
-    if job is None or job.run_id != ctx.run_id:
-        raise NotFound(f"training job {job_id} not found")
-    return job
-
-
 def list_jobs(trainer: Trainer, ctx: RunContext) -> list[TrainingJobOut]:
     """The run's jobs, oldest first."""
     with trainer.db.session() as s:
-        return [_job_out(s, j) for j in s.scalars(select(TrainingJob).where(TrainingJob.run_id == ctx.run_id).order_by(TrainingJob.id))]
+        return [_job_out(s, j) for j in repository.run_jobs(s, ctx)]
 
 
 def get_job(trainer: Trainer, ctx: RunContext, job_id: str) -> TrainingJobOut:
     """The run's job; ``NotFound`` for another run's or an unknown id."""
     with trainer.db.session() as s:
-        return _job_out(s, _owned_job(s, ctx, job_id))
+        return _job_out(s, repository.owned_job(s, ctx, job_id))
 
 
 def list_events(trainer: Trainer, ctx: RunContext, job_id: str, after: int = 0, limit: int = 500) -> list[JobEventOut]:
     """Events of the run's job with ``seq > after``, oldest first (poll with the last ``seq`` seen)."""
     with trainer.db.session() as s:
-        _owned_job(s, ctx, job_id)
-        rows = s.scalars(select(JobEvent).where(JobEvent.job_id == job_id, JobEvent.seq > after).order_by(JobEvent.seq).limit(limit))
-        return [JobEventOut(seq=e.seq, level=e.level, type=e.type, message=e.message, data=e.data, created_at=e.created_at) for e in rows]  # type: ignore[arg-type]
+        repository.owned_job(s, ctx, job_id)
+        return [JobEventOut(seq=e.seq, level=e.level, type=e.type, message=e.message, data=e.data, created_at=e.created_at)  # type: ignore[arg-type]
+                for e in repository.events_after(s, job_id, after, limit)]
 
 
 def _checkpoint_out(c: Checkpoint) -> CheckpointOut:
@@ -267,19 +251,19 @@ def _checkpoint_out(c: Checkpoint) -> CheckpointOut:
 def list_checkpoints(trainer: Trainer, ctx: RunContext, job_id: str) -> list[CheckpointOut]:
     """The checkpoints of the run's job by step; ``NotFound`` for another run's or an unknown job."""
     with trainer.db.session() as s:
-        _owned_job(s, ctx, job_id)
-        return [_checkpoint_out(c) for c in s.scalars(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step))]
+        repository.owned_job(s, ctx, job_id)
+        return [_checkpoint_out(c) for c in repository.job_checkpoints(s, job_id)]
 
 
 def cancel_job(trainer: Trainer, ctx: RunContext, job_id: str) -> TrainingJobOut:
     """Stop a job. A queued job is cancelled at once and its hold released; a running one stops after its
     current step and is charged for the steps it trained. ``Conflict`` if the job already ended."""
     with trainer.db.session() as s:
-        job = _owned_job(s, ctx, job_id, lock=True)  # a worker's claim waits for this transaction
+        job = repository.owned_job(s, ctx, job_id, lock=True)  # a worker's claim waits for this transaction
         if job.status in TERMINAL:
             raise Conflict(f"training job {job_id} is already {job.status}")
         job.cancel_requested = True
-        event(s, job.id, "info", "cancel_requested", "cancellation requested")
+        repository.add_event(s, job.id, "info", "cancel_requested", "cancellation requested")
         if job.status == "queued":  # no worker has it: nobody else will write this row (claims need ``queued``)
             finish(s, job, "cancelled", None)
         out = _job_out(s, job)
@@ -291,8 +275,8 @@ def cancel_job(trainer: Trainer, ctx: RunContext, job_id: str) -> TrainingJobOut
 def checkpoint_record(trainer: Trainer, checkpoint_id: str, run_id: str | None) -> CheckpointRecord:
     """Where a checkpoint lives, for the inference service; ``NotFound`` if unknown or not ``run_id``'s."""
     with trainer.db.session() as s:
-        c = s.get(Checkpoint, checkpoint_id)
-        if c is None or (run_id is not None and c.run_id != run_id):
+        c = repository.checkpoint(s, checkpoint_id, run_id)
+        if c is None:
             raise NotFound(f"checkpoint {checkpoint_id} not found")
         return CheckpointRecord(id=c.id, run_id=c.run_id, base_model=c.base_model, uri=c.uri, kind=c.kind, step=c.step)  # type: ignore[arg-type]
 
@@ -306,7 +290,7 @@ def finish(s: Session, job: TrainingJob, status: str, error: str | None) -> None
     job.error = error
     job.worker_id = None
     job.finished_at = utcnow()
-    event(s, job.id, "error" if error else "info", status, error or f"job {status} after {job.steps_done} steps, {job.trained_tokens} tokens")
+    repository.add_event(s, job.id, "error" if error else "info", status, error or f"job {status} after {job.steps_done} steps, {job.trained_tokens} tokens")
 
 
 def settle(trainer: Trainer, job_id: str) -> None:
@@ -318,7 +302,7 @@ def settle(trainer: Trainer, job_id: str) -> None:
     hold is still open.
     """
     with trainer.db.session() as s:
-        job = s.get(TrainingJob, job_id)
+        job = repository.training_job(s, job_id)
         hold_id, tokens, base_model = job.hold_id, job.trained_tokens, job.base_model  # type: ignore[union-attr]
         rollouts = ((UsageKind.prefill_tokens, job.prefill_tokens), (UsageKind.decode_tokens, job.decode_tokens))  # type: ignore[union-attr]
         merged = _merged_parameters(s, job) if job.method == "merge" else 0  # type: ignore[union-attr]
@@ -329,14 +313,14 @@ def settle(trainer: Trainer, job_id: str) -> None:
     usage += [UsageItem(kind=UsageKind.merged_parameters, quantity=merged, model=base_model)] if merged else []
     trainer.ledger.settle_or_charge(hold_id, usage, f"settle:{job_id}")
     with trainer.db.session() as s:
-        s.get(TrainingJob, job_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
+        repository.training_job(s, job_id).hold_closed_at = utcnow()  # type: ignore[union-attr]
 
 
 def _merged_parameters(s: Session, job: TrainingJob) -> int:
     """Parameters a merge job read: those of its input checkpoints once it wrote its own, else 0."""
-    if s.scalar(select(Checkpoint.id).where(Checkpoint.job_id == job.id).limit(1)) is None:
+    if repository.latest_checkpoint(s, job.id) is None:
         return 0
-    return sum(stored_parameters(artifacts.local_path(s.get(Checkpoint, c).uri)) for c in job.merge["checkpoints"])  # type: ignore[index, union-attr]
+    return sum(stored_parameters(artifacts.local_path(repository.checkpoint(s, c).uri)) for c in job.merge["checkpoints"])  # type: ignore[index, union-attr]
 
 
 def settle_cancelled(trainer: Trainer, job_id: str) -> None:

@@ -3,8 +3,8 @@
 The app's lifespan builds one from its settings (``app.state.trainer``, handed to routes by ``Depends``), a
 train worker builds one when its first task runs (``trainer_service.tasks``). The logic takes it as its first
 argument: ``datasets`` (upload and storage), ``estimate`` (token count and budget hold), ``jobs`` (creation,
-listing, cancel, settling) and ``worker`` (the training run and the reconciler). No HTTP in any of them;
-errors are ``services.common.errors`` exceptions.
+listing, cancel, settling) and ``worker`` (the training run and the reconciler), their queries in ``repository``.
+No HTTP in any of them; errors are ``services.common.errors`` exceptions.
 """
 
 from __future__ import annotations

@@ -13,11 +13,11 @@ from pathlib import Path
 from typing import Any
 
 import structlog
-from sqlalchemy import select
 from sqlalchemy.orm import Session
+from trainer_service import repository
 from trainer_service.estimate import dataset_rows, method_of, tokenizer, train_config
-from trainer_service.jobs import event, finish, settle, settle_cancelled
-from trainer_service.models import Checkpoint, Dataset, TrainingJob
+from trainer_service.jobs import finish, settle, settle_cancelled
+from trainer_service.models import Dataset, TrainingJob
 from trainer_service.service import Trainer
 
 from services.common import artifacts, jobs
@@ -97,22 +97,22 @@ class _JobRun:
         twice); an event says which."""
         db, settings = trainer.db, trainer.settings
         with db.session() as s:
-            job = s.get(TrainingJob, job_id)
+            job = repository.training_job(s, job_id)
             if job.cancel_requested:
                 finish(s, job, "cancelled", None)
                 return None
-            latest = s.scalar(select(Checkpoint).where(Checkpoint.job_id == job_id).order_by(Checkpoint.step.desc()).limit(1))
+            latest = repository.latest_checkpoint(s, job_id)
             if latest is not None:
                 job.steps_done = latest.step
                 job.trained_tokens = int(latest.metrics.get("trained_tokens", job.trained_tokens))
                 job.prefill_tokens = int(latest.metrics.get("prefill_tokens", 0))
                 job.decode_tokens = int(latest.metrics.get("decode_tokens", 0))
-                event(s, job.id, "warn", "resumed", f"attempt {job.attempts}: resuming from checkpoint {latest.id} at step {latest.step}",
-                      {"step": latest.step, "checkpoint": latest.id, "attempt": job.attempts})
+                repository.add_event(s, job.id, "warn", "resumed", f"attempt {job.attempts}: resuming from checkpoint {latest.id} at step {latest.step}",
+                                     {"step": latest.step, "checkpoint": latest.id, "attempt": job.attempts})
             else:
                 job.steps_done, job.trained_tokens, job.prefill_tokens, job.decode_tokens = 0, 0, 0, 0
-                event(s, job.id, "info", "started", f"training started (attempt {job.attempts})", {"attempt": job.attempts})
-            parent = s.get(Checkpoint, job.parent_checkpoint_id) if job.parent_checkpoint_id else None
+                repository.add_event(s, job.id, "info", "started", f"training started (attempt {job.attempts})", {"attempt": job.attempts})
+            parent = repository.checkpoint(s, job.parent_checkpoint_id) if job.parent_checkpoint_id else None
             return cls(trainer=trainer, job_id=job_id, recipe=Recipe(**job.recipe), base_model=job.base_model, dataset_ids=list(job.dataset_ids),
                        parent_dir=artifacts.local_path(parent.uri) if parent is not None else None, parent_kind=parent.kind if parent is not None else None,
                        merge_d=job.merge, harness_d=job.harness, context_d=job.run_context,
@@ -126,7 +126,7 @@ class _JobRun:
         from trainer_service.training import train
 
         with self.trainer.db.session() as s:
-            datasets = [s.get(Dataset, d) for d in self.dataset_ids]
+            datasets = repository.datasets(s, self.dataset_ids)
             method = method_of(self.recipe)
             if method.spec.rewarded:
                 rows, method = _rewarded(self.trainer, self.base_model, datasets, self.recipe, self.harness_d, self.context_d)
@@ -158,8 +158,8 @@ class _JobRun:
         """Record the device, precision and trainable parameters the loop runs with."""
         with self.trainer.db.session() as s:
             self.lease.row(s)
-            event(s, self.job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {info['device']}, {info['precision']}, "
-                  f"{info['trainable_parameters']:,} trainable parameters", info)
+            repository.add_event(s, self.job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {info['device']}, {info['precision']}, "
+                                 f"{info['trainable_parameters']:,} trainable parameters", info)
 
     def on_step(self, m: Any) -> None:
         """Count a step's tokens on the job (charged at settle) and record its loss, learning rate and speed."""
@@ -170,10 +170,10 @@ class _JobRun:
             job.prefill_tokens += m.prefill_tokens
             job.decode_tokens += m.decode_tokens
             job.heartbeat_at = utcnow()
-            event(s, self.job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
-                  {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
-                   "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s, **m.extra,
-                   **({"prefill_tokens": m.prefill_tokens, "decode_tokens": m.decode_tokens} if m.decode_tokens else {})})
+            repository.add_event(s, self.job_id, "info", "step", f"step {m.step}/{m.max_steps} loss {m.loss:.4f}",
+                                 {"step": m.step, "max_steps": m.max_steps, "loss": m.loss, "learning_rate": m.learning_rate,
+                                  "tokens": m.tokens, "tokens_per_s": m.tokens_per_s, "elapsed_s": m.elapsed_s, **m.extra,
+                                  **({"prefill_tokens": m.prefill_tokens, "decode_tokens": m.decode_tokens} if m.decode_tokens else {})})
 
     def on_checkpoint(self, step: int, path: Path) -> None:
         """Store the checkpoint folder as an artifact and record it with the job's token counts (a resume restarts from them)."""
@@ -181,17 +181,16 @@ class _JobRun:
         uri = artifacts.put_dir(self.trainer.settings.artifacts_dir, f"checkpoints/{self.job_id}/step-{step}", path)
         with self.trainer.db.session() as s:
             job = self.lease.row(s)
-            s.add(Checkpoint(id=ckpt_id, job_id=self.job_id, run_id=job.run_id, step=step, base_model=self.base_model, kind=self.recipe.adapter,
-                             uri=uri, metrics={"trained_tokens": job.trained_tokens, "prefill_tokens": job.prefill_tokens,
-                                               "decode_tokens": job.decode_tokens}, created_at=utcnow()))
-            event(s, self.job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
+            repository.add_checkpoint(s, job, ckpt_id, step=step, kind=self.recipe.adapter, uri=uri,
+                                      metrics={"trained_tokens": job.trained_tokens, "prefill_tokens": job.prefill_tokens, "decode_tokens": job.decode_tokens})
+            repository.add_event(s, self.job_id, "info", "checkpoint", f"checkpoint {ckpt_id} at step {step}", {"checkpoint": ckpt_id, "step": step})
 
     def should_stop(self) -> bool:
         """The lease is lost, or the job's cancellation was asked for."""
         if self.lease.lost.is_set():
             return True
         with self.trainer.db.session() as s:
-            return bool(s.get(TrainingJob, self.job_id).cancel_requested)  # type: ignore[union-attr]
+            return bool(repository.training_job(s, self.job_id).cancel_requested)  # type: ignore[union-attr]
 
 
 def _rewarded(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe, harness_d: dict | None,
@@ -212,7 +211,7 @@ def _merge(trainer: Trainer, base_model: str, kind: str, spec: MergeSpec, out: P
     from trainer_service.methods.merge import merge_checkpoints
 
     with trainer.db.session() as s:
-        folders = [artifacts.local_path(s.get(Checkpoint, c).uri) for c in spec.checkpoints]  # type: ignore[union-attr]
+        folders = [artifacts.local_path(repository.checkpoint(s, c).uri) for c in spec.checkpoints]  # type: ignore[union-attr]
     merge_checkpoints(base_model_dir(base_model, trainer.settings.models_dir), kind, folders, spec.resolved_weights(), spec.combination,
                       spec.density, spec.seed, out, should_stop)
 
@@ -228,8 +227,8 @@ def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
     db, settings = trainer.db, trainer.settings
 
     def requeued(s: Session, job: TrainingJob) -> None:
-        event(s, job.id, "warn", "worker_lost", f"the worker running this job ({job.attempts} attempt(s) so far) stopped; "
-              "the job is queued again and resumes from its newest checkpoint")
+        repository.add_event(s, job.id, "warn", "worker_lost", f"the worker running this job ({job.attempts} attempt(s) so far) stopped; "
+                             "the job is queued again and resumes from its newest checkpoint")
 
     def failed(s: Session, job: TrainingJob, reason: str) -> None:
         finish(s, job, "failed", reason)
@@ -237,10 +236,10 @@ def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
     report = jobs.reconcile(db, TrainingJob, settings.reconcile_policy(settings.train_time_limit_s),
                             send=trainer.enqueue, on_requeue=requeued, on_fail=failed, after_fail=partial(settle, trainer))
     with db.session() as s:  # cancelled while its worker was lost: nobody will claim it to notice
-        doomed = s.scalars(select(TrainingJob.id).where(TrainingJob.status == "queued", TrainingJob.cancel_requested.is_(True))).all()
+        doomed = repository.queued_jobs_to_cancel(s)
     for job_id in doomed:
         with db.session() as s:
-            job = s.get(TrainingJob, job_id, with_for_update=True)
+            job = repository.training_job(s, job_id, lock=True)
             if job is None or job.status != "queued":
                 continue
             finish(s, job, "cancelled", None)

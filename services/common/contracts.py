@@ -364,6 +364,7 @@ class EvaluationOut(BaseModel):
     attempts: int = Field(0, description="Times a worker started the evaluation; above 1 after a worker was lost and it resumed.")
     error: str | None = None
     created_at: dt.datetime
+    started_at: dt.datetime | None = Field(None, description="When a worker first began it (null while queued).")
     finished_at: dt.datetime | None = None
 
 

@@ -1,7 +1,7 @@
 """Ledger tables: accounts (cached balance), holds, append-only entries and idempotency records.
 
 The entries are the ledger; ``accounts`` caches budget/held/spent and is updated in the same transaction
-as the entries it summarizes (``service.recompute_balance`` rebuilds it from the entries). Check
+as the entries it summarizes (``repository.recompute_balance`` rebuilds it from the entries). Check
 constraints make an overdraft impossible even if the code were wrong: ``held + spent <= budget``.
 """
 

@@ -1,12 +1,15 @@
-"""The budget ledger's logic: accounts, holds, charges, balances and usage. No HTTP here.
+"""The budget ledger's rules: accounts, holds, charges, refunds, balances and usage. No HTTP and no SQL here: every
+statement is a function of :mod:`services.ledger.repository`.
 
-Every mutating call is one transaction that first takes the account row's lock, with the balance check
-in the same statement where it can be: a conditional ``UPDATE accounts … WHERE budget − held − spent >=
-amount`` for holds and charges (the row lock comes with it; on SQLite every transaction is ``BEGIN
-IMMEDIATE``, which serializes writers), ``SELECT … FOR UPDATE`` on the account before a hold is changed.
-Entries and the cached totals are written in that transaction, so all mutations of one account are
-serialized, no check can be raced past, and nothing is ever half-written. The common path of a hold, a
-settle or a charge is four or five statements and one commit.
+Every mutating call is one transaction that first takes the account row's lock, with the balance check in the same
+statement where it can be: a conditional ``UPDATE accounts … WHERE budget − held − spent >= amount`` for holds and
+charges (``repository.reserve``; the row lock comes with it; on SQLite every transaction is ``BEGIN IMMEDIATE``,
+which serializes writers), ``SELECT … FOR UPDATE`` on the account before a hold is changed. Entries and the cached
+totals are written in that transaction, so all mutations of one account are serialized, no check can be raced past,
+and nothing is ever half-written. The common path of a hold, a settle or a charge is four or five statements and one
+commit; on PostgreSQL it is one call of a function the migrations create (``repository.place_hold_in_one_call``,
+``repository.take_in_one_call``), which applies the same rules, and the general path below runs only when it does
+not apply (an error to raise, a replay, expired holds to release).
 
 Idempotency keys are scoped to (account, operation): ``hold.create``, ``hold.charge``, ``hold.settle``,
 ``hold.release``, ``charge.create``, ``refund.create``. The answer is stored last in the same transaction
@@ -19,9 +22,9 @@ it is closed as ``expired``. Expiry happens when a new hold or charge on the acc
 otherwise, and in a periodic sweep (:meth:`Ledger.expire_holds`), so a holder that dies never locks money for longer
 than its ttl.
 
-Entry arithmetic (all amounts are non-negative; the type gives the sign):
+Entry arithmetic (all amounts are non-negative micro-USD; the type gives the sign):
 ``budget = Σ grant``, ``spent = Σ charge − Σ refund``,
-``held = Σ hold − Σ release − Σ charge with a hold_id``.
+``held = Σ hold − Σ release − Σ charge with a hold_id`` (``repository.recompute_balance`` checks it).
 """
 
 from __future__ import annotations
@@ -31,20 +34,16 @@ import hashlib
 import json
 from collections import defaultdict
 from collections.abc import Callable
-from dataclasses import dataclass
 from typing import Any, TypeVar
 
 from pydantic import BaseModel
-from sqlalchemy import ColumnElement, TextClause, bindparam, case, create_engine, func, insert, select, text, update
-from sqlalchemy.dialects.postgresql import insert as postgresql_insert
-from sqlalchemy.dialects.sqlite import insert as sqlite_insert
-from sqlalchemy.exc import DBAPIError, IntegrityError
+from sqlalchemy import Executable
 from sqlalchemy.orm import Session
 
 from services.common.db import Database, utcnow
 from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, PaymentRequired
 from services.common.ids import new_id
-from services.ledger import models
+from services.ledger import models, repository
 from services.ledger.pricing import PriceBook, PricedItem, with_registered
 from services.ledger.schemas import (
     Account,
@@ -98,37 +97,6 @@ class HoldExceeded(Conflict):
     code, title = "hold_exceeded", "Usage exceeds what is left on the hold"
 
 
-@dataclass(frozen=True)
-class Totals:
-    """An account's budget, held and spent amounts (micro-USD)."""
-
-    budget_usd_micros: int
-    held_usd_micros: int
-    spent_usd_micros: int
-
-
-def recompute_balance(session: Session, account_id: str) -> Totals:
-    """Rebuild an account's totals from its entries alone (to check them against the cached row)."""
-    amount = models.Entry.amount_usd_micros
-    kind = models.Entry.type
-
-    def total(cond: ColumnElement[bool]) -> ColumnElement[int]:
-        return func.coalesce(func.sum(case((cond, amount), else_=0)), 0)
-
-    row = session.execute(
-        select(
-            total(kind == EntryType.grant.value),
-            total(kind == EntryType.hold.value),
-            total(kind == EntryType.release.value),
-            total(kind == EntryType.charge.value),
-            total((kind == EntryType.charge.value) & models.Entry.hold_id.is_not(None)),
-            total(kind == EntryType.refund.value),
-        ).where(models.Entry.account_id == account_id)
-    ).one()
-    grant, hold, release, charge, charge_from_holds, refund = (int(v) for v in row)
-    return Totals(grant, hold - release - charge_from_holds, charge - refund)
-
-
 def _fingerprint(operation: str, target: str, body: BaseModel) -> str:
     payload = {"operation": operation, "target": target, "body": body.model_dump(mode="json", exclude={"idempotency_key"})}
     return hashlib.sha256(json.dumps(payload, sort_keys=True, separators=(",", ":")).encode()).hexdigest()
@@ -144,8 +112,7 @@ class Ledger:
         # PostgreSQL: the common path of a hold and of a charge/settle/release is one call of a function the
         # migrations create, in its own transaction (one round trip); anything else takes the general path.
         self._postgres = db.engine.dialect.name == "postgresql"
-        # its own pool, without a ping per checkout: a connection found dead is retried once on a fresh one
-        self._autocommit = create_engine(db.engine.url, isolation_level="AUTOCOMMIT", pool_size=5, max_overflow=5) if self._postgres else None
+        self._autocommit = repository.autocommit_engine(db.engine.url) if self._postgres else None
 
     # -- accounts ---------------------------------------------------------------------------------
 
@@ -156,15 +123,16 @@ class Ledger:
         budget raises ``BudgetMismatch``.
         """
         with self.db.session() as s:
-            acct = _lock_account(s, body.account_id, missing_ok=True)
+            acct = repository.account_for_update_or_none(s, body.account_id)
             created = False
             if acct is None:
-                try:
-                    with s.begin_nested():
-                        acct = self._insert_account(s, body)
+                now = utcnow()
+                acct = repository.insert_account(s, body.account_id, body.budget_usd_micros, now)
+                if acct is None:  # opened concurrently (PostgreSQL); the other one committed first
+                    acct = repository.account_for_update(s, body.account_id)
+                else:
                     created = True
-                except IntegrityError:  # opened concurrently (PostgreSQL); the other one committed first
-                    acct = _lock_account(s, body.account_id)
+                    repository.append_entries(s, [self._entry(acct.account_id, EntryType.grant, body.budget_usd_micros, now, purpose="budget")])
             if acct.budget_usd_micros != body.budget_usd_micros:
                 raise BudgetMismatch(
                     f"account {body.account_id} exists with budget_usd_micros={acct.budget_usd_micros}",
@@ -173,50 +141,25 @@ class Ledger:
                 )
             return _account_out(acct), created
 
-    def _insert_account(self, s: Session, body: AccountCreate) -> models.Account:
-        now = utcnow()
-        acct = models.Account(
-            account_id=body.account_id,
-            budget_usd_micros=body.budget_usd_micros,
-            held_usd_micros=0,
-            spent_usd_micros=0,
-            created_at=now,
-            updated_at=now,
-        )
-        s.add(acct)
-        s.flush()
-        s.add(models.Entry(**self._entry(acct.account_id, EntryType.grant, body.budget_usd_micros, now, purpose="budget")))
-        s.flush()
-        return acct
-
     def balance(self, account_id: str) -> Balance:
         """The account's cached balance with spending and usage by kind."""
         with self.db.session() as s:
-            acct = s.get(models.Account, account_id)
-            if acct is None:
-                raise NotFound(f"no ledger account {account_id}", account_id=account_id)
-            return self._balances(s, [acct])[0]
+            return self._balances(s, [repository.account(s, account_id)])[0]
 
     def balances(self) -> list[Balance]:
         """Every account's balance, oldest first."""
         with self.db.session() as s:
-            accts = s.scalars(select(models.Account).order_by(models.Account.created_at, models.Account.account_id)).all()
-            return self._balances(s, list(accts))
+            return self._balances(s, repository.accounts(s))
 
     def _balances(self, s: Session, accts: list[models.Account]) -> list[Balance]:
-        ids = [a.account_id for a in accts]
         spent: dict[str, dict[str, int]] = defaultdict(lambda: {k.value: 0 for k in UsageKind})
         usage: dict[str, dict[str, int]] = defaultdict(lambda: {k.value: 0 for k in UsageKind})
-        if ids:
-            rows = s.execute(
-                select(models.Entry.account_id, models.Entry.type, models.Entry.kind, func.sum(models.Entry.amount_usd_micros), func.sum(models.Entry.quantity))
-                .where(models.Entry.type.in_([EntryType.charge.value, EntryType.refund.value]), models.Entry.account_id.in_(ids))
-                .group_by(models.Entry.account_id, models.Entry.type, models.Entry.kind)
-            )
-            for account_id, type_, kind, amount, quantity in rows:  # refunds lower spending, not usage
-                sign = -1 if type_ == EntryType.refund.value else 1
-                spent[account_id][kind] += sign * int(amount or 0)
-                usage[account_id][kind] += int(quantity or 0) if sign > 0 else 0
+        for account_id, type_, kind, amount, quantity in repository.charges_and_refunds_by_kind(s, [a.account_id for a in accts]):
+            if type_ == EntryType.refund.value:  # refunds lower spending, not usage
+                spent[account_id][kind] -= amount
+            else:
+                spent[account_id][kind] += amount
+                usage[account_id][kind] += quantity
         return [
             Balance(
                 account_id=a.account_id,
@@ -234,34 +177,28 @@ class Ledger:
     def entries(self, account_id: str, *, after: str | None = None, limit: int = 1000) -> list[Entry]:
         """The account's entries in append order, the first ``limit`` after entry ``after`` (if given)."""
         with self.db.session() as s:
-            _require_account(s, account_id)
-            query = select(models.Entry).where(models.Entry.account_id == account_id)
+            repository.account(s, account_id)
+            after_seq = None
             if after is not None:
-                seq = s.scalar(select(models.Entry.seq).where(models.Entry.id == after, models.Entry.account_id == account_id))
-                if seq is None:
+                after_seq = repository.entry_seq(s, account_id, after)
+                if after_seq is None:
                     raise NotFound(f"no entry {after} in account {account_id}", field="after")
-                query = query.where(models.Entry.seq > seq)
-            rows = s.scalars(query.order_by(models.Entry.seq).limit(limit)).all()
-            return [_entry_out(e) for e in rows]
+            return [_entry_out(e) for e in repository.entries_in_order(s, account_id, after_seq=after_seq, limit=limit)]
 
     def usage_by_hour(self, account_id: str) -> list[UsageBucket]:
         """Charged usage aggregated by UTC hour and kind, oldest hour first."""
         with self.db.session() as s:
-            _require_account(s, account_id)
-            rows = s.execute(
-                select(models.Entry.created_at, models.Entry.kind, models.Entry.quantity, models.Entry.amount_usd_micros)
-                .where(models.Entry.account_id == account_id, models.Entry.type == EntryType.charge.value)
-                .order_by(models.Entry.seq)
-            )
-            buckets: dict[tuple[dt.datetime, str], list[int]] = defaultdict(lambda: [0, 0])
-            for created_at, kind, quantity, amount in rows:
-                bucket = buckets[(created_at.replace(minute=0, second=0, microsecond=0), kind)]
-                bucket[0] += quantity or 0
-                bucket[1] += amount
-            return [
-                UsageBucket(hour=hour, kind=kind, quantity=q, amount_usd_micros=a)
-                for (hour, kind), (q, a) in sorted(buckets.items(), key=lambda kv: (kv[0][0], kv[0][1]))
-            ]
+            repository.account(s, account_id)
+            charges = repository.charges_in_order(s, account_id)
+        buckets: dict[tuple[dt.datetime, str], list[int]] = defaultdict(lambda: [0, 0])
+        for created_at, kind, quantity, amount in charges:
+            bucket = buckets[(created_at.replace(minute=0, second=0, microsecond=0), kind)]
+            bucket[0] += quantity or 0
+            bucket[1] += amount
+        return [
+            UsageBucket(hour=hour, kind=kind, quantity=q, amount_usd_micros=a)
+            for (hour, kind), (q, a) in sorted(buckets.items(), key=lambda kv: (kv[0][0], kv[0][1]))
+        ]
 
     # -- holds ------------------------------------------------------------------------------------
 
@@ -272,8 +209,7 @@ class Ledger:
         request). Common path: one function call on PostgreSQL, four statements in one transaction otherwise
         (the conditional reservation, the hold, its entry and the idempotency record).
         """
-        priced = self.prices.price(body.usage)
-        amount = sum(p.amount_usd_micros for p in priced)
+        amount = sum(p.amount_usd_micros for p in self.prices.price(body.usage))
         fingerprint = _fingerprint("hold.create", body.account_id, body)
 
         def new_hold(now: dt.datetime) -> Hold:
@@ -286,23 +222,18 @@ class Ledger:
         if self._postgres:
             hold = new_hold(utcnow())
             try:
-                placed = self._call(SQL.pg_hold, {
-                    "account": body.account_id, "amount": amount, "hold": hold.hold_id, "entry": new_id("ent"), "purpose": body.purpose,
-                    "price_version": self.prices.version, "key": body.idempotency_key, "fingerprint": fingerprint,
-                    "response": hold.model_dump_json(), "now": hold.created_at, "expires": hold.expires_at})
-            except IntegrityError as exc:
-                _reraise_unless_key_taken(exc)
+                if repository.place_hold_in_one_call(self._call, hold, entry_id=new_id("ent"), key=body.idempotency_key, fingerprint=fingerprint):
+                    return hold
+            except repository.KeyTaken:
                 return self._replay(body.account_id, "hold.create", body.idempotency_key, fingerprint, Hold)
-            if placed:
-                return hold
 
         def work(s: Session) -> tuple[str, Hold]:
             now = utcnow()
             self._reserve(s, body.account_id, amount, now, "held_usd_micros", "hold.create", body.idempotency_key)
             hold = new_hold(now)
-            s.execute(SQL.insert_hold, hold.model_dump() | {"status": hold.status.value})
-            s.execute(SQL.insert_entry, [self._entry(body.account_id, EntryType.hold, amount, now, hold_id=hold.hold_id,
-                                                     purpose=body.purpose, key=body.idempotency_key)])
+            repository.insert_hold(s, hold)
+            repository.append_entries(s, [self._entry(body.account_id, EntryType.hold, amount, now, hold_id=hold.hold_id,
+                                                      purpose=body.purpose, key=body.idempotency_key)])
             return body.account_id, hold
 
         return self._once("hold.create", body.idempotency_key, fingerprint, Hold, work)
@@ -310,19 +241,13 @@ class Ledger:
     def get_hold(self, hold_id: str) -> Hold:
         """The hold as it is now."""
         with self.db.session() as s:
-            hold = s.get(models.Hold, hold_id)
-            if hold is None:
-                raise NotFound(f"no hold {hold_id}", hold_id=hold_id)
-            return _hold_out(hold)
+            return _hold_out(repository.hold(s, hold_id))
 
     def holds(self, account_id: str, status: HoldStatus | None = None) -> list[Hold]:
         """The account's holds, oldest first, optionally only those in ``status``."""
         with self.db.session() as s:
-            _require_account(s, account_id)
-            query = select(models.Hold).where(models.Hold.account_id == account_id)
-            if status is not None:
-                query = query.where(models.Hold.status == status.value)
-            return [_hold_out(h) for h in s.scalars(query.order_by(models.Hold.created_at, models.Hold.hold_id))]
+            repository.account(s, account_id)
+            return [_hold_out(h) for h in repository.holds_of_account(s, account_id, status)]
 
     def charge_hold(self, hold_id: str, body: HoldCharge) -> Hold:
         """Charge usage against an open hold; ``HoldExceeded`` (409) if it costs more than is left on it,
@@ -348,42 +273,34 @@ class Ledger:
         fingerprint = _fingerprint(operation, hold_id, body)
         key: str = body.idempotency_key  # type: ignore[attr-defined]
         if self._postgres:
-            lines = [{"id": new_id("ent"), "amount": p.amount_usd_micros, "kind": p.kind.value, "quantity": p.quantity, "model": p.model} for p in priced]
             try:
-                answer = self._call(SQL.pg_take, {
-                    "hold": hold_id, "total": total, "close_as": close_as.value if close_as else None, "lines": json.dumps(lines),
-                    "release_entry": new_id("ent"), "purpose": purpose, "price_version": self.prices.version, "key": key, "operation": operation,
-                    "fingerprint": fingerprint, "now": utcnow()})
-            except IntegrityError as exc:
-                _reraise_unless_key_taken(exc)
+                taken = repository.take_in_one_call(self._call, hold_id, priced, close_as=close_as, purpose=purpose, price_version=self.prices.version,
+                                                    key=key, operation=operation, fingerprint=fingerprint, now=utcnow())
+            except repository.KeyTaken:
                 with self.db.session() as s:
-                    account_id = s.scalar(select(HOLDS.c.account_id).where(HOLDS.c.hold_id == hold_id))
+                    account_id = repository.account_of_hold(s, hold_id)
                 return self._replay(account_id, operation, key, fingerprint, Hold)  # type: ignore[arg-type]
-            if answer is not None:
-                return Hold.model_validate_json(answer)
+            if taken is not None:
+                return taken
 
         def work(s: Session) -> tuple[str, Hold]:
-            account_id = _lock_hold_account(s, hold_id)
+            account_id = repository.lock_account_of_hold(s, hold_id)
             now = utcnow()
-            # an open hold has released nothing yet (a check constraint says so), so closing releases amount − charged
-            stmt, params = (SQL.take, {}) if close_as is None else (SQL.take_and_close, {"p_status": close_as.value, "p_now": now})
-            row = s.execute(stmt, {"p_hold": hold_id, "p_total": total, **params}).first()
-            if row is None:
+            hold = repository.take_from_hold(s, hold_id, total, close_as=close_as, now=now)
+            if hold is None:
                 _raise_if_answered(s, account_id, operation, key)
-                hold = s.get(models.Hold, hold_id, populate_existing=True)
-                _require_open(hold)
+                row = repository.hold(s, hold_id)
+                _require_open(row)
                 raise HoldExceeded(
-                    f"usage costs {total} micro-USD but hold {hold_id} has {hold.left_usd_micros} left",
-                    hold_id=hold_id, hold_remaining_usd_micros=hold.left_usd_micros, required_usd_micros=total,
+                    f"usage costs {total} micro-USD but hold {hold_id} has {row.left_usd_micros} left",
+                    hold_id=hold_id, hold_remaining_usd_micros=row.left_usd_micros, required_usd_micros=total,
                 )
-            hold = Hold.model_validate(row._asdict())
             released = hold.released_usd_micros if close_as is not None else 0
             entries = [self._charge_entry(account_id, p, now, purpose=purpose or hold.purpose, key=key, hold_id=hold_id) for p in priced]
             if released:
                 entries.append(self._entry(account_id, EntryType.release, released, now, hold_id=hold_id, purpose=hold.purpose, key=key))
-            if entries:
-                s.execute(SQL.insert_entry, entries)
-            s.execute(SQL.move, {"p_account": account_id, "p_unhold": total + released, "p_spend": total, "p_now": now})
+            repository.append_entries(s, entries)
+            repository.shift_totals(s, account_id, held_delta=-(total + released), spent_delta=total, now=now)
             return account_id, hold
 
         return self._once(operation, key, fingerprint, Hold, work)
@@ -395,7 +312,7 @@ class Ledger:
         own. Called at start-up and periodically, so every replica prices with the rows any of them registered."""
         with self.db.session() as s:
             rows = [Price(kind=UsageKind(r.kind), model=r.model, usd_micros_per_million_units=r.usd_micros_per_million_units)
-                    for r in s.scalars(select(models.ModelPrice))]
+                    for r in repository.registered_prices(s)]
         self.prices = with_registered(self.base_prices, rows)
         return self.prices
 
@@ -405,44 +322,36 @@ class Ledger:
         now = utcnow()
         with self.db.session() as s:
             for kind, value in body.prices.items():
-                row = s.get(models.ModelPrice, (model, kind))
-                if row is None:
-                    s.add(models.ModelPrice(model=model, kind=kind, usd_micros_per_million_units=value, updated_at=now))
-                elif row.usd_micros_per_million_units != value:
-                    row.usd_micros_per_million_units, row.updated_at = value, now
+                repository.put_model_price(s, model, kind, value, now)
         return self.reload_prices().table()
 
     def expire_holds(self, now: dt.datetime | None = None) -> int:
         """Close every open hold whose ``expires_at`` has passed (status ``expired``); the number closed."""
         now = now or utcnow()
         with self.db.session() as s:
-            accounts = s.scalars(select(models.Hold.account_id).distinct().where(
-                models.Hold.status == HoldStatus.open.value, models.Hold.expires_at <= now)).all()
+            accounts = repository.accounts_with_expired_holds(s, now)
         closed = 0
         for account_id in accounts:
             with self.db.session() as s:
-                closed += self._expire(s, _lock_account(s, account_id), now)
+                repository.account_for_update(s, account_id)  # the account's lock before its holds change
+                closed += self._expire(s, account_id, now)
         return closed
 
-    def _expire(self, s: Session, acct: models.Account, now: dt.datetime) -> int:
-        """Within a transaction holding ``acct``'s lock: close its expired open holds."""
-        expired = s.scalars(select(models.Hold).where(
-            models.Hold.account_id == acct.account_id, models.Hold.status == HoldStatus.open.value, models.Hold.expires_at <= now,
-        ).execution_options(populate_existing=True)).all()
-        for hold in expired:
-            left = hold.left_usd_micros
-            if left:
-                s.add(models.Entry(**self._entry(acct.account_id, EntryType.release, left, now, hold_id=hold.hold_id,
-                                                 purpose=hold.purpose, key=f"expire:{hold.hold_id}")))
-            hold.released_usd_micros += left
-            hold.status = HoldStatus.expired.value
-            hold.closed_at = now
-            acct.held_usd_micros -= left
-            acct.updated_at = now
-        s.flush()
-        return len(expired)
+    def _expire(self, s: Session, account_id: str, now: dt.datetime) -> int:
+        """Within a transaction holding the account's lock: close its expired open holds as ``expired``, each with a
+        ``release`` entry for what was left on it; the number closed."""
+        closed = []
+        for hold_id in repository.expired_hold_ids(s, account_id, now):
+            hold = repository.take_from_hold(s, hold_id, 0, close_as=HoldStatus.expired, now=now)
+            if hold is not None:  # always, under the account's lock: an open hold covers a charge of 0
+                closed.append(hold)
+        repository.append_entries(s, [self._entry(account_id, EntryType.release, h.released_usd_micros, now, hold_id=h.hold_id,
+                                                  purpose=h.purpose, key=f"expire:{h.hold_id}") for h in closed if h.released_usd_micros])
+        if closed:
+            repository.shift_totals(s, account_id, held_delta=-sum(h.released_usd_micros for h in closed), now=now)
+        return len(closed)
 
-    def _reserve(self, s: Session, account_id: str, amount: int, now: dt.datetime, column: str, operation: str, key: str) -> int:
+    def _reserve(self, s: Session, account_id: str, amount: int, now: dt.datetime, column: repository.TotalColumn, operation: str, key: str) -> int:
         """Add ``amount`` to the account's ``column`` (held or spent) if the free balance covers it; the
         remaining balance after it.
 
@@ -450,18 +359,17 @@ class Ledger:
         account, the stored answer if this key was answered before (a replay must not get a 402), else expired
         holds are released and it is tried once more before ``PaymentRequired``.
         """
-        stmt, params = SQL.reserve[column], {"p_account": account_id, "p_amount": amount, "p_now": now}
-        if (remaining := s.execute(stmt, params).scalar()) is not None:
+        if (remaining := repository.reserve(s, account_id, column, amount, now)) is not None:
             return remaining
-        acct = _lock_account(s, account_id)
+        repository.account_for_update(s, account_id)  # NotFound for a missing account; else its lock
         _raise_if_answered(s, account_id, operation, key)
-        self._expire(s, acct, now)
-        if (remaining := s.execute(stmt, params).scalar()) is not None:  # expired holds, or funds freed before the lock, may cover it now
+        self._expire(s, account_id, now)
+        if (remaining := repository.reserve(s, account_id, column, amount, now)) is not None:  # expired holds, or funds freed before the lock
             return remaining
-        s.refresh(acct)
+        left = repository.account_for_update(s, account_id).remaining_usd_micros  # fresh: after the expiry
         raise PaymentRequired(
-            f"this costs {amount} micro-USD but account {account_id} has {acct.remaining_usd_micros} left",
-            account_id=account_id, remaining_usd_micros=acct.remaining_usd_micros, required_usd_micros=amount,
+            f"this costs {amount} micro-USD but account {account_id} has {left} left",
+            account_id=account_id, remaining_usd_micros=left, required_usd_micros=amount,
         )
 
     # -- direct charges and refunds ------------------------------------------------------------------
@@ -477,7 +385,7 @@ class Ledger:
             now = utcnow()
             remaining = self._reserve(s, body.account_id, total, now, "spent_usd_micros", "charge.create", body.idempotency_key)
             entries = [self._charge_entry(body.account_id, p, now, purpose=body.purpose, key=body.idempotency_key) for p in priced]
-            s.execute(SQL.insert_entry, entries)
+            repository.append_entries(s, entries)
             lines = [ChargeLine(entry_id=e["id"], kind=p.kind, quantity=p.quantity, model=p.model, usd_micros_per_million_units=p.usd_micros_per_million_units,
                                 amount_usd_micros=p.amount_usd_micros) for e, p in zip(entries, priced, strict=True)]
             return body.account_id, Charge(account_id=body.account_id, amount_usd_micros=total, lines=lines, purpose=body.purpose,
@@ -495,27 +403,23 @@ class Ledger:
         fingerprint = _fingerprint("refund.create", body.account_id, body)
 
         def work(s: Session) -> tuple[str, Refund]:
-            acct = _lock_account(s, body.account_id)
-            charge = s.scalar(select(models.Entry).where(models.Entry.id == body.entry_id, models.Entry.account_id == acct.account_id,
-                                                         models.Entry.type == EntryType.charge.value))
+            account_id = repository.account_for_update(s, body.account_id).account_id
+            charge = repository.charge_entry(s, account_id, body.entry_id)
             if charge is None:
                 raise NotFound(f"no charge entry {body.entry_id} in account {body.account_id}", field="entry_id")
-            refunded = s.scalar(select(func.coalesce(func.sum(models.Entry.amount_usd_micros), 0))
-                                .where(models.Entry.refund_of == charge.id, models.Entry.type == EntryType.refund.value))
-            refundable = charge.amount_usd_micros - int(refunded)
+            refundable = charge.amount_usd_micros - repository.refunded_usd_micros(s, charge.id)
             amount = body.amount_usd_micros if body.amount_usd_micros is not None else refundable
             if amount > refundable or amount == 0:
-                _raise_if_answered(s, acct.account_id, "refund.create", body.idempotency_key)
+                _raise_if_answered(s, account_id, "refund.create", body.idempotency_key)
                 raise RefundExceedsCharge(f"charge {charge.id} has {refundable} micro-USD left to refund; asked for {amount}",
                                           field="amount_usd_micros", refundable_usd_micros=refundable)
             now = utcnow()
-            entry = self._entry(acct.account_id, EntryType.refund, amount, now, purpose=body.reason, key=body.idempotency_key)
+            entry = self._entry(account_id, EntryType.refund, amount, now, purpose=body.reason, key=body.idempotency_key)
             entry |= {"kind": charge.kind, "model": charge.model, "refund_of": charge.id}
-            s.execute(SQL.insert_entry, [entry])
-            acct.spent_usd_micros -= amount
-            acct.updated_at = now
-            return acct.account_id, Refund(entry_id=entry["id"], account_id=acct.account_id, refund_of=charge.id, amount_usd_micros=amount,
-                                           reason=body.reason, remaining_usd_micros=acct.remaining_usd_micros, created_at=now)
+            repository.append_entries(s, [entry])
+            remaining = repository.shift_totals(s, account_id, spent_delta=-amount, now=now)
+            return account_id, Refund(entry_id=entry["id"], account_id=account_id, refund_of=charge.id, amount_usd_micros=amount,
+                                      reason=body.reason, remaining_usd_micros=remaining, created_at=now)
 
         return self._once("refund.create", body.idempotency_key, fingerprint, Refund, work)
 
@@ -532,10 +436,7 @@ class Ledger:
         try:
             with self.db.session() as s:
                 account_id, out = work(s)
-                stored = s.execute(SQL.remember[s.get_bind().dialect.name], {
-                    "account_id": account_id, "operation": operation, "key": key, "fingerprint": fingerprint,
-                    "response": out.model_dump_json(), "created_at": utcnow()}).first()
-                if stored is None:
+                if not repository.remember_answer(s, account_id, operation, key, fingerprint, out.model_dump_json(), utcnow()):
                     raise _Answered(account_id)
                 return out
         except _Answered as answered:
@@ -544,25 +445,15 @@ class Ledger:
     def _replay(self, account_id: str, operation: str, key: str, fingerprint: str, model: type[ResponseT]) -> ResponseT:
         """The stored answer to (account, ``operation``, ``key``); ``IdempotencyKeyReused`` if it was for another request."""
         with self.db.session() as s:
-            rec = s.execute(SQL.answer, {"p_account": account_id, "p_operation": operation, "p_key": key}).one()
-        if rec.fingerprint != fingerprint:
+            stored_fingerprint, response = repository.stored_answer(s, account_id, operation, key)
+        if stored_fingerprint != fingerprint:
             raise IdempotencyKeyReused(f"idempotency key {key!r} was already used for a different {operation} request", field="idempotency_key")
-        return model.model_validate_json(rec.response)
+        return model.model_validate_json(response)
 
-    def _call(self, statement: TextClause, params: dict) -> Any:
-        """Run one statement in its own transaction (PostgreSQL's autocommit); its scalar result.
-
-        A pooled connection that turns out dead (the server restarted) invalidates the pool and the call is
-        made once more on a new connection: nothing was applied, since the statement never reached the server
-        or died with its transaction."""
-        try:
-            with self._autocommit.connect() as conn:  # type: ignore[union-attr]
-                return conn.execute(statement, params).scalar()
-        except DBAPIError as exc:
-            if not exc.connection_invalidated:
-                raise
-        with self._autocommit.connect() as conn:  # type: ignore[union-attr]
-            return conn.execute(statement, params).scalar()
+    def _call(self, statement: Executable, params: dict[str, Any]) -> Any:
+        """One statement of the PostgreSQL one-call path in its own transaction (``repository.call_alone`` on the
+        ledger's own autocommit pool); its scalar result. Every round trip of that path goes through here."""
+        return repository.call_alone(self._autocommit, statement, params)  # type: ignore[arg-type]
 
     def close(self) -> None:
         """Close the ledger's own connection pool (the database's is the caller's)."""
@@ -573,7 +464,7 @@ class Ledger:
         self, account_id: str, type_: EntryType, amount: int, now: dt.datetime, *,
         hold_id: str | None = None, purpose: str | None = None, key: str | None = None,
     ) -> dict:
-        """The column values of a new entry (for ``insert(ENTRIES)``)."""
+        """The column values of a new entry (for ``repository.append_entries``)."""
         return {"id": new_id("ent"), "account_id": account_id, "type": type_.value, "amount_usd_micros": amount, "kind": None,
                 "quantity": None, "model": None, "hold_id": hold_id, "purpose": purpose, "price_version": self.prices.version,
                 "idempotency_key": key, "refund_of": None, "created_at": now}
@@ -583,51 +474,6 @@ class Ledger:
         return entry | {"kind": p.kind.value, "quantity": p.quantity, "model": p.model}
 
 
-ACCOUNTS = models.Account.__table__
-HOLDS = models.Hold.__table__
-ENTRIES = models.Entry.__table__
-IDEMPOTENCY = models.IdempotencyRecord.__table__
-FREE = ACCOUNTS.c.budget_usd_micros - ACCOUNTS.c.held_usd_micros - ACCOUNTS.c.spent_usd_micros
-
-
-class SQL:
-    """The hot path's statements, built once with bound parameters (``p_*``) so each call only binds values."""
-
-    reserve = {  # add p_amount to held or spent if the free balance covers it; returns the free balance after
-        column: update(ACCOUNTS).where(ACCOUNTS.c.account_id == bindparam("p_account"), bindparam("p_amount") <= FREE)
-        .values({column: ACCOUNTS.c[column] + bindparam("p_amount"), "updated_at": bindparam("p_now")}).returning(FREE)
-        for column in ("held_usd_micros", "spent_usd_micros")
-    }
-    move = (update(ACCOUNTS).where(ACCOUNTS.c.account_id == bindparam("p_account"))
-            .values(held_usd_micros=ACCOUNTS.c.held_usd_micros - bindparam("p_unhold"),
-                    spent_usd_micros=ACCOUNTS.c.spent_usd_micros + bindparam("p_spend"), updated_at=bindparam("p_now")))
-    _take = (update(HOLDS).returning(*HOLDS.c).where(
-        HOLDS.c.hold_id == bindparam("p_hold"), HOLDS.c.status == HoldStatus.open.value,
-        HOLDS.c.amount_usd_micros - HOLDS.c.charged_usd_micros - HOLDS.c.released_usd_micros >= bindparam("p_total")))
-    take = _take.values(charged_usd_micros=HOLDS.c.charged_usd_micros + bindparam("p_total"))
-    take_and_close = _take.values(
-        charged_usd_micros=HOLDS.c.charged_usd_micros + bindparam("p_total"),
-        released_usd_micros=HOLDS.c.amount_usd_micros - HOLDS.c.charged_usd_micros - bindparam("p_total"),
-        status=bindparam("p_status"), closed_at=bindparam("p_now"))
-    lock_hold_account = select(ACCOUNTS.c.account_id).where(
-        ACCOUNTS.c.account_id == select(HOLDS.c.account_id).where(HOLDS.c.hold_id == bindparam("p_hold")).scalar_subquery()).with_for_update()
-    insert_hold = insert(HOLDS)
-    insert_entry = insert(ENTRIES)
-    remember = {  # store an answer unless the key has one: INSERT … ON CONFLICT DO NOTHING RETURNING id
-        "postgresql": postgresql_insert(IDEMPOTENCY).on_conflict_do_nothing().returning(IDEMPOTENCY.c.id),
-        "sqlite": sqlite_insert(IDEMPOTENCY).on_conflict_do_nothing().returning(IDEMPOTENCY.c.id),
-    }
-    _scope = (IDEMPOTENCY.c.account_id == bindparam("p_account"), IDEMPOTENCY.c.operation == bindparam("p_operation"),
-              IDEMPOTENCY.c.key == bindparam("p_key"))
-    answered = select(IDEMPOTENCY.c.id).where(*_scope)
-    answer = select(IDEMPOTENCY.c.fingerprint, IDEMPOTENCY.c.response).where(*_scope)
-    # PostgreSQL's common path (functions created by the migration 7b1e2c9d4f10)
-    pg_hold = text("SELECT crucible_ledger_hold(:account, :amount, :hold, :entry, :purpose, :price_version, :key, :fingerprint, :response, "
-                   ":now, :expires)")
-    pg_take = text("SELECT crucible_ledger_take(:hold, :total, :close_as, CAST(:lines AS jsonb), :release_entry, :purpose, :price_version, "
-                   ":key, :operation, :fingerprint, :now)")
-
-
 class _Answered(Exception):  # noqa: N818 - control flow, never leaves the Ledger
     """The idempotency key already has an answer: roll back and replay it."""
 
@@ -635,37 +481,10 @@ class _Answered(Exception):  # noqa: N818 - control flow, never leaves the Ledge
         self.account_id = account_id
 
 
-def _reraise_unless_key_taken(exc: IntegrityError) -> None:
-    """Re-raise ``exc`` unless it is the idempotency record's unique key (a concurrent request with the same key won)."""
-    if "uq_idempotency_records_scope" not in str(exc.orig):
-        raise exc
-
-
 def _raise_if_answered(s: Session, account_id: str, operation: str, key: str) -> None:
     """On a path that would fail: if this key was answered before, replay that answer instead of failing."""
-    if s.execute(SQL.answered, {"p_account": account_id, "p_operation": operation, "p_key": key}).first() is not None:
+    if repository.is_answered(s, account_id, operation, key):
         raise _Answered(account_id)
-
-
-def _lock_hold_account(s: Session, hold_id: str) -> str:
-    """Lock the account of hold ``hold_id`` (accounts are always locked before their holds); its id. ``NotFound`` if no such hold."""
-    account_id = s.execute(SQL.lock_hold_account, {"p_hold": hold_id}).scalar()
-    if account_id is None:
-        raise NotFound(f"no hold {hold_id}", hold_id=hold_id)
-    return account_id
-
-
-def _lock_account(s: Session, account_id: str, *, missing_ok: bool = False) -> models.Account | None:
-    """The account row, locked for the rest of the transaction (fresh from the database)."""
-    acct = s.get(models.Account, account_id, with_for_update=True, populate_existing=True)
-    if acct is None and not missing_ok:
-        raise NotFound(f"no ledger account {account_id}", account_id=account_id)
-    return acct
-
-
-def _require_account(s: Session, account_id: str) -> None:
-    if s.get(models.Account, account_id) is None:
-        raise NotFound(f"no ledger account {account_id}", account_id=account_id)
 
 
 def _require_open(hold: models.Hold) -> None:
@@ -713,5 +532,6 @@ def _entry_out(e: models.Entry) -> Entry:
         purpose=e.purpose,
         price_version=e.price_version,
         idempotency_key=e.idempotency_key,
+        refund_of=e.refund_of,
         created_at=e.created_at,
     )

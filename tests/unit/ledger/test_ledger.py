@@ -28,8 +28,9 @@ from services.common.ids import new_id
 from services.ledger import models
 from services.ledger.app import MIGRATIONS_DIR, create_app
 from services.ledger.pricing import load_prices
+from services.ledger.repository import recompute_balance
 from services.ledger.schemas import AccountCreate, ChargeCreate, HoldCharge, HoldCreate, HoldRelease, HoldSettle, RefundCreate, UsageItem, UsageKind
-from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, IdempotencyKeyReused, Ledger, RefundExceedsCharge, recompute_balance
+from services.ledger.service import BudgetMismatch, HoldClosed, HoldExceeded, IdempotencyKeyReused, Ledger, RefundExceedsCharge
 from services.ledger.settings import LedgerSettings
 from tests.conftest import PG_ADMIN, throwaway_databases
 
@@ -375,6 +376,8 @@ def test_a_refund_gives_back_part_of_a_charge_once_and_never_more_than_it(ledger
     refund = ledger.refund(first)
     assert (refund.amount_usd_micros, refund.refund_of, refund.remaining_usd_micros) == (1_500, entry_id, 10_000 - 4_000 + 1_500)
     assert ledger.refund(first) == refund  # same key: the first answer, nothing written
+    listed = ledger.entries(account_id)[-1]  # the entry names the charge it refunds
+    assert (listed.type, listed.refund_of, listed.amount_usd_micros) == ("refund", entry_id, 1_500)
     bal = ledger.balance(account_id)
     assert bal.spent_usd_micros == 2_500 and bal.spent_by_kind["decode_tokens"] == 2_500 and bal.usage_by_kind["decode_tokens"] == 10_000
 

@@ -1,5 +1,5 @@
 """PostgreSQL functions for the ledger's common path: a hold, and a charge/settle/release against a hold, each
-one call in one transaction (services.ledger.service: Ledger._placed_on_postgres and Ledger._taken_on_postgres)
+one call in one transaction (services.ledger.repository: place_hold_in_one_call and take_in_one_call)
 
 Revision ID: 7b1e2c9d4f10
 Revises: e0d8d49b9b03

@@ -1,0 +1,344 @@
+"""The agent API as MCP tools, for coding agents (Claude Code, Codex) and LLM loops: the official ``mcp`` SDK's ``MCPServer``.
+
+Every tool is one or two calls to the gateway's own ``/v1`` HTTP API made with the caller's run key, so MCP reaches
+exactly what HTTP reaches and decides nothing itself: the same key check (401), track and editable space (403), rate
+and evaluation limits (429), budget (402), episode log and train/eval isolation. Two transports serve the same tools:
+
+- **stdio** (``crucible mcp --api-key … --gateway …``, :func:`stdio_server`): a process beside the agent that calls
+  the gateway over HTTP. Tools that take a ``path`` read or write the agent's own files.
+- **streamable HTTP** at the gateway's ``/mcp`` (:class:`MCPEndpoint`): the run key as ``Authorization: Bearer``;
+  a missing, unknown or revoked key is refused with the HTTP API's 401 before any MCP message is read. The calls go
+  in process (ASGI) to the same app with the caller's key. A ``path`` argument is refused there (the gateway's disk is
+  not the agent's); archives and rows travel inline.
+
+A refused call is an MCP tool error (``is_error: true``) whose structured content is the problem+json the HTTP API
+answered (``status``, ``code``, ``detail`` and, where it names one, ``field``), its text ``"<status> <code>: <detail>"``
+followed by that JSON. A successful call's structured content is the route's JSON (a list under ``data``).
+"""
+
+from __future__ import annotations
+
+import base64
+import functools
+import json
+from collections.abc import Awaitable, Callable
+from pathlib import Path
+from typing import Annotated, Any
+
+import httpx
+from fastapi import FastAPI
+from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
+from mcp.server.transport_security import TransportSecuritySettings
+from mcp_types import CallToolResult, TextContent, ToolAnnotations
+from pydantic import Field
+from starlette.concurrency import run_in_threadpool
+from starlette.requests import Request
+from starlette.types import Receive, Scope, Send
+
+from services.common.app import problem_response
+from services.common.errors import Unauthorized
+
+INSTRUCTIONS = (
+    "Crucible: improve an agent system (a model and the harness that drives it) under a fixed budget. Start with run_card "
+    "(benchmark, track and what you may edit, recipe policy, limits, deadline, budget). Training jobs and evaluations run "
+    "in the background: poll training_job / evaluation. Validation evaluations are rate-limited and charged; the hidden "
+    "test split is graded only when you submit (submit), once per allowed submission. Money is in micro-USD."
+)
+MAX_TRAJECTORIES = 200  # trajectories per call: an LLM's context is the limit, not the route's
+
+
+class Refused(Exception):
+    """A problem+json answer (status ≥ 400) of the gateway, or a refusal of the tool itself before any call."""
+
+    def __init__(self, problem: dict[str, Any]) -> None:
+        super().__init__(problem.get("detail", ""))
+        self.problem = problem
+
+
+def _refuse(detail: str, field: str, status: int = 422) -> Refused:
+    return Refused({"type": "about:blank", "title": "Unprocessable", "status": status, "code": "validation_error", "detail": detail,
+                    "field": field})
+
+
+def _result(value: Any) -> CallToolResult:
+    structured = value if isinstance(value, dict) else {"data": value}
+    return CallToolResult(content=[TextContent(type="text", text=json.dumps(value, indent=1, default=str))], structured_content=structured)
+
+
+def _error(problem: dict[str, Any]) -> CallToolResult:
+    head = f"{problem.get('status', '')} {problem.get('code', 'error')}: {problem.get('detail', '')}".strip()
+    return CallToolResult(content=[TextContent(type="text", text=f"{head}\n{json.dumps(problem, indent=1)}")], structured_content=problem,
+                          is_error=True)
+
+
+class GatewayAccess:
+    """How the tools reach the ``/v1`` API: ``client`` (its base URL and transport) and the caller's ``Authorization``.
+
+    ``key``: a fixed run key (stdio); ``None``: the key each MCP request carries (streamable HTTP). ``local_files``:
+    whether ``path`` arguments name files the tools may read and write (stdio only)."""
+
+    def __init__(self, client: httpx.AsyncClient, *, key: str | None, local_files: bool) -> None:
+        self.client, self.key, self.local_files = client, key, local_files
+
+    def authorization(self, ctx: Context) -> str:
+        if self.key is not None:
+            return f"Bearer {self.key}"
+        return (ctx.headers or {}).get("authorization", "")
+
+    async def call(self, ctx: Context, method: str, path: str, *, raw: bool = False, **kw: Any) -> Any:
+        """One gateway call with the caller's key; ``Refused`` carrying the problem for a status ≥ 400."""
+        headers = {"Authorization": self.authorization(ctx), "X-Crucible-Via": "mcp"} | kw.pop("headers", {})
+        resp = await self.client.request(method, path, headers=headers, **kw)
+        if resp.status_code >= 400:
+            try:
+                problem = resp.json()
+            except ValueError:
+                problem = {"status": resp.status_code, "code": "error", "detail": resp.text[:500]}
+            raise Refused(problem if isinstance(problem, dict) else {"status": resp.status_code, "detail": str(problem)})
+        return resp.content if raw else resp.json()
+
+    def local_path(self, path: str, field: str) -> Path:
+        """``path`` as a local file path (stdio); refused over HTTP, where it would name the gateway's own files."""
+        if not self.local_files:
+            raise _refuse("file paths are read only by the stdio server (`crucible mcp`); over HTTP send the content inline", field)
+        return Path(path).expanduser()
+
+
+Task = Annotated[str | None, Field(description="The benchmark's task (see run_card); leave it out when the benchmark has one.")]
+JsonObject = dict[str, Any]
+
+
+def build_server(access: GatewayAccess) -> MCPServer:
+    """The MCP server whose tools call the gateway through ``access``. Raises nothing; every tool answers a
+    :class:`~mcp_types.CallToolResult` (an error one for a refused call)."""
+    server = MCPServer("crucible", instructions=INSTRUCTIONS)
+
+    def tool(description: str, *, read_only: bool = False) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
+        def register(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
+            @functools.wraps(fn)
+            async def run(*args: Any, **kwargs: Any) -> CallToolResult:
+                try:
+                    return _result(await fn(*args, **kwargs))
+                except Refused as exc:
+                    return _error(exc.problem)
+                except OSError as exc:  # a local file (stdio)
+                    return _error({"status": 400, "code": "file_error", "detail": str(exc), "field": "path"})
+
+            server.add_tool(run, name=fn.__name__, description=description, structured_output=False,
+                            annotations=ToolAnnotations(read_only_hint=read_only, open_world_hint=False))
+            return fn
+        return register
+
+    call = access.call
+
+    # ------------------------------------------------------------------ the run
+
+    @tool("The run card: benchmark and its tasks, track and editable parts (data, trainer, harness), recipe allow/lock policy, "
+          "evaluation settings and limits left, deadline and budget. Free.", read_only=True)
+    async def run_card(ctx: Context) -> Any:
+        return await call(ctx, "GET", "/v1/run")
+
+    @tool("Budget in micro-USD: remaining, held (by running jobs and evaluations) and spent, by usage kind. Free; works after exhaustion.",
+          read_only=True)
+    async def budget(ctx: Context) -> Any:
+        return await call(ctx, "GET", "/v1/budget")
+
+    @tool("Where the run's time and money went: wall time by activity (training, evaluating, queued, final grading, the agent's own), "
+          "spend over time, and the designs tried (datasets, recipes, harnesses, checkpoints) with their best validation score. Free.",
+          read_only=True)
+    async def run_report(ctx: Context) -> Any:
+        return await call(ctx, "GET", "/v1/run/report")
+
+    @tool("The base models the run may train and query (checkpoints `ckpt_…` of the run are served too). Free.", read_only=True)
+    async def list_models(ctx: Context) -> Any:
+        return (await call(ctx, "GET", "/v1/models"))["data"]
+
+    # ------------------------------------------------------------------ suite data
+
+    @tool("Question/answer items of the task's public training pool (never validation or hidden test items). Free.", read_only=True)
+    async def train_sample(ctx: Context, offset: Annotated[int, Field(ge=0)] = 0, limit: Annotated[int, Field(ge=1, le=10_000)] = 100,
+                           task: Task = None) -> Any:
+        return (await call(ctx, "GET", "/v1/suite/train-sample", params=_params(offset=offset, limit=limit, task=task)))["data"]
+
+    @tool("The task's visible validation items (questions and answers). Free. The hidden test split is never shown.", read_only=True)
+    async def validation_items(ctx: Context, task: Task = None) -> Any:
+        return (await call(ctx, "GET", "/v1/suite/validation", params=_params(task=task)))["data"]
+
+    # ------------------------------------------------------------------ datasets
+
+    @tool("Upload a training dataset: `rows` inline (each a JSON object: chat `messages`, or `prompt`/`completion`, or "
+          "`prompt`/`chosen`/`rejected`), or `path` to a local JSONL file (stdio server only). Free; stored content-addressed. "
+          "Refused: 403 when the track does not let you edit data, 422 naming the bad `line` and `field`, 413 over the upload limit.")
+    async def upload_dataset(ctx: Context, rows: list[JsonObject] | None = None, path: str | None = None, name: str | None = None) -> Any:
+        if (rows is None) == (path is None):
+            raise _refuse("give exactly one of `rows` and `path`", "rows")
+        if path is not None:
+            local = access.local_path(path, "path")
+            content, name = local.read_bytes(), name or local.name
+        else:
+            content = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows or []).encode()
+        return await call(ctx, "POST", "/v1/datasets", files={"file": (name or "dataset.jsonl", content, "application/jsonl")},
+                          data={"name": name} if name else None)
+
+    @tool("The run's datasets (id, name, rows, tokens, sha256). Free.", read_only=True)
+    async def list_datasets(ctx: Context) -> Any:
+        return (await call(ctx, "GET", "/v1/datasets"))["data"]
+
+    # ------------------------------------------------------------------ training
+
+    @tool("Start a training job on `model` (a base model or one of the run's `ckpt_…`) with `datasets` and a `recipe` "
+          "(method sft|dpo|orpo|grpo|merge, adapter lora|full, epochs, learning_rate, …; see run_card's recipe policy). "
+          "Costs training tokens: the estimated cost is held first and the tokens processed are charged when it ends. "
+          "Refused: 402 when the budget cannot cover the estimate, 403 naming `recipe.<field>` the track locks, 422 naming a bad field. "
+          "With `idempotency_key`, repeating the call returns the first job.")
+    async def create_training_job(ctx: Context, model: str, datasets: list[str] | None = None, recipe: JsonObject | None = None,
+                                  harness: JsonObject | None = None, merge: JsonObject | None = None,
+                                  idempotency_key: str | None = None) -> Any:
+        body = {"model": model, "datasets": datasets or [], "recipe": recipe or {}} | _params(harness=harness, merge=merge)
+        return await call(ctx, "POST", "/v1/training/jobs", json=body, headers={"Idempotency-Key": idempotency_key} if idempotency_key else {})
+
+    @tool("A training job's status and its latest `events` (loss, learning rate, step, tokens/s) and checkpoints. Free.", read_only=True)
+    async def training_job(ctx: Context, job_id: str, events: Annotated[int, Field(ge=0, le=500)] = 20) -> Any:
+        job = await call(ctx, "GET", f"/v1/training/jobs/{job_id}")
+        log = (await call(ctx, "GET", f"/v1/training/jobs/{job_id}/events", params={"limit": 5000}))["data"]
+        checkpoints = (await call(ctx, "GET", f"/v1/training/jobs/{job_id}/checkpoints"))["data"]
+        return {"job": job, "latest_events": log[-events:] if events else [], "checkpoints": checkpoints}
+
+    @tool("The run's training jobs, oldest first. Free.", read_only=True)
+    async def list_training_jobs(ctx: Context) -> Any:
+        return (await call(ctx, "GET", "/v1/training/jobs"))["data"]
+
+    @tool("Cancel a training job. Free; it stops after its current step, the tokens it processed are charged and the rest of its hold released. "
+          "Refused: 409 when it has already ended.")
+    async def cancel_training_job(ctx: Context, job_id: str) -> Any:
+        return await call(ctx, "POST", f"/v1/training/jobs/{job_id}/cancel")
+
+    # ------------------------------------------------------------------ inference
+
+    @tool("Chat with `model` (a base model or one of the run's `ckpt_…`), OpenAI chat-completions style; `params` takes any other "
+          "OpenAI parameter (temperature, max_tokens, n, tools, response_format …). Costs prompt and completion tokens (the worst "
+          "case is held first: 402 when the budget cannot cover it); 422 names a parameter that cannot be honoured.")
+    async def chat(ctx: Context, model: str, messages: list[JsonObject], params: JsonObject | None = None) -> Any:
+        body = (params or {}) | {"model": model, "messages": messages, "stream": False}
+        return await call(ctx, "POST", "/v1/chat/completions", json=body)
+
+    # ------------------------------------------------------------------ harnesses
+
+    @tool("The run's code-harness archives, then the suites' own (`platform: true`, a starting point to edit). Free.", read_only=True)
+    async def list_harnesses(ctx: Context) -> Any:
+        return (await call(ctx, "GET", "/v1/harnesses"))["data"]
+
+    @tool("Download a harness archive (.tar.gz): written to local `path` (stdio server), else returned base64-encoded. Free.",
+          read_only=True)
+    async def download_harness(ctx: Context, harness_id: str, path: str | None = None) -> Any:
+        local = access.local_path(path, "path") if path is not None else None
+        data = await call(ctx, "GET", f"/v1/harnesses/{harness_id}/archive", raw=True)
+        if local is not None:
+            local.write_bytes(data)
+            return {"harness_id": harness_id, "path": str(local), "bytes": len(data)}
+        return {"harness_id": harness_id, "bytes": len(data), "archive_base64": base64.b64encode(data).decode()}
+
+    @tool("Upload a code-harness archive (.tar.gz with `harness.toml` at its root): `path` to a local file (stdio server) or "
+          "`archive_base64`. Free. Refused: 403 when the track does not let you edit the harness, 422 naming the bad `member`.")
+    async def upload_harness(ctx: Context, path: str | None = None, archive_base64: str | None = None, name: str | None = None) -> Any:
+        if (path is None) == (archive_base64 is None):
+            raise _refuse("give exactly one of `path` and `archive_base64`", "archive_base64")
+        try:
+            data = access.local_path(path, "path").read_bytes() if path is not None else base64.b64decode(archive_base64 or "", validate=True)
+        except ValueError as exc:
+            raise _refuse(f"not base64: {exc}", "archive_base64") from exc
+        return await call(ctx, "POST", "/v1/harnesses", files={"file": ("harness.tar.gz", data, "application/gzip")},
+                          data={"name": name} if name else None)
+
+    # ------------------------------------------------------------------ evaluations
+
+    @tool("Evaluate `model` on the validation split, with a declarative `harness` (prompt template, sampling …) or a code harness "
+          "`harness_archive` (neither: the suite's default); `limit` grades only the first items. Runs in the background: poll "
+          "evaluation. Costs inference tokens (and sandbox seconds for code harnesses), held first. Refused: 429 past the "
+          "evaluation rate limits (retry_after_s), 403 past the failed-evaluation limit or a harness the track locks, 402 over budget.")
+    async def create_evaluation(ctx: Context, model: str, harness: JsonObject | None = None, harness_archive: str | None = None,
+                                limit: Annotated[int | None, Field(ge=1)] = None, task: Task = None) -> Any:
+        body = {"model": model, "split": "validation"} | _params(harness=harness, harness_archive=harness_archive, limit=limit)
+        return await call(ctx, "POST", "/v1/evaluations", json=body, params=_params(task=task))
+
+    @tool("A validation evaluation's status, items graded so far and score (with its interval once done). Free.", read_only=True)
+    async def evaluation(ctx: Context, eval_id: str) -> Any:
+        return await call(ctx, "GET", f"/v1/evaluations/{eval_id}")
+
+    @tool("The run's validation evaluations, oldest first. Free.", read_only=True)
+    async def list_evaluations(ctx: Context) -> Any:
+        return (await call(ctx, "GET", "/v1/evaluations"))["data"]
+
+    @tool(f"Per-item validation trajectories of an evaluation (prompt, completion, extracted answer, score), `offset`/`limit` "
+          f"(at most {MAX_TRAJECTORIES}) of them. Free.", read_only=True)
+    async def trajectories(ctx: Context, eval_id: str, offset: Annotated[int, Field(ge=0)] = 0,
+                           limit: Annotated[int, Field(ge=1, le=MAX_TRAJECTORIES)] = 20) -> Any:
+        items = (await call(ctx, "GET", f"/v1/evaluations/{eval_id}/trajectories"))["data"]
+        return {"total": len(items), "offset": offset, "data": items[offset:offset + limit]}
+
+    # ------------------------------------------------------------------ submissions
+
+    @tool("Submit the final system (`model`, optional `harness` or `harness_archive`) for grading on the task's hidden test split. "
+          "Not charged; only the aggregate score is returned. Refused: 403 once the benchmark's final submissions are used up.")
+    async def submit(ctx: Context, model: str, harness: JsonObject | None = None, harness_archive: str | None = None,
+                     note: str | None = None, task: Task = None) -> Any:
+        body = {"model": model} | _params(harness=harness, harness_archive=harness_archive, note=note)
+        return await call(ctx, "POST", "/v1/submissions", json=body, params=_params(task=task))
+
+    @tool("A submission's status and, once graded, its hidden-test score. Free.", read_only=True)
+    async def submission(ctx: Context, sub_id: str) -> Any:
+        return await call(ctx, "GET", f"/v1/submissions/{sub_id}")
+
+    @tool("The run's submissions. Free.", read_only=True)
+    async def list_submissions(ctx: Context) -> Any:
+        return (await call(ctx, "GET", "/v1/submissions"))["data"]
+
+    return server
+
+
+def _params(**values: Any) -> dict[str, Any]:
+    return {k: v for k, v in values.items() if v is not None}
+
+
+# --------------------------------------------------------------------------- transports
+
+
+def stdio_server(gateway_url: str, api_key: str, *, timeout_s: float = 300.0) -> MCPServer:
+    """The stdio server of ``crucible mcp``: the tools call ``gateway_url`` over HTTP with ``api_key``; paths are local files."""
+    client = httpx.AsyncClient(base_url=gateway_url, timeout=timeout_s)
+    return build_server(GatewayAccess(client, key=api_key, local_files=True))
+
+
+class MCPEndpoint:
+    """The gateway's ``/mcp`` route (an ASGI app): streamable HTTP, stateless (any gateway worker answers any request),
+    JSON answers. The run key is checked first, as ``/v1`` checks it (401 problem+json, in the audit log); the tools then
+    call the app in process with that key. Start it with :meth:`run` in the app's lifespan."""
+
+    def __init__(self, app: FastAPI) -> None:
+        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=300.0)
+        self.client = client
+        self.server = build_server(GatewayAccess(client, key=None, local_files=False))
+        # no DNS-rebinding check: every request carries a run key, which a page in a browser does not have
+        self.server.streamable_http_app(stateless_http=True, json_response=True,
+                                        transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
+        self.sessions: StreamableHTTPSessionManager = self.server.session_manager
+
+    def run(self):  # noqa: ANN201 - an async context manager
+        return self.sessions.run()
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        from gateway.service import authenticate
+
+        request = Request(scope, receive)
+        gw = request.app.state.gateway
+        try:
+            await run_in_threadpool(authenticate, gw, request.headers.get("authorization"))
+        except Unauthorized as exc:
+            await problem_response(exc)(scope, receive, send)
+            return
+        await self.sessions.handle_request(scope, receive, send)
+
+    async def aclose(self) -> None:
+        await self.client.aclose()
+
