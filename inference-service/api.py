@@ -12,8 +12,9 @@ from typing import Annotated
 
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
+from inference_service.metering import Metering
 from inference_service.schemas import ModelDetail
-from inference_service.service import Inference, Metering
+from inference_service.service import Inference
 
 from services.common.auth import ServiceCaller
 from services.common.contracts import Page

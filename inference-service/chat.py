@@ -1,23 +1,18 @@
-"""Chat prompts and tool calls, the same for every engine.
+"""Chat prompts, the same for every engine.
 
 :class:`ChatRenderer` turns OpenAI messages and tools into the prompt text a base model continues, with the
 model's own chat template. Templates that ignore ``tools`` (SmolLM2's does) get them in the system message
 (:func:`with_tools_message`); templates that do not render an assistant's ``tool_calls`` get them as the text the
 model is asked to produce (:func:`tool_call_text`), and a ``tool`` message's result as its content.
 
-The model calls a tool by answering ``<tool_call>{"name": …, "arguments": {…}}</tool_call>`` (one or several;
-Hermes' format, which SmolLM2 and Qwen use); an answer that is only such JSON (an object or a list of objects)
-counts too. :func:`parse_tool_calls` reads them back; :func:`tool_call_schema` is the JSON schema a forced call
-(``tool_choice`` ``required`` or a named function) is decoded under, as vLLM does.
+That text is Hermes' format, ``<tool_call>{"name": …, "arguments": {…}}</tool_call>``, the one
+:mod:`inference_service.tool_calls` reads back from an answer.
 """
 
 from __future__ import annotations
 
 import json
-import re
 import threading
-import uuid
-from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
@@ -27,7 +22,6 @@ if TYPE_CHECKING:
 TOOLS_HEADER = "Here is a list of functions in JSON format that you can invoke, one per line:"
 _PROBE_TOOL = {"type": "function", "function": {"name": "crucible_probe_tool", "description": "", "parameters": {"type": "object", "properties": {}}}}
 _PROBE_CALL = {"id": "call_probe", "type": "function", "function": {"name": "crucible_probe_call", "arguments": "{}"}}
-_TOOL_CALL_BLOCK = re.compile(r"<tool_call>\s*(.*?)\s*(?:</tool_call>|$)", re.DOTALL)
 
 
 def with_tools_message(messages: list[dict[str, Any]], tools: list[dict[str, Any]]) -> list[dict[str, Any]]:
@@ -127,84 +121,3 @@ class ChatRenderer:
         if message.get("tool_calls"):
             content = "\n".join(part for part in [content, tool_call_text(message["tool_calls"])] if part)
         return {"role": message["role"], "content": content}
-
-
-@dataclass(frozen=True)
-class ToolCall:
-    """One parsed call: the function's name and its arguments as a JSON string (as OpenAI sends them)."""
-
-    id: str
-    name: str
-    arguments: str
-
-
-def _calls_in(value: Any, names: set[str]) -> list[ToolCall] | None:
-    """Calls in a decoded JSON value (an object or a list of objects with a known ``name`` and object
-    ``arguments``/``parameters``); ``None`` if it is anything else."""
-    items = value if isinstance(value, list) else [value]
-    calls = []
-    for item in items:
-        if not isinstance(item, dict) or item.get("name") not in names:
-            return None
-        arguments = item.get("arguments", item.get("parameters", {}))
-        if isinstance(arguments, str):
-            try:
-                arguments = json.loads(arguments)
-            except ValueError:
-                return None
-        if not isinstance(arguments, dict):
-            return None
-        calls.append(ToolCall(id=f"call_{uuid.uuid4().hex[:24]}", name=item["name"], arguments=json.dumps(arguments, ensure_ascii=False)))
-    return calls or None
-
-
-def parse_tool_calls(text: str, tools: list[dict[str, Any]]) -> tuple[str | None, list[ToolCall]]:
-    """Split a model's answer into content and tool calls.
-
-    Calls are ``<tool_call>…</tool_call>`` blocks (an unterminated last block counts: the answer may end at
-    ``max_tokens``) each holding a JSON object or list of calls, or an answer that is only such JSON. A call must
-    name one of ``tools`` and give its arguments as an object, else the answer is plain content. Returns
-    ``(content, calls)``: the text outside the blocks (``None`` if empty) and the calls in order.
-    """
-    names = {t["function"]["name"] for t in tools}
-    blocks = _TOOL_CALL_BLOCK.findall(text)
-    if blocks:
-        calls: list[ToolCall] = []
-        for block in blocks:
-            try:
-                found = _calls_in(json.loads(block), names)
-            except ValueError:
-                found = None
-            if found is None:
-                return text, []
-            calls.extend(found)
-        content = _TOOL_CALL_BLOCK.sub("", text).strip()
-        return content or None, calls
-    stripped = text.strip()
-    if stripped[:1] in ("{", "["):
-        try:
-            found = _calls_in(json.loads(stripped), names)
-        except ValueError:
-            found = None
-        if found:
-            return None, found
-    return text, []
-
-
-def may_become_tool_call(text: str) -> bool:
-    """Whether a partial answer could still turn out to be a tool call (a stream holds it back until it knows)."""
-    stripped = text.lstrip()
-    return not stripped or stripped[0] in "{[" or "<tool_call>".startswith(stripped[:11])
-
-
-def tool_call_schema(tools: list[dict[str, Any]], name: str | None = None) -> dict[str, Any]:
-    """JSON schema of a forced call: for ``name``, that function's arguments object; otherwise a non-empty list
-    of ``{"name": <one of tools>, "arguments": <its parameters>}`` (vLLM's schema for ``tool_choice: required``)."""
-    def parameters(tool: dict[str, Any]) -> dict[str, Any]:
-        return tool["function"].get("parameters") or {"type": "object", "properties": {}}
-
-    if name is not None:
-        return parameters(next(t for t in tools if t["function"]["name"] == name))
-    return {"type": "array", "minItems": 1, "items": {"anyOf": [
-        {"type": "object", "properties": {"name": {"type": "string", "enum": [t["function"]["name"]]}, "arguments": parameters(t)},
-         "required": ["name", "arguments"]} for t in tools]}}

@@ -1,7 +1,9 @@
 """Inference engines behind one seam (:class:`~inference_service.engines.base.Engine`), one module each, chosen by
 the ``engine`` setting: ``transformers`` (:mod:`.transformers`), ``vllm`` (vLLM in process, :mod:`.vllm`) and
 ``upstream`` (an OpenAI-compatible server, :mod:`.upstream`). An engine module registers its loader with
-:func:`register_engine`; the module is imported only when its engine is chosen (vLLM is an optional extra)."""
+:func:`register_engine`; the module is imported only when its engine is chosen (vLLM is an optional extra). The
+transformers engine's parts are modules of their own: :mod:`.batching`, :mod:`.decoding`, :mod:`.grammar`,
+:mod:`.logprobs`, :mod:`.adapters`."""
 
 from __future__ import annotations
 

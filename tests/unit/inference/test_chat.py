@@ -1,4 +1,4 @@
-"""Chat prompts and tool calls, the same for every engine (:mod:`inference_service.chat`)."""
+"""Chat prompts and tool calls, the same for every engine (:mod:`inference_service.chat`, :mod:`inference_service.tool_calls`)."""
 
 from __future__ import annotations
 
@@ -6,7 +6,8 @@ import json
 
 import jsonschema
 import pytest
-from inference_service.chat import TOOLS_HEADER, ChatRenderer, may_become_tool_call, parse_tool_calls, tool_call_schema
+from inference_service.chat import TOOLS_HEADER, ChatRenderer
+from inference_service.tool_calls import may_become_tool_call, parse_tool_calls, tool_call_schema
 from transformers import AutoTokenizer
 
 from tests.conftest import prepared_models

@@ -212,7 +212,7 @@ def test_an_adapter_changes_output_and_the_base_is_unchanged_after(engine: Engin
 
 
 def test_prompt_tokens_from_a_prefix_cache_are_metered_as_their_own_kind() -> None:
-    from inference_service.service import usage_items
+    from inference_service.metering import usage_items
 
     assert [u.model_dump(mode="json") for u in usage_items("m", 100, 7)] == [
         {"kind": "prefill_tokens", "quantity": 100, "model": "m"}, {"kind": "decode_tokens", "quantity": 7, "model": "m"}]

@@ -29,7 +29,8 @@ import torch
 from inference_service.engines.base import Adapter, Feature, GenerationRequest, GenerationResult
 from inference_service.engines.transformers import TransformersEngine
 from inference_service.engines.upstream import UpstreamEngine
-from inference_service.service import Inference, Metering
+from inference_service.metering import Metering
+from inference_service.service import Inference
 from inference_service.settings import InferenceSettings
 from pydantic import BaseModel
 from trainer_service.client import TrainerClient
@@ -127,7 +128,7 @@ def assert_answers_of(model: Any, engine: TransformersEngine, request: Generatio
     assert choice.logprobs is not None
     prompt = engine.prompt_ids(request)
     generated = engine.tokenizer(choice.text, add_special_tokens=False)["input_ids"]
-    assert [engine.token_text(t)[0] for t in generated] == [e.token for e in choice.logprobs]
+    assert [engine.logprobs.text(t)[0] for t in generated] == [e.token for e in choice.logprobs]
     with torch.inference_mode():
         logprobs = torch.log_softmax(model(input_ids=torch.tensor([prompt + generated])).logits[0, len(prompt) - 1 : -1].float(), dim=-1)
     assert logprobs.argmax(dim=-1).tolist() == generated
@@ -211,23 +212,23 @@ def test_a_cancelled_generation_on_a_full_checkpoint_stops(engine: TransformersE
 
 def test_at_most_max_loaded_full_checkpoints_stay_loaded_and_an_unloaded_one_is_freed_and_reloaded(
         engine: TransformersEngine, checkpoints: dict[str, Adapter]) -> None:
-    assert engine.max_loaded_full_checkpoints == 2
+    assert engine.models.max_loaded_full_checkpoints == 2
     requests = [chat("Name a colour.", max_tokens=6)]
     answers: dict[str, list[str]] = {"base": texts(generate(engine, *requests))}
     refs: dict[str, weakref.ref[Any]] = {}
     for name in ("same", "mid", "late"):
         answers[name] = texts(generate(engine, *requests, adapter=checkpoints[name]))
-        refs[name] = weakref.ref(engine._full[f"ckpt_{name}"])
-        assert len(engine._full) <= 2
-    assert list(engine._full) == ["ckpt_mid", "ckpt_late"]
+        refs[name] = weakref.ref(engine.models.full[f"ckpt_{name}"])
+        assert len(engine.models.full) <= 2
+    assert list(engine.models.full) == ["ckpt_mid", "ckpt_late"]
     gc.collect()
     assert refs["same"]() is None  # unloaded: nothing holds the evicted model any more
     assert answers["same"] == answers["base"] and len({tuple(answers[n]) for n in ("base", "mid", "late")}) == 3
     assert texts(generate(engine, *requests, adapter=checkpoints["same"])) == answers["same"]  # loaded again
-    assert list(engine._full) == ["ckpt_late", "ckpt_same"] and refs["mid"]() is None
+    assert list(engine.models.full) == ["ckpt_late", "ckpt_same"] and refs["mid"]() is None
     assert texts(generate(engine, *requests, adapter=checkpoints["late"])) == answers["late"]  # the most recently used now
     assert texts(generate(engine, *requests, adapter=checkpoints["mid"])) == answers["mid"]  # evicts "same", the least recent
-    assert list(engine._full) == ["ckpt_late", "ckpt_mid"]
+    assert list(engine.models.full) == ["ckpt_late", "ckpt_mid"]
 
 
 def test_a_full_checkpoint_of_another_model_fails_its_requests_alone(engine: TransformersEngine, tmp_path: Path) -> None:
@@ -236,7 +237,7 @@ def test_a_full_checkpoint_of_another_model_fails_its_requests_alone(engine: Tra
     small = LlamaForCausalLM(LlamaConfig(vocab_size=1000, hidden_size=16, intermediate_size=32, num_hidden_layers=1, num_attention_heads=2,
                                          num_key_value_heads=1))
     small.save_pretrained(tmp_path / "other", safe_serialization=True)
-    loaded = list(engine._full)
+    loaded = list(engine.models.full)
     expected = texts(generate(engine, chat(QUESTIONS[0])))
 
     async def main() -> tuple[BaseException | GenerationResult, ...]:
@@ -247,7 +248,7 @@ def test_a_full_checkpoint_of_another_model_fails_its_requests_alone(engine: Tra
     other, base = asyncio.run(main())
     assert isinstance(other, ValueError) and "not a full checkpoint of this base model" in str(other)
     assert isinstance(base, GenerationResult) and texts([base]) == expected
-    assert list(engine._full) == loaded  # nothing loaded, nothing evicted for it
+    assert list(engine.models.full) == loaded  # nothing loaded, nothing evicted for it
 
 
 # ---------------------------------------------------------------------- the service

@@ -1,0 +1,48 @@
+"""Log-probabilities as the transformers engine reports them (:class:`~inference_service.engines.base.TokenLogprob`):
+a token's text and UTF-8 bytes, its natural-log probability, its ``top`` most likely alternatives (most likely first),
+and a prompt's per-token log-probabilities.
+
+Invariants: the values are the model's raw ones (a ``log_softmax`` of its logits, before penalties, bias, temperature and
+top-p); a token's text is its own decoding (a token holding part of a character shows the replacement character, its
+bytes are exact), cached per token.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+from inference_service.engines.base import TokenLogprob
+
+
+class TokenLogprobs:
+    """Log-probability entries of one tokenizer's tokens."""
+
+    def __init__(self, tokenizer: Any) -> None:
+        self._tokenizer = tokenizer
+        self._texts: dict[int, tuple[str, list[int]]] = {}
+
+    def text(self, token: int) -> tuple[str, list[int]]:
+        """A token's text and UTF-8 bytes."""
+        if token not in self._texts:
+            text = self._tokenizer.decode([token])
+            self._texts[token] = (text, list(text.encode("utf-8", "surrogatepass")))
+        return self._texts[token]
+
+    def entry(self, logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
+        """``token``'s entry of a log-probability vector, with the ``top`` most likely alternatives."""
+        text, raw = self.text(token)
+        alternatives = []
+        if top:
+            values, ids = torch.topk(logprobs, top)
+            alternatives = [(*self.text(int(i)), float(v)) for v, i in zip(values, ids, strict=True)]
+        return TokenLogprob(token=text, logprob=float(logprobs[token]), bytes=raw, top=[(t, lp, b) for t, b, lp in alternatives])
+
+    def of_prompt(self, model: Any, prompt: list[int], top: int) -> list[TokenLogprob | None]:
+        """Per prompt token, its log-probability given the tokens before it (the first has none), and ``top``
+        alternatives: one forward pass of ``model``."""
+        ids = torch.tensor([prompt])
+        with torch.inference_mode():
+            logits = model(input_ids=ids).logits[0]
+        logprobs = torch.log_softmax(logits.float(), dim=-1)
+        return [None, *(self.entry(logprobs[i - 1], prompt[i], top) for i in range(1, len(prompt)))]
