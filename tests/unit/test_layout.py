@@ -1,5 +1,6 @@
-"""The shape of the code: no import cycle among the project's modules, and every ``/internal/…`` path spelled only
-by the service that serves it (its ``api.py`` routes and its ``client.py``)."""
+"""The shape of the code: no import cycle among the project's modules, every ``/internal/…`` path spelled only by the
+service that serves it (its ``api.py`` routes and its ``client.py``), services that call one way only, queries only in
+each service's ``repository.py``, and each budget hold opened and closed by one service (docs/layout.md states the rules)."""
 
 from __future__ import annotations
 
@@ -76,3 +77,49 @@ def test_services_call_one_way_as_the_table_says() -> None:
                     if not (shared and callee in MAY_CALL[caller]):
                         found.append(f"{module} imports {imported} ({caller} → {callee})")
     assert found == [], "imports across services that the call table does not allow:\n" + "\n".join(sorted(found))
+
+
+QUERY_BUILDERS = {"select", "insert", "update", "delete", "func", "text", "and_", "or_", "exists"}
+
+
+def test_queries_live_in_each_services_repository() -> None:
+    """A service's modules hold rules, not SQL: only its ``repository.py`` (and ``models.py``, the tables) import
+    SQLAlchemy's query builders. The grader's hidden test store is a database of its own whose storage module
+    (``teststore.py``) is its repository."""
+    found = []
+    for folder in SERVICE_FOLDERS:
+        for path in sorted((ROOT / folder).rglob("*.py")):
+            if {"migrations", "versions", "teststore_migrations"} & set(path.parts) or path.name in ("repository.py", "models.py", "teststore.py"):
+                continue
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+                if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("sqlalchemy"):
+                    found += [f"{path.relative_to(ROOT)}:{node.lineno} {a.name}" for a in node.names if a.name in QUERY_BUILDERS]
+    assert found == [], "query builders outside a repository: " + ", ".join(found)
+
+
+# Each budget hold has one owner, the service that opened it: only the owner settles or releases it. The services the
+# owner calls for that work may charge against it, by the owner's idempotency keys: inference charges an evaluation's
+# tokens to the grader's hold (named in the X-Crucible-Hold header).
+HOLD_OWNERS = {"trainer": "a training job's estimated cost", "grader": "a validation evaluation's", "inference": "a completion call's worst case"}
+CHARGES_FOR = {"inference": "grader"}
+OPEN, CLOSE, CHARGE = {"create_hold"}, {"settle_hold", "release_hold", "settle_or_charge"}, {"charge_hold"}
+
+
+def _ledger_calls(package: str) -> set[str]:
+    """The names of the ledger client's hold operations that ``package``'s modules call (or pass on to be called)."""
+    folder = ROOT / {"trainer_service": "trainer-service", "inference_service": "inference-service"}.get(package, package.replace(".", "/"))
+    return {node.attr for path in folder.rglob("*.py") if "migrations" not in path.parts
+            for node in ast.walk(ast.parse(path.read_text(encoding="utf-8")))
+            if isinstance(node, ast.Attribute) and node.attr in OPEN | CLOSE | CHARGE}
+
+
+def test_each_hold_is_opened_and_closed_by_one_service() -> None:
+    """The services that open holds are :data:`HOLD_OWNERS`; a service closes (settles, releases) holds only if it opens
+    them; one charges against a hold it does not open only where :data:`CHARGES_FOR` says whose."""
+    calls = {name: _ledger_calls(package) for name, package in PACKAGE_OF.items() if name != "ledger"}
+    assert {name for name, ops in calls.items() if ops & OPEN} == set(HOLD_OWNERS)
+    assert {name for name, ops in calls.items() if ops & CLOSE} <= set(HOLD_OWNERS)
+    for name, ops in calls.items():
+        if ops & CHARGE and name in CHARGES_FOR:
+            assert CHARGES_FOR[name] in HOLD_OWNERS
+    assert calls["gateway"] == set(), "the gateway places no hold: the service doing the work owns it"
