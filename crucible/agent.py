@@ -1,8 +1,9 @@
 """The reference research agent: a scripted baseline that improves the system through the gateway only.
 
-Loop, for each task of the benchmark: evaluate the initial system on validation → build a training set
+Loop, for each task of the benchmark: queue the initial system's validation evaluation → build a training set
 from the task's training pool (questions seen in validation removed) → LoRA SFT job, following its
-events → evaluate each checkpoint on validation → keep the best → submit it → wait for the grade.
+events and queueing the evaluation of each of its last checkpoints as it lands (the grader scores them while the job
+trains on) → keep the best on validation → submit it → wait for the grade.
 It stops searching when the budget left cannot cover another step, and submits what it has. It edits only
 what the run's track allows: training needs data or trainer editable, else it submits the initial system.
 
@@ -32,6 +33,11 @@ FULL_LEARNING_RATE = 1e-5  # the agent's learning rate for full fine-tuning (LoR
 TRAINER_DEFAULTS = {"method": "sft", "adapter": "lora"}  # what the API documents for a recipe field left out
 LONG_MAX_SEQ_LEN = 1024  # what the baseline asks for when it may choose (tokens)
 PROMPT_OVERHEAD_BYTES = 64  # room for the chat template's tokens around the messages
+
+
+def steps_of(recipe: dict[str, Any]) -> int:
+    """The optimizer steps a job's recipe plans (``max_steps``; 1 when it has none, as a merge)."""
+    return int(recipe.get("max_steps") or 1)
 
 
 def prompt_bytes(messages: list[dict[str, str]]) -> int:
@@ -97,7 +103,6 @@ class AgentResult:
     """Per task what the agent found and submitted; the first task's fields at the top (one-task benchmarks)."""
 
     tasks: list[TaskResult]
-    timings_s: dict[str, float]
 
     @property
     def initial_validation(self) -> float:
@@ -131,19 +136,24 @@ class BaselineAgent:
         self.client = client
         self.config = config or AgentConfig()
         self.console = console or Console()
-        self.timings: dict[str, float] = {"evaluation": 0.0, "training": 0.0, "grading": 0.0}
 
     def step(self, message: str) -> None:
         self.console.print(f"[bold cyan]agent[/] {message}")
 
     def evaluate(self, model: str, harness: dict[str, Any] | None, label: str, task: str | None = None, harness_archive: str | None = None) -> float:
         """Validation score of ``model`` (with ``harness`` or the code harness ``harness_archive``) on ``task`` (a progress bar while it runs)."""
-        start = time.monotonic()
-        ev = self.client.create_evaluation(model, harness, limit=self.config.validation_limit, task=task, harness_archive=harness_archive)
+        return self.score(self.start_evaluation(model, harness, task, harness_archive), label)
+
+    def start_evaluation(self, model: str, harness: dict[str, Any] | None = None, task: str | None = None,
+                         harness_archive: str | None = None) -> dict[str, Any]:
+        """Queue a validation evaluation of ``model`` and return it at once (its score is read by :meth:`score`)."""
+        return self.client.create_evaluation(model, harness, limit=self.config.validation_limit, task=task, harness_archive=harness_archive)
+
+    def score(self, ev: dict[str, Any], label: str) -> float:
+        """Wait for evaluation ``ev`` (a progress bar of its items graded so far) and return its validation score."""
         with Progress(TextColumn(f"  evaluating {label}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(), console=self.console, transient=True) as bar:
-            task = bar.add_task("eval", total=ev["items_total"])
+            task = bar.add_task("eval", total=ev["items_total"], completed=ev["items_done"])
             ev = self.client.wait_evaluation(ev["id"], self.config.poll_s, on_poll=lambda e: bar.update(task, completed=e["items_done"]))
-        self.timings["evaluation"] += time.monotonic() - start
         if ev["status"] != "succeeded":
             raise RuntimeError(f"evaluation {ev['id']} {ev['status']}: {ev.get('error')}")
         trajectories = self.client.trajectories(ev["id"])
@@ -218,10 +228,9 @@ class BaselineAgent:
             return int(locked), False
         return int(self.config.recipe.get("max_seq_len", DEFAULT_MAX_SEQ_LEN)), self._may_set(card, "max_seq_len")
 
-    def train(self, model: str, dataset_ids: list[str], recipe: dict[str, Any]) -> dict[str, Any]:
+    def train(self, model: str, dataset_ids: list[str], recipe: dict[str, Any], on_checkpoint: Any = None) -> dict[str, Any]:
         """Run one training job to its end, streaming its events into a progress bar (no datasets: a ``grpo`` job on
-        the training pool)."""
-        start = time.monotonic()
+        the training pool); ``on_checkpoint(checkpoint_id, step, recipe)`` is called as each checkpoint lands, while the job goes on."""
         job = self.client.create_training_job(model, dataset_ids, recipe)
         self.step(f"training job {job['id']} queued: {job['estimated_tokens']} tokens at most, recipe {job['recipe']}")
         seq = 0
@@ -237,11 +246,12 @@ class BaselineAgent:
                         bar.update(task, completed=d["step"], info=f"loss {d['loss']:.3f}{reward}  {d['tokens_per_s']:.0f} tok/s")
                     elif ev["type"] in ("checkpoint", "started", "succeeded", "failed", "cancelled"):
                         bar.console.print(f"  [dim]{ev['message']}[/]")
+                        if ev["type"] == "checkpoint" and on_checkpoint is not None:
+                            on_checkpoint(d["checkpoint"], d["step"], job["recipe"])
                 job = self.client.training_job(job["id"])
                 if job["status"] in ("succeeded", "failed", "cancelled"):
                     break
                 time.sleep(self.config.poll_s)
-        self.timings["training"] += time.monotonic() - start
         self.step(f"training job {job['id']} {job['status']}: {job['steps_done']} steps, {job['trained_tokens']} tokens")
         return job
 
@@ -255,7 +265,7 @@ class BaselineAgent:
         results = [self.run_task(t, card, t["name"] if several else None) for t in card["benchmark"]["tasks"]]
         budget = c.budget()
         self.step(f"done: spent {_usd(budget['spent_usd_micros'])} of {_usd(budget['budget_usd_micros'])}")
-        return AgentResult(tasks=results, timings_s=dict(self.timings))
+        return AgentResult(tasks=results)
 
     def improve_harness(self, base: str, archive_id: str, label: str, task: str | None) -> tuple[str, float] | None:
         """Download the code harness ``archive_id``, edit it (:func:`edit_harness`), upload and evaluate it: ``(new archive
@@ -291,13 +301,11 @@ class BaselineAgent:
 
     def submit_and_wait(self, model: str, label: str, task: str | None, harness_archive: str | None = None) -> dict[str, Any]:
         """Submit ``model`` (with ``harness_archive``, if given) and wait for its grade."""
-        start = time.monotonic()
         sub = self.client.submit(model, note="baseline agent: best on validation", task=task, harness_archive=harness_archive)
         with Progress(TextColumn(f"  {label}grading on the hidden test split"), BarColumn(pulse_style="cyan"), TimeElapsedColumn(),
                       console=self.console, transient=True) as bar:
             bar.add_task("grade", total=None)
             sub = self.client.wait_submission(sub["id"], self.config.poll_s)
-        self.timings["grading"] += time.monotonic() - start
         self.step(f"{label}submission {sub['id']} {sub['status']}: hidden test {_pct(sub['score']['value'] if sub.get('score') else None)}")
         return sub
 
@@ -309,9 +317,21 @@ class BaselineAgent:
         harness = spec["initial_system"]["harness"]
         base = spec["initial_system"]["model"]
         label = f"[{spec['name']}] " if task else ""
-        best_model, best = base, self.evaluate(base, None, f"{label}initial system ({base})", task)
-        initial = best
+        initial_ev = self.start_evaluation(base, None, task)  # graded while the agent builds its data and the job trains
         job = None
+        landed: list[tuple[dict[str, Any], str]] = []  # checkpoints' evaluations, started as each checkpoint lands
+
+        def evaluate_on_landing(ckpt_id: str, step: int, recipe: dict[str, Any]) -> None:
+            every, steps = recipe.get("checkpoint_every") or steps_of(recipe), steps_of(recipe)
+            if step <= steps - every * self.config.evaluate_last_checkpoints:
+                return  # not one of the last checkpoints
+            try:
+                landed.append((self.start_evaluation(ckpt_id, None, task), f"{label}checkpoint {ckpt_id} (step {step})"))
+            except CrucibleAPIError as exc:
+                if exc.status not in (402, 429):
+                    raise
+                self.step(f"{label}not evaluating {ckpt_id} now ({exc.status} {exc.code})")
+
         if {"data", "trainer"} & set(card["editable"]):
             validation_questions = {it["question"] for it in c.validation_items(task)}
             recipe = self.recipe_for(card)
@@ -330,22 +350,28 @@ class BaselineAgent:
                 self.step(f"{label}uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
                 dataset_ids = [ds["id"]]
             try:
-                job = self.train(base, dataset_ids, recipe)
+                job = self.train(base, dataset_ids, recipe, on_checkpoint=evaluate_on_landing)
             except CrucibleAPIError as exc:
                 if exc.status not in (402, 403):
                     raise
                 self.step(f"{label}cannot train ({exc.status} {exc.code}: {exc.problem.get('detail')}); submitting the initial system")
+        best_model, best = base, self.score(initial_ev, f"{label}initial system ({base})")
+        initial = best
         if job is not None:
+            started = {ev["model"] for ev, _ in landed}
             for ckpt in c.checkpoints(job["id"])[-self.config.evaluate_last_checkpoints:]:
-                try:
-                    score = self.evaluate(ckpt["id"], None, f"{label}checkpoint {ckpt['id']} (step {ckpt['step']})", task)
-                except CrucibleAPIError as exc:
-                    if exc.status != 402:
-                        raise
-                    self.step("budget exhausted; stopping the search")
-                    break
+                if ckpt["id"] not in started:  # one that landed as the job ended, or was refused while it ran
+                    try:
+                        landed.append((self.start_evaluation(ckpt["id"], None, task), f"{label}checkpoint {ckpt['id']} (step {ckpt['step']})"))
+                    except CrucibleAPIError as exc:
+                        if exc.status != 402:
+                            raise
+                        self.step("budget exhausted; stopping the search")
+                        break
+            for ev, name in landed:
+                score = self.score(ev, name)
                 if score > best:
-                    best_model, best = ckpt["id"], score
+                    best_model, best = ev["model"], score
         self.step(f"{label}best on validation: {best_model} at {_pct(best)} (initial {_pct(initial)}); submitting it")
         sub = self.submit_and_wait(best_model, label, task)
         return TaskResult(task=spec["name"], initial_validation=initial, best_model=best_model, best_validation=best, submission=sub)

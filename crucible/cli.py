@@ -176,12 +176,14 @@ def demo(
             run = admin.create_run(bm["name"], "baseline")
             console.print(f"[green]✓[/] benchmark {bm['name']} ({bm['id']}); run {run['id']} for agent 'baseline' (key {run['key_prefix']}…, shown once)")
             agent = BaselineAgent(CrucibleClient(stack.gateway_url, run["api_key"]), AgentConfig.for_steps(steps), console)
-            result = agent.run()
+            agent.run()
             _print_leaderboard(admin.leaderboard())
+            report = admin.report(run["id"])
+            print_report(report)
             total = time.monotonic() - t0
-            t = result.timings_s
-            console.print(f"wall time {total:.0f} s: setup (model, stack, initial test grading) {setup_s:.0f} s, training {t['training']:.0f} s, validation evaluations {t['evaluation']:.0f} s, "
-                          f"grading/waiting {total - setup_s - t['training'] - t['evaluation']:.0f} s; peak memory (all processes) {mem.peak / 2**30:.2f} GiB")
+            console.print(f"wall time {total:.0f} s: setup (model, stack, initial test grading) {setup_s:.0f} s, the run {report['wall_s']:.0f} s, of which "
+                          f"waiting on queues and grading {100 * report['waiting_and_grading_share']:.1f}%; "
+                          f"peak memory (all processes) {mem.peak / 2**30:.2f} GiB")
             if not exit_after:
                 console.print(f"leaderboard at {stack.gateway_url}/leaderboard — Ctrl-C stops every process")
                 _wait_forever(stack)
@@ -223,6 +225,48 @@ def leaderboard(gateway: GatewayUrl = "http://127.0.0.1:8000") -> None:
     import httpx
 
     _print_leaderboard(httpx.get(f"{gateway}/v1/leaderboard", timeout=60).json()["data"])
+
+
+def print_report(report: dict[str, Any]) -> None:
+    """The run report as tables: time by activity with the waiting share, then the designs tried."""
+    wall = report["wall_s"] or 1.0
+    time_table = Table(title=f"Run {report['run_id']}: {wall:,.0f} s, {report['agent_calls']} agent calls, "
+                             f"spent {report['spent_usd_micros'] / 1e6:.4f} of {report['budget_usd_micros'] / 1e6:.2f} USD")
+    for col in ("activity", "share of the run", "exclusive s", "wall s", "busy s (job-seconds)", "count"):
+        time_table.add_column(col, justify="left" if col == "activity" else "right")
+    for t in report["time"]:
+        time_table.add_row(t["activity"], f"{100 * t['exclusive_s'] / wall:.1f}%", f"{t['exclusive_s']:,.1f}", f"{t['wall_s']:,.1f}",
+                           f"{t['busy_s']:,.1f}", str(t["count"]))
+    time_table.add_row("waiting + grading", f"{100 * report['waiting_and_grading_share']:.1f}%", f"{report['waiting_and_grading_s']:,.1f}",
+                       "", "", "", style="bold")
+    console.print(time_table)
+    tried = ", ".join(f"{n} {kind}{'s' if n != 1 else ''}" for kind, n in report["tried"].items())
+    designs = Table(title=f"Designs tried: {tried}")
+    for col in ("kind", "design", "uses", "val. evals", "best val. score", "cost USD"):
+        designs.add_column(col, justify="left" if col in ("kind", "design") else "right")
+    for d in report["designs"]:
+        best = "–" if d["best_validation_score"] is None else f"{100 * d['best_validation_score']:.1f}%"
+        designs.add_row(d["kind"], d["key"][:60], str(d["uses"]), str(d["evaluations"]), best, f"{d['cost_usd_micros'] / 1e6:.4f}")
+    console.print(designs)
+
+
+@app.command()
+def report(api_key: Annotated[str | None, typer.Option(envvar="CRUCIBLE_API_KEY", help="The run's API key (its own report).")] = None,
+           run_id: Annotated[str | None, typer.Option(help="Any run's report, with the operator's admin key (from the data directory).")] = None,
+           gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible"),
+           as_json: Annotated[bool, typer.Option("--json", help="Print the report's JSON instead of tables.")] = False) -> None:
+    """Where a run's time and money went (training, evaluating, queued, final grading, the agent's own) and what it tried."""
+    if (api_key is None) == (run_id is None):
+        raise typer.BadParameter("give the run's --api-key, or --run-id with the admin key")
+    try:
+        doc = CrucibleClient(gateway, api_key).report() if api_key else _admin(gateway, data_dir).report(run_id)  # type: ignore[arg-type]
+    except CrucibleAPIError as exc:
+        console.print(f"[red]{exc}[/red]")
+        raise typer.Exit(1) from exc
+    if as_json:
+        print(json.dumps(doc, indent=1))
+    else:
+        print_report(doc)
 
 
 class AgentMethod(StrEnum):

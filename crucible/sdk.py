@@ -56,6 +56,10 @@ class CrucibleClient(_GatewayClient):
         """Remaining, held and spent micro-USD (``GET /v1/budget``)."""
         return self._call("GET", "/v1/budget")
 
+    def report(self) -> dict[str, Any]:
+        """Where the run's time and money went, and what it tried (``GET /v1/run/report``)."""
+        return self._call("GET", "/v1/run/report")
+
     # suite data
     # ``task``: the benchmark's task (see the run card); leave it out when the benchmark has one
     def train_sample(self, offset: int = 0, limit: int = 100, task: str | None = None) -> list[dict[str, Any]]:
@@ -233,6 +237,10 @@ class AdminClient(_GatewayClient):
 
     def revoke(self, run_id: str) -> dict[str, Any]:
         return self._call("POST", f"/admin/runs/{run_id}/revoke")
+
+    def report(self, run_id: str) -> dict[str, Any]:
+        """A run's report (``GET /admin/runs/{run_id}/report``)."""
+        return self._call("GET", f"/admin/runs/{run_id}/report")
 
     def entries(self, run_id: str) -> list[dict[str, Any]]:
         """The run's ledger entries, oldest first."""

@@ -12,6 +12,7 @@ import pytest
 from crucible.agent import AgentConfig, BaselineAgent
 from crucible.sdk import CrucibleAPIError, CrucibleClient
 from tests.conftest import TEST_BENCHMARK, plumbing_benchmark
+from tests.mcp_client import read_everything
 from tests.models import TINY_MODEL
 
 pytestmark = pytest.mark.e2e
@@ -241,7 +242,7 @@ def test_an_item_that_does_not_fit_the_benchmarks_context_length_scores_zero(sta
     client.close()
 
 
-def test_no_gateway_route_returns_test_split_content(stack, new_run, benchmark):  # noqa: ANN001
+def test_no_gateway_route_or_mcp_tool_returns_test_split_content(stack, new_run, benchmark):  # noqa: ANN001
     run, client = new_run("crawler")
     ev = client.wait_evaluation(client.create_evaluation("smollm2-135m-instruct", limit=4)["id"], 0.5)
     sub = client.submit("smollm2-135m-instruct")
@@ -259,6 +260,9 @@ def test_no_gateway_route_returns_test_split_content(stack, new_run, benchmark):
         url = path.format(**ids)
         bodies.append(client.http.get(url).text)
     bodies.append(json.dumps(client.trajectories(ev["id"])))
+    mcp = read_everything(stack.gateway_url, run["api_key"], ids)  # a coding agent's MCP tools: what HTTP hides, they hide
+    assert {name for name, _, _ in mcp} >= {"run_card", "run_report", "evaluation", "trajectories", "submission", "train_sample"}
+    bodies += [json.dumps(content) for _, _, content in mcp]
     text = "\n".join(bodies)
     assert "train-sample" not in text  # sanity: we crawled data, not docs
     leaked = [q for q in questions if q in text]

@@ -4,7 +4,7 @@ Every preset in ``benchmarks/`` is loaded into two embedded deployments that dif
 test seed (so their hidden test splits differ). A run on each makes the same calls an outsider would: every
 agent ``GET`` route of the OpenAPI document (once per task where a route takes one), the whole training pool
 page by page, a validation evaluation and its trajectories, a chat completion, refused requests, a final
-submission, and the public leaderboard. Apart from identifiers and timestamps (which differ between any two
+submission, every read-only MCP tool of the gateway's ``/mcp``, and the public leaderboard. Apart from identifiers and timestamps (which differ between any two
 deployments) and the final grades themselves, the answers must be byte-identical. The hidden splits are then
 read from the two test stores (the test plays the auditor) to show they differed, so the test could fail.
 
@@ -31,6 +31,7 @@ import yaml
 
 from crucible.sdk import AdminClient, CrucibleClient
 from tests.conftest import PORT_BASE, ROOT, STACK_ENV, prepared_models
+from tests.mcp_client import read_everything
 from tests.models import TINY_MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: two deployments, every preset
@@ -121,6 +122,13 @@ def _without_sandbox_time(value: Any) -> Any:
     return value
 
 
+def _report_without_clocks(report: dict) -> dict:
+    """The run report less what the clock decides: its spend series (charges fall into time steps) and money (sandbox
+    seconds are billed by the clock; the budget route compares the money)."""
+    designs = [{k: v for k, v in d.items() if k != "cost_usd_micros"} for d in report["designs"]]
+    return {k: v for k, v in report.items() if k not in ("spend", "spent_usd_micros", "designs")} | {"designs": designs}
+
+
 class Transcript:
     """What one deployment answered, normalized: ids numbered by first appearance, timestamps (ISO 8601 and Unix),
     the run's remaining seconds, a rollout's sandbox seconds and their price blanked (:func:`_without_sandbox_time`; a
@@ -142,6 +150,7 @@ class Transcript:
         text = _TIME.sub("<time>", text)
         text = re.sub(r'"(seconds_left|created)": \d+', r'"\1": "<time>"', text)  # the run's clock; OpenAI's Unix-time stamp
         text = re.sub(r'"elapsed_s": [\d.]+', '"elapsed_s": "<time>"', text)  # how long a rollout's sandbox ran
+        text = re.sub(r'"(wall_s|busy_s|exclusive_s|waiting_and_grading_s|waiting_and_grading_share)": [\d.e-]+', r'"\1": "<time>"', text)
         self.lines.append(f"{call} -> {response.status_code} {response.headers.get('content-type', '')}\n{text}")
         return body
 
@@ -200,6 +209,10 @@ def _session(stack: Any, doc: dict) -> Transcript:
         log.add(f"POST second submission {task}", http.post("/v1/submissions", params=params, json={"model": TINY_MODEL}), grades=True)
     for path in ("/v1/run", "/v1/budget", "/v1/evaluations"):
         log.add(f"GET {path} at the end", http.get(path))
+    ids = {"eval_id": eval_id, "sub_id": sub["id"]}  # the last task's
+    for tool, is_error, content in read_everything(stack.gateway_url, run["api_key"], ids):  # a coding agent's MCP tools
+        content = _report_without_clocks(content) if tool == "run_report" else content
+        log.add(f"MCP {tool}", httpx.Response(400 if is_error else 200, json=content), grades=tool in ("submission", "list_submissions"))
     log.add("GET /v1/submissions at the end", http.get("/v1/submissions"), grades=True)
     rows = httpx.get(f"{stack.gateway_url}/v1/leaderboard", timeout=30).json()["data"]
     row = [r | {"spent_usd": "<money, compared in the budget>"} for r in rows if r["run_id"] == run["id"]]  # it holds sandbox time
