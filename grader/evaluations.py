@@ -151,7 +151,8 @@ def evaluation_out(s: Session, ev: Evaluation) -> EvaluationOut:
                          harness=None if ev.harness_archive else Harness(**ev.harness),
                          harness_archive=ev.harness_archive,
                          items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
-                         attempts=ev.attempts, error=ev.error, created_at=ev.created_at, started_at=ev.started_at, finished_at=ev.finished_at)
+                         attempts=ev.attempts, error=ev.error, created_at=ev.created_at, started_at=ev.started_at, finished_at=ev.finished_at,
+                         score_so_far=repository.mean_score_so_far(s, ev.id) if ev.status == "running" and ev.split == "validation" else None)
 
 
 def usage_of(grader: Grader, ctx: RunContext) -> EvaluationUsage:

@@ -119,6 +119,11 @@ def trajectories(s: Session, eval_id: str) -> list[Trajectory]:
     return list(s.scalars(select(Trajectory).where(Trajectory.evaluation_id == eval_id).order_by(Trajectory.item_id, Trajectory.sample)))
 
 
+def mean_score_so_far(s: Session, eval_id: str) -> float | None:
+    """The mean score of the evaluation's samples graded so far (``None`` before the first)."""
+    return s.scalar(select(func.avg(Trajectory.score)).where(Trajectory.evaluation_id == eval_id))
+
+
 def add_trajectory(s: Session, eval_id: str, item: Item, sample: int, *, score: float, score_error: str | None, answer: str | None,
                    row: dict[str, Any]) -> Trajectory:
     """Add one scored sample of ``item`` to the evaluation; ``row``: its ``messages``, ``completion``, ``prompt_tokens``,

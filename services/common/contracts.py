@@ -361,6 +361,8 @@ class EvaluationOut(BaseModel):
     items_total: int
     items_done: int
     score: Score | None = None
+    score_so_far: float | None = Field(None, description="While it runs: the mean score of the samples graded so far (their trajectories "
+                                                         "are readable as they are graded); null before the first and once it ends.")
     attempts: int = Field(0, description="Times a worker started the evaluation; above 1 after a worker was lost and it resumed.")
     error: str | None = None
     created_at: dt.datetime

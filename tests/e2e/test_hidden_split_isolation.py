@@ -123,10 +123,13 @@ def _without_sandbox_time(value: Any) -> Any:
 
 
 def _report_without_clocks(report: dict) -> dict:
-    """The run report less what the clock decides: its spend series (charges fall into time steps) and money (sandbox
-    seconds are billed by the clock; the budget route compares the money)."""
+    """The run report less what the clock decides: its spend series (charges fall into time steps), money (sandbox
+    seconds are billed by the clock; the budget route compares the money) and the agent's calls (a polling client
+    asks as often as the work takes)."""
     designs = [{k: v for k, v in d.items() if k != "cost_usd_micros"} for d in report["designs"]]
-    return {k: v for k, v in report.items() if k not in ("spend", "spent_usd_micros", "designs")} | {"designs": designs}
+    time = [t | {"count": "<polls>"} if t["activity"] == "agent" else t for t in report["time"]]
+    return ({k: v for k, v in report.items() if k not in ("spend", "spent_usd_micros", "designs", "time", "agent_calls")}
+            | {"designs": designs, "time": time})
 
 
 class Transcript:

@@ -14,10 +14,12 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from inference_service.client import InferenceClient
+from sqlalchemy import select
 
 from grader import worker
 from grader.app import create_app
 from grader.client import GraderClient
+from grader.models import Evaluation, Trajectory
 from grader.service import Grader
 from grader.settings import GraderSettings
 from services.common.auth import RunContext, run_headers
@@ -171,6 +173,20 @@ def test_an_evaluation_holds_its_worst_case_runs_and_closes_its_hold(served: Ser
     assert [e.id for e in served.grader.list_evaluations(ctx).data] == [created.id]
     usage = served.grader.evaluation_usage(ctx)
     assert (usage.active, usage.total, usage.last_hour) == (0, 1, 1)
+
+
+def test_a_running_evaluation_shows_the_mean_score_of_the_samples_graded_so_far(served: Served) -> None:
+    ctx = served.ctx("run_watches")
+    created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, limit=4), limits=EvaluationLimits())
+    assert served.grader.get_evaluation(ctx, created.id).score_so_far is None  # queued: nothing graded
+    worker.run_evaluation(served.service, created.id)
+    scores = [t.score for t in served.grader.get_trajectories(ctx, created.id).data]
+    with served.service.db.session() as s:  # as a worker sees it midway: two samples graded, the rest to come
+        s.get(Evaluation, created.id).status = "running"
+        for t in s.scalars(select(Trajectory).where(Trajectory.evaluation_id == created.id).order_by(Trajectory.item_id).offset(2)):
+            s.delete(t)
+    running = served.grader.get_evaluation(ctx, created.id)
+    assert running.score is not None and running.score_so_far == pytest.approx(sum(scores[:2]) / 2)
 
 
 def test_an_evaluation_the_budget_cannot_cover_is_the_ledgers_402_and_writes_nothing(served: Served) -> None:
