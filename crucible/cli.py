@@ -280,17 +280,65 @@ class AgentAdapter(StrEnum):
     full = "full"
 
 
+LLM = "LLM agent (--llm)"
+
+
 @app.command()
-def agent(api_key: Annotated[str, typer.Option(envvar="CRUCIBLE_API_KEY", help="The run's API key.")], gateway: GatewayUrl = "http://127.0.0.1:8000",
-          steps: int = 100,
-          method: Annotated[AgentMethod, typer.Option(help="How the agent trains: sft on the training pool's answers, dpo on pairs "
+def agent(api_key: Annotated[str, typer.Option("--api-key", "--run-key", envvar="CRUCIBLE_API_KEY", help="The run's API key.")],
+          gateway: GatewayUrl = "http://127.0.0.1:8000",
+          steps: Annotated[int, typer.Option(help="Baseline: steps of its training job.")] = 100,
+          method: Annotated[AgentMethod, typer.Option(help="Baseline: how it trains: sft on the training pool's answers, dpo on pairs "
                                                       "of a right and a wrong answer, or grpo on the training pool's prompts rewarded by the "
                                                       "suite's scorer.")] = AgentMethod.sft,
-          adapter: Annotated[AgentAdapter, typer.Option(help="A LoRA adapter, or every weight (full fine-tuning).")] = AgentAdapter.lora) -> None:
-    """Run the reference (baseline) research agent against a running gateway."""
+          adapter: Annotated[AgentAdapter, typer.Option(help="Baseline: a LoRA adapter, or every weight (full fine-tuning).")] = AgentAdapter.lora,
+          llm: Annotated[bool, typer.Option("--llm", help="Let a chat model decide, through the run's MCP tools, instead of the scripted baseline.",
+                                            rich_help_panel=LLM)] = False,
+          model: Annotated[str | None, typer.Option(help="The chat model's name at --base-url.", rich_help_panel=LLM)] = None,
+          base_url: Annotated[str | None, typer.Option(envvar="OPENAI_BASE_URL", help="An OpenAI-compatible API (…/v1). Default: the gateway's "
+                                                       "own inference, paid from the run's budget with the run's key.", rich_help_panel=LLM)] = None,
+          llm_api_key: Annotated[str | None, typer.Option(envvar="OPENAI_API_KEY", help="The key of --base-url (not the run's key).",
+                                                          rich_help_panel=LLM)] = None,
+          max_steps: Annotated[int, typer.Option(min=0, help="Model turns at most.", rich_help_panel=LLM)] = 40,
+          max_minutes: Annotated[float | None, typer.Option(min=0, help="The agent's wall-clock limit (default: the run's deadline).",
+                                                            rich_help_panel=LLM)] = None,
+          max_tokens: Annotated[int, typer.Option(min=1, help="Tokens per model answer at most.", rich_help_panel=LLM)] = 1024,
+          tools: Annotated[str | None, typer.Option(help="Comma-separated MCP tools to offer the model (default: all; fewer for a small "
+                                                    "context).", rich_help_panel=LLM)] = None,
+          temperature: Annotated[float | None, typer.Option(min=0, help="Sampling temperature (default: the API's).", rich_help_panel=LLM)] = None,
+          wait: Annotated[bool, typer.Option(help="Wait (up to an hour) for the final submission's grade.", rich_help_panel=LLM)] = True) -> None:
+    """Run a reference research agent against a running gateway: the scripted baseline, or with --llm a chat model's loop."""
+    if llm:
+        _llm_agent(api_key, gateway, model, base_url, llm_api_key, max_steps, max_minutes, max_tokens, tools, temperature, wait)
+        return
     from crucible.agent import AgentConfig, BaselineAgent
 
     BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig.for_steps(steps, method.value, adapter.value), console).run()
+
+
+def _llm_agent(run_key: str, gateway: str, model: str | None, base_url: str | None, llm_api_key: str | None, max_steps: int,
+               max_minutes: float | None, max_tokens: int, tools: str | None, temperature: float | None, wait: bool) -> None:
+    """``crucible agent --llm``: the chat model at ``base_url`` (default the gateway's own inference, with the run key) runs
+    :class:`crucible.llm_agent.LLMAgent` on the run's MCP tools."""
+    import asyncio
+
+    from rich.markup import escape
+
+    from crucible.llm_agent import LLMAgentConfig, LLMUnavailable, UnknownTools, openai_chat, run_llm_agent
+
+    if not model:
+        raise typer.BadParameter("--llm needs the chat model's name", param_hint="--model")
+    if base_url is None:
+        base_url, llm_api_key = f"{gateway.rstrip('/')}/v1", run_key
+    chat = openai_chat(model, base_url, llm_api_key or "none", max_tokens=max_tokens, temperature=temperature)
+    config = LLMAgentConfig(max_steps=max_steps, max_wall_s=None if max_minutes is None else max_minutes * 60,
+                            tools=frozenset(t.strip() for t in tools.split(",") if t.strip()) if tools else None, grade_wait_s=3600.0 if wait else 0.0)
+    console.print(f"[bold magenta]llm-agent[/] model {escape(model)} at {escape(base_url)}")
+    try:
+        result = asyncio.run(run_llm_agent(gateway, run_key, chat, config, console))
+    except (LLMUnavailable, UnknownTools) as exc:
+        console.print(f"[red]{escape(str(exc))}[/] (nothing submitted)")
+        raise typer.Exit(1) from exc
+    console.print(f"[bold magenta]llm-agent[/] done after {result.steps} turns and {len(result.calls)} tool calls: {escape(result.stop_reason)}")
 
 
 @app.command()

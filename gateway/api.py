@@ -14,13 +14,25 @@ from collections.abc import AsyncIterator
 from pathlib import Path as FilePath
 from typing import Annotated, Any
 
-from fastapi import APIRouter, Body, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
+from fastapi import APIRouter, Body, Cookie, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from fastapi.templating import Jinja2Templates
 
-from gateway import benchmarks, leaderboard, reports, runs
-from gateway.schemas import BenchmarkOut, BudgetOut, LeaderboardRow, RefundRequest, RunCard, RunCreate, RunCreated, RunOut, RunReport
+from gateway import benchmarks, leaderboard, pages, reports, runs
+from gateway.schemas import (
+    BenchmarkOut,
+    BudgetOut,
+    LeaderboardRow,
+    NoteCreate,
+    NoteOut,
+    RefundRequest,
+    RunCard,
+    RunCreate,
+    RunCreated,
+    RunOut,
+    RunReport,
+)
 from gateway.service import (
     Caller,
     Gateway,
@@ -33,6 +45,7 @@ from gateway.service import (
     for_task,
     log_audit,
     log_call,
+    log_note,
     run_caller,
     training_job,
 )
@@ -58,6 +71,7 @@ from services.common.errors import (
     Conflict,
     EvaluationRateLimited,
     FailedEvaluationLimit,
+    Forbidden,
     IdempotencyKeyReused,
     NotFound,
     OutsideEditableSpace,
@@ -179,6 +193,15 @@ async def get_run_report(gw: GatewayDep, caller: AgentDep) -> RunReport:
     (micro-USD), the designs tried (datasets, recipes, harnesses, checkpoints) with their best validation score and cost,
     and each validation evaluation's score over time. Free; computed on each call."""
     return await reports.run_report(gw, caller)
+
+
+@agent_router.post("/run/notes", status_code=201, tags=["run"], summary="Append a note to the run's episode log",
+                   responses=problem_responses(Unauthorized, Unprocessable))
+async def add_note(req: NoteCreate, request: Request, gw: GatewayDep, caller: AgentDep) -> NoteOut:
+    """The agent's reasoning, a plan or a finding, kept in the episode log beside its calls (a row with method ``NOTE`` and
+    the text; the operator reads it at ``/admin/runs/{id}/episode``). Free; 1 to 4,000 characters (422 naming ``text``
+    otherwise). Works after the deadline, as reads do."""
+    return NoteOut(**await run_in_threadpool(log_note, gw, caller.run.id, request.url.path, req.text))
 
 
 # --------------------------------------------------------------------------- datasets and suite data
@@ -429,7 +452,53 @@ async def leaderboard_json(gw: GatewayDep) -> Page[LeaderboardRow]:
 
 @public_router.get("/leaderboard", summary="The leaderboard (HTML)", response_class=HTMLResponse)
 async def leaderboard_html(request: Request, gw: GatewayDep) -> HTMLResponse:
-    return templates.TemplateResponse(request, "leaderboard.html", {"rows": await leaderboard.leaderboard(gw)})
+    """What ``/v1/leaderboard`` answers, a table and a plot of final score against spend per benchmark (``gateway.pages``)."""
+    return await pages.leaderboard_page(request, gw)
+
+
+# --------------------------------------------------------------------------- a run's page (HTML; its own key or the admin key)
+
+
+@public_router.get("/runs/{run_id}", tags=["pages"], summary="A run's page (HTML): its own key or the admin key", response_class=HTMLResponse,
+                   responses=problem_responses(Unauthorized, NotFound, TooManyRequests, UpstreamUnavailable))
+async def run_page(request: Request, run_id: RunId, gw: GatewayDep,
+                   authorization: str | None = Header(None, description="`Bearer <run API key or admin key>`; a browser signs in instead"),
+                   crucible_key: str | None = Cookie(None, description="The session token `POST /runs/login` set (not the key).")) -> HTMLResponse:
+    """The run's report as a page: validation score over time, spend against the budget, time by activity, designs
+    tried, its submissions' aggregate scores. Never public.
+
+    Authorized by the run's own key or the admin key, as ``Authorization: Bearer <key>``, or from a browser (which
+    cannot send a header with a link) by the ``crucible_key`` cookie its sign-in form (``POST /runs/login``, the key in
+    the form body, never in the URL) set: a token signed by the gateway, not the key, valid an hour, ``HttpOnly``,
+    ``SameSite=Strict``, ``Path=/runs`` (``gateway.pages`` states the design). 401 without a valid credential: the
+    sign-in form (HTML) to a browser, problem+json otherwise; 404 with another run's key, as the API answers for
+    another run's objects."""
+    try:
+        caller, viewer = await run_in_threadpool(pages.page_caller, gw, run_id, authorization, crucible_key)
+    except Unauthorized as exc:
+        if authorization is None and pages.wants_html(request):
+            return pages.login_page(request, run_id, exc.detail if crucible_key else "Sign in to see this run.")
+        raise
+    if not viewer.admin:
+        await gw.limiter.check(caller.run.key_hash)  # the run key's rate limits, as its API calls
+    return await pages.run_page(request, gw, caller)
+
+
+@public_router.post("/runs/login", tags=["pages"], summary="Sign in to a run's page (HTML form)", response_class=HTMLResponse, status_code=303,
+                    responses=problem_responses(Unauthorized, Forbidden, NotFound, Unprocessable))
+async def run_page_login(request: Request, gw: GatewayDep, run_id: Annotated[str, Form(pattern=ID_PATTERN, description="`run_…`")],
+                         key: Annotated[str, Form(min_length=1, max_length=512, description="The run's API key or the admin key.")],
+                         sec_fetch_site: str | None = Header(None, include_in_schema=False)) -> Response:
+    """The run page's sign-in form posts here: with the run's key (or the admin key) it answers 303 to ``/runs/{run_id}``
+    with the ``crucible_key`` session cookie (a signed token, not the key; an hour); with a wrong key, the form again
+    (401); with another run's key, 404. A form posted from another site is refused (403)."""
+    if sec_fetch_site == "cross-site":
+        raise Forbidden("sign in from the run's own page")
+    try:
+        token = await run_in_threadpool(pages.sign_in, gw, run_id, key)
+    except Unauthorized as exc:
+        return pages.login_page(request, run_id, f"{exc.detail}: check the key and sign in again.")
+    return pages.signed_in(request, run_id, token)
 
 
 # --------------------------------------------------------------------------- operators

@@ -107,83 +107,83 @@ class GatewayAccess:
 
 Task = Annotated[str | None, Field(description="The benchmark's task (see run_card); leave it out when the benchmark has one.")]
 JsonObject = dict[str, Any]
+ToolFn = Callable[..., Awaitable[Any]]
 
 
-def build_server(access: GatewayAccess) -> MCPServer:
-    """The MCP server whose tools call the gateway through ``access``. Raises nothing; every tool answers a
-    :class:`~mcp_types.CallToolResult` (an error one for a refused call)."""
-    server = MCPServer("crucible", instructions=INSTRUCTIONS)
+def tool(description: str, *, read_only: bool = False) -> Callable[[ToolFn], ToolFn]:
+    """Mark a method of :class:`Tools` as an MCP tool described by ``description`` (what it does, costs and refuses);
+    ``read_only``: it changes nothing (MCP's ``readOnlyHint``)."""
+    def mark(fn: ToolFn) -> ToolFn:
+        fn.mcp_tool = (description, read_only)  # type: ignore[attr-defined]
+        return fn
+    return mark
 
-    def tool(description: str, *, read_only: bool = False) -> Callable[[Callable[..., Awaitable[Any]]], Callable[..., Awaitable[Any]]]:
-        def register(fn: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[Any]]:
-            @functools.wraps(fn)
-            async def run(*args: Any, **kwargs: Any) -> CallToolResult:
-                try:
-                    return _result(await fn(*args, **kwargs))
-                except Refused as exc:
-                    return _error(exc.problem)
-                except OSError as exc:  # a local file (stdio)
-                    return _error({"status": 400, "code": "file_error", "detail": str(exc), "field": "path"})
 
-            server.add_tool(run, name=fn.__name__, description=description, structured_output=False,
-                            annotations=ToolAnnotations(read_only_hint=read_only, open_world_hint=False))
-            return fn
-        return register
+class Tools:
+    """The tools, one method each (named as the tool, its parameters the tool's arguments), calling the gateway through
+    ``access``; a method answers the route's JSON or raises :class:`Refused`."""
 
-    call = access.call
+    def __init__(self, access: GatewayAccess) -> None:
+        self.access = access
+        self.call = access.call
 
     # ------------------------------------------------------------------ the run
 
     @tool("The run card: benchmark and its tasks, track and editable parts (data, trainer, harness), recipe allow/lock policy, "
           "evaluation settings and limits left, deadline and budget. Free.", read_only=True)
-    async def run_card(ctx: Context) -> Any:
-        return await call(ctx, "GET", "/v1/run")
+    async def run_card(self, ctx: Context) -> Any:
+        return await self.call(ctx, "GET", "/v1/run")
 
     @tool("Budget in micro-USD: remaining, held (by running jobs and evaluations) and spent, by usage kind. Free; works after exhaustion.",
           read_only=True)
-    async def budget(ctx: Context) -> Any:
-        return await call(ctx, "GET", "/v1/budget")
+    async def budget(self, ctx: Context) -> Any:
+        return await self.call(ctx, "GET", "/v1/budget")
 
     @tool("Where the run's time and money went: wall time by activity (training, evaluating, queued, final grading, the agent's own), "
           "spend over time, and the designs tried (datasets, recipes, harnesses, checkpoints) with their best validation score. Free.",
           read_only=True)
-    async def run_report(ctx: Context) -> Any:
-        return await call(ctx, "GET", "/v1/run/report")
+    async def run_report(self, ctx: Context) -> Any:
+        return await self.call(ctx, "GET", "/v1/run/report")
+
+    @tool("Append a note (your reasoning, a plan, a finding; 1 to 4,000 characters) to the run's episode log, where the operator "
+          "reads it beside your calls. Free. Refused: 422 naming `text` when it is empty or too long.")
+    async def note(self, ctx: Context, text: str) -> Any:
+        return await self.call(ctx, "POST", "/v1/run/notes", json={"text": text})
 
     @tool("The base models the run may train and query (checkpoints `ckpt_…` of the run are served too). Free.", read_only=True)
-    async def list_models(ctx: Context) -> Any:
-        return (await call(ctx, "GET", "/v1/models"))["data"]
+    async def list_models(self, ctx: Context) -> Any:
+        return (await self.call(ctx, "GET", "/v1/models"))["data"]
 
     # ------------------------------------------------------------------ suite data
 
     @tool("Question/answer items of the task's public training pool (never validation or hidden test items). Free.", read_only=True)
-    async def train_sample(ctx: Context, offset: Annotated[int, Field(ge=0)] = 0, limit: Annotated[int, Field(ge=1, le=10_000)] = 100,
+    async def train_sample(self, ctx: Context, offset: Annotated[int, Field(ge=0)] = 0, limit: Annotated[int, Field(ge=1, le=10_000)] = 100,
                            task: Task = None) -> Any:
-        return (await call(ctx, "GET", "/v1/suite/train-sample", params=_params(offset=offset, limit=limit, task=task)))["data"]
+        return (await self.call(ctx, "GET", "/v1/suite/train-sample", params=_params(offset=offset, limit=limit, task=task)))["data"]
 
     @tool("The task's visible validation items (questions and answers). Free. The hidden test split is never shown.", read_only=True)
-    async def validation_items(ctx: Context, task: Task = None) -> Any:
-        return (await call(ctx, "GET", "/v1/suite/validation", params=_params(task=task)))["data"]
+    async def validation_items(self, ctx: Context, task: Task = None) -> Any:
+        return (await self.call(ctx, "GET", "/v1/suite/validation", params=_params(task=task)))["data"]
 
     # ------------------------------------------------------------------ datasets
 
     @tool("Upload a training dataset: `rows` inline (each a JSON object: chat `messages`, or `prompt`/`completion`, or "
           "`prompt`/`chosen`/`rejected`), or `path` to a local JSONL file (stdio server only). Free; stored content-addressed. "
           "Refused: 403 when the track does not let you edit data, 422 naming the bad `line` and `field`, 413 over the upload limit.")
-    async def upload_dataset(ctx: Context, rows: list[JsonObject] | None = None, path: str | None = None, name: str | None = None) -> Any:
+    async def upload_dataset(self, ctx: Context, rows: list[JsonObject] | None = None, path: str | None = None, name: str | None = None) -> Any:
         if (rows is None) == (path is None):
             raise _refuse("give exactly one of `rows` and `path`", "rows")
         if path is not None:
-            local = access.local_path(path, "path")
+            local = self.access.local_path(path, "path")
             content, name = local.read_bytes(), name or local.name
         else:
             content = "".join(json.dumps(r, ensure_ascii=False) + "\n" for r in rows or []).encode()
-        return await call(ctx, "POST", "/v1/datasets", files={"file": (name or "dataset.jsonl", content, "application/jsonl")},
+        return await self.call(ctx, "POST", "/v1/datasets", files={"file": (name or "dataset.jsonl", content, "application/jsonl")},
                           data={"name": name} if name else None)
 
     @tool("The run's datasets (id, name, rows, tokens, sha256). Free.", read_only=True)
-    async def list_datasets(ctx: Context) -> Any:
-        return (await call(ctx, "GET", "/v1/datasets"))["data"]
+    async def list_datasets(self, ctx: Context) -> Any:
+        return (await self.call(ctx, "GET", "/v1/datasets"))["data"]
 
     # ------------------------------------------------------------------ training
 
@@ -192,48 +192,48 @@ def build_server(access: GatewayAccess) -> MCPServer:
           "Costs training tokens: the estimated cost is held first and the tokens processed are charged when it ends. "
           "Refused: 402 when the budget cannot cover the estimate, 403 naming `recipe.<field>` the track locks, 422 naming a bad field. "
           "With `idempotency_key`, repeating the call returns the first job.")
-    async def create_training_job(ctx: Context, model: str, datasets: list[str] | None = None, recipe: JsonObject | None = None,
+    async def create_training_job(self, ctx: Context, model: str, datasets: list[str] | None = None, recipe: JsonObject | None = None,
                                   harness: JsonObject | None = None, merge: JsonObject | None = None,
                                   idempotency_key: str | None = None) -> Any:
         body = {"model": model, "datasets": datasets or [], "recipe": recipe or {}} | _params(harness=harness, merge=merge)
-        return await call(ctx, "POST", "/v1/training/jobs", json=body, headers={"Idempotency-Key": idempotency_key} if idempotency_key else {})
+        return await self.call(ctx, "POST", "/v1/training/jobs", json=body, headers={"Idempotency-Key": idempotency_key} if idempotency_key else {})
 
     @tool("A training job's status and its latest `events` (loss, learning rate, step, tokens/s) and checkpoints. Free.", read_only=True)
-    async def training_job(ctx: Context, job_id: str, events: Annotated[int, Field(ge=0, le=500)] = 20) -> Any:
-        job = await call(ctx, "GET", f"/v1/training/jobs/{job_id}")
-        log = (await call(ctx, "GET", f"/v1/training/jobs/{job_id}/events", params={"limit": 5000}))["data"]
-        checkpoints = (await call(ctx, "GET", f"/v1/training/jobs/{job_id}/checkpoints"))["data"]
+    async def training_job(self, ctx: Context, job_id: str, events: Annotated[int, Field(ge=0, le=500)] = 20) -> Any:
+        job = await self.call(ctx, "GET", f"/v1/training/jobs/{job_id}")
+        log = (await self.call(ctx, "GET", f"/v1/training/jobs/{job_id}/events", params={"limit": 5000}))["data"]
+        checkpoints = (await self.call(ctx, "GET", f"/v1/training/jobs/{job_id}/checkpoints"))["data"]
         return {"job": job, "latest_events": log[-events:] if events else [], "checkpoints": checkpoints}
 
     @tool("The run's training jobs, oldest first. Free.", read_only=True)
-    async def list_training_jobs(ctx: Context) -> Any:
-        return (await call(ctx, "GET", "/v1/training/jobs"))["data"]
+    async def list_training_jobs(self, ctx: Context) -> Any:
+        return (await self.call(ctx, "GET", "/v1/training/jobs"))["data"]
 
     @tool("Cancel a training job. Free; it stops after its current step, the tokens it processed are charged and the rest of its hold released. "
           "Refused: 409 when it has already ended.")
-    async def cancel_training_job(ctx: Context, job_id: str) -> Any:
-        return await call(ctx, "POST", f"/v1/training/jobs/{job_id}/cancel")
+    async def cancel_training_job(self, ctx: Context, job_id: str) -> Any:
+        return await self.call(ctx, "POST", f"/v1/training/jobs/{job_id}/cancel")
 
     # ------------------------------------------------------------------ inference
 
     @tool("Chat with `model` (a base model or one of the run's `ckpt_…`), OpenAI chat-completions style; `params` takes any other "
           "OpenAI parameter (temperature, max_tokens, n, tools, response_format …). Costs prompt and completion tokens (the worst "
           "case is held first: 402 when the budget cannot cover it); 422 names a parameter that cannot be honoured.")
-    async def chat(ctx: Context, model: str, messages: list[JsonObject], params: JsonObject | None = None) -> Any:
+    async def chat(self, ctx: Context, model: str, messages: list[JsonObject], params: JsonObject | None = None) -> Any:
         body = (params or {}) | {"model": model, "messages": messages, "stream": False}
-        return await call(ctx, "POST", "/v1/chat/completions", json=body)
+        return await self.call(ctx, "POST", "/v1/chat/completions", json=body)
 
     # ------------------------------------------------------------------ harnesses
 
     @tool("The run's code-harness archives, then the suites' own (`platform: true`, a starting point to edit). Free.", read_only=True)
-    async def list_harnesses(ctx: Context) -> Any:
-        return (await call(ctx, "GET", "/v1/harnesses"))["data"]
+    async def list_harnesses(self, ctx: Context) -> Any:
+        return (await self.call(ctx, "GET", "/v1/harnesses"))["data"]
 
     @tool("Download a harness archive (.tar.gz): written to local `path` (stdio server), else returned base64-encoded. Free.",
           read_only=True)
-    async def download_harness(ctx: Context, harness_id: str, path: str | None = None) -> Any:
-        local = access.local_path(path, "path") if path is not None else None
-        data = await call(ctx, "GET", f"/v1/harnesses/{harness_id}/archive", raw=True)
+    async def download_harness(self, ctx: Context, harness_id: str, path: str | None = None) -> Any:
+        local = self.access.local_path(path, "path") if path is not None else None
+        data = await self.call(ctx, "GET", f"/v1/harnesses/{harness_id}/archive", raw=True)
         if local is not None:
             local.write_bytes(data)
             return {"harness_id": harness_id, "path": str(local), "bytes": len(data)}
@@ -241,14 +241,14 @@ def build_server(access: GatewayAccess) -> MCPServer:
 
     @tool("Upload a code-harness archive (.tar.gz with `harness.toml` at its root): `path` to a local file (stdio server) or "
           "`archive_base64`. Free. Refused: 403 when the track does not let you edit the harness, 422 naming the bad `member`.")
-    async def upload_harness(ctx: Context, path: str | None = None, archive_base64: str | None = None, name: str | None = None) -> Any:
+    async def upload_harness(self, ctx: Context, path: str | None = None, archive_base64: str | None = None, name: str | None = None) -> Any:
         if (path is None) == (archive_base64 is None):
             raise _refuse("give exactly one of `path` and `archive_base64`", "archive_base64")
         try:
-            data = access.local_path(path, "path").read_bytes() if path is not None else base64.b64decode(archive_base64 or "", validate=True)
+            data = self.access.local_path(path, "path").read_bytes() if path is not None else base64.b64decode(archive_base64 or "", validate=True)
         except ValueError as exc:
             raise _refuse(f"not base64: {exc}", "archive_base64") from exc
-        return await call(ctx, "POST", "/v1/harnesses", files={"file": ("harness.tar.gz", data, "application/gzip")},
+        return await self.call(ctx, "POST", "/v1/harnesses", files={"file": ("harness.tar.gz", data, "application/gzip")},
                           data={"name": name} if name else None)
 
     # ------------------------------------------------------------------ evaluations
@@ -257,44 +257,69 @@ def build_server(access: GatewayAccess) -> MCPServer:
           "`harness_archive` (neither: the suite's default); `limit` grades only the first items. Runs in the background: poll "
           "evaluation. Costs inference tokens (and sandbox seconds for code harnesses), held first. Refused: 429 past the "
           "evaluation rate limits (retry_after_s), 403 past the failed-evaluation limit or a harness the track locks, 402 over budget.")
-    async def create_evaluation(ctx: Context, model: str, harness: JsonObject | None = None, harness_archive: str | None = None,
+    async def create_evaluation(self, ctx: Context, model: str, harness: JsonObject | None = None, harness_archive: str | None = None,
                                 limit: Annotated[int | None, Field(ge=1)] = None, task: Task = None) -> Any:
         body = {"model": model, "split": "validation"} | _params(harness=harness, harness_archive=harness_archive, limit=limit)
-        return await call(ctx, "POST", "/v1/evaluations", json=body, params=_params(task=task))
+        return await self.call(ctx, "POST", "/v1/evaluations", json=body, params=_params(task=task))
 
     @tool("A validation evaluation's status, items graded so far and score (with its interval once done). Free.", read_only=True)
-    async def evaluation(ctx: Context, eval_id: str) -> Any:
-        return await call(ctx, "GET", f"/v1/evaluations/{eval_id}")
+    async def evaluation(self, ctx: Context, eval_id: str) -> Any:
+        return await self.call(ctx, "GET", f"/v1/evaluations/{eval_id}")
 
     @tool("The run's validation evaluations, oldest first. Free.", read_only=True)
-    async def list_evaluations(ctx: Context) -> Any:
-        return (await call(ctx, "GET", "/v1/evaluations"))["data"]
+    async def list_evaluations(self, ctx: Context) -> Any:
+        return (await self.call(ctx, "GET", "/v1/evaluations"))["data"]
 
     @tool(f"Per-item validation trajectories of an evaluation (prompt, completion, extracted answer, score), `offset`/`limit` "
           f"(at most {MAX_TRAJECTORIES}) of them. Free.", read_only=True)
-    async def trajectories(ctx: Context, eval_id: str, offset: Annotated[int, Field(ge=0)] = 0,
+    async def trajectories(self, ctx: Context, eval_id: str, offset: Annotated[int, Field(ge=0)] = 0,
                            limit: Annotated[int, Field(ge=1, le=MAX_TRAJECTORIES)] = 20) -> Any:
-        items = (await call(ctx, "GET", f"/v1/evaluations/{eval_id}/trajectories"))["data"]
+        items = (await self.call(ctx, "GET", f"/v1/evaluations/{eval_id}/trajectories"))["data"]
         return {"total": len(items), "offset": offset, "data": items[offset:offset + limit]}
 
     # ------------------------------------------------------------------ submissions
 
     @tool("Submit the final system (`model`, optional `harness` or `harness_archive`) for grading on the task's hidden test split. "
           "Not charged; only the aggregate score is returned. Refused: 403 once the benchmark's final submissions are used up.")
-    async def submit(ctx: Context, model: str, harness: JsonObject | None = None, harness_archive: str | None = None,
+    async def submit(self, ctx: Context, model: str, harness: JsonObject | None = None, harness_archive: str | None = None,
                      note: str | None = None, task: Task = None) -> Any:
         body = {"model": model} | _params(harness=harness, harness_archive=harness_archive, note=note)
-        return await call(ctx, "POST", "/v1/submissions", json=body, params=_params(task=task))
+        return await self.call(ctx, "POST", "/v1/submissions", json=body, params=_params(task=task))
 
     @tool("A submission's status and, once graded, its hidden-test score. Free.", read_only=True)
-    async def submission(ctx: Context, sub_id: str) -> Any:
-        return await call(ctx, "GET", f"/v1/submissions/{sub_id}")
+    async def submission(self, ctx: Context, sub_id: str) -> Any:
+        return await self.call(ctx, "GET", f"/v1/submissions/{sub_id}")
 
     @tool("The run's submissions. Free.", read_only=True)
-    async def list_submissions(ctx: Context) -> Any:
-        return (await call(ctx, "GET", "/v1/submissions"))["data"]
+    async def list_submissions(self, ctx: Context) -> Any:
+        return (await self.call(ctx, "GET", "/v1/submissions"))["data"]
 
+
+def build_server(access: GatewayAccess) -> MCPServer:
+    """The MCP server of :class:`Tools` calling the gateway through ``access``. Raises nothing; every tool answers a
+    :class:`~mcp_types.CallToolResult` (an error one for a refused call)."""
+    server = MCPServer("crucible", instructions=INSTRUCTIONS)
+    tools = Tools(access)
+    for name, fn in vars(Tools).items():
+        if hasattr(fn, "mcp_tool"):
+            description, read_only = fn.mcp_tool
+            server.add_tool(_answering(getattr(tools, name)), name=name, description=description, structured_output=False,
+                            annotations=ToolAnnotations(read_only_hint=read_only, open_world_hint=False))
     return server
+
+
+def _answering(method: Callable[..., Awaitable[Any]]) -> Callable[..., Awaitable[CallToolResult]]:
+    """``method`` answering a :class:`~mcp_types.CallToolResult`: its JSON, or the problem of a refused call (a local
+    file that cannot be read or written: 400 naming ``path``)."""
+    @functools.wraps(method)
+    async def run(*args: Any, **kwargs: Any) -> CallToolResult:
+        try:
+            return _result(await method(*args, **kwargs))
+        except Refused as exc:
+            return _error(exc.problem)
+        except OSError as exc:
+            return _error({"status": 400, "code": "file_error", "detail": str(exc), "field": "path"})
+    return run
 
 
 def _params(**values: Any) -> dict[str, Any]:

@@ -49,7 +49,8 @@ class Run(Base):
 
 
 class EpisodeEvent(Base):
-    """One agent call: the episode log records every request a run's key made (append-only, by trigger)."""
+    """One agent call: the episode log records every request a run's key made (append-only, by trigger), and the notes
+    the agent wrote (``POST /v1/run/notes``): a row with method ``NOTE`` and the text in ``note``, besides the call's own row."""
 
     __tablename__ = "episode_log"
 
@@ -59,6 +60,7 @@ class EpisodeEvent(Base):
     path: Mapped[str] = mapped_column(Text)
     status: Mapped[int] = mapped_column(Integer)
     latency_ms: Mapped[int] = mapped_column(Integer)
+    note: Mapped[str | None] = mapped_column(Text, nullable=True)  # a NOTE row's text; null for a call
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
 

@@ -83,9 +83,12 @@ def add_run(s: Session, run_id: str, *, benchmark_id: str, agent_name: str, trac
 # --------------------------------------------------------------------------- episode and audit logs
 
 
-def add_episode_event(s: Session, run_id: str, method: str, path: str, status: int, latency_ms: int) -> None:
-    """Append one of run ``run_id``'s calls to the episode log."""
-    s.add(EpisodeEvent(run_id=run_id, method=method, path=path, status=status, latency_ms=latency_ms, created_at=utcnow()))
+def add_episode_event(s: Session, run_id: str, method: str, path: str, status: int, latency_ms: int, note: str | None = None) -> EpisodeEvent:
+    """Append one of run ``run_id``'s calls (or, with ``note``, one of its agent's notes) to the episode log, flushed; returns its row."""
+    e = EpisodeEvent(run_id=run_id, method=method, path=path, status=status, latency_ms=latency_ms, note=note, created_at=utcnow())
+    s.add(e)
+    s.flush()
+    return e
 
 
 def episode_events_after(s: Session, run_id: str, after: int, limit: int) -> list[EpisodeEvent]:

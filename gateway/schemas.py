@@ -225,6 +225,32 @@ class BudgetOut(BaseModel):
     usage_by_kind: dict[str, int]
 
 
+NOTE_MAX_CHARS = 4000
+
+
+class NoteCreate(BaseModel):
+    """A note of the agent's (its reasoning, a plan, a finding), kept in the run's episode log beside its calls."""
+
+    model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"text": "Validation fails on 3-term sums; training on those next."}})
+
+    text: str = Field(min_length=1, max_length=NOTE_MAX_CHARS, description=f"The note, 1 to {NOTE_MAX_CHARS:,} characters.")
+
+    @field_validator("text")
+    @classmethod
+    def _storable(cls, text: str) -> str:
+        if "\x00" in text:  # PostgreSQL's text cannot hold it (an unpaired surrogate is refused as no string at all)
+            raise ValueError("a note cannot hold a NUL character")
+        return text
+
+
+class NoteOut(BaseModel):
+    """A note as the episode log holds it: its row's ``seq`` and time."""
+
+    seq: int
+    text: str
+    created_at: dt.datetime
+
+
 class RunCard(BaseModel):
     """What the agent may know about its run: the benchmark card, deadline, track, limits and what remains."""
 

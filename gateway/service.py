@@ -188,6 +188,17 @@ def log_call(gw: Gateway, run_id: str, method: str, path: str, status: int, late
         repository.add_episode_event(s, run_id, method, path, status, latency_ms)
 
 
+NOTE_METHOD = "NOTE"  # the episode log's method of an agent's note
+
+
+def log_note(gw: Gateway, run_id: str, path: str, text: str) -> dict[str, Any]:
+    """Append the agent's note ``text`` to the episode log: a row with method ``NOTE``, the note route's ``path``, status 201
+    and the text (the call itself gets its own row, as every call does). Returns ``{seq, text, created_at}``."""
+    with gw.db.session() as s:
+        e = repository.add_episode_event(s, run_id, NOTE_METHOD, path, 201, 0, note=text)
+        return {"seq": e.seq, "text": e.note, "created_at": e.created_at}
+
+
 def log_audit(gw: Gateway, actor: str, key_prefix: str | None, method: str, path: str, status: int, client: str | None) -> None:
     """Append an operator action or a refused credential to the audit log."""
     with gw.db.session() as s:
@@ -202,7 +213,8 @@ def audit_log(gw: Gateway, after: int = 0, limit: int = 1000) -> list[dict[str, 
 
 
 def episode_log(gw: Gateway, run_id: str, after: int = 0, limit: int = 1000) -> list[dict[str, Any]]:
-    """At most ``limit`` of run ``run_id``'s calls with ``seq > after``, oldest first."""
+    """At most ``limit`` of run ``run_id``'s calls and notes with ``seq > after``, oldest first (``note``: a ``NOTE`` row's text,
+    else null)."""
     with gw.db.session() as s:
-        return [{"seq": e.seq, "method": e.method, "path": e.path, "status": e.status, "latency_ms": e.latency_ms, "created_at": e.created_at}
-                for e in repository.episode_events_after(s, run_id, after, limit)]
+        return [{"seq": e.seq, "method": e.method, "path": e.path, "status": e.status, "latency_ms": e.latency_ms, "note": e.note,
+                 "created_at": e.created_at} for e in repository.episode_events_after(s, run_id, after, limit)]

@@ -30,11 +30,11 @@ TOOLS_OVERHEAD_TOKENS = 256  # tokens a chat template (or inference's tools syst
 ROLLOUT_CONTEXT_TOKENS = 8192  # a code harness's prompt bound per call when the benchmark sets no context length
 
 
-def check_model(grader: Grader, ctx: RunContext, model: str) -> None:
-    """Raise ``Unprocessable`` (field ``model``) unless inference serves ``model`` to the run: a base model or one of
-    its checkpoints."""
+def check_model(grader: Grader, ctx: RunContext, model: str) -> str:
+    """The base model that serves ``model`` to the run (``model`` itself, or a checkpoint's base: what inference charges
+    its tokens at); raises ``Unprocessable`` (field ``model``) unless inference serves it."""
     try:
-        grader.inference.get_model(ctx, model)
+        return grader.inference.get_model(ctx, model).base_model
     except UpstreamProblem as exc:
         if exc.status == 404:
             raise Unprocessable(f"unknown model {model!r}: not a served base model nor one of this run's checkpoints", field="model") from exc
@@ -112,13 +112,12 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
         check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
     if req.harness is not None:
         check_harness(req.harness)
-    check_model(grader, ctx, req.model)
+    base = check_model(grader, ctx, req.model)  # its price is the evaluated model's, not the initial system's
     suite = get_suite(spec.suite.name)
     archive = code_harness_for(grader, ctx, suite, req.harness, req.harness_archive)
     harness = harness_for(spec, req.harness)
     items = items[: req.limit] if req.limit else items
     k = spec.evaluation.samples
-    base = spec.initial_system.model
     if archive is None and suite_converse(suite) is None:
         prefill = sum(prompt_upper_bound(harness, it.question, suite_tools(suite, it)) for it in items) * k
         usage = [UsageItem(kind=UsageKind.prefill_tokens, quantity=prefill, model=base),

@@ -175,6 +175,17 @@ def test_an_evaluation_holds_its_worst_case_runs_and_closes_its_hold(served: Ser
     assert (usage.active, usage.total, usage.last_hour) == (0, 1, 1)
 
 
+def test_an_evaluation_is_held_at_the_prices_of_the_model_it_evaluates(served: Served) -> None:
+    """Inference charges the evaluated model's tokens at its own base model's prices; the hold is priced the same way
+    (not at the initial system's: a larger model's evaluation would outgrow its hold)."""
+    ctx = served.ctx("run_prices")
+    small = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, limit=2), limits=EvaluationLimits())
+    large = served.grader.create_evaluation(ctx, EvaluationCreate(model="gemma3-270m", limit=2), limits=EvaluationLimits())
+    held = {h.purpose: h.amount_usd_micros for h in served.ledger.list_holds(ctx.run_id)}
+    # prices.yaml: SmolLM2's own rows; any other model the "*" rows, ten times as much
+    assert held[f"validation evaluation {large.id}"] == pytest.approx(10 * held[f"validation evaluation {small.id}"], rel=0.05)  # each rounded up
+
+
 def test_a_running_evaluation_shows_the_mean_score_of_the_samples_graded_so_far(served: Served) -> None:
     ctx = served.ctx("run_watches")
     created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, limit=4), limits=EvaluationLimits())
