@@ -13,18 +13,16 @@ import base64
 import json
 import sys
 import time
-from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Any
 
 import httpx
-import httpx2
 import pytest
 from mcp import Client
 from mcp.client.stdio import StdioServerParameters
-from mcp.client.streamable_http import streamable_http_client
 
 from tests.archives import code_harness
+from tests.mcp_client import over_http, run_mcp
 
 pytestmark = pytest.mark.e2e
 
@@ -34,23 +32,10 @@ TOOLS = {"run_card", "budget", "run_report", "list_models", "train_sample", "val
          "upload_harness", "create_evaluation", "evaluation", "list_evaluations", "trajectories", "submit", "submission", "list_submissions", "note"}
 
 
-def over_http(stack: Any, key: str | None) -> Client:
-    """An MCP client of the gateway's ``/mcp`` sending ``key`` as the bearer token (none: no Authorization header)."""
-    headers = {"Authorization": f"Bearer {key}"} if key else {}
-    return Client(streamable_http_client(f"{stack.gateway_url}/mcp", http_client=httpx2.AsyncClient(headers=headers, timeout=120)))
-
-
 def over_stdio(stack: Any, key: str, cwd: Path) -> Client:
     """An MCP client of ``crucible mcp`` launched as a child process, as Claude Code or Codex launch it."""
     return Client(StdioServerParameters(command=str(Path(sys.executable).parent / "crucible"), args=["mcp", "--api-key", key, "--gateway", stack.gateway_url],
                                         cwd=str(cwd)))
-
-
-def run_mcp(client: Client, body: Callable[[Client], Awaitable[Any]]) -> Any:
-    async def session() -> Any:
-        async with client as c:
-            return await body(c)
-    return asyncio.run(session())
 
 
 async def ok(c: Client, tool: str, **args: Any) -> Any:
@@ -124,7 +109,7 @@ def test_every_tool_over_http_answers_what_the_http_api_answers(stack, new_run) 
         assert [s["id"] for s in await ok(c, "list_submissions")] == [sub["id"]]
         assert (await refused(c, "submit", model=MODEL))["code"] == "submission_limit"  # the benchmark allows one
 
-    run_mcp(over_http(stack, run["api_key"]), body)
+    run_mcp(over_http(stack.gateway_url, run["api_key"]), body)
     http.close()
 
 
@@ -147,7 +132,7 @@ def test_refused_calls_are_tool_errors_naming_the_field(stack, new_run) -> None:
         assert (await refused(c, "upload_harness", archive_base64="not base64!"))["field"] == "archive_base64"
         assert (await refused(c, "upload_dataset"))["field"] == "rows"
 
-    run_mcp(over_http(stack, run["api_key"]), body)
+    run_mcp(over_http(stack.gateway_url, run["api_key"]), body)
     assert http.datasets() == []  # nothing half-written
     http.close()
     other_http.close()
@@ -168,7 +153,7 @@ def test_mcp_over_http_refuses_a_key_as_the_http_api_does(stack, admin, new_run,
     assert answer.headers["content-type"].startswith("application/problem+json")
     assert answer.json()["detail"] == expected.json()["detail"]
     with pytest.raises(Exception):  # noqa: B017, PT011 - the SDK's client gives up on a 401, whatever it raises
-        run_mcp(over_http(stack, sent), lambda c: c.list_tools())
+        run_mcp(over_http(stack.gateway_url, sent), lambda c: c.list_tools())
     http.close()
 
 
