@@ -131,8 +131,10 @@ def run_plain(folder: Path, kind: str, seq: int, batch: int, steps: int, warmup:
 def run_trainer(folder: Path, kind: str, compile_layers: bool, seq: int, batch: int, steps: int, warmup: int) -> list[float]:
     """Step times (s) of the trainer's loop, ``train_examples`` with the ``sft`` method."""
     _import_trainer()
+    from trainer_service.config import TrainConfig
+    from trainer_service.examples import IGNORE_INDEX, Example
     from trainer_service.methods.sft import SFT
-    from trainer_service.training import IGNORE_INDEX, Example, TrainConfig, train_examples
+    from trainer_service.training import train_examples
     from transformers import AutoConfig
 
     vocab = AutoConfig.from_pretrained(folder).vocab_size

@@ -23,7 +23,9 @@ from services.common.llms import base_model_dir
 from services.ledger.schemas import Hold, HoldCreate, HoldStatus, UsageItem
 
 if TYPE_CHECKING:
-    from trainer_service.training import Method, TokenCounts, TrainConfig
+    from trainer_service.config import TrainConfig
+    from trainer_service.metrics import TokenCounts
+    from trainer_service.steps import Method
 
 
 def method_of(recipe: Recipe) -> Method:
@@ -69,7 +71,7 @@ def training_examples(trainer: Trainer, base_model: str, rows: TrainingRows, rec
     """The rows as ``recipe.method``'s examples (tokenized as training will), with ``base_model``'s tokenizer (loaded
     once per process). Raises ``Unprocessable`` (``field="datasets"`` with ``rows``, how many, and ``dataset`` and
     ``line`` of the first) when rows have nothing left to train on after truncation at ``recipe.max_seq_len``."""
-    from trainer_service.training import NoSupervisedTokens
+    from trainer_service.examples import NoSupervisedTokens
 
     try:
         return method_of(recipe).examples(tokenizer(base_model, trainer.settings.models_dir), rows.rows, train_config(recipe))
@@ -96,7 +98,7 @@ def _tokenizer(model_dir: Path):  # noqa: ANN202
 
 def train_config(recipe: Recipe) -> TrainConfig:
     """The loop's ``TrainConfig`` of a recipe (same field names; ``lr_scheduler`` is ``lr_scheduler_type``)."""
-    from trainer_service.training import TrainConfig
+    from trainer_service.config import TrainConfig
 
     fields = recipe.model_dump(exclude={"method", "lr_scheduler"})
     return TrainConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
@@ -104,9 +106,9 @@ def train_config(recipe: Recipe) -> TrainConfig:
 
 def estimate_tokens(trainer: Trainer, base_model: str, rows: TrainingRows, recipe: Recipe) -> tuple[int, TokenCounts, int]:
     """``(examples, tokens, longest)``: how many examples the rows make, at most how many tokens training them by
-    ``recipe`` processes (``training.count_tokens``, the quantities a job's hold is priced on), and the longest
+    ``recipe`` processes (``data_order.count_tokens``, the quantities a job's hold is priced on), and the longest
     batch row's tokens (what a padded row holds at most). Raises ``Unprocessable`` as :func:`training_examples`."""
-    from trainer_service.training import count_tokens
+    from trainer_service.data_order import count_tokens
 
     method, config = method_of(recipe), train_config(recipe)
     examples = training_examples(trainer, base_model, rows, recipe)

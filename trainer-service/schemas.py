@@ -18,7 +18,7 @@ whose rows all have one format:
 Every text is a string with at least one non-whitespace character, and a row or a message has no key its
 format does not define: nothing in a file is silently ignored. A row that passes here has a supervised
 answer for the trainer (its text plus the chat template's end-of-turn tokens, see
-``trainer_service.training.tokenize_examples``); whether any of it is left after truncation at a job's
+``trainer_service.examples.tokenize_examples``); whether any of it is left after truncation at a job's
 ``max_seq_len`` is decided when the job is created, with the model's tokenizer.
 
 :func:`parse_dataset` reads a file into typed rows or raises ``Unprocessable`` naming the 1-based ``line``

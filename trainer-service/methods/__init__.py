@@ -1,6 +1,6 @@
-"""Training methods' steps, one module each, registered by :func:`~trainer_service.training.method_step` under the
+"""Training methods' steps, one module each, registered by :func:`~trainer_service.steps.method_step` under the
 ``recipe.method`` they implement (declared, with their fields and formats, in :mod:`services.common.recipes`; the
-seam: ``trainer_service.training.Method``; ``merge`` is a job of its own, ``merge.py``).
+seam: ``trainer_service.steps.Method``; ``merge`` is a job of its own, ``merge.py``).
 
 Importing this package imports every module of it once, so each step registers itself; nothing lists them by hand.
 """
@@ -10,7 +10,7 @@ from __future__ import annotations
 import importlib
 import pkgutil
 
-from trainer_service.training import STEPS, Method
+from trainer_service.steps import STEPS, Method
 
 from services.common import recipes
 

@@ -14,18 +14,12 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch.nn.functional as F
-from trainer_service.training import (
-    Example,
-    NoSupervisedTokens,
-    Policy,
-    StepLoss,
-    TokenCounts,
-    TrainConfig,
-    collate,
-    method_step,
-    sequence_logprobs,
-    tokenize_turns,
-)
+from trainer_service.config import TrainConfig
+from trainer_service.examples import Example, NoSupervisedTokens, collate, tokenize_turns
+from trainer_service.logprobs import sequence_logprobs
+from trainer_service.metrics import TokenCounts
+from trainer_service.policy import Policy
+from trainer_service.steps import StepLoss, method_step
 
 
 @dataclass

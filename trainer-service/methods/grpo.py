@@ -14,7 +14,7 @@ teaches nothing). With one policy update per generation (μ = 1), the loss is
 (``ρ`` is 1 but carries the policy gradient ``A_i ∇ log π``), averaged over the batch's prompts, where the KL to the
 reference policy is the unbiased ``k3`` estimator ``π_ref/π - log(π_ref/π) - 1`` (Schulman 2020, as in the paper and
 TRL's ``GRPOTrainer``) and ``β`` is ``recipe.grpo_kl_coef`` (0: the reference is not evaluated). Log-probabilities
-are the loop's (:meth:`~trainer_service.training.Policy.logprobs`); TRL's trainer computes the same loss inside its
+are the loop's (:meth:`~trainer_service.policy.Policy.logprobs`); TRL's trainer computes the same loss inside its
 own loop, which would bypass this trainer's checkpoints, resume, metering and cancellation.
 
 Tokens: a step's training tokens are its ``G`` sequences per prompt (prompt and completion), its rollouts' prefill
@@ -29,7 +29,11 @@ from dataclasses import dataclass
 from typing import Any
 
 import torch
-from trainer_service.training import IGNORE_INDEX, Example, NoSupervisedTokens, Policy, StepLoss, TokenCounts, TrainConfig, collate, method_step
+from trainer_service.config import TrainConfig
+from trainer_service.examples import IGNORE_INDEX, Example, NoSupervisedTokens, collate
+from trainer_service.metrics import TokenCounts
+from trainer_service.policy import Policy
+from trainer_service.steps import StepLoss, method_step
 
 Reward = Callable[[list[str], list[list[int]]], list[float]]
 """``reward(item_ids, completions) -> rewards``: for each completion (its token ids, ending with the end-of-sequence

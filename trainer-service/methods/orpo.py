@@ -16,8 +16,12 @@ from collections.abc import Sequence
 
 import torch
 import torch.nn.functional as F
+from trainer_service.config import TrainConfig
+from trainer_service.examples import collate
+from trainer_service.logprobs import sequence_logprobs
 from trainer_service.methods.dpo import DPO, PreferencePair
-from trainer_service.training import Policy, StepLoss, TrainConfig, collate, method_step, sequence_logprobs
+from trainer_service.policy import Policy
+from trainer_service.steps import StepLoss, method_step
 
 
 def log_odds(mean_logprob: torch.Tensor) -> torch.Tensor:

@@ -6,7 +6,11 @@ from __future__ import annotations
 from collections.abc import Sequence
 from typing import Any
 
-from trainer_service.training import Example, Policy, StepLoss, TokenCounts, TrainConfig, collate, method_step, tokenize_examples
+from trainer_service.config import TrainConfig
+from trainer_service.examples import Example, collate, tokenize_examples
+from trainer_service.metrics import TokenCounts
+from trainer_service.policy import Policy
+from trainer_service.steps import StepLoss, method_step
 
 
 @method_step("sft")
@@ -14,7 +18,7 @@ class SFT:
     """Mean negative log-likelihood over every supervised token of the batch."""
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[Example]:
-        """:func:`~trainer_service.training.tokenize_examples`: loss on the answer only."""
+        """:func:`~trainer_service.examples.tokenize_examples`: loss on the answer only."""
         return tokenize_examples(tokenizer, rows, config.max_seq_len)
 
     def batch_rows(self, config: TrainConfig) -> int:

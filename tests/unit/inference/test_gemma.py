@@ -20,9 +20,10 @@ from inference_service.client import InferenceClient
 from inference_service.service import Inference
 from inference_service.settings import InferenceSettings
 from trainer_service.client import TrainerClient
+from trainer_service.config import TrainConfig
 from trainer_service.methods import METHODS
 from trainer_service.schemas import ChatRow
-from trainer_service.training import TrainConfig, train
+from trainer_service.training import train
 
 from grader import worker
 from grader.app import create_app as create_grader_app

@@ -21,9 +21,9 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trainer_service import service, worker
 from trainer_service.app import create_app
+from trainer_service.examples import IGNORE_INDEX, NoSupervisedTokens, _render_pair, tokenize_examples
 from trainer_service.models import Dataset
 from trainer_service.schemas import ChatRow, parse_row
-from trainer_service.training import IGNORE_INDEX, NoSupervisedTokens, _render_pair, tokenize_examples
 
 from services.common.auth import RunContext, run_headers
 from services.common.errors import Unprocessable

@@ -11,22 +11,17 @@ from pathlib import Path
 import pytest
 import torch
 from safetensors.torch import load_file
+from trainer_service.config import TrainConfig
+from trainer_service.data_order import count_tokens
+from trainer_service.devices import select_device
+from trainer_service.examples import IGNORE_INDEX, Example, collate, tokenize_examples
+from trainer_service.logprobs import token_logprobs
 from trainer_service.methods import METHODS
 from trainer_service.methods.grpo import GRPO
+from trainer_service.metrics import TokenCounts
+from trainer_service.policy import load_model
 from trainer_service.schemas import parse_row
-from trainer_service.training import (
-    IGNORE_INDEX,
-    Example,
-    TokenCounts,
-    TrainConfig,
-    collate,
-    count_tokens,
-    load_model,
-    select_device,
-    token_logprobs,
-    tokenize_examples,
-    train,
-)
+from trainer_service.training import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import prepared_models

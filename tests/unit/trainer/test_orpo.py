@@ -10,9 +10,11 @@ import pytest
 import torch
 import torch.nn.functional as F
 from pydantic import ValidationError
+from trainer_service.config import TrainConfig
+from trainer_service.examples import IGNORE_INDEX, collate
 from trainer_service.methods import METHODS
 from trainer_service.schemas import parse_row
-from trainer_service.training import IGNORE_INDEX, TrainConfig, collate, train
+from trainer_service.training import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from services.common import recipes
