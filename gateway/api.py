@@ -107,7 +107,7 @@ async def agent(request: Request, gw: GatewayDep, authorization: str | None = He
 
     429 past the key's rate limits, counted as the request arrives, before it waits for a thread or the database."""
     key = bearer_key(authorization)
-    if key:
+    if key and not request.app.state.mcp.counted(request):  # an MCP tool's call: its /mcp request was counted
         await gw.limiter.check(hash_secret(key))
     caller = await run_in_threadpool(authenticate, gw, authorization)
     request.state.run_id = caller.run.id
@@ -485,15 +485,16 @@ async def run_page(request: Request, run_id: RunId, gw: GatewayDep,
 
 
 @public_router.post("/runs/login", tags=["pages"], summary="Sign in to a run's page (HTML form)", response_class=HTMLResponse, status_code=303,
-                    responses=problem_responses(Unauthorized, Forbidden, NotFound, Unprocessable))
+                    responses=problem_responses(Unauthorized, Forbidden, NotFound, Unprocessable, TooManyRequests))
 async def run_page_login(request: Request, gw: GatewayDep, run_id: Annotated[str, Form(pattern=ID_PATTERN, description="`run_…`")],
                          key: Annotated[str, Form(min_length=1, max_length=512, description="The run's API key or the admin key.")],
                          sec_fetch_site: str | None = Header(None, include_in_schema=False)) -> Response:
     """The run page's sign-in form posts here: with the run's key (or the admin key) it answers 303 to ``/runs/{run_id}``
     with the ``crucible_key`` session cookie (a signed token, not the key; an hour); with a wrong key, the form again
-    (401); with another run's key, 404. A form posted from another site is refused (403)."""
-    if sec_fetch_site == "cross-site":
-        raise Forbidden("sign in from the run's own page")
+    (401); with another run's key, 404. A form posted from another site (``Sec-Fetch-Site``, or an ``Origin`` that is
+    not this host) is refused (403); sign-ins count against the caller's address's rate limits (429)."""
+    pages.check_same_site(request, sec_fetch_site)
+    await gw.limiter.check(f"login:{request.client.host if request.client else '-'}")
     try:
         token = await run_in_threadpool(pages.sign_in, gw, run_id, key)
     except Unauthorized as exc:

@@ -55,7 +55,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     app.include_router(api.admin_router)
     app.include_router(api.public_router)
     mcp = MCPEndpoint(app)  # the same API as MCP tools, for coding agents (streamable HTTP; gateway.mcp)
-    app.router.add_route("/mcp", mcp, methods=["GET", "POST", "DELETE"], include_in_schema=False)
+    app.state.mcp = mcp
+    app.router.add_route("/mcp", mcp, methods=["POST"], include_in_schema=False)
     return app
 
 

@@ -20,7 +20,9 @@ from __future__ import annotations
 
 import base64
 import functools
+import hmac
 import json
+import secrets
 from collections.abc import Awaitable, Callable
 from pathlib import Path
 from typing import Annotated, Any
@@ -28,16 +30,18 @@ from typing import Annotated, Any
 import httpx
 from fastapi import FastAPI
 from mcp.server.mcpserver import Context, MCPServer
+from mcp.server.mcpserver.exceptions import ToolError, UnexpectedToolError
 from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
-from pydantic import Field
+from pydantic import Field, ValidationError
 from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from services.common.app import problem_response
-from services.common.errors import Unauthorized
+from services.common.auth import hash_secret
+from services.common.errors import TooManyRequests, Unauthorized, Unprocessable, UpstreamUnavailable
 
 INSTRUCTIONS = (
     "Crucible: improve an agent system (a model and the harness that drives it) under a fixed budget. Start with run_card "
@@ -45,6 +49,7 @@ INSTRUCTIONS = (
     "in the background: poll training_job / evaluation. Validation evaluations are rate-limited and charged; the hidden "
     "test split is graded only when you submit (submit), once per allowed submission. Money is in micro-USD."
 )
+COUNTED = "X-Crucible-MCP-Counted"  # header of a tool's in-process call: its /mcp request was counted (value: a secret of the process)
 MAX_TRAJECTORIES = 200  # trajectories per call: an LLM's context is the limit, not the route's
 
 
@@ -56,9 +61,9 @@ class Refused(Exception):
         self.problem = problem
 
 
-def _refuse(detail: str, field: str, status: int = 422) -> Refused:
-    return Refused({"type": "about:blank", "title": "Unprocessable", "status": status, "code": "validation_error", "detail": detail,
-                    "field": field})
+def _refuse(detail: str, field: str | None) -> Refused:
+    """A call refused before any request: the API's 422 ``invalid_input`` problem naming ``field``."""
+    return Refused(Unprocessable(detail, field=field).to_problem())
 
 
 def _result(value: Any) -> CallToolResult:
@@ -76,10 +81,12 @@ class GatewayAccess:
     """How the tools reach the ``/v1`` API: ``client`` (its base URL and transport) and the caller's ``Authorization``.
 
     ``key``: a fixed run key (stdio); ``None``: the key each MCP request carries (streamable HTTP). ``local_files``:
-    whether ``path`` arguments name files the tools may read and write (stdio only)."""
+    whether ``path`` arguments name files the tools may read and write (stdio only). ``headers``: sent on every call
+    (in process: the marker that the ``/mcp`` request was already counted against the key's rate limits).
+    A gateway that cannot be reached is a 503 ``upstream_unavailable`` problem."""
 
-    def __init__(self, client: httpx.AsyncClient, *, key: str | None, local_files: bool) -> None:
-        self.client, self.key, self.local_files = client, key, local_files
+    def __init__(self, client: httpx.AsyncClient, *, key: str | None, local_files: bool, headers: dict[str, str] | None = None) -> None:
+        self.client, self.key, self.local_files, self.headers = client, key, local_files, headers or {}
 
     def authorization(self, ctx: Context) -> str:
         if self.key is not None:
@@ -88,8 +95,12 @@ class GatewayAccess:
 
     async def call(self, ctx: Context, method: str, path: str, *, raw: bool = False, **kw: Any) -> Any:
         """One gateway call with the caller's key; ``Refused`` carrying the problem for a status ≥ 400."""
-        headers = {"Authorization": self.authorization(ctx), "X-Crucible-Via": "mcp"} | kw.pop("headers", {})
-        resp = await self.client.request(method, path, headers=headers, **kw)
+        headers = {"Authorization": self.authorization(ctx)} | self.headers | kw.pop("headers", {})
+        try:
+            resp = await self.client.request(method, path, headers=headers, **kw)
+        except httpx.TransportError as exc:
+            raise Refused(UpstreamUnavailable(f"the gateway at {self.client.base_url} cannot be reached "
+                                              f"({exc.__class__.__name__}); check --gateway and retry").to_problem()) from exc
         if resp.status_code >= 400:
             try:
                 problem = resp.json()
@@ -106,6 +117,10 @@ class GatewayAccess:
 
 
 Task = Annotated[str | None, Field(description="The benchmark's task (see run_card); leave it out when the benchmark has one.")]
+JobId = Annotated[str, Field(pattern=r"^job_[0-9a-z]{26}$", description="`job_…`")]
+EvalId = Annotated[str, Field(pattern=r"^eval_[0-9a-z]{26}$", description="`eval_…`")]
+SubId = Annotated[str, Field(pattern=r"^sub_[0-9a-z]{26}$", description="`sub_…`")]
+HarnessId = Annotated[str, Field(pattern=r"^har_[0-9a-z]{26}$", description="`har_…`")]
 JsonObject = dict[str, Any]
 ToolFn = Callable[..., Awaitable[Any]]
 
@@ -188,7 +203,7 @@ class Tools:
     # ------------------------------------------------------------------ training
 
     @tool("Start a training job on `model` (a base model or one of the run's `ckpt_…`) with `datasets` and a `recipe` "
-          "(method sft|dpo|orpo|grpo|merge, adapter lora|full, epochs, learning_rate, …; see run_card's recipe policy). "
+          "(method sft|dpo|orpo|grpo|merge, adapter lora|full, max_steps, learning_rate, batch_size, …; see run_card's recipe policy). "
           "Costs training tokens: the estimated cost is held first and the tokens processed are charged when it ends. "
           "Refused: 402 when the budget cannot cover the estimate, 403 naming `recipe.<field>` the track locks, 422 naming a bad field. "
           "With `idempotency_key`, repeating the call returns the first job.")
@@ -199,7 +214,7 @@ class Tools:
         return await self.call(ctx, "POST", "/v1/training/jobs", json=body, headers={"Idempotency-Key": idempotency_key} if idempotency_key else {})
 
     @tool("A training job's status and its latest `events` (loss, learning rate, step, tokens/s) and checkpoints. Free.", read_only=True)
-    async def training_job(self, ctx: Context, job_id: str, events: Annotated[int, Field(ge=0, le=500)] = 20) -> Any:
+    async def training_job(self, ctx: Context, job_id: JobId, events: Annotated[int, Field(ge=0, le=500)] = 20) -> Any:
         job = await self.call(ctx, "GET", f"/v1/training/jobs/{job_id}")
         log = (await self.call(ctx, "GET", f"/v1/training/jobs/{job_id}/events", params={"limit": 5000}))["data"]
         checkpoints = (await self.call(ctx, "GET", f"/v1/training/jobs/{job_id}/checkpoints"))["data"]
@@ -211,7 +226,7 @@ class Tools:
 
     @tool("Cancel a training job. Free; it stops after its current step, the tokens it processed are charged and the rest of its hold released. "
           "Refused: 409 when it has already ended.")
-    async def cancel_training_job(self, ctx: Context, job_id: str) -> Any:
+    async def cancel_training_job(self, ctx: Context, job_id: JobId) -> Any:
         return await self.call(ctx, "POST", f"/v1/training/jobs/{job_id}/cancel")
 
     # ------------------------------------------------------------------ inference
@@ -231,7 +246,7 @@ class Tools:
 
     @tool("Download a harness archive (.tar.gz): written to local `path` (stdio server), else returned base64-encoded. Free.",
           read_only=True)
-    async def download_harness(self, ctx: Context, harness_id: str, path: str | None = None) -> Any:
+    async def download_harness(self, ctx: Context, harness_id: HarnessId, path: str | None = None) -> Any:
         local = self.access.local_path(path, "path") if path is not None else None
         data = await self.call(ctx, "GET", f"/v1/harnesses/{harness_id}/archive", raw=True)
         if local is not None:
@@ -263,7 +278,7 @@ class Tools:
         return await self.call(ctx, "POST", "/v1/evaluations", json=body, params=_params(task=task))
 
     @tool("A validation evaluation's status, items graded so far and score (with its interval once done). Free.", read_only=True)
-    async def evaluation(self, ctx: Context, eval_id: str) -> Any:
+    async def evaluation(self, ctx: Context, eval_id: EvalId) -> Any:
         return await self.call(ctx, "GET", f"/v1/evaluations/{eval_id}")
 
     @tool("The run's validation evaluations, oldest first. Free.", read_only=True)
@@ -272,7 +287,7 @@ class Tools:
 
     @tool(f"Per-item validation trajectories of an evaluation (prompt, completion, extracted answer, score), `offset`/`limit` "
           f"(at most {MAX_TRAJECTORIES}) of them. Free.", read_only=True)
-    async def trajectories(self, ctx: Context, eval_id: str, offset: Annotated[int, Field(ge=0)] = 0,
+    async def trajectories(self, ctx: Context, eval_id: EvalId, offset: Annotated[int, Field(ge=0)] = 0,
                            limit: Annotated[int, Field(ge=1, le=MAX_TRAJECTORIES)] = 20) -> Any:
         items = (await self.call(ctx, "GET", f"/v1/evaluations/{eval_id}/trajectories"))["data"]
         return {"total": len(items), "offset": offset, "data": items[offset:offset + limit]}
@@ -287,7 +302,7 @@ class Tools:
         return await self.call(ctx, "POST", "/v1/submissions", json=body, params=_params(task=task))
 
     @tool("A submission's status and, once graded, its hidden-test score. Free.", read_only=True)
-    async def submission(self, ctx: Context, sub_id: str) -> Any:
+    async def submission(self, ctx: Context, sub_id: SubId) -> Any:
         return await self.call(ctx, "GET", f"/v1/submissions/{sub_id}")
 
     @tool("The run's submissions. Free.", read_only=True)
@@ -295,10 +310,28 @@ class Tools:
         return (await self.call(ctx, "GET", "/v1/submissions"))["data"]
 
 
+class _Server(MCPServer):
+    """The SDK's server, answering a call it cannot make (an unknown tool, arguments of the wrong type or out of bounds)
+    as the API answers a bad request: a tool error carrying a 422 ``invalid_input`` problem that names the argument."""
+
+    async def call_tool(self, name: str, arguments: dict[str, Any], context: Any = None) -> Any:  # noqa: ANN401 - the SDK's result types
+        try:
+            return await super().call_tool(name, arguments, context)
+        except ToolError as exc:
+            if isinstance(exc, UnexpectedToolError):
+                raise
+            cause = exc.__cause__
+            if isinstance(cause, ValidationError):
+                err = cause.errors()[0]
+                field = ".".join(str(p) for p in err["loc"] if p != "arguments") or None
+                return _error(_refuse(f"{field or 'arguments'}: {err['msg']}", field).problem)
+            return _error(_refuse(str(exc), "name").problem)
+
+
 def build_server(access: GatewayAccess) -> MCPServer:
     """The MCP server of :class:`Tools` calling the gateway through ``access``. Raises nothing; every tool answers a
     :class:`~mcp_types.CallToolResult` (an error one for a refused call)."""
-    server = MCPServer("crucible", instructions=INSTRUCTIONS)
+    server = _Server("crucible", instructions=INSTRUCTIONS)
     tools = Tools(access)
     for name, fn in vars(Tools).items():
         if hasattr(fn, "mcp_tool"):
@@ -336,30 +369,41 @@ def stdio_server(gateway_url: str, api_key: str, *, timeout_s: float = 300.0) ->
 
 
 class MCPEndpoint:
-    """The gateway's ``/mcp`` route (an ASGI app): streamable HTTP, stateless (any gateway worker answers any request),
-    JSON answers. The run key is checked first, as ``/v1`` checks it (401 problem+json, in the audit log); the tools then
-    call the app in process with that key. Start it with :meth:`run` in the app's lifespan."""
+    """The gateway's ``/mcp`` route (an ASGI app, ``POST`` only): streamable HTTP, stateless (any gateway worker answers any
+    request; no standing event stream, so ``GET`` is a 405 as the protocol allows), JSON answers, bodies up to the
+    gateway's own limit. The run key is checked first, as ``/v1`` checks it: each request counts once against the key's
+    rate limits (429 problem+json), then a missing, unknown or revoked key is a 401 (in the audit log). The tools then
+    call the app in process with that key and a marker (:data:`COUNTED`, a secret of this process) that keeps those
+    calls from being counted a second time. Start it with :meth:`run` in the app's lifespan."""
 
     def __init__(self, app: FastAPI) -> None:
-        client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=300.0)
-        self.client = client
-        self.server = build_server(GatewayAccess(client, key=None, local_files=False))
-        # no DNS-rebinding check: every request carries a run key, which a page in a browser does not have
-        self.server.streamable_http_app(stateless_http=True, json_response=True,
+        self.marker = secrets.token_urlsafe(32)
+        self.client = httpx.AsyncClient(transport=httpx.ASGITransport(app=app), base_url="http://gateway", timeout=300.0)
+        self.server = build_server(GatewayAccess(self.client, key=None, local_files=False, headers={COUNTED: self.marker}))
+        # no DNS-rebinding check: every request carries a run key, which a page in a browser does not have; the body limit
+        # is the gateway's (services.common.app.BodyLimit), not the SDK's 4 MiB
+        self.server.streamable_http_app(stateless_http=True, json_response=True, max_request_body_size=2**40,
                                         transport_security=TransportSecuritySettings(enable_dns_rebinding_protection=False))
         self.sessions: StreamableHTTPSessionManager = self.server.session_manager
 
     def run(self):  # noqa: ANN201 - an async context manager
         return self.sessions.run()
 
+    def counted(self, request: Request) -> bool:
+        """Whether ``request`` is a tool's call whose ``/mcp`` request was already counted against the key's rate limits."""
+        return hmac.compare_digest(request.headers.get(COUNTED, ""), self.marker)
+
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from gateway.service import authenticate
+        from gateway.service import authenticate, bearer_key
 
         request = Request(scope, receive)
         gw = request.app.state.gateway
+        authorization = request.headers.get("authorization")
         try:
-            await run_in_threadpool(authenticate, gw, request.headers.get("authorization"))
-        except Unauthorized as exc:
+            if key := bearer_key(authorization):
+                await gw.limiter.check(hash_secret(key))
+            await run_in_threadpool(authenticate, gw, authorization)
+        except (Unauthorized, TooManyRequests) as exc:
             await problem_response(exc)(scope, receive, send)
             return
         await self.sessions.handle_request(scope, receive, send)

@@ -30,10 +30,15 @@ import base64
 import datetime as dt
 import hashlib
 import hmac
+import json
+import re
+import threading
 import time
+from collections import OrderedDict
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
+from urllib.parse import urlsplit
 
 from fastapi import Request
 from fastapi.responses import HTMLResponse, RedirectResponse
@@ -44,7 +49,7 @@ from starlette.concurrency import run_in_threadpool
 from gateway import leaderboard, plots, reports, repository
 from gateway.schemas import LeaderboardRow, RunReport
 from gateway.service import Caller, Gateway, authenticate, bearer_key, run_caller
-from services.common.errors import NotFound, Unauthorized
+from services.common.errors import Forbidden, NotFound, Unauthorized
 
 COOKIE = "crucible_key"
 COOKIE_PATH = "/runs"
@@ -53,7 +58,7 @@ ADMIN = "admin"
 SECURITY_HEADERS = {
     "Content-Security-Policy": "default-src 'none'; style-src 'unsafe-inline'; img-src data:; form-action 'self'; "
                                "frame-ancestors 'none'; base-uri 'none'",
-    "Referrer-Policy": "no-referrer",
+    "Referrer-Policy": "same-origin",  # not no-referrer: with it a browser posts the sign-in form with `Origin: null`
     "X-Content-Type-Options": "nosniff",
 }
 PRIVATE_HEADERS = {**SECURITY_HEADERS, "Cache-Control": "no-store", "Vary": "Authorization, Cookie"}
@@ -121,7 +126,8 @@ def viewer_of_token(gw: Gateway, token: str) -> Viewer:
     otherwise)."""
     who, _, rest = token.partition(".")
     expires_text, _, mac = rest.partition(".")
-    if not (who and expires_text.isdigit() and mac) or int(expires_text) < time.time():
+    # one spelling per token: a Unix time of at most 12 digits, no leading zero (int() of thousands of digits raises)
+    if not (who and mac and re.fullmatch(r"[1-9][0-9]{0,11}", expires_text)) or int(expires_text) < time.time():
         raise Unauthorized("the page's sign-in has expired: sign in again")
     expires = int(expires_text)
     if who == ADMIN:
@@ -143,6 +149,19 @@ def _mac(gw: Gateway, who: str, expires: int, binding: str) -> str:
     secret = hmac.new(gw.settings.admin_key.encode(), b"crucible run page session v1", hashlib.sha256).digest()
     digest = hmac.new(secret, f"{who}.{expires}.{binding}".encode(), hashlib.sha256).digest()
     return base64.urlsafe_b64encode(digest).decode().rstrip("=")
+
+
+def check_same_site(request: Request, sec_fetch_site: str | None) -> None:
+    """``Forbidden`` for a sign-in posted from another site: a browser that sends ``Sec-Fetch-Site`` says where the form
+    was (only ``same-origin`` and ``none``, a typed address, pass); one that does not is judged by its ``Origin``, which
+    must be the host the form was posted to (an opaque ``null`` does not pass). A client that sends neither is no
+    browser, and no other site's page can make it post."""
+    origin = request.headers.get("origin")
+    if sec_fetch_site is not None:
+        if sec_fetch_site not in ("same-origin", "none"):
+            raise Forbidden("sign in from the run's own page")
+    elif origin is not None and urlsplit(origin).netloc != request.headers.get("host", ""):
+        raise Forbidden("sign in from the run's own page")
 
 
 def wants_html(request: Request) -> bool:
@@ -199,12 +218,30 @@ async def leaderboard_page(request: Request, gw: Gateway) -> HTMLResponse:
     return templates.TemplateResponse(request, "leaderboard.html", {"rows": rows, "plots": figures}, headers=SECURITY_HEADERS)
 
 
+_BOARD_PLOTS: OrderedDict[str, str] = OrderedDict()  # the public page's plots by what they show: drawn once, not per request
+_BOARD_PLOTS_KEPT = 64
+_board_lock = threading.Lock()
+
+
 def _board_plots(rows: list[LeaderboardRow]) -> dict[str, Markup]:
-    """Each benchmark's final score against spend."""
+    """Each benchmark's final score against spend (our own SVG: ``gateway.plots`` escapes what it writes). A plot is drawn
+    again only when what it shows changed: the page is public, and drawing costs about 0.1 s of CPU."""
     by_benchmark: dict[str, list[LeaderboardRow]] = {}
     for r in rows:
         by_benchmark.setdefault(r.benchmark, []).append(r)
-    return {name: Markup(plots.score_spend_svg(group, name)) for name, group in by_benchmark.items()}  # our own SVG (gateway.plots escapes what it writes)
+    out = {}
+    for name, group in by_benchmark.items():
+        shown = json.dumps([name, [(r.agent_name, r.final_score, r.spent_usd, r.final_ci) for r in group if r.final_score is not None]])
+        with _board_lock:
+            svg = _BOARD_PLOTS.get(shown)
+        if svg is None:
+            svg = plots.score_spend_svg(group, name)
+            with _board_lock:
+                _BOARD_PLOTS[shown] = svg
+                while len(_BOARD_PLOTS) > _BOARD_PLOTS_KEPT:
+                    _BOARD_PLOTS.popitem(last=False)
+        out[name] = Markup(svg)
+    return out
 
 
 # --------------------------------------------------------------------------- formatting, for the templates

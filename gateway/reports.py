@@ -4,8 +4,8 @@ Read from what the services already record: the trainer's jobs (created → star
 evaluations (created → started → finished) and submissions (created → graded), the ledger's entries, and the
 gateway's episode log (the agent's calls). Nothing here is stored; a report is computed when asked for.
 
-**Time by activity.** A run's span is from its creation to the last thing that happened (its agent's last call or
-its work's last end; now while work still runs). Each activity is a set of intervals: ``training`` (a job running),
+**Time by activity.** A run's span is from its creation to the last thing that happened (its agent's last call before
+the deadline, or its work's last end; now while work still runs). Each activity is a set of intervals: ``training`` (a job running),
 ``evaluating`` (a validation evaluation running), ``queued`` (a job or an evaluation waiting for a worker),
 ``final_grading`` (a submission from its creation to its grade). For each: ``wall_s``, the time at least one of them
 ran (two jobs at once count once), and ``busy_s``, their summed durations (job-seconds: two jobs at once count twice).
@@ -180,10 +180,13 @@ def validation_points(evaluations: Sequence[EvaluationOut]) -> list[ValidationPo
             for e in sorted(done, key=lambda e: e.finished_at)]  # type: ignore[arg-type, return-value]
 
 
-def build_report(*, run_id: str, created_at: dt.datetime, budget_usd_micros: int, calls: int, last_call: dt.datetime | None,
-                 jobs: Sequence[TrainingJobOut], checkpoints: dict[str, list[str]], evaluations: Sequence[EvaluationOut],
-                 submissions: Sequence[SubmissionOut], entries: Sequence[Entry], now: dt.datetime) -> RunReport:
-    """The report of one run from what its services answered (see the module's docstring for every figure)."""
+def build_report(*, run_id: str, created_at: dt.datetime, deadline_at: dt.datetime, budget_usd_micros: int, calls: int,
+                 last_call: dt.datetime | None, jobs: Sequence[TrainingJobOut], checkpoints: dict[str, list[str]],
+                 evaluations: Sequence[EvaluationOut], submissions: Sequence[SubmissionOut], entries: Sequence[Entry],
+                 now: dt.datetime) -> RunReport:
+    """The report of one run from what its services answered (see the module's docstring for every figure). The agent's
+    calls after ``deadline_at`` (reads, this report's own among them) do not lengthen the run."""
+    last_call = min(last_call, deadline_at) if last_call is not None else None
     spans = activity_intervals(jobs, evaluations, submissions, now)
     ends = [e for s in spans.values() for _, e in s] + ([last_call] if last_call else [])
     end = max([created_at, *ends])
@@ -224,7 +227,8 @@ async def run_report(gw: Gateway, caller: Caller) -> RunReport:
             return repository.episode_summary(s, run.id)
 
     calls, last_call = await run_in_threadpool(episode)
-    return build_report(run_id=run.id, created_at=run.created_at, budget_usd_micros=run.budget_usd_micros, calls=calls, last_call=last_call,
+    return build_report(run_id=run.id, created_at=run.created_at, deadline_at=run.deadline_at, budget_usd_micros=run.budget_usd_micros,
+                        calls=calls, last_call=last_call,
                         jobs=jobs.data, checkpoints=checkpoints, evaluations=evaluations.data, submissions=submissions.data, entries=entries,
                         now=utcnow())
 

@@ -244,9 +244,8 @@ class NoteCreate(BaseModel):
 
 
 class NoteOut(BaseModel):
-    """A note as the episode log holds it: its row's ``seq`` and time."""
+    """A note as the episode log holds it, and when it was written."""
 
-    seq: int
     text: str
     created_at: dt.datetime
 

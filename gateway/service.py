@@ -193,10 +193,11 @@ NOTE_METHOD = "NOTE"  # the episode log's method of an agent's note
 
 def log_note(gw: Gateway, run_id: str, path: str, text: str) -> dict[str, Any]:
     """Append the agent's note ``text`` to the episode log: a row with method ``NOTE``, the note route's ``path``, status 201
-    and the text (the call itself gets its own row, as every call does). Returns ``{seq, text, created_at}``."""
+    and the text (the call itself gets its own row, as every call does). Returns ``{text, created_at}`` (not the row's
+    ``seq``: the log's sequence counts every run's calls, which one run is not to learn)."""
     with gw.db.session() as s:
         e = repository.add_episode_event(s, run_id, NOTE_METHOD, path, 201, 0, note=text)
-        return {"seq": e.seq, "text": e.note, "created_at": e.created_at}
+        return {"text": e.note, "created_at": e.created_at}
 
 
 def log_audit(gw: Gateway, actor: str, key_prefix: str | None, method: str, path: str, status: int, client: str | None) -> None:

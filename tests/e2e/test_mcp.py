@@ -131,6 +131,14 @@ def test_refused_calls_are_tool_errors_naming_the_field(stack, new_run) -> None:
         assert (await refused(c, "download_harness", harness_id="har_00000000000000000000000000", path="/tmp/x"))["field"] == "path"
         assert (await refused(c, "upload_harness", archive_base64="not base64!"))["field"] == "archive_base64"
         assert (await refused(c, "upload_dataset"))["field"] == "rows"
+        # arguments the tool cannot take are refused as the API refuses a bad request: 422 naming the argument
+        assert (await refused(c, "train_sample", limit=0))["field"] == "limit"
+        assert (await refused(c, "trajectories", eval_id=123))["field"] == "eval_id"
+        assert (await refused(c, "evaluation"))["field"] == "eval_id"
+        assert (await refused(c, "no_such_tool"))["field"] == "name"
+        for probe in ("../run", "../../admin/runs", "eval_00000000000000000000000000/../../run"):  # an id is an id, not a path
+            problem = await refused(c, "evaluation", eval_id=probe)
+            assert (problem["status"], problem["code"], problem["field"]) == (422, "invalid_input", "eval_id")
 
     run_mcp(over_http(stack.gateway_url, run["api_key"]), body)
     assert http.datasets() == []  # nothing half-written
@@ -177,3 +185,11 @@ def test_stdio_server_reads_and_writes_the_agents_own_files(stack, new_run, tmp_
     run_mcp(over_stdio(stack, run["api_key"], tmp_path), body)
     assert [d["id"] for d in http.datasets()] != []
     http.close()
+
+    async def gone(c: Client) -> None:  # a gateway that cannot be reached: a 503 to retry, not a crash
+        problem = await refused(c, "run_card")
+        assert (problem["status"], problem["code"]) == (503, "upstream_unavailable") and "--gateway" in problem["detail"]
+
+    unreachable = Client(StdioServerParameters(command=str(Path(sys.executable).parent / "crucible"),
+                                               args=["mcp", "--api-key", run["api_key"], "--gateway", "http://127.0.0.1:9"], cwd=str(tmp_path)))
+    run_mcp(unreachable, gone)

@@ -116,3 +116,18 @@ def test_two_plots_on_one_page_share_no_element_id_and_hostile_names_stay_text()
     assert ids[0] and ids[1] and not ids[0] & ids[1]
     assert "<script" not in a and "-->" not in a.replace(" -->", "")  # escaped in the comment matplotlib writes
     assert "$x^2$" in a  # printed as typed, not as mathtext
+
+
+def test_the_public_leaderboard_draws_a_plot_again_only_when_what_it_shows_changed(monkeypatch: pytest.MonkeyPatch) -> None:
+    """The page is public: a crowd of readers must not make the gateway draw the same figure over and over."""
+    from gateway import pages
+
+    drawn: list[str] = []
+    monkeypatch.setattr(plots, "score_spend_svg", lambda rows, name: drawn.append(name) or f"<svg>{len(drawn)}</svg>")
+    monkeypatch.setattr(pages, "_BOARD_PLOTS", type(pages._BOARD_PLOTS)())
+    rows = [row("a", 0.5, 0.01), row("b", None, 0.02)]
+    assert pages._board_plots(rows) == pages._board_plots(rows) and drawn == ["chain-sum"]
+    pages._board_plots([row("a", 0.5, 0.01), row("b", None, 0.03)])  # b is not drawn: not graded
+    assert drawn == ["chain-sum"]
+    pages._board_plots([row("a", 0.5, 0.01), row("b", 0.25, 0.03)])
+    assert drawn == ["chain-sum", "chain-sum"]

@@ -92,7 +92,7 @@ def test_report_counts_designs_and_the_waiting_share() -> None:
     entries = [entry(1, "charge", 100, 100, hold="h1", key="settle:job_1", usage="training_tokens"),
                entry(2, "hold", 10, 110, hold="h2", purpose="validation evaluation eval_2"),
                entry(3, "charge", 5, 115, hold="h2", key="c", usage="decode_tokens")]
-    report = build_report(run_id="run_x", created_at=at(0), budget_usd_micros=1_000_000, calls=12, last_call=at(210), jobs=jobs,
+    report = build_report(run_id="run_x", created_at=at(0), deadline_at=at(3600), budget_usd_micros=1_000_000, calls=12, last_call=at(210), jobs=jobs,
                           checkpoints={"job_1": ["ckpt_1"], "job_2": ["ckpt_2"]}, evaluations=evals, submissions=[], entries=entries, now=at(300))
     assert report.wall_s == 210 and report.agent_calls == 12
     assert report.waiting_and_grading_s == 10 + 10 + 30 and report.waiting_and_grading_share == pytest.approx(50 / 210, abs=1e-4)
@@ -103,3 +103,11 @@ def test_report_counts_designs_and_the_waiting_share() -> None:
     assert by[("checkpoint", "ckpt_1")].cost_usd_micros == 5 and by[("recipe", '{"learning_rate": 0.0002}')].cost_usd_micros == 100
     assert [p.eval_id for p in report.validation] == ["eval_1", "eval_2", "eval_3"] and report.validation[1].checkpoint
     assert report.spent_usd_micros == 105
+
+
+def test_reads_after_the_deadline_do_not_lengthen_the_run() -> None:
+    jobs = [job("job_1", 0, 0, 100)]
+    report = build_report(run_id="run_x", created_at=at(0), deadline_at=at(150), budget_usd_micros=1, calls=3, last_call=at(900), jobs=jobs,
+                          checkpoints={}, evaluations=[], submissions=[], entries=[], now=at(1000))
+    assert report.wall_s == 150 and report.ended_at == at(150)
+    assert {t.activity: t.exclusive_s for t in report.time}["agent"] == 50

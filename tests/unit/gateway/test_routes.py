@@ -587,3 +587,40 @@ def test_a_job_route_reaches_the_trainer_and_its_404_comes_back_unchanged(served
     _, agent = served.new_run()
     assert_problem(served.http.request(method, path.format(job=JOB_ID), headers=agent), 404, "not_found")
     assert served.http.get("/v1/training/jobs", headers=agent).json()["data"] == []
+
+
+# --------------------------------------------------------------------------- run pages and MCP over HTTP
+
+
+@pytest.mark.parametrize("cookie", ["admin.9" + "9" * 5000 + ".mac", "admin.01893456000.mac", "admin.-5.mac", "admin..mac", "x"],
+                         ids=["5001 digits", "leading zero", "negative", "no expiry", "no dots"])
+def test_a_malformed_page_cookie_is_a_401_never_a_500(served: Served, cookie: str) -> None:
+    run_id, _ = served.new_run()
+    assert_problem(served.http.get(f"/runs/{run_id}", headers={"Cookie": f"crucible_key={cookie}"}), 401)
+
+
+@pytest.mark.parametrize("headers", [{"Sec-Fetch-Site": "cross-site"}, {"Sec-Fetch-Site": "same-site"}, {"Origin": "https://elsewhere.example"},
+                                     {"Origin": "null"}])
+def test_a_sign_in_posted_from_another_site_is_refused(served: Served, headers: dict[str, str]) -> None:
+    run_id, agent = served.new_run()
+    key = agent["Authorization"].split()[1]
+    resp = served.http.post("/runs/login", data={"run_id": run_id, "key": key}, headers=headers, follow_redirects=False)
+    assert_problem(resp, 403) and "set-cookie" not in resp.headers
+    same = served.http.post("/runs/login", data={"run_id": run_id, "key": key}, headers={"Origin": "http://gateway"}, follow_redirects=False)
+    assert same.status_code == 303 and "crucible_key=" in same.headers["set-cookie"]
+
+
+def test_mcp_answers_post_only_and_counts_each_request_once_against_the_keys_rate_limit(tmp_path: Path, served: Served) -> None:
+    """Each /mcp request is one request of the key (the tools' own calls to /v1 are not counted again), and a GET
+    (a standing event stream, which a stateless server does not keep) is a 405."""
+    _, agent = served.new_run()
+    init = {"jsonrpc": "2.0", "id": 1, "method": "tools/list", "params": {}}
+    accept = {"Accept": "application/json, text/event-stream", "MCP-Protocol-Version": "2025-06-18"}
+    assert served.http.get("/mcp", headers=agent | accept).status_code == 405
+    with TestClient(create_app(settings_for(tmp_path, rate_limits="3/minute")), base_url="http://gateway") as http:
+        limited = Served(http=http, grader=served.grader, services=served.services).connect()
+        _, key = limited.new_run()
+        call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "budget", "arguments": {}}}  # a tool that calls /v1
+        answers = [http.post("/mcp", json=call, headers=key | accept).status_code for _ in range(3)]
+        assert answers == [200, 200, 200]
+        assert_problem(http.post("/mcp", json=init, headers=key | accept), 429)

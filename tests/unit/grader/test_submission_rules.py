@@ -339,7 +339,7 @@ def test_the_leaderboard_keeps_the_latest_graded_submission_while_a_later_one_is
     grader.inference.problem = INTERNAL_ERROR
     assert grader.grade(grader.submit(max_submissions=5)).failure_cause == "platform" and _shown(gateway) == shows_a
     html = gateway.get("/leaderboard").text
-    assert "agent-a" in html and "<td>graded</td>" in html and "<td>50.0%</td>" in html
+    assert "agent-a" in html and '<td class="l">graded</td>' in html and "<td>50.0%</td>" in html
 
     grader.answer_right(6)
     d = grader.grade(grader.submit(max_submissions=5))
