@@ -55,6 +55,10 @@ class AgentConfig:
     evaluate_last_checkpoints: int = 2
     validation_limit: int | None = None
     poll_s: float = 1.0
+    # grade while the job trains (the initial system's evaluation, each late checkpoint's as it lands): less waiting where
+    # the grader and the trainer have cores or GPUs of their own; off, each evaluation is waited for in turn (a small CPU
+    # machine whose cores the trainer already uses finishes sooner)
+    evaluate_while_training: bool = True
 
     @classmethod
     def for_steps(cls, steps: int, method: str = "sft", adapter: str = "lora") -> AgentConfig:
@@ -318,6 +322,8 @@ class BaselineAgent:
         base = spec["initial_system"]["model"]
         label = f"[{spec['name']}] " if task else ""
         initial_ev = self.start_evaluation(base, None, task)  # graded while the agent builds its data and the job trains
+        overlap = self.config.evaluate_while_training
+        initial = None if overlap else self.score(initial_ev, f"{label}initial system ({base})")
         job = None
         landed: list[tuple[dict[str, Any], str]] = []  # checkpoints' evaluations, started as each checkpoint lands
 
@@ -350,13 +356,13 @@ class BaselineAgent:
                 self.step(f"{label}uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
                 dataset_ids = [ds["id"]]
             try:
-                job = self.train(base, dataset_ids, recipe, on_checkpoint=evaluate_on_landing)
+                job = self.train(base, dataset_ids, recipe, on_checkpoint=evaluate_on_landing if overlap else None)
             except CrucibleAPIError as exc:
                 if exc.status not in (402, 403):
                     raise
                 self.step(f"{label}cannot train ({exc.status} {exc.code}: {exc.problem.get('detail')}); submitting the initial system")
-        best_model, best = base, self.score(initial_ev, f"{label}initial system ({base})")
-        initial = best
+        initial = self.score(initial_ev, f"{label}initial system ({base})") if initial is None else initial
+        best_model, best = base, initial
         if job is not None:
             started = {ev["model"] for ev, _ in landed}
             for ckpt in c.checkpoints(job["id"])[-self.config.evaluate_last_checkpoints:]:

@@ -32,13 +32,14 @@ from grader.suites import Item, Suite, TurnLimitReached, get_suite, suite_canoni
 from services.common import artifacts, jobs
 from services.common.auth import RunContext
 from services.common.contracts import GradingSpec, Harness, RolloutTrajectory
-from services.common.db import utcnow
+from services.common.db import database_unavailable, utcnow
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
 from services.common.openai_protocol import ChatCompletionRequest
 from services.ledger.schemas import HoldCharge, UsageItem, UsageKind
 
 log = structlog.get_logger("grader")
 T = TypeVar("T")
+FINISH_ATTEMPTS = 8  # tries to write how an evaluation ended while the database restarts (backoff × try-number seconds apart)
 
 SYSTEM_REFUSAL_STATUSES = frozenset({400, 413, 422})  # inference's answers about the request itself (not auth, budget, rate, conflicts)
 
@@ -91,8 +92,9 @@ def failure_of(exc: BaseException) -> tuple[str, str]:
 
 
 def _unavailable(exc: BaseException) -> bool:
-    """A service is away (unreachable, or it answered 503 because one it needs is): worth retrying later."""
-    return isinstance(exc, UpstreamUnavailable) or (isinstance(exc, UpstreamProblem) and exc.status == 503)
+    """A service is away (unreachable, or it answered 503 because one it needs is), or the grader's own database is
+    (restarting): worth retrying later."""
+    return isinstance(exc, UpstreamUnavailable) or (isinstance(exc, UpstreamProblem) and exc.status == 503) or database_unavailable(exc)
 
 
 def _with_retries(call: Callable[[], T], backoff_s: float, attempts: int = 6) -> T:
@@ -150,8 +152,9 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
     test store only. Each completion is charged against the evaluation's hold with the idempotency key
     ``eval:item:sample``, so a sample re-run after a crash is charged once; the hold is closed at the end.
     If the lease is lost (timed out, or given to another worker) this worker stops and writes nothing more.
-    If inference or the ledger stays away longer than the retries, the evaluation goes back to ``queued``
-    (the reconciler sends it again) instead of failing: a restart never burns a final submission.
+    If inference or the ledger stays away longer than the retries, or the grader's database drops its connection, the
+    evaluation goes back to ``queued`` (the reconciler sends it again) instead of failing: a restart never burns a final
+    submission.
     """
     if not jobs.claim(grader.db, Evaluation, eval_id):
         return
@@ -173,7 +176,14 @@ def run_evaluation(grader: Grader, eval_id: str) -> None:
     if outcome is None or lease.lost.is_set():
         log.warning("lease lost; leaving the evaluation to its new owner", eval_id=eval_id)
         return
-    _finish(grader, eval_id, outcome)
+    for attempt in range(1, FINISH_ATTEMPTS + 1):  # the database may still be restarting: the end is written once it is back
+        try:
+            _finish(grader, eval_id, outcome)
+            return
+        except Exception as exc:
+            if not database_unavailable(exc) or attempt == FINISH_ATTEMPTS:
+                raise  # the row stays running; the reconciler takes it back when its lease times out
+            time.sleep(grader.settings.upstream_retry_backoff_s * attempt)
 
 
 def _finish(grader: Grader, eval_id: str, outcome: tuple[str, Any]) -> None:

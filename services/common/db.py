@@ -18,6 +18,7 @@ from pathlib import Path
 from alembic import command
 from alembic.config import Config
 from sqlalchemy import DateTime, Engine, create_engine, event, make_url, text
+from sqlalchemy.exc import DBAPIError, InterfaceError, OperationalError
 from sqlalchemy.orm import Session, sessionmaker
 from sqlalchemy.pool import NullPool
 from sqlalchemy.types import TypeDecorator
@@ -65,6 +66,13 @@ def make_engine(url: str) -> Engine:
 
         return engine
     return create_engine(url, pool_pre_ping=True, pool_size=5, max_overflow=10)  # ≤ 15 connections per process: many processes share one server
+
+
+def database_unavailable(exc: BaseException) -> bool:
+    """Whether ``exc`` says the database could not be reached or dropped the connection (a restart, a failover): worth
+    retrying later, unlike a refused statement. SQLAlchemy's ``OperationalError``/``InterfaceError`` (a connection that
+    failed or broke) and any DBAPI error it flagged ``connection_invalidated``."""
+    return isinstance(exc, OperationalError | InterfaceError) or (isinstance(exc, DBAPIError) and exc.connection_invalidated)
 
 
 def append_only_ddl(dialect: str, table: str) -> list[str]:

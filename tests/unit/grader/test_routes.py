@@ -15,8 +15,9 @@ import pytest
 from fastapi.testclient import TestClient
 from inference_service.client import InferenceClient
 from sqlalchemy import select
+from sqlalchemy.exc import OperationalError
 
-from grader import worker
+from grader import repository, worker
 from grader.app import create_app
 from grader.client import GraderClient
 from grader.models import Evaluation, Trajectory
@@ -184,6 +185,27 @@ def test_an_evaluation_is_held_at_the_prices_of_the_model_it_evaluates(served: S
     held = {h.purpose: h.amount_usd_micros for h in served.ledger.list_holds(ctx.run_id)}
     # prices.yaml: SmolLM2's own rows; any other model the "*" rows, ten times as much
     assert held[f"validation evaluation {large.id}"] == pytest.approx(10 * held[f"validation evaluation {small.id}"], rel=0.05)  # each rounded up
+
+
+def test_a_dropped_database_connection_mid_evaluation_queues_it_again_and_it_resumes(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """The grader's database restarting while an item's result is written (a compose ``restart postgres``): the
+    evaluation goes back to ``queued`` for the reconciler, not ``failed``; run again, it scores the rest and succeeds."""
+    ctx = served.ctx("run_db_restart")
+    created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, limit=3), limits=EvaluationLimits())
+    real, writes = repository.add_trajectory, []
+
+    def flaky(*args: Any, **kwargs: Any) -> Any:
+        writes.append(1)
+        if len(writes) == 2:
+            raise OperationalError("INSERT INTO trajectories", {}, Exception("connection to server was lost"))
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(repository, "add_trajectory", flaky)
+    worker.run_evaluation(served.service, created.id)
+    assert served.grader.get_evaluation(ctx, created.id).status == "queued"
+    worker.run_evaluation(served.service, created.id)
+    done = served.grader.get_evaluation(ctx, created.id)
+    assert (done.status, done.items_done) == ("succeeded", 3) and len(served.grader.get_trajectories(ctx, created.id).data) == 3
 
 
 def test_a_running_evaluation_shows_the_mean_score_of_the_samples_graded_so_far(served: Served) -> None:
