@@ -36,9 +36,8 @@ from gateway.schemas import (
 from gateway.service import (
     Caller,
     Gateway,
+    admit,
     audit_log,
-    authenticate,
-    bearer_key,
     check_deadline,
     check_editable,
     episode_log,
@@ -50,7 +49,6 @@ from gateway.service import (
     training_job,
 )
 from grader.schemas import DatasetDigest
-from services.common.auth import hash_secret
 from services.common.contracts import (
     BenchmarkBaselines,
     CheckpointOut,
@@ -106,10 +104,7 @@ async def agent(request: Request, gw: GatewayDep, authorization: str | None = He
     """The calling run (401 if the key is missing, unknown or revoked); marks the call for the episode log.
 
     429 past the key's rate limits, counted as the request arrives, before it waits for a thread or the database."""
-    key = bearer_key(authorization)
-    if key and not request.app.state.mcp.counted(request):  # an MCP tool's call: its /mcp request was counted
-        await gw.limiter.check(hash_secret(key))
-    caller = await run_in_threadpool(authenticate, gw, authorization)
+    caller = await admit(gw, authorization, counted=request.app.state.mcp.counted(request))  # an MCP tool: its /mcp request counted
     request.state.run_id = caller.run.id
     return caller
 

@@ -35,12 +35,10 @@ from mcp.server.streamable_http_manager import StreamableHTTPSessionManager
 from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
-from starlette.concurrency import run_in_threadpool
 from starlette.requests import Request
 from starlette.types import Receive, Scope, Send
 
 from services.common.app import problem_response
-from services.common.auth import hash_secret
 from services.common.errors import TooManyRequests, Unauthorized, Unprocessable, UpstreamUnavailable
 
 INSTRUCTIONS = (
@@ -394,15 +392,11 @@ class MCPEndpoint:
         return hmac.compare_digest(request.headers.get(COUNTED, ""), self.marker)
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        from gateway.service import authenticate, bearer_key
+        from gateway.service import admit
 
         request = Request(scope, receive)
-        gw = request.app.state.gateway
-        authorization = request.headers.get("authorization")
         try:
-            if key := bearer_key(authorization):
-                await gw.limiter.check(hash_secret(key))
-            await run_in_threadpool(authenticate, gw, authorization)
+            await admit(request.app.state.gateway, request.headers.get("authorization"))
         except (Unauthorized, TooManyRequests) as exc:
             await problem_response(exc)(scope, receive, send)
             return

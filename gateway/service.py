@@ -17,6 +17,7 @@ from typing import Any
 
 from inference_service.client import InferenceClient
 from sqlalchemy.orm import Session
+from starlette.concurrency import run_in_threadpool
 from trainer_service.client import TrainerClient
 
 from gateway import repository
@@ -106,6 +107,17 @@ def authenticate(gw: Gateway, authorization: str | None) -> Caller:
         if run.revoked_at is not None:
             raise Unauthorized("this API key has been revoked")
         return _caller(s, run)
+
+
+async def admit(gw: Gateway, authorization: str | None, *, counted: bool = False) -> Caller:
+    """The caller behind ``authorization``, for a request of the agent API (``/v1`` or ``/mcp``): the key's hit is
+    counted first, as the request arrives, before it waits for a thread or the database (``TooManyRequests`` past its
+    rate limits; ``counted``: this request was counted already, an MCP tool's call), then :func:`authenticate`
+    (``Unauthorized``)."""
+    key = bearer_key(authorization)
+    if key and not counted:
+        await gw.limiter.check(hash_secret(key))
+    return await run_in_threadpool(authenticate, gw, authorization)
 
 
 def run_caller(gw: Gateway, run_id: str) -> Caller:
