@@ -87,7 +87,7 @@ compose-images: $(STAMP) $(DEPLOY_STAMP)
 # leaderboard row through the published port, isolation probed from inside every container, faults (a killed eval
 # worker, Redis, PostgreSQL and the ledger restarted), docs/operators.md's backup, restore and upgrade. About 25 minutes.
 compose-test: compose-images
-	$(LOCAL_IMAGES) $(PY) -m pytest -q -s tests/compose
+	$(LOCAL_IMAGES) $(PY) -m pytest -q -s --durations=0 tests/compose
 
 # tests/unit: each service in this process (its routes through TestClient, its logic, its client), plus the layout
 # checks (no import cycle, internal paths only in their service's client.py); tests/e2e: every service and worker as

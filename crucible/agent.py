@@ -7,6 +7,11 @@ trains on) → keep the best on validation → submit it → wait for the grade.
 It stops searching when the budget left cannot cover another step, and submits what it has. It edits only
 what the run's track allows: training needs data or trainer editable, else it submits the initial system.
 
+With ``AgentConfig.loop = "tinker"`` the agent trains the same SFT data through Tinker's primitives instead of a recipe
+job: its own loop of ``forward_backward`` (``cross_entropy`` on the answers' tokens) and ``optim_step`` with the
+unmodified ``tinker`` SDK against the gateway's Tinker API, saving sampler weights (ordinary checkpoints of the run)
+where a job would checkpoint (:meth:`BaselineAgent.train_with_primitives`).
+
 A task whose system is a code harness (the terminal suite's) is improved through the harness instead, where the
 harness is editable: the agent downloads the suite's harness archive, edits its system prompt (:func:`edit_harness`),
 uploads the edited archive, evaluates it, and keeps whichever harness scores higher. Such a task's training pool has
@@ -59,6 +64,8 @@ class AgentConfig:
     # the grader and the trainer have cores or GPUs of their own; off, each evaluation is waited for in turn (a small CPU
     # machine whose cores the trainer already uses finishes sooner)
     evaluate_while_training: bool = True
+    # "job": a recipe job of the trainer; "tinker": the agent's own SFT loop through Tinker's primitives (the tinker SDK)
+    loop: str = "job"
 
     @classmethod
     def for_steps(cls, steps: int, method: str = "sft", adapter: str = "lora") -> AgentConfig:
@@ -259,6 +266,59 @@ class BaselineAgent:
         self.step(f"training job {job['id']} {job['status']}: {job['steps_done']} steps, {job['trained_tokens']} tokens")
         return job
 
+    def train_with_primitives(self, model: str, rows: list[dict[str, Any]], recipe: dict[str, Any], on_checkpoint: Any = None) -> dict[str, Any]:
+        """SFT on ``rows`` (``messages`` rows) by the agent's own loop through Tinker's primitives: ``recipe``'s
+        ``max_steps`` steps of ``batch_size`` rows (``forward_backward`` with ``cross_entropy``, the answer's tokens
+        weighted 1 and the prompt's 0, then ``optim_step`` at ``learning_rate``), sampler weights saved every
+        ``checkpoint_every`` steps and at the end (``on_checkpoint(checkpoint_id, step, recipe)`` as each lands). Returns
+        the live model's training job, as :meth:`train` returns a recipe job."""
+        import tinker
+        from tinker import types
+
+        steps, batch = int(recipe.get("max_steps", 100)), int(recipe.get("batch_size", 8))
+        every, rate = int(recipe.get("checkpoint_every") or steps), float(recipe.get("learning_rate", 1e-3))
+        plan = {**recipe, "max_steps": steps, "checkpoint_every": every}
+        service = tinker.ServiceClient(api_key=f"tml-{self.client.key}", base_url=self.client.base_url)
+        try:
+            training = service.create_lora_training_client(base_model=model, rank=int(recipe.get("lora_r", 16)),
+                                                           seed=int(recipe.get("seed", 0))).result()
+            tokenizer = training.get_tokenizer()
+            data = []
+            for row in rows:
+                prompt = tokenizer.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=True)
+                full = tokenizer.apply_chat_template(row["messages"], tokenize=True)
+                data.append(types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
+                                        loss_fn_inputs={"target_tokens": full[1:], "weights": [0.0] * (len(prompt) - 1) + [1.0] * (len(full) - len(prompt))}))
+            self.step(f"live model {training.model_id}: {len(data)} examples, {steps} steps of {batch} through Tinker's primitives")
+            for step in range(1, steps + 1):
+                chunk = [data[(step * batch + i) % len(data)] for i in range(batch)]
+                try:
+                    loss = training.forward_backward(chunk, "cross_entropy")
+                    training.optim_step(types.AdamParams(learning_rate=rate)).result()
+                except tinker.APIStatusError as exc:  # the budget ran out (402): keep what was saved, if anything
+                    problem = exc.body if isinstance(exc.body, dict) else {"status": exc.status_code, "detail": str(exc)}
+                    if exc.status_code != 402 or not self.client.checkpoints(self._live_job()["id"]):
+                        raise CrucibleAPIError(problem) from exc
+                    self.step(f"budget exhausted at step {step}; keeping the weights saved so far")
+                    break
+                weight = sum(sum(d.loss_fn_inputs["weights"].tolist()) for d in chunk)
+                self.console.print(f"  [dim]step {step}/{steps}: loss {loss.result().metrics['loss:sum'] / max(weight, 1):.3f}[/]")
+                if step % every == 0 or step == steps:
+                    training.save_weights_for_sampler(f"step-{step}").result()
+                    if on_checkpoint is not None:
+                        on_checkpoint(self.client.checkpoints(self._live_job()["id"])[-1]["id"], step, plan)
+        except tinker.PermissionDeniedError as exc:  # the track or the benchmark's lock refuses the primitives
+            raise CrucibleAPIError(exc.body if isinstance(exc.body, dict) else {"status": 403, "detail": str(exc)}) from exc
+        finally:
+            service.close("success").result()
+        job = self._live_job()
+        self.step(f"live model's job {job['id']}: {job['steps_done']} steps, {job['trained_tokens']} tokens")
+        return {**job, "recipe": {**job["recipe"], **plan}}
+
+    def _live_job(self) -> dict[str, Any]:
+        """The run's newest training job of Tinker's primitives."""
+        return [j for j in self.client.training_jobs() if j["recipe"]["method"] == "primitives"][-1]
+
     def run(self) -> AgentResult:
         c = self.client
         card = c.run()
@@ -356,7 +416,11 @@ class BaselineAgent:
                 self.step(f"{label}uploaded dataset {ds['id']}: {ds['rows']} rows ({ds['bytes']} bytes), none of them a validation question")
                 dataset_ids = [ds["id"]]
             try:
-                job = self.train(base, dataset_ids, recipe, on_checkpoint=evaluate_on_landing if overlap else None)
+                if self.config.loop == "tinker" and method == "sft":
+                    rows = [json.loads(line) for line in data.decode().splitlines()]
+                    job = self.train_with_primitives(base, rows, recipe, on_checkpoint=evaluate_on_landing if overlap else None)
+                else:
+                    job = self.train(base, dataset_ids, recipe, on_checkpoint=evaluate_on_landing if overlap else None)
             except CrucibleAPIError as exc:
                 if exc.status not in (402, 403):
                     raise

@@ -273,6 +273,7 @@ class AgentMethod(StrEnum):
     sft = "sft"
     dpo = "dpo"
     grpo = "grpo"
+    tinker = "tinker"
 
 
 class AgentAdapter(StrEnum):
@@ -288,8 +289,8 @@ def agent(api_key: Annotated[str, typer.Option("--api-key", "--run-key", envvar=
           gateway: GatewayUrl = "http://127.0.0.1:8000",
           steps: Annotated[int, typer.Option(help="Baseline: steps of its training job.")] = 100,
           method: Annotated[AgentMethod, typer.Option(help="Baseline: how it trains: sft on the training pool's answers, dpo on pairs "
-                                                      "of a right and a wrong answer, or grpo on the training pool's prompts rewarded by the "
-                                                      "suite's scorer.")] = AgentMethod.sft,
+                                                      "of a right and a wrong answer, grpo on the training pool's prompts rewarded by the "
+                                                      "suite's scorer, or tinker: sft by its own loop through Tinker's primitives.")] = AgentMethod.sft,
           adapter: Annotated[AgentAdapter, typer.Option(help="Baseline: a LoRA adapter, or every weight (full fine-tuning).")] = AgentAdapter.lora,
           llm: Annotated[bool, typer.Option("--llm", help="Let a chat model decide, through the run's MCP tools, instead of the scripted baseline.",
                                             rich_help_panel=LLM)] = False,
@@ -312,7 +313,9 @@ def agent(api_key: Annotated[str, typer.Option("--api-key", "--run-key", envvar=
         return
     from crucible.agent import AgentConfig, BaselineAgent
 
-    BaselineAgent(CrucibleClient(gateway, api_key), AgentConfig.for_steps(steps, method.value, adapter.value), console).run()
+    config = AgentConfig.for_steps(steps, "sft" if method == AgentMethod.tinker else method.value, adapter.value)
+    config.loop = "tinker" if method == AgentMethod.tinker else "job"
+    BaselineAgent(CrucibleClient(gateway, api_key), config, console).run()
 
 
 def _llm_agent(run_key: str, gateway: str, model: str | None, base_url: str | None, llm_api_key: str | None, max_steps: int,

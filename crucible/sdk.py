@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Any
+from typing import Any, Self
 
 import httpx
 
@@ -27,6 +27,7 @@ class _GatewayClient:
     """Bearer-authenticated JSON calls to the gateway; error answers raise ``CrucibleAPIError``."""
 
     def __init__(self, base_url: str, key: str, *, timeout_s: float = 300.0) -> None:
+        self.base_url, self.key = base_url.rstrip("/"), key
         self.http = httpx.Client(base_url=base_url, timeout=timeout_s, headers={"Authorization": f"Bearer {key}"})
 
     def _call(self, method: str, path: str, **kw: Any) -> Any:
@@ -41,6 +42,12 @@ class _GatewayClient:
 
     def close(self) -> None:
         self.http.close()
+
+    def __enter__(self) -> Self:
+        return self
+
+    def __exit__(self, *_exc: object) -> None:
+        self.close()
 
 
 class CrucibleClient(_GatewayClient):

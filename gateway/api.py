@@ -10,19 +10,31 @@ from __future__ import annotations
 import contextlib
 import hmac
 import time
-from collections.abc import AsyncIterator
+from collections.abc import AsyncIterator, Callable, Coroutine
 from pathlib import Path as FilePath
-from typing import Annotated, Any
+from typing import Annotated, Any, Literal
 
 from fastapi import APIRouter, Body, Cookie, Depends, FastAPI, File, Form, Header, Path, Query, Request, UploadFile
 from fastapi.concurrency import run_in_threadpool
+from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
+from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
-from gateway import benchmarks, leaderboard, pages, reports, runs
+from gateway import benchmarks, finetuning, leaderboard, pages, reports, runs
 from gateway.schemas import (
     BenchmarkOut,
     BudgetOut,
+    CursorPage,
+    FileObject,
+    FineTuningCheckpointOut,
+    FineTuningEventOut,
+    FineTuningJobCreate,
+    FineTuningJobOut,
+    GraderRunOut,
+    GraderRunParams,
+    GraderValidateOut,
+    GraderValidateParams,
     LeaderboardRow,
     NoteCreate,
     NoteOut,
@@ -49,6 +61,7 @@ from gateway.service import (
     training_job,
 )
 from grader.schemas import DatasetDigest
+from services.common.app import problem_json, validation_problem
 from services.common.contracts import (
     BenchmarkBaselines,
     CheckpointOut,
@@ -66,6 +79,7 @@ from services.common.contracts import (
     TrajectoryOut,
 )
 from services.common.errors import (
+    BadRequest,
     Conflict,
     EvaluationRateLimited,
     FailedEvaluationLimit,
@@ -83,6 +97,7 @@ from services.common.errors import (
     UpstreamUnavailable,
     problem_responses,
 )
+from services.common.graders import GraderRunRequest, GraderSample
 from services.common.llms import ModelCard, ModelPreparationError, parse_card
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, Completion, CompletionRequest, ModelOut
 from services.ledger.schemas import Balance, Entry, Refund
@@ -208,6 +223,12 @@ async def upload_dataset(gw: GatewayDep, caller: MutatingAgentDep,
                          file: UploadFile = File(..., description="JSONL: chat `messages`, or `prompt`/`completion`, or `prompt`/`chosen`/`rejected`"),
                          name: str | None = Form(None, max_length=200)) -> DatasetOut:
     """Validated on upload (422 names the ``line`` and ``field``), content-addressed and immutable."""
+    return await store_upload(gw, caller, file, name)
+
+
+async def store_upload(gw: Gateway, caller: Caller, file: UploadFile, name: str | None) -> DatasetOut:
+    """Store an uploaded JSONL file as the run's dataset (``POST /v1/datasets``, ``POST /v1/files``): the data part of
+    the run must be editable (403), the file at most ``max_upload_bytes`` (413); the trainer validates it (422)."""
     check_editable(caller, "data", "uploading a dataset")
     limit = gw.settings.max_upload_bytes
     data = await file.read(limit + 1)
@@ -327,6 +348,151 @@ async def training_job_checkpoints(job_id: JobId, gw: GatewayDep, caller: AgentD
 async def cancel_training_job(job_id: JobId, gw: GatewayDep, caller: MutatingAgentDep) -> TrainingJobOut:
     """A running job stops after its current step; the tokens it processed are charged, the rest released."""
     return await gw.trainer.cancel_job(caller.ctx, job_id)
+
+
+# --------------------------------------------------------------------------- OpenAI's files and fine-tuning API (gateway.finetuning)
+
+
+class OpenAIRoute(APIRoute):
+    """A route that answers a request it cannot validate with 400, as OpenAI's API does (its SDK raises
+    ``BadRequestError``), instead of FastAPI's 422; the body is the same problem, naming the field."""
+
+    def get_route_handler(self) -> Callable[[Request], Coroutine[Any, Any, Response]]:
+        handler = super().get_route_handler()
+
+        async def answer(request: Request) -> Response:
+            try:
+                return await handler(request)
+            except RequestValidationError as exc:
+                return problem_json(validation_problem(exc, 400), 400)
+
+        return answer
+
+
+openai_router = APIRouter(prefix="/v1", responses=AGENT_ERRORS, route_class=OpenAIRoute)
+FileId = Annotated[str, Path(pattern=ID_PATTERN, description="`ds_…`: a file is the run's dataset of the same id.")]
+FineTuningJobId = Annotated[str, Path(pattern=ID_PATTERN, description="`job_…`")]
+After = Query(None, max_length=120, description="An id of the previous page: the items after it.")
+RetryCount = Header(0, alias="x-stainless-retry-count", ge=0, le=100, description="Sent by OpenAI's SDK when it repeats a request.")
+
+
+@openai_router.post("/files", tags=["fine-tuning"], summary="Upload a file (OpenAI's files.create, purpose fine-tune)",
+                    responses=problem_responses(Unauthorized, RunExpired, OutsideEditableSpace, BadRequest, Unprocessable, PayloadTooLarge))
+async def create_file(gw: GatewayDep, caller: MutatingAgentDep, file: UploadFile = File(..., description="JSONL in OpenAI's or Crucible's row shapes"),
+                      purpose: str = Form(..., max_length=40, examples=["fine-tune"]),
+                      expires_after_anchor: str | None = Form(None, alias="expires_after[anchor]", max_length=40),
+                      expires_after_seconds: str | None = Form(None, alias="expires_after[seconds]", max_length=40)) -> FileObject:
+    """The same upload as ``POST /v1/datasets`` (validated on upload: 422 names the ``line`` and ``field``), answered
+    as OpenAI's file object; the file's id is the dataset's (``ds_…``). Only ``purpose: fine-tune``; files are kept for
+    the run's audit, so ``expires_after`` is refused."""
+    if purpose != "fine-tune":
+        raise BadRequest(f"purpose {purpose!r}: Crucible keeps fine-tuning files only (purpose 'fine-tune')", field="purpose")
+    if expires_after_anchor is not None or expires_after_seconds is not None:
+        raise BadRequest("files are kept for the run's audit; leave expires_after out", field="expires_after")
+    return finetuning.file_object(await store_upload(gw, caller, file, None))
+
+
+@openai_router.get("/files", tags=["fine-tuning"], summary="List files (OpenAI's files.list)")
+async def list_files(gw: GatewayDep, caller: AgentDep, after: str | None = After, limit: int = Query(10_000, ge=1, le=10_000),
+                     order: Literal["asc", "desc"] = "desc", purpose: Literal["fine-tune"] | None = None) -> CursorPage[FileObject]:
+    return await finetuning.list_files(gw, caller, after=after, limit=limit, order=order)
+
+
+@openai_router.get("/files/{file_id}", tags=["fine-tuning"], summary="Get a file (OpenAI's files.retrieve)", responses=problem_responses(NotFound))
+async def get_file(file_id: FileId, gw: GatewayDep, caller: AgentDep) -> FileObject:
+    return finetuning.file_object(await gw.trainer.get_dataset(caller.ctx, file_id))
+
+
+@openai_router.get("/files/{file_id}/content", tags=["fine-tuning"], summary="A file's content (OpenAI's files.content)", response_class=Response,
+                   responses={200: {"content": {"application/jsonl": {}}}} | problem_responses(NotFound))
+async def get_file_content(file_id: FileId, gw: GatewayDep, caller: AgentDep) -> Response:
+    return Response(await gw.trainer.dataset_content(caller.ctx, file_id), media_type="application/jsonl")
+
+
+@openai_router.delete("/files/{file_id}", tags=["fine-tuning"], summary="Delete a file: refused (files.delete)",
+                      responses=problem_responses(BadRequest, NotFound))
+async def delete_file(file_id: FileId, gw: GatewayDep, caller: AgentDep) -> None:
+    """A run's datasets are immutable and kept for its submissions' contamination audit: 400 for the run's own file, 404 otherwise."""
+    await gw.trainer.get_dataset(caller.ctx, file_id)
+    raise BadRequest("a run's files are kept for its audit and cannot be deleted", field="file_id")
+
+
+@openai_router.post("/fine_tuning/jobs", tags=["fine-tuning"], summary="Create a fine-tuning job (OpenAI's fine_tuning.jobs.create)",
+                    responses=problem_responses(Unauthorized, RunExpired, BadRequest, OutsideEditableSpace, PaymentRequired))
+async def create_fine_tuning_job(req: FineTuningJobCreate, gw: GatewayDep, caller: MutatingAgentDep, retry_count: int = RetryCount,
+                                 idempotency_key: str | None = Header(None, min_length=1, max_length=150, pattern=r"^[!-~]+$")) -> FineTuningJobOut:
+    """A training job of the run (``gateway.finetuning``): ``method.type`` ``supervised`` → ``sft``, ``dpo`` → ``dpo``,
+    ``reinforcement`` → ``grpo`` rewarded by its grader; its estimated cost is held (402 when the budget cannot cover
+    it). A field that cannot be honoured is a 400 naming it, one the track locks a 403. The SDK's repeat of a create
+    (``x-stainless-retry-count``) returns the job first created."""
+    return await finetuning.create_job(gw, caller, req, retry_count=retry_count, idempotency_key=idempotency_key)
+
+
+@openai_router.get("/fine_tuning/jobs", tags=["fine-tuning"], summary="List fine-tuning jobs, newest first (fine_tuning.jobs.list)")
+async def list_fine_tuning_jobs(request: Request, gw: GatewayDep, caller: AgentDep, after: str | None = After,
+                                limit: int = Query(20, ge=1, le=100)) -> CursorPage[FineTuningJobOut]:
+    """``metadata[key]=value`` query parameters keep the jobs whose metadata holds every such pair."""
+    metadata = {k[len("metadata["):-1]: v for k, v in request.query_params.items() if k.startswith("metadata[") and k.endswith("]")}
+    return await finetuning.list_jobs(gw, caller, after=after, limit=limit, metadata=metadata)
+
+
+@openai_router.get("/fine_tuning/jobs/{job_id}", tags=["fine-tuning"], summary="Get a fine-tuning job (fine_tuning.jobs.retrieve)",
+                   responses=problem_responses(NotFound))
+async def get_fine_tuning_job(job_id: FineTuningJobId, gw: GatewayDep, caller: AgentDep) -> FineTuningJobOut:
+    return await finetuning.job_out(gw, caller, job_id)
+
+
+@openai_router.post("/fine_tuning/jobs/{job_id}/cancel", tags=["fine-tuning"], summary="Cancel a fine-tuning job (fine_tuning.jobs.cancel)",
+                    responses=problem_responses(RunExpired, BadRequest, NotFound))
+async def cancel_fine_tuning_job(job_id: FineTuningJobId, gw: GatewayDep, caller: MutatingAgentDep) -> FineTuningJobOut:
+    """It stops after its current step; the tokens it trained are charged, the rest of its hold released. 400 when it has ended."""
+    return await finetuning.cancel_job(gw, caller, job_id)
+
+
+@openai_router.post("/fine_tuning/jobs/{job_id}/pause", tags=["fine-tuning"], summary="Pause a fine-tuning job: refused (fine_tuning.jobs.pause)",
+                    responses=problem_responses(BadRequest, NotFound))
+async def pause_fine_tuning_job(job_id: FineTuningJobId, gw: GatewayDep, caller: MutatingAgentDep) -> FineTuningJobOut:
+    """400: a job runs to its end or is cancelled; a new job continues from its latest checkpoint (``model: ckpt_…``)."""
+    await finetuning.job_out(gw, caller, job_id)
+    raise BadRequest("jobs cannot be paused; cancel it and continue from its latest checkpoint with a new job (model: ckpt_…)", field="fine_tuning_job_id")
+
+
+@openai_router.post("/fine_tuning/jobs/{job_id}/resume", tags=["fine-tuning"], summary="Resume a fine-tuning job: refused (fine_tuning.jobs.resume)",
+                    responses=problem_responses(BadRequest, NotFound))
+async def resume_fine_tuning_job(job_id: FineTuningJobId, gw: GatewayDep, caller: MutatingAgentDep) -> FineTuningJobOut:
+    """400, as pausing: no job is ever paused."""
+    await finetuning.job_out(gw, caller, job_id)
+    raise BadRequest("jobs are never paused; continue from a checkpoint with a new job (model: ckpt_…)", field="fine_tuning_job_id")
+
+
+@openai_router.get("/fine_tuning/jobs/{job_id}/events", tags=["fine-tuning"], summary="A fine-tuning job's events, newest first (list_events)",
+                   responses=problem_responses(NotFound))
+async def list_fine_tuning_events(job_id: FineTuningJobId, gw: GatewayDep, caller: AgentDep, after: str | None = After,
+                                  limit: int = Query(20, ge=1, le=1000)) -> CursorPage[FineTuningEventOut]:
+    return await finetuning.list_events(gw, caller, job_id, after=after, limit=limit)
+
+
+@openai_router.get("/fine_tuning/jobs/{job_id}/checkpoints", tags=["fine-tuning"], summary="A fine-tuning job's checkpoints, newest first",
+                   responses=problem_responses(NotFound))
+async def list_fine_tuning_checkpoints(job_id: FineTuningJobId, gw: GatewayDep, caller: AgentDep, after: str | None = After,
+                                       limit: int = Query(10, ge=1, le=100)) -> CursorPage[FineTuningCheckpointOut]:
+    return await finetuning.list_checkpoints(gw, caller, job_id, after=after, limit=limit)
+
+
+@openai_router.post("/fine_tuning/alpha/graders/run", tags=["fine-tuning"], summary="Grade one answer with a grader (fine_tuning.alpha.graders.run)",
+                    responses=problem_responses(RunExpired, BadRequest, PaymentRequired))
+async def run_grader(req: GraderRunParams, gw: GatewayDep, caller: MutatingAgentDep) -> GraderRunOut:
+    """What the grader gives ``model_sample`` against ``item``, as a reinforcement job's rewards are computed (the
+    grader service: python graders in its sandbox, model graders through the run's metered inference)."""
+    return finetuning.grader_run_out(req, (await gw.grader.run_grader(caller.ctx, GraderRunRequest(
+        grader=req.grader, samples=[GraderSample(output_text=req.model_sample, item=req.item)]))).data[0])
+
+
+@openai_router.post("/fine_tuning/alpha/graders/validate", tags=["fine-tuning"], summary="Check a grader (fine_tuning.alpha.graders.validate)",
+                    responses=problem_responses(BadRequest))
+async def validate_grader(req: GraderValidateParams, caller: AgentDep) -> GraderValidateOut:
+    """The grader as it will run; 400 naming the field that is wrong (a template, a formula, a metric, python that does not compile)."""
+    return GraderValidateOut(grader=req.grader.model_dump(mode="json", exclude_none=True))
 
 
 # --------------------------------------------------------------------------- inference

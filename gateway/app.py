@@ -14,7 +14,7 @@ from pathlib import Path
 
 from fastapi import FastAPI, Request
 
-from gateway import api
+from gateway import api, tinker
 from gateway.mcp import MCPEndpoint
 from gateway.service import Gateway
 from gateway.settings import GatewaySettings
@@ -52,6 +52,8 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
     )
     api.episode_middleware(app)
     app.include_router(api.agent_router)
+    app.include_router(api.openai_router)
+    app.include_router(tinker.router)
     app.include_router(api.admin_router)
     app.include_router(api.public_router)
     mcp = MCPEndpoint(app)  # the same API as MCP tools, for coding agents (streamable HTTP; gateway.mcp)

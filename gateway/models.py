@@ -81,3 +81,22 @@ class AuditEvent(Base):
     status: Mapped[int] = mapped_column(Integer)
     client: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+
+
+class FineTuningJob(Base):
+    """What OpenAI's fine-tuning API says of a training job created through it (``/v1/fine_tuning/jobs``) that the
+    trainer's job does not hold: the request as sent (for the echo and to recognize the SDK's retry of it), the values
+    its ``"auto"`` hyper-parameters resolved to, ``suffix``, ``metadata`` and ``seed``. The job itself is the trainer's."""
+
+    __tablename__ = "fine_tuning_jobs"
+
+    job_id: Mapped[str] = mapped_column(String(40), primary_key=True)
+    run_id: Mapped[str] = mapped_column(String(40), index=True)
+    training_file: Mapped[str] = mapped_column(String(40))
+    method: Mapped[dict[str, Any]] = mapped_column(JSON)  # the method as sent, "auto" kept
+    resolved: Mapped[dict[str, Any]] = mapped_column(JSON)  # each hyper-parameter's value in the job
+    suffix: Mapped[str | None] = mapped_column(String(64), nullable=True)
+    job_metadata: Mapped[dict[str, str] | None] = mapped_column("metadata", JSON, nullable=True)
+    seed: Mapped[int] = mapped_column(BigInteger)
+    request_sha256: Mapped[str] = mapped_column(String(64))
+    created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

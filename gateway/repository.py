@@ -10,7 +10,7 @@ from typing import Any
 from sqlalchemy import func, select
 from sqlalchemy.orm import Session
 
-from gateway.models import AuditEvent, Benchmark, EpisodeEvent, Run
+from gateway.models import AuditEvent, Benchmark, EpisodeEvent, FineTuningJob, Run
 from services.common.db import utcnow
 from services.common.errors import NotFound
 from services.common.ids import has_prefix
@@ -110,3 +110,34 @@ def episode_summary(s: Session, run_id: str) -> tuple[int, dt.datetime | None]:
     """How many calls run ``run_id``'s agent made, and when the last one came (``None``: none)."""
     count, last = s.execute(select(func.count(), func.max(EpisodeEvent.created_at)).where(EpisodeEvent.run_id == run_id)).one()
     return int(count), last
+
+
+# --------------------------------------------------------------------------- OpenAI fine-tuning jobs
+
+
+def add_fine_tuning_job(s: Session, record: FineTuningJob) -> FineTuningJob:
+    """Store ``record`` unless its job has one already (a create repeated with the same idempotency key); returns the stored row."""
+    existing = s.get(FineTuningJob, record.job_id)
+    if existing is not None:
+        return existing
+    s.add(record)
+    s.flush()
+    return record
+
+
+def fine_tuning_job(s: Session, run_id: str, job_id: str) -> FineTuningJob | None:
+    """Run ``run_id``'s fine-tuning job ``job_id``; ``None`` if it is another run's or was not created through the fine-tuning API."""
+    record = s.get(FineTuningJob, job_id)
+    return record if record is not None and record.run_id == run_id else None
+
+
+def fine_tuning_jobs(s: Session, run_id: str) -> list[FineTuningJob]:
+    """The run's fine-tuning jobs, newest first."""
+    return list(s.scalars(select(FineTuningJob).where(FineTuningJob.run_id == run_id)
+                          .order_by(FineTuningJob.created_at.desc(), FineTuningJob.job_id.desc())))
+
+
+def recent_fine_tuning_job(s: Session, run_id: str, request_sha256: str, since: dt.datetime) -> FineTuningJob | None:
+    """The run's newest fine-tuning job created since ``since`` from a request whose hash is ``request_sha256``."""
+    return s.scalar(select(FineTuningJob).where(FineTuningJob.run_id == run_id, FineTuningJob.request_sha256 == request_sha256,
+                                                FineTuningJob.created_at >= since).order_by(FineTuningJob.created_at.desc()).limit(1))

@@ -3,11 +3,13 @@
 from __future__ import annotations
 
 import datetime as dt
-from typing import Any, Literal
+from typing import Annotated, Any, Generic, Literal, TypeVar
 
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
+from pydantic_core import PydanticCustomError
 
 from services.common.contracts import TRAINING_FIELDS, AuditSettings, EvaluationLimits, EvaluationSettings, Recipe, SuiteSpec, SystemSpec
+from services.common.graders import Grader
 from services.ledger.schemas import MAX_BUDGET_USD_MICROS
 
 Editable = Literal["data", "trainer", "harness"]
@@ -383,3 +385,216 @@ class RunReport(BaseModel):
     designs: list[DesignTried]
     validation: list[ValidationPoint]
     submissions: list[dict[str, Any]] = Field(description="Each submission's id, task, model, status, aggregate score and times.")
+
+
+# --------------------------------------------------------------------------- OpenAI's files and fine-tuning API (gateway.finetuning)
+
+T = TypeVar("T")
+Auto = Literal["auto"]
+
+
+class CursorPage(BaseModel, Generic[T]):
+    """A page of an OpenAI list: ``has_more`` says whether ``after=<last_id>`` gives more."""
+
+    object: Literal["list"] = "list"
+    data: list[T]
+    has_more: bool
+    first_id: str | None = None
+    last_id: str | None = None
+
+
+class FileObject(BaseModel):
+    """A file uploaded with ``purpose: fine-tune``: the run's dataset of the same id (``ds_…``), validated on upload."""
+
+    id: str = Field(examples=["ds_01jd3k4m5n6p7q8r9s0t1v2w3x"])
+    object: Literal["file"] = "file"
+    bytes: int
+    created_at: int = Field(description="Unix seconds.")
+    filename: str
+    purpose: Literal["fine-tune"] = "fine-tune"
+    status: Literal["processed"] = "processed"
+    expires_at: int | None = None
+    status_details: str | None = None
+
+
+class _OpenAIParams(BaseModel):
+    model_config = ConfigDict(extra="forbid", allow_inf_nan=False)
+
+
+class SupervisedHyperparameters(_OpenAIParams):
+    """``"auto"`` (or leaving one out) takes the benchmark's recipe: its default, or the value its track locks."""
+
+    batch_size: Auto | Annotated[int, Field(ge=1, le=256)] | None = Field(None, description="Examples per step (`recipe.batch_size`).")
+    learning_rate_multiplier: Auto | Annotated[float, Field(gt=0, le=100)] | None = Field(
+        None, description="Times the recipe's default learning rate (`recipe.learning_rate`).")
+    n_epochs: Auto | Annotated[int, Field(ge=1, le=50)] | None = Field(
+        None, description="Passes over the training file: `recipe.max_steps` = ⌈n_epochs × rows / batch_size⌉.")
+
+
+class DpoHyperparameters(SupervisedHyperparameters):
+    beta: Auto | Annotated[float, Field(gt=0, le=10)] | None = Field(None, description="`recipe.dpo_beta`.")
+
+
+class ReinforcementHyperparameters(SupervisedHyperparameters):
+    compute_multiplier: Auto | Annotated[float, Field(ge=0.5, le=16)] | None = Field(
+        None, description="Completions sampled per prompt: `recipe.grpo_group_size` = round(4 × compute_multiplier).")
+    eval_interval: Auto | None = Field(None, description="Only `auto`: the run's validation split is graded by `POST /v1/evaluations`.")
+    eval_samples: Auto | None = Field(None, description="Only `auto`, as `eval_interval`.")
+    reasoning_effort: Literal["default"] | None = Field(None, description="Only `default`: the served models do not reason on request.")
+
+
+class SupervisedMethod(_OpenAIParams):
+    hyperparameters: SupervisedHyperparameters | None = None
+
+
+class DpoMethod(_OpenAIParams):
+    hyperparameters: DpoHyperparameters | None = None
+
+
+class ReinforcementMethod(_OpenAIParams):
+    grader: Grader = Field(description="Rewards each sampled answer against its row's other fields (`services.common.graders`); "
+                                       "`label_model` only inside a `multi` grader.")
+    hyperparameters: ReinforcementHyperparameters | None = None
+    response_format: None = Field(None, description="Refused when set: the served models' structured outputs are chat's `response_format`.")
+
+    @field_validator("grader")
+    @classmethod
+    def _not_label_model(cls, grader: Any) -> Any:
+        if getattr(grader, "type", None) == "label_model":
+            raise ValueError("a label_model grader scores inside a multi grader only (as OpenAI's API has it)")
+        return grader
+
+
+class FineTuningMethod(_OpenAIParams):
+    """``type`` and its own settings (the other two left out)."""
+
+    type: Literal["supervised", "dpo", "reinforcement"]
+    supervised: SupervisedMethod | None = None
+    dpo: DpoMethod | None = None
+    reinforcement: ReinforcementMethod | None = None
+
+    @model_validator(mode="after")
+    def _only_its_own(self) -> FineTuningMethod:
+        for other in {"supervised", "dpo", "reinforcement"} - {self.type}:
+            if getattr(self, other) is not None:
+                raise PydanticCustomError("method_mismatch", "method.{other} is set but method.type is {type}", {"other": other, "type": self.type})
+        if self.type == "reinforcement" and self.reinforcement is None:
+            raise PydanticCustomError("missing_grader", "method.reinforcement.grader is required for reinforcement fine-tuning")
+        return self
+
+    def settings(self) -> SupervisedMethod | DpoMethod | ReinforcementMethod:
+        """The settings of ``type`` (empty ones when left out)."""
+        return getattr(self, self.type) or {"supervised": SupervisedMethod, "dpo": DpoMethod}[self.type]()
+
+
+class FineTuningJobCreate(_OpenAIParams):
+    """OpenAI's ``fine_tuning.jobs.create``. ``method.type``: ``supervised`` trains `sft`, ``dpo`` `dpo`, ``reinforcement``
+    `grpo` with its grader; each field is honoured or refused (400 naming it), never ignored."""
+
+    model_config = ConfigDict(json_schema_extra={"example": {
+        "model": "smollm2-135m-instruct", "training_file": "ds_01jd3k4m5n6p7q8r9s0t1v2w3x",
+        "method": {"type": "supervised", "supervised": {"hyperparameters": {"n_epochs": 2, "batch_size": 8}}}, "suffix": "arith"}})
+
+    model: Annotated[str, Field(min_length=1, max_length=200, description="A base model, or a checkpoint (`ckpt_…`) to continue from.")]
+    training_file: Annotated[str, Field(pattern=r"^ds_[0-9a-z]{26}$", description="A file (`ds_…`) uploaded with purpose `fine-tune`.")]
+    method: FineTuningMethod | None = Field(None, description="Default: `supervised`.")
+    hyperparameters: SupervisedHyperparameters | None = Field(None, description="Deprecated: `method.supervised.hyperparameters`.")
+    suffix: Annotated[str, Field(min_length=1, max_length=64)] | None = Field(
+        None, description="Kept and shown as `user_provided_suffix`; a fine-tuned model is named by its checkpoint id (`ckpt_…`).")
+    seed: Annotated[int, Field(ge=0, le=2**31 - 1)] | None = Field(None, description="`recipe.seed` (default: the recipe's).")
+    metadata: Annotated[dict[Annotated[str, Field(max_length=64)], Annotated[str, Field(max_length=512)]], Field(max_length=16)] | None = None
+    validation_file: None = Field(None, description="Refused when set: the run's validation split is graded by `POST /v1/evaluations`.")
+    integrations: Annotated[list[Any], Field(max_length=0)] | None = Field(None, description="Refused when not empty (no outside service is reached).")
+
+    @model_validator(mode="after")
+    def _one_place_for_hyperparameters(self) -> FineTuningJobCreate:
+        if self.hyperparameters is not None and self.method is not None:
+            raise PydanticCustomError("hyperparameters_twice", "give hyperparameters in method.<type>.hyperparameters, not also at the top level")
+        return self
+
+    def resolved_method(self) -> FineTuningMethod:
+        """``method``, or ``supervised`` with the deprecated top-level ``hyperparameters``."""
+        if self.method is not None:
+            return self.method
+        return FineTuningMethod(type="supervised", supervised=SupervisedMethod(hyperparameters=self.hyperparameters))
+
+
+class FineTuningJobError(BaseModel):
+    code: str
+    message: str
+    param: str | None = None
+
+
+class FineTuningJobOut(BaseModel):
+    """OpenAI's ``fine_tuning.job``: the trainer's job (same id) as that API shows it."""
+
+    id: str
+    object: Literal["fine_tuning.job"] = "fine_tuning.job"
+    created_at: int
+    error: FineTuningJobError | None = None
+    fine_tuned_model: str | None = Field(None, description="The job's last checkpoint (`ckpt_…`) once it succeeded: a model name for "
+                                                           "chat, evaluations and submissions.")
+    finished_at: int | None = None
+    hyperparameters: dict[str, Any]
+    method: dict[str, Any]
+    model: str
+    organization_id: str = Field(description="The run.")
+    result_files: list[str] = Field(default_factory=list)
+    seed: int
+    status: Literal["validating_files", "queued", "running", "paused", "succeeded", "failed", "cancelled"]
+    trained_tokens: int | None = None
+    training_file: str
+    validation_file: str | None = None
+    estimated_finish: int | None = None
+    integrations: list[Any] = Field(default_factory=list)
+    metadata: dict[str, str] | None = None
+    user_provided_suffix: str | None = None
+
+
+class FineTuningEventOut(BaseModel):
+    """OpenAI's ``fine_tuning.job.event``: one of the job's events; a training step is ``type: metrics``."""
+
+    id: str
+    object: Literal["fine_tuning.job.event"] = "fine_tuning.job.event"
+    created_at: int
+    level: Literal["info", "warn", "error"]
+    message: str
+    data: dict[str, Any] = Field(default_factory=dict)
+    type: Literal["message", "metrics"]
+
+
+class FineTuningCheckpointOut(BaseModel):
+    """OpenAI's ``fine_tuning.job.checkpoint``: one of the job's checkpoints, a model name (``ckpt_…``) of its own."""
+
+    id: str
+    object: Literal["fine_tuning.job.checkpoint"] = "fine_tuning.job.checkpoint"
+    created_at: int
+    fine_tuned_model_checkpoint: str
+    fine_tuning_job_id: str
+    metrics: dict[str, float]
+    step_number: int
+
+
+class GraderRunParams(_OpenAIParams):
+    """OpenAI's ``fine_tuning.alpha.graders.run``: grade one answer (``model_sample``) against one row (``item``)."""
+
+    grader: Grader
+    model_sample: Annotated[str, Field(max_length=200_000)]
+    item: dict[str, Any] = Field(default_factory=dict)
+
+
+class GraderRunOut(BaseModel):
+    """The reward, a ``multi`` grader's parts, and what went wrong (OpenAI's ``metadata.errors`` flags)."""
+
+    reward: float
+    sub_rewards: dict[str, float]
+    metadata: dict[str, Any]
+    model_grader_token_usage_per_model: dict[str, Any]
+
+
+class GraderValidateParams(_OpenAIParams):
+    grader: Grader
+
+
+class GraderValidateOut(BaseModel):
+    grader: dict[str, Any]

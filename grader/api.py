@@ -11,7 +11,7 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
-from grader import evaluations, grading_tasks, harness_archives, rewards, submissions
+from grader import evaluations, graders, grading_tasks, harness_archives, rewards, submissions
 from grader.schemas import LeaderboardEntry, SubmissionGrading, TaskRegistered
 from grader.service import Grader
 from services.common.auth import RunCaller, ServiceCaller, only_callers
@@ -41,8 +41,10 @@ from services.common.errors import (
     SubmissionLimitReached,
     Unauthorized,
     Unprocessable,
+    UpstreamUnavailable,
     problem_responses,
 )
+from services.common.graders import GraderResult, GraderRunRequest
 
 
 def get_grader(request: Request) -> Grader:
@@ -55,8 +57,11 @@ GraderDep = Annotated[Grader, Depends(get_grader)]
 router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("gateway"))])
 """The routes the gateway calls (for agents, operators and the leaderboard)."""
 
-pool_router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("trainer"))])
-"""GRPO's environment, for the trainer's train workers: the training pool's prompts and rewards (nothing else of the grader)."""
+training_pool_router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("trainer"))])
+"""GRPO's environment, for the trainer's train workers alone: the training pool's prompts and rewards."""
+
+graders_router = APIRouter(prefix="/internal", responses=problem_responses(Unauthorized), dependencies=[Depends(only_callers("gateway", "trainer"))])
+"""OpenAI-style graders, for the gateway (OpenAI's ``graders.run``) and the trainer (a graded GRPO job's rewards)."""
 
 
 @router.post("/tasks", status_code=201, summary="Register a grading task (one task of a benchmark)", responses=problem_responses(Unprocessable))
@@ -80,18 +85,27 @@ def validation(grader: GraderDep, ctx: RunCaller) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=grading_tasks.validation_items(grader, ctx))
 
 
-@pool_router.post("/training-pool/prompts", summary="The training pool's prompts as a harness renders them (GRPO's prompts)",
-             responses=problem_responses(Unprocessable, NotFound))
+@training_pool_router.post("/training-pool/prompts", summary="The training pool's prompts as a harness renders them (GRPO's prompts)",
+                           responses=problem_responses(Unprocessable, NotFound))
 def pool_prompts(req: PoolPromptsRequest, grader: GraderDep, ctx: RunCaller) -> Page[PoolPrompt]:
     """Every training-pool item's chat messages; 422 field ``suite`` for a multi-turn suite, ``harness…`` for a bad harness."""
     return Page[PoolPrompt](data=rewards.pool_prompts(grader, ctx, req))
 
 
-@pool_router.post("/training-pool/rewards", summary="Rewards of completions of training-pool items (GRPO's rewards; not charged)",
-             responses=problem_responses(Unprocessable, NotFound))
+@training_pool_router.post("/training-pool/rewards", summary="Rewards of completions of training-pool items (GRPO's rewards; not charged)",
+                           responses=problem_responses(Unprocessable, NotFound))
 def pool_rewards(req: RewardRequest, grader: GraderDep, ctx: RunCaller) -> Page[Reward]:
     """One reward per completion, in order; 422 field ``completions[i].item_id`` for an id that is no training-pool item."""
     return Page[Reward](data=rewards.score_completions(grader, ctx, req))
+
+
+@graders_router.post("/graders/run", summary="Rewards of samples by an OpenAI-style grader (a graded GRPO job's; OpenAI's graders.run)",
+                     responses=problem_responses(Unprocessable, PaymentRequired, NotFound, UpstreamUnavailable))
+def run_grader(req: GraderRunRequest, grader: GraderDep, ctx: RunCaller) -> Page[GraderResult]:
+    """One result per sample, in order; a sample the grader cannot score is 0.0 with its ``error``. A model grader's
+    calls are charged to the run by inference: its 402, 404 (unknown model) and 422 pass through; 503 when inference
+    cannot be reached or no sandbox can run a ``python`` grader here."""
+    return Page[GraderResult](data=graders.run_grader(grader, ctx, req))
 
 
 @router.post("/evaluations", status_code=201, summary="Queue a validation evaluation",
@@ -164,3 +178,4 @@ def get_harness(harness_id: str, grader: GraderDep, ctx: RunCaller) -> HarnessAr
 def harness_archive(harness_id: str, grader: GraderDep, ctx: RunCaller) -> Response:
     """The stored bytes of the run's archive or a suite's own (to start an edited copy)."""
     return Response(harness_archives.archive_bytes(grader, ctx, harness_id), media_type="application/gzip")
+

@@ -12,7 +12,7 @@ from contextlib import asynccontextmanager
 from fastapi import FastAPI
 
 from grader import worker
-from grader.api import pool_router, router
+from grader.api import graders_router, router, training_pool_router
 from grader.service import MIGRATIONS_DIR, Grader
 from grader.settings import GraderSettings
 from services.common.app import create_service_app
@@ -48,7 +48,8 @@ def create_app(settings: GraderSettings | None = None, grader: Grader | None = N
     if grader is not None:
         app.state.grader, app.state.settings = grader, grader.settings
     app.include_router(router)
-    app.include_router(pool_router)
+    app.include_router(training_pool_router)
+    app.include_router(graders_router)
     return app
 
 

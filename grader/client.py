@@ -31,6 +31,7 @@ from services.common.contracts import (
     SuiteItemOut,
     TrajectoryOut,
 )
+from services.common.graders import GraderResult, GraderRunRequest
 from services.common.http import ServiceAPI, ServiceClient, Transport
 from services.common.settings import ServiceSettings
 
@@ -71,6 +72,12 @@ class GraderClient(ServiceAPI):
         """The suite's reward of each completion of a training-pool item, in order (not charged); 422 field
         ``completions[i].item_id`` for an id that is no item of the training pool, and as :meth:`pool_prompts`."""
         return self._call("POST", "/internal/training-pool/rewards", Page[Reward], ctx=ctx, body=body)
+
+    def run_grader(self, ctx: RunContext, body: GraderRunRequest) -> Page[GraderResult]:
+        """``body.grader``'s result for each of ``body.samples``, in order (a sample it cannot score: 0.0 and its
+        ``error``); a model grader's calls are charged to the run, so 402 when its budget cannot pay them, 404 for a model
+        inference does not serve, 422 naming a field, 503 when inference or the grader's sandbox is unavailable."""
+        return self._call("POST", "/internal/graders/run", Page[GraderResult], ctx=ctx, body=body)
 
     def create_evaluation(self, ctx: RunContext, body: EvaluationCreate, *, limits: EvaluationLimits) -> EvaluationOut:
         """Queue a validation evaluation under the task's ``limits`` (a ``None`` limit is left out: the grader's default)."""

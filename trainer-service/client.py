@@ -11,7 +11,19 @@ from __future__ import annotations
 
 from typing import Any
 
-from trainer_service.schemas import CheckpointRecord
+from trainer_service.schemas import (
+    CheckpointRecord,
+    FutureOut,
+    LiveModelCreate,
+    LiveModelInfo,
+    RequestAnswer,
+    SamplerCreate,
+    SamplerOut,
+    SamplerSnapshot,
+    SavedWeightsOut,
+    SessionCreate,
+    SessionOut,
+)
 
 from services.common.auth import RunContext
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Page, TrainingJobCreate, TrainingJobOut
@@ -87,3 +99,50 @@ class TrainerClient(ServiceAPI):
     def get_checkpoint(self, ctx: RunContext | None, checkpoint_id: str) -> CheckpointRecord:
         """Where checkpoint ``checkpoint_id`` lives; with ``ctx``, only that run's checkpoints exist (else 404)."""
         return self._call("GET", f"/internal/checkpoints/{checkpoint_id}", CheckpointRecord, ctx=ctx)
+
+    # ------------------------------------------------------------------ Tinker's primitives
+
+    def create_session(self, ctx: RunContext, body: SessionCreate) -> SessionOut:
+        return self._call("POST", "/internal/primitives/sessions", SessionOut, ctx=ctx, body=body)
+
+    def session_heartbeat(self, ctx: RunContext, session_id: str) -> SessionOut:
+        return self._call("POST", f"/internal/primitives/sessions/{session_id}/heartbeat", SessionOut, ctx=ctx)
+
+    def finish_session(self, ctx: RunContext, session_id: str) -> SessionOut:
+        return self._call("POST", f"/internal/primitives/sessions/{session_id}/finish", SessionOut, ctx=ctx)
+
+    def create_live_model(self, ctx: RunContext, body: LiveModelCreate) -> FutureOut:
+        """A live model (a fresh adapter, or the state saved at ``body.path``); its training job holds nothing."""
+        return self._call("POST", "/internal/primitives/models", FutureOut, ctx=ctx, body=body)
+
+    def live_model_info(self, ctx: RunContext, model_id: str) -> LiveModelInfo:
+        return self._call("GET", f"/internal/primitives/models/{model_id}", LiveModelInfo, ctx=ctx)
+
+    def live_model_weights(self, ctx: RunContext, model_id: str) -> Page[SavedWeightsOut]:
+        return self._call("GET", f"/internal/primitives/models/{model_id}/weights", Page[SavedWeightsOut], ctx=ctx)
+
+    def forward_backward(self, ctx: RunContext, body: bytes) -> FutureOut:
+        """Queue a protobuf ``ForwardBackwardRequest`` (its tokens held: 402 when the budget cannot cover them)."""
+        return self._call("POST", "/internal/primitives/forward_backward", FutureOut, ctx=ctx, content=body,
+                          headers={"Content-Type": "application/x-protobuf"})
+
+    def training_request(self, ctx: RunContext, kind: str, body: dict[str, Any]) -> FutureOut:
+        """Queue an ``optim_step``, ``save_weights``, ``save_weights_for_sampler`` or ``load_weights`` (Tinker's body)."""
+        return self._call("POST", f"/internal/primitives/training/{kind}", FutureOut, ctx=ctx, body=body)
+
+    def create_sampler(self, ctx: RunContext, body: SamplerCreate) -> SamplerOut:
+        return self._call("POST", "/internal/primitives/samplers", SamplerOut, ctx=ctx, body=body)
+
+    def sampler_snapshot(self, ctx: RunContext, body: SamplerSnapshot) -> FutureOut:
+        return self._call("POST", "/internal/primitives/samplers/snapshot", FutureOut, ctx=ctx, body=body)
+
+    def get_sampler(self, ctx: RunContext, sampler_id: str) -> SamplerOut:
+        return self._call("GET", f"/internal/primitives/samplers/{sampler_id}", SamplerOut, ctx=ctx)
+
+    def sample(self, ctx: RunContext, sampler_id: str, body: dict[str, Any]) -> FutureOut:
+        """Queue a sample (its worst case held: 402 when the budget cannot cover it)."""
+        return self._call("POST", f"/internal/primitives/samplers/{sampler_id}/sample", FutureOut, ctx=ctx, body=body)
+
+    def retrieve_request(self, ctx: RunContext, request_id: str, *, wait_s: float = 0.0) -> RequestAnswer:
+        """The request's answer, the trainer waiting up to ``wait_s`` seconds for it (``pending`` after that)."""
+        return self._call("GET", f"/internal/primitives/requests/{request_id}", RequestAnswer, ctx=ctx, params={"wait_s": wait_s})

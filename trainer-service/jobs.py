@@ -38,7 +38,7 @@ def _job_out(s: Session, job: TrainingJob) -> TrainingJobOut:
     return TrainingJobOut(
         id=job.id, status=job.status, model=job.parent_checkpoint_id or job.base_model, base_model=job.base_model,  # type: ignore[arg-type]
         datasets=job.dataset_ids, recipe=Recipe(**job.recipe), merge=MergeSpec(**job.merge) if job.merge else None,
-        harness=Harness(**job.harness) if job.harness else None, steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
+        harness=Harness(**job.harness) if job.harness else None, grader=job.grader, steps_done=job.steps_done, estimated_tokens=job.estimated_tokens,
         trained_tokens=job.trained_tokens, prefill_tokens=job.prefill_tokens, decode_tokens=job.decode_tokens, latest_checkpoint=latest.id if latest else None, attempts=job.attempts, error=job.error, created_at=job.created_at,
         started_at=job.started_at, finished_at=job.finished_at,
     )
@@ -88,6 +88,9 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
     job created first.
     """
     recipe = req.recipe
+    if recipe.method == "primitives":
+        raise Unprocessable("a primitives job is a live model of Tinker's primitives: create it with Tinker's create_lora_training_client "
+                            "(the gateway's /api/v1 routes)", field="recipe.method")
     fingerprint = hashlib.sha256(req.model_dump_json().encode()).hexdigest()
     if idempotency_key and (existing := _job_by_key(trainer, ctx, idempotency_key, fingerprint)) is not None:
         return existing
@@ -99,6 +102,7 @@ def create_job(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate, idempo
             job = repository.add_job(
                 s, ctx, job_id, method=recipe.method, merge=plan.merge, run_context=plan.run_context,
                 harness=req.harness.model_dump() if req.harness else None,
+                grader=req.grader.model_dump(exclude_none=True) if req.grader else None,
                 recipe=recipe.model_dump() | ({"adapter": plan.adapter} if plan.adapter else {}),
                 dataset_ids=plan.dataset_ids, base_model=plan.base_model, parent_checkpoint_id=plan.parent_id,
                 hold_id=hold.hold_id, idempotency_key=idempotency_key, request_sha256=fingerprint, estimated_tokens=plan.estimated_tokens,
@@ -141,6 +145,14 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
         names = " or ".join(repr(m.name) for m in recipes.METHODS.values() if m.rewarded)
         raise Unprocessable(f"harness is for recipe.method {names} only (it renders the training pool's prompts and extracts the rewarded "
                             "answer); evaluations take their own harness", field="harness")
+    if req.grader is not None and not rewarded:
+        names = " or ".join(repr(m.name) for m in recipes.METHODS.values() if m.rewarded)
+        raise Unprocessable(f"grader is for recipe.method {names} only (it rewards sampled completions)", field="grader")
+    if req.grader is not None and req.harness is not None:
+        raise Unprocessable("a graded job samples its datasets' own prompts; the harness renders the training pool's: leave it out", field="harness")
+    if req.grader is not None and not req.datasets:
+        raise Unprocessable("a graded job trains on its prompt_only datasets, whose rows' fields the grader reads; give at least one",
+                            field="datasets")
     if not req.datasets and not rewarded:
         raise Unprocessable(f"recipe.method {recipe.method!r} trains on at least one dataset", field="datasets")
     with trainer.db.session() as s:
@@ -152,7 +164,7 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
     if rewarded:
         from trainer_service.rewards import grpo_rows
 
-        rows = grpo_rows(trainer, ctx, req.harness, datasets, recipe)
+        rows = grpo_rows(trainer, ctx, req.harness, req.grader, datasets, recipe)
     else:
         rows = dataset_rows(datasets, recipe)
     examples, tokens, longest = estimate_tokens(trainer, base_model, rows, recipe)
@@ -179,8 +191,9 @@ def _merge_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) -> _P
         raise Unprocessable("recipe.method 'merge' needs merge: the checkpoints to combine", field="merge")
     if req.datasets:
         raise Unprocessable("a merge trains on nothing; leave datasets empty", field="datasets")
-    if req.harness is not None:
-        raise Unprocessable("a merge samples nothing; leave harness out", field="harness")
+    if req.harness is not None or req.grader is not None:
+        field = "harness" if req.harness is not None else "grader"
+        raise Unprocessable(f"a merge samples nothing; leave {field} out", field=field)
     if has_prefix(req.model, "ckpt"):
         raise Unprocessable("a merge's model is the base model of its checkpoints", field="model")
     with trainer.db.session() as s:

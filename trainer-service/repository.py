@@ -7,7 +7,7 @@ from typing import Any
 
 from sqlalchemy import select
 from sqlalchemy.orm import Session
-from trainer_service.models import Checkpoint, Dataset, JobEvent, TrainingJob
+from trainer_service.models import Checkpoint, Dataset, JobEvent, LiveModel, PrimitiveRequest, SavedWeights, TrainingJob
 
 from services.common.auth import RunContext
 from services.common.db import utcnow
@@ -78,10 +78,10 @@ def job_by_idempotency_key(s: Session, ctx: RunContext, idempotency_key: str) ->
 
 def add_job(s: Session, ctx: RunContext, job_id: str, *, method: str, recipe: dict[str, Any], dataset_ids: list[str], base_model: str,
             parent_checkpoint_id: str | None, hold_id: str, estimated_tokens: int, merge: dict[str, Any] | None,
-            harness: dict[str, Any] | None, run_context: dict[str, Any] | None, idempotency_key: str | None,
+            harness: dict[str, Any] | None, grader: dict[str, Any] | None, run_context: dict[str, Any] | None, idempotency_key: str | None,
             request_sha256: str) -> TrainingJob:
     """Add the run's job ``queued``, flushed: ``IntegrityError`` if the run has a job with ``idempotency_key``; returns its row."""
-    job = TrainingJob(id=job_id, run_id=ctx.run_id, status="queued", method=method, merge=merge, run_context=run_context, harness=harness,
+    job = TrainingJob(id=job_id, run_id=ctx.run_id, status="queued", method=method, merge=merge, run_context=run_context, harness=harness, grader=grader,
                       recipe=recipe, dataset_ids=dataset_ids, base_model=base_model, parent_checkpoint_id=parent_checkpoint_id, hold_id=hold_id,
                       idempotency_key=idempotency_key, request_sha256=request_sha256, estimated_tokens=estimated_tokens,
                       created_at=utcnow(), enqueued_at=utcnow())
@@ -131,3 +131,73 @@ def add_checkpoint(s: Session, job: TrainingJob, checkpoint_id: str, *, step: in
     """Add ``job``'s checkpoint at ``step`` (of the job's base model; ``kind`` lora | full, stored at ``uri``)."""
     s.add(Checkpoint(id=checkpoint_id, job_id=job.id, run_id=job.run_id, step=step, base_model=job.base_model, kind=kind, uri=uri,
                      metrics=metrics, created_at=utcnow()))
+
+
+# --------------------------------------------------------------------------- Tinker's primitives (sessions, live)
+
+
+def primitive_request_at(s: Session, model_id: str, seq: int) -> PrimitiveRequest | None:
+    """Live model ``model_id``'s training request at ``seq``, if one was made."""
+    return s.scalar(select(PrimitiveRequest).where(PrimitiveRequest.model_id == model_id, PrimitiveRequest.seq == seq).limit(1))
+
+
+def queued_primitive_request(s: Session, model_id: str) -> str | None:
+    """The id of a request of live model ``model_id`` still waiting for a worker, if any."""
+    return s.scalar(select(PrimitiveRequest.id).where(PrimitiveRequest.model_id == model_id, PrimitiveRequest.status == "queued").limit(1))
+
+
+def session_model_on(s: Session, session_id: str, base_model: str) -> str | None:
+    """The newest live model of the session over ``base_model`` (where a sampler of that base runs), if any."""
+    return s.scalar(select(LiveModel.id).where(LiveModel.session_id == session_id, LiveModel.base_model == base_model)
+                    .order_by(LiveModel.created_at.desc()).limit(1))
+
+
+def next_checkpoint_step(s: Session, job_id: str, steps_done: int) -> int:
+    """The step a live model's next checkpoint is recorded at: its optim steps so far, or one past its latest
+    checkpoint's when that is higher (a state loaded in between: the steps are counted again from its own)."""
+    latest = latest_checkpoint(s, job_id)
+    return steps_done if latest is None or latest.step < steps_done else latest.step + 1
+
+
+def saved_weights_of(s: Session, model_id: str) -> list[SavedWeights]:
+    """The weights saved from live model ``model_id``, oldest first."""
+    return list(s.scalars(select(SavedWeights).where(SavedWeights.model_id == model_id).order_by(SavedWeights.created_at)))
+
+
+def oldest_queued_sample(s: Session, model_id: str) -> str | None:
+    """The id of live model ``model_id``'s oldest queued sample (a request with no ``seq``), if any."""
+    return s.scalar(select(PrimitiveRequest.id).where(PrimitiveRequest.model_id == model_id, PrimitiveRequest.status == "queued",
+                                                      PrimitiveRequest.seq.is_(None)).order_by(PrimitiveRequest.created_at).limit(1))
+
+
+def first_queued_training_seq(s: Session, model_id: str, after: int) -> int | None:
+    """The lowest ``seq`` above ``after`` of live model ``model_id``'s queued training requests, if any."""
+    return s.scalar(select(PrimitiveRequest.seq).where(PrimitiveRequest.model_id == model_id, PrimitiveRequest.status == "queued",
+                                                       PrimitiveRequest.seq > after).order_by(PrimitiveRequest.seq).limit(1))
+
+
+def done_training_requests(s: Session, model_id: str, after: int, through: int) -> list[PrimitiveRequest]:
+    """Live model ``model_id``'s training requests done with ``after < seq <= through``, in ``seq`` order."""
+    return list(s.scalars(select(PrimitiveRequest).where(PrimitiveRequest.model_id == model_id, PrimitiveRequest.seq > after,
+                                                         PrimitiveRequest.seq <= through, PrimitiveRequest.status == "done")
+                          .order_by(PrimitiveRequest.seq)))
+
+
+def queued_primitive_requests(s: Session, model_id: str) -> list[PrimitiveRequest]:
+    """Every request of live model ``model_id`` still queued."""
+    return list(s.scalars(select(PrimitiveRequest).where(PrimitiveRequest.model_id == model_id, PrimitiveRequest.status == "queued")))
+
+
+def live_model_of_job(s: Session, job_id: str) -> LiveModel | None:
+    """The live model whose training job is ``job_id``, if it is one."""
+    return s.scalar(select(LiveModel).where(LiveModel.job_id == job_id))
+
+
+def session_live_models(s: Session, session_id: str) -> list[LiveModel]:
+    """The live models of session ``session_id``."""
+    return list(s.scalars(select(LiveModel).where(LiveModel.session_id == session_id)))
+
+
+def other_job_waiting(s: Session, job_id: str) -> bool:
+    """Whether a training job other than ``job_id`` is queued for a train worker."""
+    return s.scalar(select(TrainingJob.id).where(TrainingJob.status == "queued", TrainingJob.id != job_id).limit(1)) is not None

@@ -13,6 +13,7 @@ from pathlib import Path
 from typing import Any
 
 import structlog
+from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 from trainer_service import repository
 from trainer_service.estimate import dataset_rows, method_of, tokenizer, train_config
@@ -24,6 +25,7 @@ from services.common import artifacts, jobs
 from services.common.auth import RunContext
 from services.common.contracts import Harness, MergeSpec, Recipe
 from services.common.db import utcnow
+from services.common.graders import Grader
 from services.common.ids import new_id
 from services.common.llms import base_model_dir
 
@@ -44,6 +46,13 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     the training tokens (per step, in checkpoints, settled).
     """
     if not jobs.claim(trainer.db, TrainingJob, job_id):
+        return
+    with trainer.db.session() as s:
+        method = repository.training_job(s, job_id).method  # type: ignore[union-attr]
+    if method == "primitives":  # a live model of Tinker's primitives: served while its client's requests come
+        from trainer_service.live import serve
+
+        serve(trainer, job_id)
         return
     run = _JobRun.start(trainer, job_id)
     if run is None:  # cancelled while queued
@@ -85,6 +94,7 @@ class _JobRun:
     parent_kind: str | None
     merge_d: dict | None
     harness_d: dict | None
+    grader_d: dict | None
     context_d: dict | None
     resume: Path | None
     workdir: Path
@@ -115,7 +125,7 @@ class _JobRun:
             parent = repository.checkpoint(s, job.parent_checkpoint_id) if job.parent_checkpoint_id else None
             return cls(trainer=trainer, job_id=job_id, recipe=Recipe(**job.recipe), base_model=job.base_model, dataset_ids=list(job.dataset_ids),
                        parent_dir=artifacts.local_path(parent.uri) if parent is not None else None, parent_kind=parent.kind if parent is not None else None,
-                       merge_d=job.merge, harness_d=job.harness, context_d=job.run_context,
+                       merge_d=job.merge, harness_d=job.harness, grader_d=job.grader, context_d=job.run_context,
                        resume=artifacts.local_path(latest.uri) if latest is not None else None,
                        workdir=Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=settings.data_dir)),
                        lease=jobs.Lease(db, TrainingJob, job_id, settings.job_heartbeat_s))
@@ -129,7 +139,7 @@ class _JobRun:
             datasets = repository.datasets(s, self.dataset_ids)
             method = method_of(self.recipe)
             if method.spec.rewarded:
-                rows, method = _rewarded(self.trainer, self.base_model, datasets, self.recipe, self.harness_d, self.context_d)
+                rows, method = _rewarded(self.trainer, self.base_model, datasets, self.recipe, self.harness_d, self.grader_d, self.context_d)
             else:
                 rows = dataset_rows(datasets, self.recipe).rows  # type: ignore[arg-type]
         result = train(
@@ -193,16 +203,17 @@ class _JobRun:
             return bool(repository.training_job(s, self.job_id).cancel_requested)  # type: ignore[union-attr]
 
 
-def _rewarded(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe, harness_d: dict | None,
+def _rewarded(trainer: Trainer, base_model: str, datasets: list[Dataset], recipe: Recipe, harness_d: dict | None, grader_d: dict | None,
               context_d: dict | None) -> tuple[list, Any]:
     """A rewarded (GRPO) job's rows (its ``prompt_only`` datasets, or the training pool as its harness renders it, read again
-    from the grader) and its method's step, built with the reward (``trainer_service.methods.grpo.Reward``): the grader's
-    scores for the run the job was created for."""
+    from the grader) and its method's step, built with the reward (``trainer_service.methods.grpo.Reward``): the grader
+    service's scores for the run the job was created for, by the suite's scorer or by the job's grader spec."""
     from trainer_service.rewards import grpo_rows, reward_function
 
     ctx, harness = RunContext(**context_d or {}), Harness(**harness_d) if harness_d else None
-    rows = grpo_rows(trainer, ctx, harness, datasets, recipe).rows
-    return rows, type(method_of(recipe))(reward_function(trainer, ctx, harness, tokenizer(base_model, trainer.settings.models_dir)))
+    grader = TypeAdapter(Grader).validate_python(grader_d) if grader_d else None
+    rows = grpo_rows(trainer, ctx, harness, grader, datasets, recipe).rows
+    return rows, type(method_of(recipe))(reward_function(trainer, ctx, harness, grader, tokenizer(base_model, trainer.settings.models_dir)))
 
 
 def _merge(trainer: Trainer, base_model: str, kind: str, spec: MergeSpec, out: Path, should_stop: Callable[[], bool]) -> None:

@@ -14,7 +14,7 @@ from fastapi.responses import HTMLResponse, JSONResponse
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.db import migrate
-from services.common.errors import PROBLEM_JSON, CrucibleError, PayloadTooLarge, Unprocessable
+from services.common.errors import PROBLEM_JSON, CrucibleError, PayloadTooLarge, Unprocessable, with_openai_error
 from services.common.logging import configure_logging
 from services.common.metrics import instrument
 from services.common.periodic import Periodic
@@ -23,10 +23,14 @@ from services.common.periodic import Periodic
 def problem_response(err: CrucibleError) -> JSONResponse:
     """Render ``err`` as an RFC 9457 response (with ``Retry-After`` when it carries ``retry_after_s``)."""
     body = err.to_problem()
-    headers = {}
-    if "retry_after_s" in body:
-        headers["Retry-After"] = str(int(body["retry_after_s"]))
-    return JSONResponse(body, status_code=err.status, media_type=PROBLEM_JSON, headers=headers)
+    return problem_json(body, err.status, {"Retry-After": str(int(body["retry_after_s"]))} if "retry_after_s" in body else {})
+
+
+def problem_json(body: dict[str, Any], status: int, headers: dict[str, str] | None = None) -> JSONResponse:
+    """A problem+json response. A 409 carries ``x-should-retry: false``: OpenAI's and Tinker's SDKs retry a 409 by
+    default, and none of ours passes by repeating the request (an idempotency key reused, a job that has ended)."""
+    return JSONResponse(body, status_code=status, media_type=PROBLEM_JSON,
+                        headers={**(headers or {}), **({"x-should-retry": "false"} if status == 409 else {})})
 
 
 def _field_path(loc: tuple[Any, ...], body: Any) -> str:
@@ -53,25 +57,25 @@ def _field_path(loc: tuple[Any, ...], body: Any) -> str:
     return ".".join(parts)
 
 
-def _validation_problem(exc: RequestValidationError) -> dict[str, Any]:
+def validation_problem(exc: RequestValidationError, status: int = 422) -> dict[str, Any]:
+    """The problem of a request FastAPI could not validate: ``status`` (422; 400 on routes that answer as OpenAI's API
+    does), ``field`` the dotted path of the first error (:func:`_field_path`), ``errors`` every error."""
     errors = exc.errors()
     first = errors[0] if errors else {}
     if first.get("type") == "json_invalid":
-        return {"type": "urn:crucible:problem:invalid_input", "title": "Invalid input", "status": 422, "code": "invalid_input",
-                "detail": "the request body is not valid JSON", "field": "body", "message": "the request body is not valid JSON", "param": "body"}
+        return with_openai_error({"type": "urn:crucible:problem:invalid_input", "title": "Invalid input", "status": status, "code": "invalid_input",
+                                  "detail": "the request body is not valid JSON", "field": "body"})
     field = _field_path(first.get("loc", ()), exc.body) or None
     detail = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request"))
-    return {
+    return with_openai_error({
         "type": "urn:crucible:problem:invalid_input",
         "title": "Invalid input",
-        "status": 422,
+        "status": status,
         "detail": detail,
         "code": "invalid_input",
         "field": field,
         "errors": [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg")} for e in errors],
-        "message": detail,  # OpenAI's keys, which its SDKs show in the exception
-        **({"param": field} if field else {}),
-    }
+    })
 
 
 def create_service_app(
@@ -163,13 +167,13 @@ def _add_error_handlers(app: FastAPI, log: Any) -> None:
 
     @app.exception_handler(RequestValidationError)
     async def _validation_error(_request: Request, exc: RequestValidationError) -> JSONResponse:
-        return JSONResponse(_validation_problem(exc), status_code=422, media_type=PROBLEM_JSON)
+        return problem_json(validation_problem(exc), 422)
 
     @app.exception_handler(StarletteHTTPException)
     async def _http_error(_request: Request, exc: StarletteHTTPException) -> JSONResponse:
         code = {404: "not_found", 405: "method_not_allowed"}.get(exc.status_code, "http_error")
         body = {"type": f"urn:crucible:problem:{code}", "title": str(exc.detail), "status": exc.status_code, "detail": str(exc.detail), "code": code}
-        return JSONResponse(body, status_code=exc.status_code, media_type=PROBLEM_JSON)
+        return problem_json(with_openai_error(body), exc.status_code)
 
 
 def _guarded_docs(app: FastAPI, check: Callable[[Request], Any]) -> None:

@@ -13,6 +13,7 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationInfo, field_validat
 from pydantic_core import PydanticCustomError
 
 from services.common import extraction, recipes
+from services.common.graders import Grader
 from services.common.openai_protocol import ChatMessage, ModelName
 
 Recipe = recipes.recipe_model()
@@ -95,6 +96,10 @@ class TrainingJobCreate(BaseModel):
     harness: Harness | None = Field(None, description=(
         "`recipe.method: grpo` only: the declarative harness that renders the training pool's prompts and extracts the answer the "
         "suite's scorer rewards (default: the task's initial system's harness)."))
+    grader: Grader | None = Field(None, description=(
+        "`recipe.method: grpo` only: reward each completion with this grader (OpenAI's grader spec: `string_check`, `text_similarity`, "
+        "`python`, `score_model`, `label_model`, `multi`; `services.common.graders`) against its `prompt_only` row's other fields "
+        "(`{{ item.<field> }}`), instead of the suite's scorer. Needs datasets and no harness."))
 
 
 class TrainingJobOut(BaseModel):
@@ -109,6 +114,7 @@ class TrainingJobOut(BaseModel):
     recipe: Recipe
     merge: MergeSpec | None = None
     harness: Harness | None = None
+    grader: Grader | None = None
     steps_done: int
     estimated_tokens: int
     trained_tokens: int

@@ -33,17 +33,31 @@ class CrucibleError(Exception):
         self.extra = {k: v for k, v in extra.items() if v is not None}
 
     def to_problem(self) -> dict[str, Any]:
-        """The problem+json body: ``{type, title, status, detail, code, **extra}``, plus ``message`` (the detail) and
-        ``param`` (the ``field``, if any): the keys OpenAI's error objects use, which its SDKs show in the exception."""
-        body = {
+        """The problem+json body: ``{type, title, status, detail, code, **extra}`` and OpenAI's ``error`` object
+        (:func:`with_openai_error`)."""
+        return with_openai_error({
             "type": f"urn:crucible:problem:{self.code}",
             "title": self.title,
             "status": self.status,
             "detail": self.detail,
             "code": self.code,
             **self.extra,
-        }
-        return {**body, "message": self.detail, **({"param": body["field"]} if body.get("field") else {})}
+        })
+
+
+OPENAI_ERROR_TYPES = {400: "invalid_request_error", 401: "authentication_error", 402: "insufficient_quota", 403: "permission_error",
+                      404: "not_found_error", 409: "conflict_error", 429: "rate_limit_error"}
+"""OpenAI's error ``type`` by HTTP status (``invalid_request_error`` for another 4xx, ``server_error`` for a 5xx)."""
+
+
+def with_openai_error(body: dict[str, Any]) -> dict[str, Any]:
+    """A problem+json ``body`` with OpenAI's error object beside its own members: ``error: {message, type, param, code}``
+    (``message`` the detail, ``param`` the ``field`` or ``None``), which OpenAI's SDKs read for the exception's message,
+    ``type``, ``param`` and ``code``. Every error of every service carries it, so an OpenAI client of any route (chat,
+    files, fine-tuning) reads the same shape; RFC 9457 lets a problem carry members of its own."""
+    status = int(body.get("status", 500))
+    kind = OPENAI_ERROR_TYPES.get(status, "server_error" if status >= 500 else "invalid_request_error")
+    return {**body, "error": {"message": body.get("detail", ""), "type": kind, "param": body.get("field"), "code": body.get("code")}}
 
 
 class BadRequest(CrucibleError):

@@ -1,4 +1,4 @@
-"""Prefixed, time-sortable identifiers (``run_…``, ``ds_…``, ``har_…``, ``job_…``, ``ckpt_…``, ``eval_…``, ``sub_…``, ``bm_…``).
+"""Prefixed, time-sortable identifiers (``run_…``, ``ds_…``, ``har_…``, ``job_…``, ``ckpt_…``, ``eval_…``, ``sub_…``, ``bm_…``, ``tks_…``, ``req_…``).
 
 An ID is ``<prefix>_<26 Crockford base32 chars>``: 48 bits of milliseconds since the epoch followed by
 80 random bits (the ULID layout), so IDs sort by creation time as strings.
@@ -10,7 +10,8 @@ import os
 import time
 
 _ALPHABET = "0123456789abcdefghjkmnpqrstvwxyz"
-PREFIXES = frozenset({"run", "ds", "job", "ckpt", "eval", "sub", "bm", "hold", "ent", "acct", "evt", "key", "item", "har"})
+PREFIXES = frozenset({"run", "ds", "job", "ckpt", "eval", "sub", "bm", "hold", "ent", "acct", "evt", "key", "item", "har",
+                      "tks", "req", "st"})  # tks, req, st: a session of Tinker's primitives, its requests, a live model's saved state
 
 
 def new_id(prefix: str) -> str:

@@ -164,6 +164,13 @@ class MergeConfig(MethodConfig):
     """A merge reads its job's ``merge`` (:class:`~services.common.contracts.MergeSpec`), no recipe field of its own."""
 
 
+@training_method("primitives", summary="the client's own training loop through Tinker's primitives (`forward_backward`, `optim_step`, "
+                 "`sample`; the `/api/v1` routes of Tinker's service API): such a job is made by Tinker's `create_lora_training_client`, "
+                 "never by `POST /v1/training/jobs`", adapters=("lora",), trains=False)
+class PrimitivesConfig(MethodConfig):
+    """A live model reads ``lora_r`` (the client's rank) and ``seed``; the client chooses the rest in its own calls."""
+
+
 @training_method("orpo", summary="Odds Ratio Preference Optimization on `preference` datasets, with no reference model",
                  formats=("preference",))
 class ORPOConfig(MethodConfig):

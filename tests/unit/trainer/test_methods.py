@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import math
 from pathlib import Path
+from typing import Any
 
 import pytest
 import torch
@@ -41,9 +42,9 @@ class EvenFirstToken:
     def __init__(self) -> None:
         self.scored: list[tuple[str, list[int], float]] = []
 
-    def __call__(self, item_ids: list[str], completions: list[list[int]]) -> list[float]:
+    def __call__(self, examples: list[Any], completions: list[list[int]]) -> list[float]:
         rewards = [float(bool(c) and c[0] % 2 == 0) for c in completions]
-        self.scored += [(i, c, r) for i, c, r in zip(item_ids, completions, rewards, strict=True)]
+        self.scored += [(e.item_id, c, r) for e, c, r in zip(examples, completions, rewards, strict=True)]
         return rewards
 
 

@@ -40,8 +40,24 @@ RUN_ROUTES = [
     ("POST", "/internal/datasets"), ("GET", "/internal/datasets"), ("GET", "/internal/datasets/ds_x"), ("GET", "/internal/datasets/ds_x/content"),
     ("POST", "/internal/jobs"), ("GET", "/internal/jobs"), ("GET", "/internal/jobs/job_x"), ("GET", "/internal/jobs/job_x/events"),
     ("GET", "/internal/jobs/job_x/checkpoints"), ("POST", "/internal/jobs/job_x/cancel"),
+    # Tinker's primitives (trainer_service.sessions)
+    ("POST", "/internal/primitives/sessions"), ("POST", "/internal/primitives/sessions/tks_x/heartbeat"),
+    ("POST", "/internal/primitives/sessions/tks_x/finish"), ("POST", "/internal/primitives/models"), ("GET", "/internal/primitives/models/tks_x:train:0"),
+    ("GET", "/internal/primitives/models/tks_x:train:0/weights"), ("POST", "/internal/primitives/forward_backward"),
+    ("POST", "/internal/primitives/training/optim_step"), ("POST", "/internal/primitives/samplers"), ("POST", "/internal/primitives/samplers/snapshot"),
+    ("GET", "/internal/primitives/samplers/tks_x:sample:0"), ("POST", "/internal/primitives/samplers/tks_x:sample:0/sample"),
+    ("GET", "/internal/primitives/requests/req_x"),
 ]
 ROUTES = [*RUN_ROUTES, ("GET", "/internal/checkpoints/ckpt_x")]
+TEMPLATED = {"ds_x": "{dataset_id}", "job_x": "{job_id}", "ckpt_x": "{checkpoint_id}", "tks_x:train:0": "{model_id}", "tks_x:sample:0": "{sampler_id}",
+             "tks_x": "{session_id}", "req_x": "{request_id}", "optim_step": "{kind}"}
+"""Each example id of :data:`ROUTES` → the path parameter the API description names it by."""
+
+
+def templated(path: str) -> str:
+    for example, name in TEMPLATED.items():
+        path = path.replace(example, name)
+    return path
 
 
 @dataclass
@@ -129,8 +145,7 @@ def test_a_run_context_signed_with_another_token_is_refused(served: Served) -> N
 def test_the_api_description_is_served_only_to_a_trusted_service(served: Served) -> None:
     assert_problem(served.raw.get("/openapi.json"), 401)
     paths = served.raw.get("/openapi.json", headers={"Authorization": f"Bearer {GATEWAY_TOKEN}"}).json()["paths"]
-    assert {p for p in paths if p.startswith("/internal")} == {path.replace("ds_x", "{dataset_id}").replace("job_x", "{job_id}").replace("ckpt_x", "{checkpoint_id}")
-                                                              for _, path in ROUTES}
+    assert {p for p in paths if p.startswith("/internal")} == {templated(path) for _, path in ROUTES}
 
 
 # --------------------------------------------------------------------------- datasets
