@@ -284,9 +284,12 @@ class BaselineAgent:
                                                            seed=int(recipe.get("seed", 0))).result()
             tokenizer = training.get_tokenizer()
             data = []
+            def ids(messages: list[dict[str, str]], generation_prompt: bool) -> list[int]:
+                text = tokenizer.apply_chat_template(messages, add_generation_prompt=generation_prompt, tokenize=False)
+                return list(tokenizer(text, add_special_tokens=False)["input_ids"])
+
             for row in rows:
-                prompt = tokenizer.apply_chat_template(row["messages"][:-1], add_generation_prompt=True, tokenize=True)
-                full = tokenizer.apply_chat_template(row["messages"], tokenize=True)
+                prompt, full = ids(row["messages"][:-1], True), ids(row["messages"], False)
                 data.append(types.Datum(model_input=types.ModelInput.from_ints(full[:-1]),
                                         loss_fn_inputs={"target_tokens": full[1:], "weights": [0.0] * (len(prompt) - 1) + [1.0] * (len(full) - len(prompt))}))
             self.step(f"live model {training.model_id}: {len(data)} examples, {steps} steps of {batch} through Tinker's primitives")

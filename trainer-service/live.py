@@ -357,11 +357,12 @@ def serve(trainer: Trainer, job_id: str) -> None:
         if serving is not None:
             serving.close()
     with trainer.db.session() as s:
-        if repository.queued_primitive_request(s, row.id) is not None:
-            job = s.get(TrainingJob, job_id)
-            if job is not None and job.status == "paused":
-                job.status, job.enqueued_at = "queued", utcnow()
-                trainer.enqueue(job_id)
+        job = s.get(TrainingJob, job_id)
+        again = repository.queued_primitive_request(s, row.id) is not None and job is not None and job.status == "paused"
+        if again:
+            job.status, job.enqueued_at = "queued", utcnow()  # type: ignore[union-attr]
+    if again:  # sent once the row says queued: a worker that claims it must find it so
+        trainer.enqueue(job_id)
 
 
 def _fail(trainer: Trainer, job_id: str, error: str) -> None:

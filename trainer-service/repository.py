@@ -201,3 +201,10 @@ def session_live_models(s: Session, session_id: str) -> list[LiveModel]:
 def other_job_waiting(s: Session, job_id: str) -> bool:
     """Whether a training job other than ``job_id`` is queued for a train worker."""
     return s.scalar(select(TrainingJob.id).where(TrainingJob.status == "queued", TrainingJob.id != job_id).limit(1)) is not None
+
+
+def paused_live_jobs_with_requests(s: Session) -> list[str]:
+    """The jobs of live models let go by their worker (``paused``) that have a request waiting: to wake."""
+    waiting = select(PrimitiveRequest.model_id).where(PrimitiveRequest.status == "queued")
+    return list(s.scalars(select(TrainingJob.id).join(LiveModel, LiveModel.job_id == TrainingJob.id)
+                          .where(TrainingJob.status == "paused", LiveModel.id.in_(waiting))))

@@ -154,13 +154,14 @@ def model_info(trainer: Trainer, ctx: RunContext, model_id: str) -> dict[str, An
         return {"model_id": model.id, "base_model": model.base_model, "lora": model.lora, "job_id": model.job_id}
 
 
-def _wake(trainer: Trainer, s: Session, model: LiveModel) -> None:
-    """Send the live model's job to a worker if none holds it (``paused`` → ``queued``)."""
-    job = s.get(TrainingJob, model.job_id)
+def _wake(s: Session, model: LiveModel) -> str | None:
+    """Mark the live model's job ``queued`` if no worker holds it (``paused``): its id, to send to the workers once this
+    session has committed (a worker that claimed it before would find it still ``paused``), else ``None``."""
+    job = repository.training_job(s, model.job_id, lock=True)  # the worker letting it go holds this row's lock: read after it
     if job is not None and job.status == "paused":
         job.status, job.enqueued_at = "queued", utcnow()
-        s.flush()
-        trainer.enqueue(job.id)
+        return job.id
+    return None
 
 
 def _hold(trainer: Trainer, ctx: RunContext, request_id: str, usage: list[UsageItem]) -> str | None:
@@ -198,7 +199,9 @@ def submit(trainer: Trainer, ctx: RunContext, model_id: str, kind: str, payload:
             model = live_model(s, ctx, model_id)
             s.add(PrimitiveRequest(id=request_id, run_id=ctx.run_id, model_id=model_id, sampler_id=sampler_id, seq=seq, kind=kind, payload=payload,
                                    hold_id=hold_id, created_at=utcnow()))
-            _wake(trainer, s, model)
+            woken = _wake(s, model)
+        if woken is not None:
+            trainer.enqueue(woken)
     except Exception:
         if hold_id is not None:
             trainer.ledger.release_hold(hold_id, HoldRelease(idempotency_key=f"release:{hold_id}"))

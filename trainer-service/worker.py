@@ -233,7 +233,8 @@ def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
     Runs every ``reconcile_interval_s`` in the trainer service and once when a train worker starts. A job
     whose worker is gone is queued again (it resumes from its newest checkpoint), or cancelled if a cancel
     was asked for; one past ``train_time_limit_s`` fails with its hold settled for the tokens it trained; a
-    queued job whose message may be lost is sent again; a finished job whose hold is still open is settled.
+    queued job whose message may be lost is sent again; a finished job whose hold is still open is settled; a live
+    model of Tinker's primitives let go by its worker while a request of it was being stored is sent to a worker again.
     """
     db, settings = trainer.db, trainer.settings
 
@@ -255,4 +256,12 @@ def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
                 continue
             finish(s, job, "cancelled", None)
         settle_cancelled(trainer, job_id)
+    with db.session() as s:
+        stranded = repository.paused_live_jobs_with_requests(s)
+        for job_id in stranded:
+            job = repository.training_job(s, job_id, lock=True)
+            if job is not None and job.status == "paused":
+                job.status, job.enqueued_at = "queued", utcnow()
+    for job_id in stranded:
+        trainer.enqueue(job_id)
     return report

@@ -17,7 +17,8 @@ import torch
 from fastapi.testclient import TestClient
 from trainer_service.app import create_app
 from trainer_service.client import TrainerClient
-from trainer_service.models import Checkpoint
+from trainer_service.models import Checkpoint, TrainingJob
+from trainer_service.schemas import LiveModelCreate, SessionCreate
 from trainer_service.service import Trainer
 
 from services.common.auth import RunContext, run_headers
@@ -408,3 +409,36 @@ def test_a_checkpoint_is_located_for_its_run_or_for_inference_and_is_a_404_for_a
         with pytest.raises(UpstreamProblem) as exc:
             client.get_checkpoint(run, checkpoint_id)
         assert problem(exc, 404)["code"] == "not_found"
+
+
+# --------------------------------------------------------------------------- Tinker's primitives (sessions)
+
+
+def test_a_live_model_is_sent_to_a_worker_only_once_its_queued_state_is_committed(served: Served, client: TrainerClient) -> None:
+    """A worker that claims the live model's job as soon as it is sent must find it ``queued``: the message goes after
+    the commit (it went before once, and a worker found the job still ``paused``, leaving the client's future hanging)."""
+    ctx = served.new_run()
+    session = client.create_session(ctx, SessionCreate()).session_id
+    model_id = client.create_live_model(ctx, LiveModelCreate(session_id=session, model_seq_id=0, base_model=MODEL,
+                                                            recipe={"method": "primitives", "lora_r": 4})).model_id
+    seen: list[str | None] = []
+
+    def claim_at_once(job_id: str) -> None:
+        with served.trainer.db.session() as s:  # another session: what a worker's claim reads
+            seen.append(s.get(TrainingJob, job_id).status)  # type: ignore[union-attr]
+
+    served.trainer.enqueue = claim_at_once
+    try:
+        first = client.training_request(ctx, "optim_step", {"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 1e-3}})
+        again = client.training_request(ctx, "optim_step", {"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 1e-3}})
+        with pytest.raises(UpstreamProblem) as exc:  # the same seq_id with another body
+            client.training_request(ctx, "optim_step", {"model_id": model_id, "seq_id": 1, "adam_params": {"learning_rate": 5e-3}})
+    finally:
+        served.trainer.enqueue = served.enqueued.append
+    assert seen == ["queued"]  # sent once, after the commit; the repeat found it queued already
+    assert again.request_id == first.request_id  # the SDK's repeat of a submit whose answer it lost: the same future
+    assert problem(exc, 409)["field"] == "seq_id"
+    assert client.retrieve_request(ctx, first.request_id).status == "pending"  # no worker in this process
+    with pytest.raises(UpstreamProblem) as exc:
+        client.retrieve_request(served.new_run(), first.request_id)  # another run's request does not exist
+    assert problem(exc, 404)["field"] == "request_id"
