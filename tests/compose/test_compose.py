@@ -540,16 +540,16 @@ def test_a_restarted_dependency_loses_no_job_or_evaluation_and_charges_nothing_t
     succeeded, and the books balance."""
     client = _fault_run(deployment)
     job = client.create_training_job("smollm2-135m-instruct", [_training_set(client)],
-                                     {"max_steps": 15, "batch_size": 4, "checkpoint_every": 5, "warmup_steps": 1})  # at step 1 at the restart
-    ev = client.create_evaluation("smollm2-135m-instruct", limit=40)
+                                     {"max_steps": 9, "batch_size": 4, "checkpoint_every": 3, "warmup_steps": 1})  # at step 1 at the restart
+    ev = client.create_evaluation("smollm2-135m-instruct", limit=24)
     wait_for(lambda: client.training_job(job["id"])["steps_done"] >= 1 and client.evaluation(ev["id"])["items_done"] >= 1, 300,
              "the job and the evaluation under way")
     assert (client.training_job(job["id"])["status"], client.evaluation(ev["id"])["status"]) == ("running", "running")
     restarted = time.monotonic()
     deployment.compose(f"restart {service}", timeout_s=300)
     job_now, ev_now = read(lambda: client.training_job(job["id"])), read(lambda: client.evaluation(ev["id"]))
-    print(f"\n[fault] {service} restarted in {time.monotonic() - restarted:.0f} s; then the job was at step {job_now.get('steps_done', '?')}/15, "
-          f"the evaluation at item {ev_now.get('items_done', '?')}/40")
+    print(f"\n[fault] {service} restarted in {time.monotonic() - restarted:.0f} s; then the job was at step {job_now.get('steps_done', '?')}/9, "
+          f"the evaluation at item {ev_now.get('items_done', '?')}/24")
     wait_for(deployment.healthy, 300, "every container healthy again")
 
     job_done = _finished(lambda: read(lambda: client.training_job(job["id"])), 900, "the training job")
@@ -557,7 +557,7 @@ def test_a_restarted_dependency_loses_no_job_or_evaluation_and_charges_nothing_t
     print(f"[fault] after the {service} restart: job {job_done['status']} (attempts {job_done['attempts']}), evaluation {ev_done['status']} "
           f"(attempts {ev_done['attempts']}), {time.monotonic() - restarted:.0f} s after the restart")
     assert (job_done["status"], ev_done["status"]) == ("succeeded", "succeeded"), (job_done.get("error"), ev_done.get("error"))
-    assert job_done["steps_done"] == 15 and [c["step"] for c in client.checkpoints(job["id"])] == [5, 10, 15]
+    assert job_done["steps_done"] == 9 and [c["step"] for c in client.checkpoints(job["id"])] == [3, 6, 9]
     entries = _books_balance(deployment, STATE["fault_run"])
     trained = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens" and job["id"] in e["idempotency_key"])
     assert trained == job_done["trained_tokens"] == job_done["estimated_tokens"]
