@@ -21,6 +21,7 @@ import json
 from typing import Annotated, Any
 
 from fastapi import APIRouter, Body, Depends, Header, Path, Request, Response
+from pydantic import BaseModel, ConfigDict, Field
 from trainer_service.schemas import LiveModelCreate, LoraSpec, SamplerCreate, SamplerSnapshot, SessionCreate
 
 from gateway.service import Caller, Gateway, admit, apply_recipe_policy, check_deadline, check_editable
@@ -59,6 +60,66 @@ async def trainer_caller(caller: Annotated[Caller, Depends(tinker_caller)]) -> C
     check_deadline(caller)
     check_editable(caller, "trainer", "training through Tinker's primitives")
     return caller
+
+
+class _Body(BaseModel):
+    """A Tinker request body: the fields this route reads, checked (a 422 names a bad one); the SDK's others (``type``,
+    ``sdk_version``, …) are let through unread."""
+
+    model_config = ConfigDict(extra="ignore")
+
+
+Id = Annotated[str, Field(min_length=1, max_length=120)]
+Seq = Annotated[int, Field(ge=0, le=2**31 - 1)]
+
+
+class SessionRef(_Body):
+    session_id: Id
+
+
+class ModelRef(_Body):
+    model_id: Id
+
+
+class CreateModel(_Body):
+    session_id: Id
+    model_seq_id: Seq
+    base_model: Annotated[str, Field(min_length=1, max_length=200)]
+    lora_config: LoraSpec = Field(default_factory=LoraSpec)
+    optimizer_config: dict[str, Any] | None = None
+
+
+class LoadWeights(_Body):
+    path: Annotated[str, Field(min_length=1, max_length=400)]
+    optimizer: bool = False
+    model_id: Id | None = None
+    seq_id: Seq | None = None
+    session_id: Id | None = None
+    model_seq_id: Seq | None = None
+
+
+class SaveForSampler(_Body):
+    model_id: Id
+    seq_id: Seq
+    path: Annotated[str, Field(max_length=200)] | None = None
+    sampling_session_seq_id: Annotated[int, Field(ge=0, le=10**12)] = 0
+
+
+class CreateSampler(_Body):
+    session_id: Id
+    sampling_session_seq_id: Annotated[int, Field(ge=0, le=10**12)]
+    model_path: Annotated[str, Field(max_length=400)] | None = None
+    base_model: Annotated[str, Field(max_length=200)] | None = None
+
+
+class Sample(_Body):
+    sampling_session_id: Id
+    num_samples: Annotated[int, Field(ge=1, le=1024)] = 1
+    seq_id: Annotated[int, Field(ge=0)] = 0
+
+
+class RequestRef(_Body):
+    request_id: Annotated[str, Field(min_length=1, max_length=40)]
 
 
 TinkerCaller = Annotated[Caller, Depends(tinker_caller)]
@@ -100,8 +161,8 @@ async def create_session(body: dict[str, Any], gw: GatewayDep, caller: TrainerCa
 
 
 @router.post("/session_heartbeat", summary="A session's heartbeat (410 once it finished)")
-async def session_heartbeat(body: dict[str, Any], gw: GatewayDep, caller: TinkerCaller) -> Response:
-    out = await gw.trainer.session_heartbeat(caller.ctx, str(body.get("session_id", "")))
+async def session_heartbeat(body: SessionRef, gw: GatewayDep, caller: TinkerCaller) -> Response:
+    out = await gw.trainer.session_heartbeat(caller.ctx, body.session_id)
     return Response('{"type": "session_heartbeat"}', status_code=200 if out.alive else 410, media_type="application/json")
 
 
@@ -134,39 +195,36 @@ def _recipe(caller: Caller, lora: LoraSpec) -> Recipe:
 
 @router.post("/create_model", summary="Create a LoRA training client (create_lora_training_client)",
              responses=problem_responses(BadRequest, OutsideEditableSpace, NotFound))
-async def create_model(body: dict[str, Any], gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
+async def create_model(body: CreateModel, gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
     """A live model over a served base model (``get_server_capabilities`` lists them) with Tinker's LoRA settings; only
     the ``adamw`` optimizer."""
-    optimizer = (body.get("optimizer_config") or {}).get("type", "adamw")
+    optimizer = (body.optimizer_config or {}).get("type", "adamw")
     if optimizer != "adamw":
         raise BadRequest(f"optimizer {optimizer!r}: only adamw is served", field="optimizer_config.type")
-    try:
-        lora = LoraSpec(**(body.get("lora_config") or {}))
-    except ValueError as exc:
-        raise BadRequest(f"lora_config: {exc}", field="lora_config") from None
     out = await gw.trainer.create_live_model(caller.ctx, LiveModelCreate(
-        session_id=str(body.get("session_id", "")), model_seq_id=int(body.get("model_seq_id", 0)), base_model=str(body.get("base_model", "")),
-        lora=lora, recipe=_recipe(caller, lora).model_dump()))
+        session_id=body.session_id, model_seq_id=body.model_seq_id, base_model=body.base_model, lora=body.lora_config,
+        recipe=_recipe(caller, body.lora_config).model_dump()))
     return _future(out)
 
 
 @router.post("/load_weights", summary="Load a saved state (load_state, create_training_client_from_state)", responses=problem_responses(NotFound))
-async def load_weights(body: dict[str, Any], gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
+async def load_weights(body: LoadWeights, gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
     """Into the client's model (``model_id``, in its ``seq`` order), or, with ``session_id``, into a new one."""
-    if "model_id" in body:
-        return _future(await gw.trainer.training_request(caller.ctx, "load_weights", body))
-    lora = LoraSpec()
+    if body.model_id is not None:
+        return _future(await gw.trainer.training_request(caller.ctx, "load_weights", body.model_dump(exclude_none=True)))
+    if body.session_id is None or body.model_seq_id is None:
+        raise BadRequest("give model_id (load into that model) or session_id and model_seq_id (a new model)", field="session_id")
     out = await gw.trainer.create_live_model(caller.ctx, LiveModelCreate(
-        session_id=str(body.get("session_id", "")), model_seq_id=int(body.get("model_seq_id", 0)), path=str(body.get("path", "")),
-        optimizer=bool(body.get("optimizer")), recipe=_recipe(caller, lora).model_dump()))
+        session_id=body.session_id, model_seq_id=body.model_seq_id, path=body.path, optimizer=body.optimizer,
+        recipe=_recipe(caller, LoraSpec()).model_dump()))
     return _future(out)
 
 
 @router.post("/get_info", summary="A training client's model (get_info)", responses=problem_responses(NotFound))
-async def get_info(body: dict[str, Any], gw: GatewayDep, caller: TinkerCaller) -> dict[str, Any]:
+async def get_info(body: ModelRef, gw: GatewayDep, caller: TinkerCaller) -> dict[str, Any]:
     """``model_data.tokenizer_id`` is the base model's folder on the trainer's host: ``get_tokenizer`` loads it from there
     (a client on another host loads the tokenizer of the base model itself)."""
-    info = await gw.trainer.live_model_info(caller.ctx, str(body.get("model_id", "")))
+    info = await gw.trainer.live_model_info(caller.ctx, body.model_id)
     return {"type": "get_info", "model_id": info.model_id, "model_name": info.base_model, "is_lora": True, "lora_rank": info.lora.get("rank"),
             "model_data": {"arch": "causal_lm", "model_name": info.base_model, "tokenizer_id": info.tokenizer_dir},
             "optimizer_config": {"type": "adamw"}, "crucible_job_id": info.job_id}
@@ -190,13 +248,13 @@ async def save_weights(body: dict[str, Any], gw: GatewayDep, caller: TrainerCall
 
 
 @router.post("/save_weights_for_sampler", summary="save_weights_for_sampler: a checkpoint of the run (or a sampler of it)")
-async def save_weights_for_sampler(body: dict[str, Any], gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
+async def save_weights_for_sampler(body: SaveForSampler, gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
     """With ``path``: named weights, an ordinary checkpoint of the run; without (``save_weights_and_get_sampling_client``):
     a sampler of the weights as they are then."""
-    if body.get("path"):
-        return _future(await gw.trainer.training_request(caller.ctx, "save_weights_for_sampler", body))
-    out = await gw.trainer.sampler_snapshot(caller.ctx, SamplerSnapshot(model_id=str(body.get("model_id", "")), seq_id=int(body.get("seq_id", 0)),
-                                                                         sampling_session_seq_id=int(body.get("sampling_session_seq_id", 0))))
+    if body.path:
+        return _future(await gw.trainer.training_request(caller.ctx, "save_weights_for_sampler", body.model_dump(exclude_none=True)))
+    out = await gw.trainer.sampler_snapshot(caller.ctx, SamplerSnapshot(model_id=body.model_id, seq_id=max(body.seq_id, 1),
+                                                                         sampling_session_seq_id=body.sampling_session_seq_id))
     return _future(out)
 
 
@@ -204,10 +262,9 @@ async def save_weights_for_sampler(body: dict[str, Any], gw: GatewayDep, caller:
 
 
 @router.post("/create_sampling_session", summary="A sampling client of saved weights or a base model")
-async def create_sampling_session(body: dict[str, Any], gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
+async def create_sampling_session(body: CreateSampler, gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
     out = await gw.trainer.create_sampler(caller.ctx, SamplerCreate(
-        session_id=str(body.get("session_id", "")), sampling_session_seq_id=int(body.get("sampling_session_seq_id", 0)),
-        model_path=body.get("model_path"), base_model=body.get("base_model")))
+        session_id=body.session_id, sampling_session_seq_id=body.sampling_session_seq_id, model_path=body.model_path, base_model=body.base_model))
     return {"sampling_session_id": out.sampler_id, "type": "create_sampling_session"}
 
 
@@ -218,12 +275,11 @@ async def get_sampler(sampler_id: Annotated[str, Path(max_length=120)], gw: Gate
 
 
 @router.post("/asample", summary="sample / compute_logprobs", responses=problem_responses(BadRequest, NotFound))
-async def asample(body: dict[str, Any], gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
+async def asample(request: Request, body: Sample, gw: GatewayDep, caller: TrainerCaller) -> dict[str, Any]:
     """The worst case (the prompt and ``max_tokens`` per sample) is held first (402 when it cannot be)."""
-    sampler_id = str(body.get("sampling_session_id", ""))
-    out = await gw.trainer.sample(caller.ctx, sampler_id, body)
-    n = int(body.get("num_samples", 1))
-    return {"request_id": out.request_id, "sample_sequence_ids": [f"{sampler_id}:{body.get('seq_id', 0)}:{i}" for i in range(n)]}
+    out = await gw.trainer.sample(caller.ctx, body.sampling_session_id, await request.json())
+    return {"request_id": out.request_id,
+            "sample_sequence_ids": [f"{body.sampling_session_id}:{body.seq_id}:{i}" for i in range(body.num_samples)]}
 
 
 # --------------------------------------------------------------------------- futures and checkpoints
@@ -231,10 +287,10 @@ async def asample(body: dict[str, Any], gw: GatewayDep, caller: TrainerCaller) -
 
 @router.post("/retrieve_future", summary="A request's result (the SDK's futures)", response_class=Response,
              responses={200: {"content": {PROTOBUF: {}, "application/json": {}}}} | problem_responses(NotFound))
-async def retrieve_future(body: dict[str, Any], gw: GatewayDep, caller: TinkerCaller) -> Response:
+async def retrieve_future(body: RequestRef, gw: GatewayDep, caller: TinkerCaller) -> Response:
     """Waits up to :data:`POLL_WAIT_S` for the request: its result (protobuf for forward(-backward) and samples), its
     error (``{"error", "category"}``), or ``{"type": "try_again"}``."""
-    request_id = str(body.get("request_id", ""))
+    request_id = body.request_id
     answer = await gw.trainer.retrieve_request(caller.ctx, request_id, wait_s=POLL_WAIT_S)
     if answer.status == "pending":
         return _json({"type": "try_again", "request_id": request_id, "queue_state": "active"})

@@ -336,9 +336,10 @@ def submit_forward_backward(trainer: Trainer, ctx: RunContext, body: bytes) -> s
 def submit_training(trainer: Trainer, ctx: RunContext, kind: str, body: dict[str, Any]) -> str:
     """An ``optim_step``, ``save_weights``, ``save_weights_for_sampler`` (named) or ``load_weights`` request of the
     model ``body["model_id"]`` at ``body["seq_id"]``: free (nothing is held). ``BadRequest`` naming a missing field."""
-    for field in ("model_id", "seq_id"):
-        if field not in body:
-            raise BadRequest(f"{field} is required", field=field)
+    if not isinstance(body.get("model_id"), str):
+        raise BadRequest("model_id (a string) is required", field="model_id")
+    if not isinstance(body.get("seq_id"), int) or isinstance(body.get("seq_id"), bool) or not 1 <= body["seq_id"] <= 2**31 - 1:
+        raise BadRequest("seq_id (an integer from 1) is required", field="seq_id")
     if kind in ("save_weights", "save_weights_for_sampler") and not _name_ok(body.get("path")):
         raise BadRequest("path: a name of 1-200 letters, digits, '-', '_' or '.'", field="path")
     return submit(trainer, ctx, str(body["model_id"]), kind, json.dumps(body).encode(), seq=int(body["seq_id"]))
@@ -373,7 +374,10 @@ def submit_sample(trainer: Trainer, ctx: RunContext, sampler_id: str, body: dict
         found = sampler(s, ctx, sampler_id)
         host, base_model = found.model_id, found.base_model
     context = model_card(base_model, trainer.settings.models_dir).context_tokens or DEFAULT_CONTEXT
-    max_tokens = int(params.get("max_tokens") or max(context - len(prompt), 1))
+    asked = params.get("max_tokens") if isinstance(params, dict) else "?"
+    if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
+        raise BadRequest("sampling_params.max_tokens: a positive integer", field="sampling_params.max_tokens")
+    max_tokens = asked or max(context - len(prompt), 1)
     return submit(trainer, ctx, host, "sample", json.dumps(body).encode(), seq=None, sampler_id=sampler_id,
                   usage=sample_usage(base_model, len(prompt), num_samples, min(max_tokens, context)))
 
