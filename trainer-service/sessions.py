@@ -302,6 +302,15 @@ def sampler(s: Session, ctx: RunContext, sampler_id: str) -> Sampler:
     return found
 
 
+def context_tokens(trainer: Trainer, base_model: str) -> int:
+    """``base_model``'s context window in tokens: its card's cap, else its own (``max_position_embeddings``)."""
+    card = model_card(base_model, trainer.settings.models_dir).context_tokens
+    if card:
+        return card
+    config = json.loads((base_model_dir(base_model, trainer.settings.models_dir) / "config.json").read_text())
+    return int(config.get("max_position_embeddings") or DEFAULT_CONTEXT)
+
+
 def sample_usage(base_model: str, prompt_tokens: int, num_samples: int, max_tokens: int) -> list[UsageItem]:
     """What a sample holds: the prompt's tokens per sample (prefill) and ``max_tokens`` per sample (decode)."""
     return [UsageItem(kind=UsageKind.prefill_tokens, quantity=prompt_tokens * num_samples, model=base_model),
@@ -328,7 +337,20 @@ def submit_forward_backward(trainer: Trainer, ctx: RunContext, body: bytes) -> s
         raise BadRequest(str(exc), field="body") from None
     with trainer.db.session() as s:
         base_model = live_model(s, ctx, request.model_id).base_model
+    context = context_tokens(trainer, base_model)
+    for i, datum in enumerate(request.data):
+        if not datum.tokens:
+            raise BadRequest(f"datum {i} has no tokens", field=f"data[{i}].model_input")
+        if len(datum.tokens) > context:
+            raise BadRequest(f"datum {i} has {len(datum.tokens)} tokens; {base_model} reads {context} at most", field=f"data[{i}].model_input")
+        for name, array in sorted(datum.inputs.items(), key=lambda item: item[0] != "target_tokens"):  # the targets named first
+            if array.shape[:1] != (len(datum.tokens),):
+                raise BadRequest(f"datum {i}: loss_fn_inputs[{name!r}] has shape {list(array.shape)}; its first dimension is the input's "
+                                 f"{len(datum.tokens)} tokens", field=f"data[{i}].loss_fn_inputs.{name}")
     tokens = sum(len(d.tokens) for d in request.data)
+    if not request.data or tokens > trainer.settings.primitives_max_tokens:
+        raise BadRequest(f"{tokens} tokens in {len(request.data)} datums: a request computes 1 to {trainer.settings.primitives_max_tokens} "
+                         "tokens (split the batch: gradients add up until optim_step)", field="data")
     return submit(trainer, ctx, request.model_id, "forward_backward", body, seq=request.seq_id,
                   usage=forward_usage(base_model, tokens, request.forward_only))
 
@@ -373,13 +395,18 @@ def submit_sample(trainer: Trainer, ctx: RunContext, sampler_id: str, body: dict
     with trainer.db.session() as s:
         found = sampler(s, ctx, sampler_id)
         host, base_model = found.model_id, found.base_model
-    context = model_card(base_model, trainer.settings.models_dir).context_tokens or DEFAULT_CONTEXT
+    context = context_tokens(trainer, base_model)
     asked = params.get("max_tokens") if isinstance(params, dict) else "?"
     if asked is not None and (not isinstance(asked, int) or isinstance(asked, bool) or asked < 1):
         raise BadRequest("sampling_params.max_tokens: a positive integer", field="sampling_params.max_tokens")
-    max_tokens = asked or max(context - len(prompt), 1)
+    if len(prompt) >= context:
+        raise BadRequest(f"the prompt has {len(prompt)} tokens; {base_model} reads {context} at most", field="prompt")
+    max_tokens = min(asked or context, context - len(prompt))
+    if num_samples * (len(prompt) + max_tokens) > trainer.settings.primitives_max_tokens:
+        raise BadRequest(f"{num_samples} samples of up to {len(prompt) + max_tokens} tokens: a request computes "
+                         f"{trainer.settings.primitives_max_tokens} at most", field="num_samples")
     return submit(trainer, ctx, host, "sample", json.dumps(body).encode(), seq=None, sampler_id=sampler_id,
-                  usage=sample_usage(base_model, len(prompt), num_samples, min(max_tokens, context)))
+                  usage=sample_usage(base_model, len(prompt), num_samples, max_tokens))
 
 
 def weights_of(trainer: Trainer, ctx: RunContext, model_id: str) -> list[SavedWeights]:

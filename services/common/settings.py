@@ -46,6 +46,9 @@ class ServiceSettings(BaseSettings):
     job_max_attempts: int = Field(5, ge=1, description="A job whose worker was lost this many times fails.")
     reconcile_interval_s: float = Field(15.0, gt=0, description="Seconds between reconciler rounds in the trainer and grader.")
     train_time_limit_s: float = Field(24 * 3600.0, gt=0, description="A training job running longer than this (seconds) fails.")
+    primitives_max_tokens: int = Field(65_536, ge=1, description=(
+        "Tokens one forward_backward or sample of Tinker's primitives may compute at most (its data's tokens; a sample's "
+        "prompt and max_tokens times its samples): a larger one is a 400, so no request can take a train worker's memory."))
     primitives_idle_s: float = Field(30.0, gt=0, description=(
         "Seconds a train worker keeps a live model of Tinker's primitives (trainer_service.live) without a request before it "
         "writes its state and lets it go (the next request brings it back)."))

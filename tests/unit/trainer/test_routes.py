@@ -442,3 +442,37 @@ def test_a_live_model_is_sent_to_a_worker_only_once_its_queued_state_is_committe
     with pytest.raises(UpstreamProblem) as exc:
         client.retrieve_request(served.new_run(), first.request_id)  # another run's request does not exist
     assert problem(exc, 404)["field"] == "request_id"
+
+
+def _forward_backward(model_id: str, seq: int, data: list[Any]) -> bytes:
+    """A ``ForwardBackwardRequest`` as the unmodified ``tinker`` SDK writes it."""
+    from tinker import types
+    from tinker.proto import request_conv
+
+    request = types.ForwardBackwardRequest(forward_backward_input=types.ForwardBackwardInput(data=data, loss_fn="cross_entropy"),
+                                           model_id=model_id, seq_id=seq)
+    return request_conv.forward_backward_request_to_proto(request).SerializeToString()
+
+
+def test_a_forward_backward_no_worker_could_compute_is_refused_before_anything_is_held(served: Served, client: TrainerClient) -> None:
+    """No data, a datum with no tokens, loss inputs not shaped as the tokens, more tokens than the model reads or than a
+    request may compute: a 400 naming the datum, nothing held (each of these once reached a worker, which failed after a
+    minute or ran out of memory)."""
+    from tinker import types
+
+    ctx = served.new_run()
+    session = client.create_session(ctx, SessionCreate()).session_id
+    model_id = client.create_live_model(ctx, LiveModelCreate(session_id=session, model_seq_id=0, base_model=MODEL,
+                                                            recipe={"method": "primitives", "lora_r": 4})).model_id
+
+    def datum(tokens: int, targets: int) -> types.Datum:
+        return types.Datum(model_input=types.ModelInput.from_ints(list(range(1, tokens + 1))),
+                           loss_fn_inputs={"target_tokens": list(range(targets)), "weights": [1.0] * targets})
+
+    cases = [([], "data"), ([datum(3, 2)], "data[0].loss_fn_inputs.target_tokens"), ([datum(8193, 8193)], "data[0].model_input"),
+             ([datum(8000, 8000)] * 9, "data")]
+    for data, field in cases:
+        with pytest.raises(UpstreamProblem) as exc:
+            client.forward_backward(ctx, _forward_backward(model_id, 1, data))
+        assert problem(exc, 400)["field"] == field, data[:1]
+    assert served.ledger.list_holds(ctx.run_id) == []
