@@ -277,11 +277,14 @@ def cancel_job(trainer: Trainer, ctx: RunContext, job_id: str) -> TrainingJobOut
             raise Conflict(f"training job {job_id} is already {job.status}")
         job.cancel_requested = True
         repository.add_event(s, job.id, "info", "cancel_requested", "cancellation requested")
-        if job.status == "queued":  # no worker has it: nobody else will write this row (claims need ``queued``)
+        if job.status in ("queued", "paused"):  # no worker has it: nobody else will write this row (claims need ``queued``)
             finish(s, job, "cancelled", None)
         out = _job_out(s, job)
+        live = repository.live_model_of_job(s, job_id) if out.status == "cancelled" else None
     if out.status == "cancelled":
         settle_cancelled(trainer, job_id)
+    if live is not None:  # a live model of Tinker's primitives: its requests still waiting will not run
+        fail_queued(trainer, live.id, "the live model's job was cancelled", category="user")
     return out
 
 
@@ -342,3 +345,15 @@ def settle_cancelled(trainer: Trainer, job_id: str) -> None:
         settle(trainer, job_id)
     except UpstreamUnavailable:
         log.warning("ledger unavailable; the cancelled job's hold is settled later", job_id=job_id)
+
+
+def fail_queued(trainer: Trainer, model_id: str, error: str, *, category: str) -> None:
+    """End every request of live model ``model_id`` still queued as failed with ``error``, releasing their holds: the
+    model's job has ended (failed, cancelled, its session finished), so nothing will run them."""
+    with trainer.db.session() as s:
+        holds = []
+        for req in repository.queued_primitive_requests(s, model_id):
+            req.status, req.error, req.category, req.finished_at = "failed", error, category, utcnow()
+            holds += [req.hold_id] if req.hold_id else []
+    for hold_id in holds:
+        trainer.ledger.release_hold(hold_id, HoldRelease(idempotency_key=f"release:{hold_id}"))

@@ -23,7 +23,7 @@ from typing import Any
 
 import structlog
 from trainer_service import primitives, repository
-from trainer_service.jobs import finish
+from trainer_service.jobs import fail_queued, finish
 from trainer_service.models import LiveModel as LiveModelRow
 from trainer_service.models import PrimitiveRequest, PrimitiveSession, Sampler, SavedWeights, TrainingJob
 from trainer_service.service import Trainer
@@ -78,6 +78,8 @@ class _Serving:
         while True:
             self.lease.check()
             with self.trainer.db.session() as s:
+                if repository.training_job(s, self.job_id).cancel_requested:  # type: ignore[union-attr]
+                    return "cancelled"
                 finished = self._session_finished(s)
                 req = self._next(s)
                 waiting = req is None and self._has_later_training_request(s)
@@ -122,7 +124,7 @@ class _Serving:
         with self.trainer.db.session() as s:
             first = repository.first_queued_training_seq(s, self.model_id, self.applied_seq)
             if first is not None:
-                log.warning("skipping a gap in the client's requests", model_id=self.model_id, missing=list(range(self.applied_seq + 1, first)))
+                log.warning("skipping a gap in the client's requests", model_id=self.model_id, after=self.applied_seq, next=first)
                 self.applied_seq = first - 1
                 s.get(LiveModelRow, self.model_id).applied_seq = self.applied_seq  # type: ignore[union-attr]
 
@@ -317,8 +319,8 @@ class _Serving:
             row = s.get(LiveModelRow, self.model_id)
             row.state_uri, row.state_seq = uri, self.applied_seq  # type: ignore[union-attr]
             row.lora = {**row.lora, "load_optimizer": True}  # type: ignore[union-attr]
-            if status == "succeeded":
-                finish(s, job, "succeeded", None)
+            if status in ("succeeded", "cancelled"):
+                finish(s, job, status, None)
             else:
                 job.status, job.worker_id = "paused", None
                 repository.add_event(s, self.job_id, "info", "paused", "idle: the model's state is written; the next request brings it back",
@@ -363,6 +365,8 @@ def serve(trainer: Trainer, job_id: str) -> None:
             job.status, job.enqueued_at = "queued", utcnow()  # type: ignore[union-attr]
     if again:  # sent once the row says queued: a worker that claims it must find it so
         trainer.enqueue(job_id)
+    elif job is not None and job.status in ("succeeded", "cancelled"):
+        fail_queued(trainer, row.id, f"the live model's job is {job.status}", category="user")
 
 
 def _fail(trainer: Trainer, job_id: str, error: str) -> None:
@@ -373,12 +377,8 @@ def _fail(trainer: Trainer, job_id: str, error: str) -> None:
             return
         finish(s, job, "failed", error)
         row = repository.live_model_of_job(s, job_id)
-        holds = []
-        for req in repository.queued_primitive_requests(s, row.id):  # type: ignore[union-attr]
-            req.status, req.error, req.category, req.finished_at = "failed", f"the live model failed: {error}", "server", utcnow()
-            holds += [req.hold_id] if req.hold_id else []
-    for hold_id in holds:
-        trainer.ledger.release_hold(hold_id, HoldRelease(idempotency_key=f"release:{hold_id}"))
+    fail_queued(trainer, row.id, f"the live model failed: {error}", category="server")  # type: ignore[union-attr]
+
 
 
 __all__ = ["TRAINING_KINDS", "serve"]

@@ -500,6 +500,12 @@ class LoraSpec(BaseModel):
     train_mlp: bool = True
     train_unembed: bool = True
 
+    @model_validator(mode="after")
+    def _trains_something(self) -> LoraSpec:
+        if not (self.train_attn or self.train_mlp or self.train_unembed):
+            raise PydanticCustomError("nothing_to_train", "train_attn, train_mlp and train_unembed are all off: the adapter would train nothing")
+        return self
+
 
 class SessionCreate(BaseModel):
     model_config = ConfigDict(extra="forbid")

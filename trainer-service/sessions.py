@@ -27,6 +27,7 @@ import time
 from dataclasses import dataclass
 from typing import Any
 
+from sqlalchemy.exc import OperationalError
 from sqlalchemy.orm import Session
 from trainer_service import repository
 from trainer_service.models import LiveModel, PrimitiveRequest, PrimitiveSession, Sampler, SavedWeights, TrainingJob
@@ -43,7 +44,7 @@ from services.ledger.schemas import HoldCreate, HoldRelease, UsageItem, UsageKin
 TRAINING_KINDS = frozenset({"forward_backward", "optim_step", "save_weights", "save_weights_for_sampler", "load_weights"})
 """Requests a live model executes in the client's ``seq`` order (a sample runs as it comes)."""
 
-RETRIEVE_POLL_S = 0.05
+RETRIEVE_POLL_S = 0.1
 DEFAULT_CONTEXT = 2048
 """A sample without ``max_tokens`` holds up to this context's worth when the model's card names none."""
 
@@ -187,6 +188,9 @@ def submit(trainer: Trainer, ctx: RunContext, model_id: str, kind: str, payload:
         session = s.get(PrimitiveSession, model.session_id)
         if session is not None and session.finished_at is not None:
             raise Conflict(f"session {model.session_id} has finished", field="session_id")
+        job = repository.training_job(s, model.job_id)
+        if job is not None and job.status in ("succeeded", "failed", "cancelled"):
+            raise Conflict(f"model {model_id}'s job {job.id} is {job.status}; open a new training client", field="model_id")
         if seq is not None and (earlier := repository.primitive_request_at(s, model_id, seq)) is not None:
             if earlier.kind == kind and earlier.payload == payload:
                 return earlier.id  # the client's retry of a request that arrived (its answer was lost): the same future
@@ -222,14 +226,17 @@ def retrieve(trainer: Trainer, ctx: RunContext, request_id: str, wait_s: float) 
     """The request's answer, waiting up to ``wait_s`` seconds for it to end (``pending`` after that)."""
     deadline = time.monotonic() + wait_s
     while True:
-        with trainer.db.session() as s:
-            req = s.get(PrimitiveRequest, request_id)
-            if req is None or req.run_id != ctx.run_id:
-                raise NotFound(f"request {request_id!r} not found", field="request_id")
-            if req.status == "done":
-                return Answer("done", result=req.result if req.result_proto else json.loads(req.result or b"{}"), proto=req.result_proto)
-            if req.status == "failed":
-                return Answer("failed", error=req.error, category=req.category)
+        try:
+            with trainer.db.session() as s:
+                req = s.get(PrimitiveRequest, request_id)
+                if req is None or req.run_id != ctx.run_id:
+                    raise NotFound(f"request {request_id!r} not found", field="request_id")
+                if req.status == "done":
+                    return Answer("done", result=req.result if req.result_proto else json.loads(req.result or b"{}"), proto=req.result_proto)
+                if req.status == "failed":
+                    return Answer("failed", error=req.error, category=req.category)
+        except OperationalError:  # the embedded plane's SQLite busy with a worker's write: look again, the answer stays pending
+            pass
         if time.monotonic() >= deadline:
             return Answer("pending")
         time.sleep(RETRIEVE_POLL_S)

@@ -34,6 +34,7 @@ from typing import Annotated, Any, Literal
 
 import jinja2
 import simpleeval
+from jinja2.exceptions import SecurityError
 from jinja2.sandbox import SandboxedEnvironment
 from pydantic import AfterValidator, BaseModel, ConfigDict, Field, StrictStr, field_validator, model_validator
 from pydantic_core import PydanticCustomError
@@ -43,10 +44,20 @@ class _FieldsFirst(SandboxedEnvironment):
     """Jinja2's sandbox in which ``obj.name`` on a dict is its key ``name`` when it has one: ``{{ item.values }}`` is the
     row's field ``values``, not the dict's method (Jinja2 itself tries the attribute first)."""
 
+    intercepted_binops = frozenset({"*", "**"})
+
     def getattr(self, obj: Any, attribute: str) -> Any:  # noqa: ANN401 - any template value
         if isinstance(obj, dict) and attribute in obj:
             return obj[attribute]
         return super().getattr(obj, attribute)
+
+    def call_binop(self, context: Any, operator: str, left: Any, right: Any) -> Any:  # noqa: ANN401
+        """``*`` and ``**`` through simpleeval's guards: a string or list of more than 100,000 items, or a power with an
+        exponent over 4,000,000, is a ``SecurityError`` (``{{ 'x' * 10**9 }}`` once held the grader for a minute)."""
+        try:
+            return (simpleeval.safe_mult if operator == "*" else simpleeval.safe_power)(left, right)
+        except simpleeval.InvalidExpression as exc:
+            raise SecurityError(f"{operator}: {exc}") from None
 
 
 TEMPLATES = _FieldsFirst(undefined=jinja2.StrictUndefined, autoescape=False, keep_trailing_newline=True)
@@ -213,9 +224,10 @@ SingleGrader = Annotated[StringCheckGrader | TextSimilarityGrader | PythonGrader
 
 FORMULA_FUNCTIONS: dict[str, Any] = {"min": min, "max": max, "abs": abs, "floor": math.floor, "ceil": math.ceil, "exp": math.exp,
                                      "sqrt": math.sqrt, "log": math.log}
-FORMULA_OPERATORS = {ast.Add: operator.add, ast.Sub: operator.sub, ast.Mult: operator.mul, ast.Div: operator.truediv,
-                     ast.Pow: operator.pow, ast.BitXor: operator.pow, ast.USub: operator.neg, ast.UAdd: operator.pos}
-"""``^`` is a power in a formula, as in OpenAI's examples, and ``**`` too."""
+FORMULA_OPERATORS = {ast.Add: simpleeval.safe_add, ast.Sub: operator.sub, ast.Mult: simpleeval.safe_mult, ast.Div: operator.truediv,
+                     ast.Pow: simpleeval.safe_power, ast.BitXor: simpleeval.safe_power, ast.USub: operator.neg, ast.UAdd: operator.pos}
+"""``^`` is a power in a formula, as in OpenAI's examples, and ``**`` too; simpleeval's guarded operators (an exponent over
+4,000,000 or a string past 100,000 characters is refused: ``9**9**9`` once held the gateway)."""
 
 
 class FormulaError(ValueError):
@@ -236,9 +248,14 @@ def evaluate_formula(formula: str, values: dict[str, float]) -> float:
         raise FormulaError(f"not a formula ({exc})") from None
     except (ArithmeticError, ValueError, TypeError) as exc:
         raise FormulaError(f"cannot be computed ({exc})") from None
-    if isinstance(result, bool) or not isinstance(result, int | float) or not math.isfinite(result):
-        raise FormulaError(f"gives {result!r}, not a finite number")
-    return float(result)
+    try:
+        finite = not isinstance(result, bool) and isinstance(result, int | float) and math.isfinite(result)
+        value = float(result) if finite else math.nan
+    except OverflowError:  # an integer too large for a float
+        finite = False
+    if not finite or not math.isfinite(value):
+        raise FormulaError(f"gives {str(result)[:40]!r}, not a finite number")
+    return value
 
 
 class MultiGrader(_Spec):

@@ -130,7 +130,7 @@ def test_a_small_rl_loop_samples_rewards_and_trains_by_importance_sampling(servi
     assert out.metrics["loss:sum"] > 0 and "custom" in out.metrics
 
 
-def test_a_refused_request_fails_its_future_and_the_client_goes_on(service: tinker.ServiceClient) -> None:
+def test_a_refused_request_fails_its_future_and_the_client_goes_on(stack, service: tinker.ServiceClient, run: dict) -> None:  # noqa: ANN001
     training = service.create_lora_training_client(base_model=TINY_MODEL, rank=2).result()
     tokenizer = training.get_tokenizer()
     datum = sft_datum(tokenizer, "x y", " z")
@@ -140,6 +140,12 @@ def test_a_refused_request_fails_its_future_and_the_client_goes_on(service: tink
     assert training.forward_backward([datum], "cross_entropy").result().metrics["loss:sum"] > 0
     with pytest.raises(tinker.BadRequestError):
         service.create_lora_training_client(base_model="Qwen/Qwen3-8B", rank=2).result()
+    with CrucibleClient(stack.gateway_url, run["api_key"]) as native:  # cancelled: what it was asked after that does not run
+        live = [j for j in native.training_jobs() if j["recipe"]["method"] == "primitives"][-1]
+        native.cancel_training_job(live["id"])
+        with pytest.raises((tinker.ConflictError, tinker.RequestFailedError)):
+            training.forward_backward([datum], "cross_entropy").result()
+        assert native.budget()["held_usd_micros"] == 0
 
 
 def test_a_track_without_the_trainer_refuses_the_primitives(stack, admin, tinker_benchmark) -> None:  # noqa: ANN001

@@ -13,6 +13,7 @@ from types import SimpleNamespace
 from typing import Any
 
 import httpx
+import jinja2
 import pytest
 from fastapi.testclient import TestClient
 from inference_service.client import InferenceClient
@@ -25,7 +26,7 @@ from grader.graders import parse_label, parse_score, python_limits, run_grader
 from grader.sandboxes import SandboxUnavailable
 from services.common.auth import RunContext, run_headers
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
-from services.common.graders import Grader, GraderResult, GraderRunRequest, GraderSample
+from services.common.graders import TEMPLATES, FormulaError, Grader, GraderResult, GraderRunRequest, GraderSample, evaluate_formula
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest
 from tests.unit.grader import test_routes
 from tests.unit.grader.test_routes import GATEWAY_TOKEN, Served, problem, stand_in
@@ -365,3 +366,17 @@ def test_a_bad_grader_is_a_422_and_an_exhausted_budget_a_402(served: Served) -> 
 def test_the_grader_route_documents_its_errors(served: Served) -> None:
     route = served.http.get("/openapi.json").json()["paths"]["/internal/graders/run"]["post"]
     assert {"401", "402", "404", "422", "503"} <= set(route["responses"])
+
+
+@pytest.mark.parametrize("formula", ["9**9**9", "2 ^ 10**10", "10**400", "a * 10**400"])
+def test_a_formula_too_large_to_compute_is_refused_at_once(formula: str) -> None:
+    """A tester's ``9**9**9`` held the gateway's event loop when the grader was validated, and ``10**400`` was a 500:
+    simpleeval's guarded operators refuse the first, the finiteness check the second, in microseconds."""
+    with pytest.raises(FormulaError):
+        evaluate_formula(formula, {"a": 1.0})
+
+
+def test_a_template_that_builds_a_huge_string_is_a_template_error_not_a_minute_of_the_graders_time() -> None:
+    with pytest.raises(jinja2.exceptions.SecurityError):
+        TEMPLATES.from_string("{{ 'x' * 10**9 }}").render(sample={}, item={})
+    assert TEMPLATES.from_string("{{ 'ab' * 3 }} {{ 2 ** 3 }}").render(sample={}, item={}) == "ababab 8"
