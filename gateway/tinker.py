@@ -24,7 +24,8 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from trainer_service.schemas import LiveModelCreate, LoraSpec, SamplerCreate, SamplerSnapshot, SessionCreate
 
-from gateway.service import Caller, Gateway, admit, apply_recipe_policy, check_deadline, check_editable
+from gateway.api import GatewayDep
+from gateway.service import Caller, admit, apply_recipe_policy, check_deadline, check_editable
 from services.common.contracts import Recipe
 from services.common.errors import BadRequest, NotFound, OutsideEditableSpace, Unauthorized, problem_responses
 
@@ -38,11 +39,6 @@ CLIENT_CONFIG = {"billing_exception_max_pause_duration_sec": 0, "pjwt_auth_enabl
 """What ``client/config`` tells the SDK: a 402 fails at once; futures, custom losses and samplers the plain way."""
 
 
-async def _gateway(request: Request) -> Gateway:
-    return request.app.state.gateway
-
-
-GatewayDep = Annotated[Gateway, Depends(_gateway)]
 
 
 async def tinker_caller(request: Request, gw: GatewayDep, x_api_key: str | None = Header(None, description="`tml-<run API key>` or the key itself")) -> Caller:
