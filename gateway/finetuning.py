@@ -41,7 +41,7 @@ from gateway.schemas import (
     GraderRunOut,
     GraderRunParams,
 )
-from gateway.service import Caller, Gateway, training_job
+from gateway.service import Caller, Gateway, recipe_field_free, training_job
 from services.common.contracts import CheckpointOut, DatasetOut, JobEventOut, Recipe, TrainingJobCreate, TrainingJobOut
 from services.common.db import utcnow
 from services.common.errors import BadRequest, NotFound, OutsideEditableSpace, UpstreamProblem
@@ -91,8 +91,12 @@ def job_request(caller: Caller, req: FineTuningJobCreate, rows: int) -> Training
     Each hyper-parameter that is set (not ``"auto"``) becomes its recipe field: ``batch_size``; ``learning_rate`` =
     ``learning_rate_multiplier`` × the recipe's default learning rate; ``max_steps`` = ⌈``n_epochs`` × ``rows`` /
     ``batch_size``⌉; DPO's ``beta`` → ``dpo_beta``; reinforcement's ``compute_multiplier`` → ``grpo_group_size``
-    (:data:`GROUP_PER_COMPUTE`); ``seed`` → ``recipe.seed``. Raises ``OutsideEditableSpace`` (403) naming the OpenAI
-    parameter of a recipe field the track does not let the run set.
+    (:data:`GROUP_PER_COMPUTE`); ``seed`` → ``recipe.seed``. ``"auto"`` takes the benchmark's value, fitted to the file
+    where the track lets the run set the field (:func:`~gateway.service.recipe_field_free`): an ``"auto"`` batch is at
+    most ``rows`` (a batch larger than the file repeats its rows within a step), and the learning rate's warm-up is at
+    most a tenth of the job's steps (a short job otherwise ends inside the warm-up, its learning rate still near 0,
+    and trains nothing it is charged for). Raises ``OutsideEditableSpace`` (403) naming the OpenAI parameter of a
+    recipe field the track does not let the run set.
     """
     method = req.resolved_method()
     settings = method.settings()
@@ -113,10 +117,15 @@ def job_request(caller: Caller, req: FineTuningJobCreate, rows: int) -> Training
     create = TrainingJobCreate(model=req.model, datasets=[req.training_file], recipe=Recipe(**recipe), grader=grader)
     try:
         create = training_job(caller, create)
+        fitted = create.recipe.model_dump(exclude_unset=True)
+        if "batch_size" not in recipe and create.recipe.batch_size > rows and recipe_field_free(caller, "batch_size"):
+            fitted["batch_size"] = max(rows, 1)
         if hp is not None and isinstance(hp.n_epochs, int):
-            steps = math.ceil(hp.n_epochs * rows / create.recipe.batch_size)
-            create = training_job(caller, create.model_copy(update={"recipe": Recipe(**(create.recipe.model_dump(exclude_unset=True)
-                                                                                         | {"max_steps": steps}))}))
+            fitted["max_steps"] = math.ceil(hp.n_epochs * rows / fitted.get("batch_size", create.recipe.batch_size))
+        warmup = fitted.get("max_steps", create.recipe.max_steps) // 10
+        if create.recipe.warmup_steps > warmup and recipe_field_free(caller, "warmup_steps"):
+            fitted["warmup_steps"] = warmup
+        create = training_job(caller, create.model_copy(update={"recipe": Recipe(**fitted)}))
     except OutsideEditableSpace as exc:
         if not str(exc.extra.get("field", "")).startswith("recipe."):
             raise

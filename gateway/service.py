@@ -180,6 +180,13 @@ def apply_recipe_policy(caller: Caller, sent: dict[str, Any]) -> dict[str, Any]:
     return {**sent, **policy.lock}
 
 
+def recipe_field_free(caller: Caller, name: str) -> bool:
+    """Whether the run may set recipe field ``name`` to another value than its default (:func:`apply_recipe_policy`
+    would take it): not locked, the trainer editable on the run's track, and the field allowed."""
+    policy = caller.benchmark.recipe
+    return name not in policy.lock and "trainer" in caller.ctx.editable and (policy.allow == "all" or name in policy.allow)
+
+
 def training_job(caller: Caller, req: TrainingJobCreate) -> TrainingJobCreate:
     """The job the trainer is asked for: ``req`` with its recipe under the benchmark's policy (:func:`apply_recipe_policy`).
 

@@ -9,7 +9,9 @@ missing; ``server``: ours), and its budget hold is settled with what it used or 
 ``primitives_idle_s`` seconds without a request (:data:`BUSY_IDLE_S` while another job waits for a worker; at once when
 the session finished) the worker writes the adapter and the
 optimizer's state, marks the job ``paused`` (``succeeded`` for a finished session) and returns; the next request
-sends it to a worker again.
+sends it to a worker again. Gradients a ``forward_backward`` left for a later ``optim_step`` are not part of that
+state: the state is recorded as of the last training request after which none were pending, so the worker that takes
+the model next replays the ``forward_backward`` requests since then and the step applies them all.
 """
 
 from __future__ import annotations
@@ -60,6 +62,7 @@ class _Serving:
         self.samplers: dict[str, primitives.LiveModel] = {}  # checkpoint id -> a model of those weights, for old samplers
         self.current_checkpoint: str | None = None  # the checkpoint holding exactly the current weights, if one was saved since the last step
         self.applied_seq = row.applied_seq
+        self.clean_seq = row.state_seq  # the last training request after which no gradient was pending
         lora = row.lora
         if row.state_uri:
             self.model = primitives.LiveModel.from_state(self.base_dir, artifacts.local_path(row.state_uri),
@@ -154,6 +157,8 @@ class _Serving:
             req.result, req.result_proto = (result if proto else json.dumps(result).encode()) if result is not None else None, proto  # type: ignore[union-attr]
             if seq is not None:
                 self.applied_seq = seq
+                if not self.model.has_pending_gradients:
+                    self.clean_seq = seq
                 s.get(LiveModelRow, self.model_id).applied_seq = seq  # type: ignore[union-attr]
             for item in usage:
                 if item.kind == UsageKind.training_tokens:
@@ -304,20 +309,25 @@ class _Serving:
         if through <= after:
             return
         with self.trainer.db.session() as s:
-            work = [(r.kind, r.payload) for r in repository.done_training_requests(s, self.model_id, after, through)]
-        for kind, payload in work:
+            work = [(r.seq, r.kind, r.payload) for r in repository.done_training_requests(s, self.model_id, after, through)]
+        for seq, kind, payload in work:
             if kind in ("forward_backward", "optim_step", "load_weights"):
                 getattr(self, f"_{kind}")(payload, None, replay=True)
+            if not self.model.has_pending_gradients:
+                self.clean_seq = seq
         log.info("replayed requests", model_id=self.model_id, count=len(work), after=after, through=through)
 
     def let_go(self, status: str) -> None:
-        """Write the adapter and optimizer state, record it on the live model and set the job ``status``."""
+        """Write the adapter and optimizer state, record it on the live model and set the job ``status``. The state is
+        recorded as of :attr:`clean_seq`: a ``forward_backward`` changes neither weights nor optimizer, so the state
+        written now is that of the last request after which no gradient was pending, and the requests after it are
+        replayed to bring the pending gradients back."""
         folder = self.model.save_state(self.workdir / "state")
         uri = artifacts.put_dir(self.trainer.settings.artifacts_dir, f"primitives/{self.job_id}/state/{new_id('st')}", folder)
         with self.trainer.db.session() as s:
             job = self.lease.row(s)
             row = s.get(LiveModelRow, self.model_id)
-            row.state_uri, row.state_seq = uri, self.applied_seq  # type: ignore[union-attr]
+            row.state_uri, row.state_seq = uri, self.clean_seq  # type: ignore[union-attr]
             row.lora = {**row.lora, "load_optimizer": True}  # type: ignore[union-attr]
             if status in ("succeeded", "cancelled"):
                 finish(s, job, status, None)

@@ -504,6 +504,12 @@ class LiveModel:
         return self._model
 
     @property
+    def has_pending_gradients(self) -> bool:
+        """Whether a ``forward_backward`` left gradients that no ``optim_step`` has applied yet (they live in memory
+        only: :meth:`save_state` does not write them, as Tinker's ``save_state`` does not)."""
+        return any(p.grad is not None for p in self._params)
+
+    @property
     def trainable_parameters(self) -> int:
         """Parameters of the adapter (what ``optim_step`` updates)."""
         return sum(p.numel() for p in self._params)

@@ -57,11 +57,25 @@ def _field_path(loc: tuple[Any, ...], body: Any) -> str:
     return ".".join(parts)
 
 
+def _primary_error(errors: list[dict[str, Any]]) -> dict[str, Any]:
+    """The error the problem's ``detail`` tells: the first, except that of a value no member of a union took, the error
+    of a member that is not a literal (``n_epochs: "auto" | int >= 1`` sent 0: "greater than or equal to 1", not
+    "Input should be 'auto'")."""
+    if not errors:
+        return {}
+    first = errors[0]
+    if first.get("type") != "literal_error" or len(first.get("loc", ())) < 2:
+        return first
+    field = tuple(first["loc"][:-1])
+    return next((e for e in errors if tuple(e.get("loc", ())[:-1]) == field and e.get("type") != "literal_error"), first)
+
+
 def validation_problem(exc: RequestValidationError, status: int = 422) -> dict[str, Any]:
     """The problem of a request FastAPI could not validate: ``status`` (422; 400 on routes that answer as OpenAI's API
-    does), ``field`` the dotted path of the first error (:func:`_field_path`), ``errors`` every error."""
+    does), ``field`` the dotted path of the first error (:func:`_field_path`; of a union, its non-literal member's:
+    :func:`_primary_error`), ``errors`` every error."""
     errors = exc.errors()
-    first = errors[0] if errors else {}
+    first = _primary_error(errors)
     if first.get("type") == "json_invalid":
         return with_openai_error({"type": "urn:crucible:problem:invalid_input", "title": "Invalid input", "status": status, "code": "invalid_input",
                                   "detail": "the request body is not valid JSON", "field": "body"})

@@ -225,3 +225,29 @@ def test_a_chunked_body_over_the_limit_is_refused_before_the_app_reads_it() -> N
         assert big.status_code == 413 and big.headers["content-type"] == "application/problem+json"
         assert client.post("/echo", content=b"x" * 2000).status_code == 413  # with Content-Length
     assert seen == [500]
+
+
+def _fine_tuning(caller: Caller, rows: int, **hyperparameters: object) -> dict:
+    from gateway.finetuning import job_request
+    from gateway.schemas import FineTuningJobCreate
+
+    req = FineTuningJobCreate(model="smollm2-135m-instruct", training_file="ds_" + "0" * 26,
+                              method={"type": "supervised", "supervised": {"hyperparameters": hyperparameters}})
+    return job_request(caller, req, rows).recipe.model_dump()
+
+
+def test_an_auto_fine_tuning_job_fits_its_batch_to_the_file_and_its_warmup_to_its_steps() -> None:
+    """OpenAI's short jobs: one row for 3 epochs is 3 steps of one row (a batch of the default 8 read the row 8 times),
+    and a job of 3 steps has no warm-up (inside the default 10 steps of warm-up its learning rate stayed near 0 and it
+    trained nothing it was charged for); set values, long jobs and a track that fixes the recipe are left as they are."""
+    caller = _caller(TEST_BENCHMARK)
+    short = _fine_tuning(caller, 1, n_epochs=3)
+    assert (short["batch_size"], short["max_steps"], short["warmup_steps"]) == (1, 3, 0)
+    long = _fine_tuning(caller, 400, n_epochs=3)
+    assert (long["batch_size"], long["max_steps"], long["warmup_steps"]) == (8, 150, 10)
+    assert _fine_tuning(caller, 40, n_epochs=2)["warmup_steps"] == 1  # 10 steps: a tenth of them
+    assert _fine_tuning(caller, 2, n_epochs=1, batch_size=4)["batch_size"] == 4  # set by the client: honoured
+    fixed = _caller({**TEST_BENCHMARK, "track": "data"})
+    assert (_fine_tuning(fixed, 1)["batch_size"], _fine_tuning(fixed, 1)["warmup_steps"]) == (8, 10)  # the benchmark's recipe
+    locked = _caller({**TEST_BENCHMARK, "recipe": {"lock": {"method": "sft", "warmup_steps": 5}}})
+    assert _fine_tuning(locked, 1, n_epochs=1)["warmup_steps"] == 5

@@ -454,6 +454,38 @@ def _forward_backward(model_id: str, seq: int, data: list[Any]) -> bytes:
     return request_conv.forward_backward_request_to_proto(request).SerializeToString()
 
 
+def test_gradients_pending_when_an_idle_model_is_let_go_are_applied_by_the_step_after_it_comes_back(
+        served: Served, client: TrainerClient, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``forward_backward``, then the client idles past ``primitives_idle_s`` (the worker writes the state and lets the
+    model go), then ``optim_step`` on the next worker: the step applies the gradient of the request before the pause
+    (its state once held no gradient, the step was a no-op with norm 0, and the client was charged for nothing), and
+    that request is charged once."""
+    from tinker import types
+    from trainer_service.worker import run_job
+
+    monkeypatch.setattr(served.trainer.settings, "primitives_idle_s", 0.2)
+    ctx = served.new_run()
+    session = client.create_session(ctx, SessionCreate()).session_id
+    model_id = client.create_live_model(ctx, LiveModelCreate(session_id=session, model_seq_id=0, base_model=MODEL,
+                                                            recipe={"method": "primitives", "lora_r": 4})).model_id
+    datum = types.Datum(model_input=types.ModelInput.from_ints([504, 3365, 314, 253, 1303, 30]),
+                        loss_fn_inputs={"target_tokens": [3365, 314, 253, 1303, 30, 2], "weights": [1.0] * 6})
+    client.forward_backward(ctx, _forward_backward(model_id, 1, [datum]))
+    job_id = served.enqueued[-1]
+    run_job(served.trainer, job_id)  # the forward_backward, then idle: the state is written and the model let go
+    with served.trainer.db.session() as s:
+        assert s.get(TrainingJob, job_id).status == "paused"  # type: ignore[union-attr]
+    step = client.training_request(ctx, "optim_step", {"model_id": model_id, "seq_id": 2, "adam_params": {"learning_rate": 1e-3}})
+    assert served.enqueued[-1] == job_id
+    run_job(served.trainer, job_id)  # another worker's turn: the state, the pending gradient replayed, the step
+    answer = client.retrieve_request(ctx, step.request_id)
+    assert answer.status == "done", answer.error
+    assert answer.result["metrics"]["grad_norm:mean"] > 0  # type: ignore[index]
+    with served.trainer.db.session() as s:
+        job = s.get(TrainingJob, job_id)
+        assert (job.status, job.steps_done, job.trained_tokens) == ("paused", 1, 6)  # type: ignore[union-attr]
+
+
 def test_a_forward_backward_no_worker_could_compute_is_refused_before_anything_is_held(served: Served, client: TrainerClient) -> None:
     """No data, a datum with no tokens, loss inputs not shaped as the tokens, more tokens than the model reads or than a
     request may compute: a 400 naming the datum, nothing held (each of these once reached a worker, which failed after a
