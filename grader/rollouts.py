@@ -146,6 +146,7 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
     ``unbind_wait_s``: how long to wait for model calls still in flight when the harness has ended (their charges).
     Raises :class:`TaskSetupFailed` when the task's set-up fails, ``SandboxUnavailable`` when no sandbox starts."""
     limits = caps.for_harness(manifest, environment.agent_timeout_s if environment else None)
+    extra = [Mount(source, target) for source, target in environment.mounts] if environment else []
     with workspace(limits.disk_mb) as root:  # /app and /harness in one size-limited file system
         app, harness_dir = root / "app", root / "harness"
         app.mkdir()
@@ -156,7 +157,7 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
             if environment.app is not None:
                 shutil.copytree(environment.app, app, dirs_exist_ok=True)
             if environment.setup is not None:
-                setup = sandbox.run(["bash", f"{SETUP_DIR}/{environment.setup.name}"], mounts=[Mount(app, APP_DIR, True), Mount(environment.setup.parent, SETUP_DIR)],
+                setup = sandbox.run(["bash", f"{SETUP_DIR}/{environment.setup.name}"], mounts=[Mount(app, APP_DIR, True), Mount(environment.setup.parent, SETUP_DIR), *extra],
                                     cwd=APP_DIR, env={}, limits=caps.for_verifier(environment.verifier_timeout_s))
                 spent += setup.elapsed_s
                 if not setup.ok:
@@ -166,7 +167,7 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
         try:
             env = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": token, "OPENAI_MODEL": binding.model,
                    "CRUCIBLE_MAX_TURNS": str(binding.max_calls), "CRUCIBLE_HARNESS_ENTRY": manifest.entry, "CRUCIBLE_HARNESS_INSTALL": manifest.install or ""}
-            ran = sandbox.run(["bash", "-c", _HARNESS_SCRIPT], mounts=[Mount(app, APP_DIR, True), Mount(harness_dir, HARNESS_DIR, True)],
+            ran = sandbox.run(["bash", "-c", _HARNESS_SCRIPT], mounts=[Mount(app, APP_DIR, True), Mount(harness_dir, HARNESS_DIR, True), *extra],
                               cwd=APP_DIR, env=env, limits=limits, stdin=instruction.encode(), model_socket=endpoint.socket_path)
         finally:
             endpoint.unbind(token, wait_s=unbind_wait_s)
@@ -181,7 +182,7 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
             check()
             with tempfile.TemporaryDirectory(prefix="crucible-verifier-") as logs:  # the grader's (mode 0700): only the verifier's root writes it
                 verifier = sandbox.run(["bash", f"{TESTS_DIR}/test.sh"], mounts=[Mount(app, APP_DIR, True), Mount(environment.tests, TESTS_DIR),
-                                                                              Mount(Path(logs), VERIFIER_LOGS, True)],
+                                                                              Mount(Path(logs), VERIFIER_LOGS, True), *extra],
                                        cwd=APP_DIR, env={}, limits=caps.for_verifier(environment.verifier_timeout_s), agent_user=True)
                 reward = read_reward(Path(logs))
             spent += verifier.elapsed_s

@@ -32,7 +32,7 @@ import uuid
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from functools import lru_cache
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 
 import structlog
 
@@ -245,6 +245,8 @@ class BubblewrapSandbox:
         if model_socket is not None:
             args += ["--ro-bind", str(model_socket), SOCKET_TARGET]  # read-only: connectable, but no chmod or unlink of the shared socket
         for m in mounts:
+            for parent in reversed(PurePosixPath(m.target).parents[:-1]):  # bubblewrap would make a missing one 0700: the agent user could not reach the mount
+                args += ["--perms", "0755", "--dir", str(parent)]
             args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]
         if agent_user:
             args += ["--ro-bind", str(AS_AGENT_SCRIPT), AS_AGENT_TARGET]

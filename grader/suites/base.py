@@ -36,13 +36,15 @@ class TaskEnvironment:
     copied into the working directory ``/app`` (``app``, may be ``None``), a set-up script run there before the agent
     (``setup``, bash, no model), and the verifier's folder (``tests``, mounted read-only at ``/tests`` only after the
     agent has finished; ``tests/test.sh`` writes ``/logs/verifier/reward.txt`` or ``reward.json``). Seconds: the
-    agent's and the verifier's time limits."""
+    agent's and the verifier's time limits. ``mounts``: ``(host folder, sandbox path)`` pairs shown read-only to the
+    set-up, the harness and the verifier (a task's prepared dependencies)."""
 
     app: Path | None
     setup: Path | None
     tests: Path
     agent_timeout_s: float
     verifier_timeout_s: float
+    mounts: tuple[tuple[Path, str], ...] = ()
 
 
 Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]

@@ -1,0 +1,280 @@
+"""The ``swe`` suite: repository bug-fix tasks in SWE-bench's shape, on real projects, with hidden instances generated
+from the grader's secret seed.
+
+A task is a project's repository at a base commit holding one bug (:mod:`grader.suites.swe_mutants`: a function of the
+library reverted to a wrong variant and verified on the project's own tests), an issue text a user could have written
+(the symptom and a reproduction: the failing test's body and its failure; never the fix), a gold ``patch`` (the
+mutation reversed), a ``test_patch`` (the test files holding the ``FAIL_TO_PASS`` tests, taken out of the repository the
+agent gets), ``FAIL_TO_PASS`` and ``PASS_TO_PASS``. An item is **resolved** — reward 1 — when, after the harness's
+changes and with the test patch put back, every ``FAIL_TO_PASS`` test passes and every ``PASS_TO_PASS`` test still
+passes: SWE-bench's criterion; the score is the resolved rate.
+
+**Generation.** Every split is drawn from the same candidates (each project's mutation sites, enumerated from its
+source) by its seed: shuffled, taken from the projects in turn, and verified as drawn (results cached per mutant), until
+``size`` bugs are found. The public splits' seeds are in the benchmark file; the test split's seed is the grader's
+secret, so its instances exist only in the grader (as reasoning-gym's math does), and the candidates number several
+hundred bugs per benchmark (``item_space``).
+
+**Verification** (the verifier, ``test.sh`` in the task's tests folder, run after the harness with ``/tests`` mounted):
+the project's pristine files are copied into a fresh tree, then only the harness's changes to the library's own source
+(regular ``.py`` files under the package folder, not named ``conftest.py``, ``sitecustomize.py`` or
+``usercustomize.py``) are laid over them, so tests the harness edited or deleted, and a ``conftest.py``, ``pytest.ini``
+or ``sitecustomize.py`` it planted, are not what runs. The selected tests run as the unprivileged agent user with
+pytest from ``/opt/swe-env`` (prepared at installation, mounted read-only), with no configuration file of the
+repository's, and the verifier writes the reward from their JUnit report. What it does not defend against: code in the
+library that, once imported by the tests' process, rewrites that process's report (SWE-bench's harness does not either).
+
+Params: ``projects`` (list of names of :data:`~grader.suites.swe_mutants.PROJECTS`; default all). The default harness is
+the terminal suite's (one shell command per turn, its output back, ``DONE`` to finish: mini-SWE-agent's loop).
+"""
+
+from __future__ import annotations
+
+import ast
+import json
+import os
+import random
+import shutil
+import subprocess
+import textwrap
+import threading
+from dataclasses import asdict
+from functools import cache
+from pathlib import Path
+from typing import Any
+
+from grader.suites import swe_mutants
+from grader.suites.base import Item, TaskEnvironment, register_suite
+from grader.suites.swe_mutants import ENV_TARGET, PROJECTS, SWE_DIR, Mutant, Project
+from grader.suites.terminal import HARNESS_DIR
+from services.common.contracts import Harness
+from services.common.errors import Unprocessable
+
+AGENT_TIMEOUT_S = 600.0
+VERIFIER_TIMEOUT_S = 120.0
+_VERIFIED = threading.Lock()
+
+VERIFIER = r'''#!/bin/bash
+# The swe suite's verifier (grader/suites/swe.py): the pristine project, the harness's library changes over it, the
+# selected tests run as the agent user; reward 1 when every FAIL_TO_PASS and PASS_TO_PASS test passed.
+set -u
+mkdir -p /logs/verifier
+echo 0 > /logs/verifier/reward.txt
+work=$(mktemp -d) && out=$(mktemp -d) || exit 0
+cp -a /tests/repo/. "$work/"
+package=$(python3 -I -c 'import json; print(json.load(open("/tests/spec.json"))["package"])')
+find "$work/$package" -type f -name '*.py' -delete
+(cd /app && find "$package" -type f -name '*.py' ! -name conftest.py ! -name sitecustomize.py ! -name usercustomize.py -print0) \
+    | (cd /app && xargs -0 -r cp --parents -t "$work") 2>/dev/null
+chmod -R a+rX "$work" && chmod a+rwx "$out"
+cd "$work" || exit 0
+readarray -t tests < <(python3 -I -c 'import json; s = json.load(open("/tests/spec.json")); print("\n".join(s["FAIL_TO_PASS"] + s["PASS_TO_PASS"]))')
+readarray -t files < <(python3 -I -c 'import json; s = json.load(open("/tests/spec.json")); print("\n".join(sorted({t.split("::")[0] for t in s["FAIL_TO_PASS"] + s["PASS_TO_PASS"]})))')
+path=$(python3 -I -c 'import json; print(json.load(open("/tests/spec.json"))["path"])')
+HOME="$out" /run/crucible/as-agent python3 -E -s -B {env}/swe_runner.py {env} "$path" -- -q -p no:cacheprovider -c {env}/pytest.ini \
+    --rootdir . --junitxml "$out/junit.xml" -o junit_family=xunit1 "${{files[@]}}" > "$out/log" 2>&1
+python3 -I /tests/grade.py "$out/junit.xml" > /logs/verifier/reward.txt 2>/dev/null || echo 0 > /logs/verifier/reward.txt
+tail -n 20 "$out/log"
+exit 0
+'''.replace("{env}", ENV_TARGET).replace("{{", "{").replace("}}", "}")
+
+GRADE = '''"""Print 1 when every test of /tests/spec.json passed in the JUnit report argv[1], else 0."""
+import json, sys
+sys.path.insert(0, "/tests")
+from junit import junit_outcomes
+spec = json.load(open("/tests/spec.json"))
+wanted = spec["FAIL_TO_PASS"] + spec["PASS_TO_PASS"]
+try:
+    outcomes = junit_outcomes(open(sys.argv[1]).read(), sorted({t.split("::")[0] for t in wanted}))
+except Exception:
+    outcomes = {}
+print(1 if all(outcomes.get(t) == "passed" for t in wanted) else 0)
+'''
+
+TEMPLATES = (
+    "{title}\n\n{where}, `{name}` does not behave as it should. {doc}\n\nReproduction:\n\n```python\n{repro}\n```\n\nfails with\n\n```\n{error}\n```\n",
+    "{title}\n\nI ran into this with {where}. {doc}\n\nThis fails:\n\n```python\n{repro}\n```\n\n```\n{error}\n```\n\nIs `{name}` broken?\n",
+    "{title}\n\n{doc} But with {where}, the following check of `{name}` fails:\n\n```python\n{repro}\n```\n\nError:\n\n```\n{error}\n```\n",
+)
+TITLES = ("`{name}` gives a wrong result", "Bug in `{name}`", "`{name}` misbehaves", "Unexpected behaviour of `{name}`")
+INSTRUCTION = ("You are in /app, a git repository of the Python project {project}. Fix the issue below by changing the library's "
+               "source; do not change its tests. Run tests with `PYTHONPATH=/opt/swe-env:{path} python3 -m pytest -p no:cacheprovider "
+               "<test files>`.\n\n{issue}")
+
+
+def _check_projects(params: dict[str, Any]) -> list[Project]:
+    names = params.get("projects")
+    if names is None:
+        return list(PROJECTS.values())
+    if not isinstance(names, list) or not names or not all(isinstance(n, str) for n in names):
+        raise Unprocessable("suite.params.projects must be a non-empty list of project names", field="suite.params.projects")
+    if unknown := sorted(set(names) - PROJECTS.keys()):
+        raise Unprocessable(f"unknown swe projects {unknown}; available: {', '.join(PROJECTS)}", field="suite.params.projects")
+    return [PROJECTS[n] for n in names]
+
+
+@cache
+def _candidates(name: str) -> tuple[Mutant, ...]:
+    return tuple(swe_mutants.candidates(PROJECTS[name]))
+
+
+def _verified(mutant: Mutant) -> Mutant | None:
+    """``mutant`` verified on its project's tests (:func:`swe_mutants.verify`), the result kept in ``SWE_DIR/verified``."""
+    cached = SWE_DIR / "verified" / swe_mutants.STAMP / f"{mutant.id}.json"
+    if cached.is_file():
+        data = json.loads(cached.read_text())
+        return _mutant(data) if data else None
+    [kept] = swe_mutants.verify(PROJECTS[mutant.project], [mutant], workers=1) or [None]
+    with _VERIFIED:
+        cached.parent.mkdir(parents=True, exist_ok=True)
+        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
+        tmp.write_text(json.dumps(asdict(kept) if kept else {}))
+        tmp.replace(cached)
+    return kept
+
+
+def _mutant(data: dict[str, Any]) -> Mutant:
+    return Mutant(**{**data, "fail_to_pass": tuple(data["fail_to_pass"]), "pass_to_pass": tuple(data["pass_to_pass"])})
+
+
+def _test_source(repo: Path, test_id: str) -> str:
+    """The body of the test ``file::Class::name`` (its class's bases searched too, a parametrized id's base name)."""
+    file, *path = test_id.split("::")
+    name = path[-1].split("[")[0]
+    for candidate in [repo / file, *sorted((repo / file).parent.glob("*.py"))]:
+        source = candidate.read_text(errors="replace")
+        for node in ast.walk(ast.parse(source)):
+            if isinstance(node, ast.FunctionDef) and node.name == name:
+                body = node.body[1:] if ast.get_docstring(node) and len(node.body) > 1 else node.body
+                text = "".join(source.splitlines(keepends=True)[body[0].lineno - 1:body[-1].end_lineno])
+                lines = textwrap.dedent(text).splitlines()
+                return "\n".join(lines[:25] + (["# ..."] if len(lines) > 25 else []))
+    return f"# see {name}"
+
+
+def issue_text(mutant: Mutant, rng: random.Random) -> str:
+    """The issue a user could have written about ``mutant``: the function, its documented purpose, a reproduction (the
+    first failing test's body) and the failure it gives — never the fix."""
+    project = PROJECTS[mutant.project]
+    module = mutant.path[:-3].replace("/", ".").removeprefix(f"{project.path}/".replace("/", ".") if project.path != "." else "")
+    module = module.removesuffix(".__init__")
+    name = f"{module}.{mutant.function}"
+    source = (project.repo / mutant.path).read_text()
+    doc = ""
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.FunctionDef) and node.lineno <= mutant.line <= (node.end_lineno or 0):
+            first = (ast.get_docstring(node) or "").strip().split("\n\n")[0].replace("\n", " ")
+            doc = f"Its documentation says: \"{first[:300]}\"" if first else ""
+    error = mutant.failure
+    values = {"name": name, "where": f"{project.name} {project.version}", "doc": doc,
+              "repro": _test_source(project.repo, mutant.fail_to_pass[0]), "error": error.strip() or "the check fails"}
+    title = "# " + rng.choice(TITLES).format(**values)
+    return rng.choice(TEMPLATES).format(title=title, **values)
+
+
+def gold_patch(mutant: Mutant) -> str:
+    """The fix as a unified diff against the base commit (``git apply``-able in the task's ``/app``)."""
+    import difflib
+
+    original = (PROJECTS[mutant.project].repo / mutant.path).read_text()
+    buggy = mutant.apply(original)
+    return "".join(difflib.unified_diff(buggy.splitlines(keepends=True), original.splitlines(keepends=True), f"a/{mutant.path}", f"b/{mutant.path}"))
+
+
+@register_suite
+class SweSuite:
+    """See the module docstring."""
+
+    name = "swe"
+    default_harness = Harness()  # never used alone: a swe task is run by a code harness
+    default_harness_folder = HARNESS_DIR
+
+    def check_params(self, params: dict[str, Any]) -> None:
+        for key in params:
+            if key != "projects":
+                raise Unprocessable(f"swe takes no parameter {key!r}; allowed: projects", field=f"suite.params.{key}")
+        _check_projects(params)
+
+    def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
+        """``size`` verified bugs drawn by ``seed`` (module docstring); raises ``Unprocessable`` (field
+        ``suite.splits.<split>.size``) when the candidates run out first."""
+        rng = random.Random(seed)
+        queues = []
+        for project in _check_projects(params):
+            pool = list(_candidates(project.name))
+            rng.shuffle(pool)
+            queues.append(pool)
+        items: list[Item] = []
+        while len(items) < size and any(queues):
+            for pool in queues:
+                while pool and len(items) < size:
+                    mutant = _verified(pool.pop())
+                    if mutant is None or mutant.id in exclude:
+                        continue
+                    item = self._item(mutant, random.Random(f"{seed}:{mutant.id}"))
+                    if item.question not in exclude:
+                        items.append(item)
+                        break
+        if len(items) < size:
+            raise Unprocessable(f"swe: only {len(items)} {split} bugs are left for these projects; ask for at most that many",
+                                field=f"suite.splits.{split}.size")
+        return items
+
+    def _item(self, mutant: Mutant, rng: random.Random) -> Item:
+        project = PROJECTS[mutant.project]
+        question = INSTRUCTION.format(project=project.name, path=project.path, issue=issue_text(mutant, rng))
+        entry = {**asdict(mutant), "patch": gold_patch(mutant), "test_patch": mutant.test_files, "FAIL_TO_PASS": list(mutant.fail_to_pass),
+                 "PASS_TO_PASS": list(mutant.pass_to_pass)}
+        return Item(id=mutant.id, question=question, answer="", entry=entry)
+
+    def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """The candidates of the params' projects (an upper bound: about half verify as bugs)."""
+        return sum(len(_candidates(p.name)) for p in _check_projects(params)), False
+
+    def score(self, answer: str | None, item: Item) -> float:
+        """Not used: a swe task's score is its verifier's reward. 0.0."""
+        return 0.0
+
+    def environment(self, item: Item) -> TaskEnvironment:
+        """``item``'s repository (the bug in, its test patch out, one commit) and verifier folder, written once under
+        ``SWE_DIR/instances`` (mode 0700), with the tests' runner mounted at ``/opt/swe-env``."""
+        mutant = _mutant({k: item.entry[k] for k in Mutant.__dataclass_fields__})
+        folder = SWE_DIR / "instances" / mutant.id
+        if not (folder / ".done").is_file():
+            _materialize(mutant, folder)
+        return TaskEnvironment(app=folder / "app", setup=None, tests=folder / "tests", agent_timeout_s=AGENT_TIMEOUT_S,
+                               verifier_timeout_s=VERIFIER_TIMEOUT_S, mounts=((SWE_DIR / "env", ENV_TARGET),))
+
+
+def _materialize(mutant: Mutant, folder: Path) -> None:
+    project = PROJECTS[mutant.project]
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.{threading.get_ident()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(parents=True, mode=0o700)
+    app, tests = tmp / "app", tmp / "tests"
+    ignore = shutil.ignore_patterns(".prepared", "__pycache__", "*.pyc")
+    shutil.copytree(project.repo, app, ignore=ignore)
+    (app / mutant.path).write_text(mutant.apply((project.repo / mutant.path).read_text()))
+    for file in mutant.test_files:
+        (app / file).unlink()
+    git = ["git", "-c", "user.name=crucible", "-c", "user.email=swe@crucible.invalid", "-c", "commit.gpgsign=false"]
+    env = {"PATH": "/usr/bin:/bin", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z", "HOME": str(tmp)}
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", f"{project.name} {project.version}"]):
+        subprocess.run([*git, *cmd], cwd=app, env=env, check=True, capture_output=True)
+    tests.mkdir()
+    shutil.copytree(project.repo, tests / "repo", ignore=ignore)
+    (tests / "test.sh").write_text(VERIFIER)
+    (tests / "grade.py").write_text(GRADE)
+    (tests / "junit.py").write_text(_junit_module())
+    (tests / "spec.json").write_text(json.dumps({"package": project.package, "path": project.path, "FAIL_TO_PASS": list(mutant.fail_to_pass),
+                                                 "PASS_TO_PASS": list(mutant.pass_to_pass)}))
+    (tmp / ".done").touch()
+    shutil.rmtree(folder, ignore_errors=True)
+    tmp.rename(folder)
+
+
+def _junit_module() -> str:
+    """:func:`swe_mutants.junit_outcomes` as a module of its own, for the verifier's ``grade.py``."""
+    source = Path(swe_mutants.__file__).read_text()
+    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "junit_outcomes")
+    return "from __future__ import annotations\n\n\n" + (ast.get_source_segment(source, node) or "") + "\n"

@@ -1,0 +1,391 @@
+"""The ``swe`` suite's bugs: real projects' source, reverted to wrong variants and verified against their own tests.
+
+**Projects** (:data:`PROJECTS`): pure-Python libraries from the package registry, each pinned, with the test suite its
+source distribution ships. :func:`prepare` (``make swe-projects``, at installation: the only time the registry is
+reached) downloads each sdist, unpacks it as the project's repository, and installs the tests' runner (pytest, pure
+Python) into a folder of its own, which every sandbox mounts read-only at ``/opt/swe-env``; nothing is fetched later.
+
+**Mutants** (:func:`candidates`): a mutation applied at one site of one function of the library: a comparison
+flipped at its boundary (``<`` ↔ ``<=``, ``==`` ↔ ``!=``, ``in`` ↔ ``not in``), a slice bound off by one, ``and`` ↔
+``or``, a ``not`` dropped, ``+ 1`` ↔ ``- 1``, a ``True`` returned as ``False``, and an ``if`` that returns, raises,
+breaks or continues left out (a case the function forgot). A candidate is a bug when :func:`verify` finds that it makes
+some of the project's tests fail (``FAIL_TO_PASS``; the tests of the files that name the function are run) while the
+other tests of those files still pass (``PASS_TO_PASS``), every file still imports and the run ends within
+:data:`TEST_TIMEOUT_S`. The suite verifies candidates as its seeds draw them (:mod:`grader.suites.swe`). A bug's *gold
+patch* is its mutation reversed; its *test patch* is the test files holding its ``FAIL_TO_PASS`` tests, taken out of
+the repository the agent gets and put back by the verifier: SWE-bench's shape.
+"""
+
+from __future__ import annotations
+
+import ast
+import hashlib
+import json
+import os
+import re
+import shutil
+import subprocess
+import sys
+import tarfile
+import tempfile
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import asdict, dataclass
+from pathlib import Path
+from typing import Any
+
+SWE_DIR = Path(os.environ.get("CRUCIBLE_SWE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crucible" / "swe")
+"""Where :func:`prepare` writes (``projects/<name>/`` the repositories, ``env/`` the runner, ``baseline/``) and the
+suite keeps what it verified and the instances it wrote: the user's cache folder (``~/.cache/crucible/swe``), shared by
+the checkouts of one machine as pip's cache is; ``CRUCIBLE_SWE_DIR`` moves it."""
+ENV_TARGET = "/opt/swe-env"
+"""Where a sandbox sees the tests' runner (read-only)."""
+PYTEST = "pytest==8.4.2"
+TEST_TIMEOUT_S = 30.0
+"""A mutant whose tests run longer than this (a loop that no longer ends) is not kept."""
+MAX_FAILING = 12
+"""A mutant that breaks more tests than this is too blunt to read as one bug: not kept."""
+STAMP = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
+"""This module's version: what was verified by another version is verified again."""
+SITES_PER_FUNCTION = 3
+"""At most this many candidate sites of one function are tried (chosen by a hash, so the catalogue is reproducible)."""
+
+
+@dataclass(frozen=True)
+class Project:
+    """One project: the sdist ``name==version``, its ``package`` folder (relative to the sdist's root: the library's
+    source, where mutants go), ``path`` (put on ``sys.path`` for tests), and ``tests`` (the test files' glob)."""
+
+    name: str
+    version: str
+    package: str
+    path: str = "."
+    tests: str = "tests/test_*.py"
+    skip_modules: tuple[str, ...] = ()
+
+    @property
+    def repo(self) -> Path:
+        return SWE_DIR / "projects" / self.name
+
+    def modules(self) -> list[Path]:
+        """The library's source files (relative to the repository), tests and private tooling left out."""
+        root = self.repo
+        return sorted(p.relative_to(root) for p in (root / self.package).rglob("*.py")
+                      if "tests" not in p.parts and p.name not in ("conftest.py", "__main__.py") and p.name not in self.skip_modules)
+
+    def test_files(self) -> list[Path]:
+        return sorted(p.relative_to(self.repo) for p in self.repo.glob(self.tests))
+
+
+PROJECTS: dict[str, Project] = {p.name: p for p in (
+    Project("cachetools", "8.0.3", "src/cachetools", path="src"),
+    Project("toolz", "1.2.0", "toolz", tests="toolz/tests/test_*.py", skip_modules=("_signatures.py", "compatibility.py")),
+    Project("inflection", "0.5.1", "inflection", tests="test_inflection.py"),
+    Project("semver", "3.2.0", "src/semver", path="src"),
+    Project("tabulate", "0.10.0", "tabulate", tests="test/test_*.py"),
+    Project("boltons", "26.2.0", "boltons"),
+    Project("more-itertools", "11.2.1", "more_itertools"),
+)}
+
+
+@dataclass(frozen=True)
+class Mutant:
+    """One verified bug. Text positions are 1-based lines and 0-based columns of the original file, as ``ast`` gives."""
+
+    project: str
+    path: str
+    function: str
+    operator: str
+    line: int
+    col: int
+    end_line: int
+    end_col: int
+    original: str
+    replacement: str
+    fail_to_pass: tuple[str, ...] = ()
+    pass_to_pass: tuple[str, ...] = ()
+    failure: str = ""  # the first failing test's failure message on the buggy code: what a user would see
+
+    @property
+    def id(self) -> str:
+        key = f"{self.project}:{self.path}:{self.line}:{self.col}:{self.end_line}:{self.end_col}:{self.replacement}"
+        return f"{self.project}-{hashlib.sha256(key.encode()).hexdigest()[:10]}"
+
+    @property
+    def test_files(self) -> list[str]:
+        """The test patch's files: those holding a ``FAIL_TO_PASS`` test."""
+        return sorted({t.split("::")[0] for t in self.fail_to_pass})
+
+    def apply(self, source: str) -> str:
+        """``source`` (the original file) with the bug."""
+        return _splice(source, self.line, self.col, self.end_line, self.end_col, self.replacement)
+
+
+# --------------------------------------------------------------------------- mutation operators
+
+
+class _Source:
+    """A file's text with its lines' offsets, for slicing by ``ast`` positions (1-based lines, UTF-8 byte columns)."""
+
+    def __init__(self, text: str) -> None:
+        self.text = text
+        self.lines = text.splitlines(keepends=True)
+        self.starts = [0]
+        for line in self.lines:
+            self.starts.append(self.starts[-1] + len(line))
+
+    def offset(self, line: int, col: int) -> int:
+        return self.starts[line - 1] + len(self.lines[line - 1].encode()[:col].decode(errors="ignore"))
+
+    def segment(self, node: ast.AST) -> str:
+        return self.text[self.offset(node.lineno, node.col_offset):self.offset(node.end_lineno, node.end_col_offset)]  # type: ignore[attr-defined, arg-type]
+
+
+def _splice(source: str, line: int, col: int, end_line: int, end_col: int, text: str) -> str:
+    src = _Source(source)
+    return source[:src.offset(line, col)] + text + source[src.offset(end_line, end_col):]
+
+
+def _parses(text: str) -> bool:
+    try:
+        ast.parse(text, mode="eval" if text != "pass" else "exec")
+    except SyntaxError:
+        return False
+    return True
+
+
+_FLIP = {ast.Lt: "<=", ast.LtE: "<", ast.Gt: ">=", ast.GtE: ">", ast.Eq: "!=", ast.NotEq: "==", ast.In: "not in", ast.NotIn: "in",
+         ast.Is: "is not", ast.IsNot: "is"}
+
+
+def _sites(source: _Source, node: ast.AST) -> Iterator[tuple[str, ast.AST, str]]:
+    """Candidate mutations inside a function: ``(operator, node replaced, replacement text)``."""
+    seg = source.segment
+    for sub in ast.walk(node):
+        if isinstance(sub, ast.Compare) and len(sub.ops) == 1 and type(sub.ops[0]) in _FLIP:
+            left, right = seg(sub.left), seg(sub.comparators[0])
+            if left and right and "\n" not in left + right:
+                yield "comparison", sub, f"{left} {_FLIP[type(sub.ops[0])]} {right}"
+        elif isinstance(sub, ast.BoolOp) and len(sub.values) == 2:
+            a, b = seg(sub.values[0]), seg(sub.values[1])
+            if a and b and "\n" not in a + b:
+                yield "boolean", sub, f"({a} {'or' if isinstance(sub.op, ast.And) else 'and'} {b})"
+        elif isinstance(sub, ast.UnaryOp) and isinstance(sub.op, ast.Not) and (operand := seg(sub.operand)) and "\n" not in operand:
+            yield "negation", sub, f"({operand})"
+        elif (isinstance(sub, ast.BinOp) and isinstance(sub.op, ast.Add | ast.Sub) and isinstance(sub.right, ast.Constant)
+              and sub.right.value == 1 and (left := seg(sub.left)) and "\n" not in left):
+            yield "off-by-one", sub, f"{left} {'-' if isinstance(sub.op, ast.Add) else '+'} 1"
+        elif isinstance(sub, ast.Subscript) and isinstance(sub.slice, ast.Slice):
+            for bound in (sub.slice.lower, sub.slice.upper):
+                if isinstance(bound, ast.Constant) and type(bound.value) is int and 0 <= bound.value <= 2:
+                    yield "slice-bound", bound, str(bound.value + 1)
+        elif isinstance(sub, ast.Return) and isinstance(sub.value, ast.Constant) and isinstance(sub.value.value, bool):
+            yield "return-value", sub.value, str(not sub.value.value)
+        elif (isinstance(sub, ast.If) and not sub.orelse and len(sub.body) == 1
+              and isinstance(sub.body[0], ast.Return | ast.Raise | ast.Break | ast.Continue)):
+            yield "missing-case", sub, "pass"
+
+
+def candidates(project: Project) -> list[Mutant]:
+    """Every candidate mutant of ``project`` (unverified), at most :data:`SITES_PER_FUNCTION` per function, chosen by
+    a hash of the site so the list is the same on every machine."""
+    out: list[Mutant] = []
+    for rel in project.modules():
+        source = _Source((project.repo / rel).read_text())
+        tree = ast.parse(source.text)
+        for fn, qualname in _functions(tree):
+            if fn.name.startswith("__") and fn.name not in ("__init__", "__call__", "__getitem__", "__contains__"):
+                continue
+            sites = [Mutant(project.name, str(rel), qualname, operator, node.lineno, node.col_offset, node.end_lineno, node.end_col_offset,  # type: ignore[arg-type]
+                            source.segment(node), text)
+                     for operator, node, text in _sites(source, fn) if _parses(text)]
+            sites.sort(key=lambda m: m.id)
+            out += sites[:SITES_PER_FUNCTION]
+    return out
+
+
+def _functions(tree: ast.Module) -> Iterator[tuple[ast.FunctionDef, str]]:
+    for node in tree.body:
+        if isinstance(node, ast.FunctionDef):
+            yield node, node.name
+        elif isinstance(node, ast.ClassDef):
+            for item in node.body:
+                if isinstance(item, ast.FunctionDef):
+                    yield item, f"{node.name}.{item.name}"
+
+
+# --------------------------------------------------------------------------- running a project's tests
+
+
+def pytest_command(python: str, env_dir: str, path: str, tests: list[str], junit: str) -> list[str]:
+    """The command that runs ``tests`` (files or ids) of a repository in the current directory: ``python`` isolated
+    from the environment (``-E -s -B``: no ``PYTHONPATH``, no user site, no bytecode written), ``sys.path`` set to the
+    runner's folder and the project's ``path`` by :file:`swe_runner.py`, pytest with no configuration file of the
+    repository's (``-c`` an empty one: a planted ``pytest.ini`` or ``setup.cfg`` is not read) and its results in ``junit``."""
+    return [python, "-E", "-s", "-B", f"{env_dir}/swe_runner.py", env_dir, path, "--", "-q", "-p", "no:cacheprovider", "-c", f"{env_dir}/pytest.ini",
+            "--rootdir", ".", "--junitxml", junit, "-o", "junit_family=xunit1", *tests]
+
+
+RUNNER = '''"""Run pytest with sys.path = [the runner's folder, the project's source]: argv = ENV PATH -- PYTEST_ARGS."""
+import os, sys
+env, path = sys.argv[1], os.path.abspath(sys.argv[2])
+sys.path[:0] = [env, path]
+sys.argv = ["pytest", *sys.argv[4:]]
+import pytest
+raise SystemExit(pytest.main(sys.argv[1:]))
+'''
+
+
+def junit_outcomes(xml_text: str, files: list[str]) -> dict[str, str]:
+    """``{test id: "passed" | "failed" | "skipped"}`` from pytest's JUnit XML (xunit1) of a run of the test ``files``:
+    the id is pytest's, ``file::Class::name``, the file read from the case's ``classname`` (its dotted module, then
+    its classes: a test a class inherits is the class's, wherever its body is written)."""
+    import xml.etree.ElementTree as ET
+
+    modules = {f[:-3].replace("/", "."): f for f in files}
+    out: dict[str, str] = {}
+    for case in ET.fromstring(xml_text).iter("testcase"):
+        parts = (case.get("classname") or "").split(".")
+        cut = next((i for i in range(len(parts), 0, -1) if ".".join(parts[:i]) in modules), None)
+        if cut is None:
+            continue
+        test_id = "::".join([modules[".".join(parts[:cut])], *parts[cut:], case.get("name") or ""])
+        if case.find("failure") is not None or case.find("error") is not None:
+            out[test_id] = "failed"
+        elif case.find("skipped") is not None:
+            out[test_id] = "skipped"
+        else:
+            out.setdefault(test_id, "passed")
+    return out
+
+
+def _run_tests(repo: Path, project: Project, tests: list[str], timeout_s: float = TEST_TIMEOUT_S) -> tuple[dict[str, str], dict[str, str]] | None:
+    """Run ``tests`` of the repository at ``repo`` as a sandbox would (:func:`pytest_command` with this machine's
+    ``python3``): ``(outcomes, {failed test id: its failure's message})``, or ``None`` when the run timed out or
+    reported nothing."""
+    import xml.etree.ElementTree as ET
+
+    with tempfile.TemporaryDirectory(prefix="crucible-swe-") as tmp:
+        junit = f"{tmp}/junit.xml"
+        cmd = pytest_command(_python(), str(SWE_DIR / "env"), project.path, tests, junit)
+        try:
+            subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout_s, env={"PATH": "/usr/bin:/bin", "HOME": tmp})
+        except subprocess.TimeoutExpired:
+            return None
+        if not Path(junit).is_file():
+            return None
+        text = Path(junit).read_text()
+    files = [t.split("::")[0] for t in tests]
+    messages: dict[str, str] = {}
+    for case in ET.fromstring(text).iter("testcase"):
+        bad = case.find("failure") if case.find("failure") is not None else case.find("error")
+        if bad is not None:
+            [test_id] = junit_outcomes(f"<testsuite>{ET.tostring(case, encoding='unicode')}</testsuite>", files) or [""]
+            messages[test_id] = (bad.get("message") or "").strip()
+    return junit_outcomes(text, files), messages
+
+
+def baseline(project: Project) -> dict[str, dict[str, str]]:
+    """Each test file's outcomes on the original source (kept in ``SWE_DIR/baseline``, per version of this module)."""
+    cached = SWE_DIR / "baseline" / f"{project.name}-{project.version}-{STAMP}.json"
+    if cached.is_file():
+        return json.loads(cached.read_text())
+    result = {}
+    for f in map(str, project.test_files()):
+        ran = _run_tests(project.repo, project, [f], timeout_s=300)
+        result[f] = ran[0] if ran else {}
+    cached.parent.mkdir(parents=True, exist_ok=True)
+    cached.write_text(json.dumps(result))
+    return result
+
+
+def _python() -> str:
+    return shutil.which("python3", path="/usr/bin:/bin") or sys.executable
+
+
+# --------------------------------------------------------------------------- preparation
+
+
+def prepare(log: Any = print) -> None:
+    """Download and unpack every project, install the tests' runner, and record each project's tests' outcomes on its
+    original source (:func:`baseline`). Idempotent: what is there already is kept."""
+    SWE_DIR.mkdir(parents=True, exist_ok=True)
+    _install_runner()
+    for project in PROJECTS.values():
+        _unpack(project, log)
+        outcomes = baseline(project)
+        log(f"swe: {project.name} {project.version}: {sum(o == 'passed' for f in outcomes.values() for o in f.values())} tests pass")
+
+
+def _install_runner() -> None:
+    env = SWE_DIR / "env"
+    marker = env / f".{PYTEST}"
+    if not marker.is_file():
+        shutil.rmtree(env, ignore_errors=True)
+        subprocess.run([sys.executable, "-m", "pip", "install", "--quiet", "--no-compile", "--target", str(env), PYTEST], check=True)
+        marker.touch()
+    (env / "swe_runner.py").write_text(RUNNER)
+    (env / "pytest.ini").write_text("[pytest]\n")
+
+
+def _unpack(project: Project, log: Any) -> None:
+    if (project.repo / ".prepared").is_file():
+        return
+    sdists = SWE_DIR / "sdists"
+    sdists.mkdir(exist_ok=True)
+    archive = next(sdists.glob(f"{project.name.replace('-', '_')}-{project.version}.tar.gz"), None)
+    if archive is None:
+        subprocess.run([sys.executable, "-m", "pip", "download", "--quiet", "--no-deps", "--no-binary", ":all:", "--dest", str(sdists),
+                        f"{project.name}=={project.version}"], check=True)
+        archive = next(sdists.glob(f"*{project.name.replace('-', '_')}-{project.version}.tar.gz"))
+    shutil.rmtree(project.repo, ignore_errors=True)
+    with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
+        tar.extractall(tmp, filter="data")
+        [top] = Path(tmp).iterdir()
+        shutil.move(str(top), project.repo)
+    (project.repo / ".prepared").touch()
+    log(f"swe: {project.name} {project.version} unpacked")
+
+
+def verify(project: Project, mutants: list[Mutant], workers: int = 2) -> list[Mutant]:
+    """The mutants that are bugs (module docstring), each with its ``FAIL_TO_PASS``, ``PASS_TO_PASS`` and failure report."""
+    files = [str(p) for p in project.test_files()]
+    texts = {f: (project.repo / f).read_text(errors="replace") for f in files}
+    before_all = baseline(project)
+
+    def tests_of(m: Mutant) -> list[str]:
+        name = m.function.split(".")[-1]
+        return [f for f in files if re.search(rf"\b{re.escape(name)}\b", texts[f])]
+
+    def check(m: Mutant) -> Mutant | None:
+        chosen = tests_of(m)
+        if not chosen:
+            return None
+        with tempfile.TemporaryDirectory(prefix="crucible-swe-") as tmp:
+            copy = Path(tmp) / "repo"
+            shutil.copytree(project.repo, copy, symlinks=True)
+            target = copy / m.path
+            target.write_text(m.apply(target.read_text()))
+            ran = _run_tests(copy, project, chosen)
+        if ran is None:
+            return None
+        outcomes, messages = ran
+        before = {t: o for f in chosen for t, o in before_all[f].items()}
+        if set(outcomes) != set(before):
+            return None  # a test file no longer imports: not one bug in one function
+        failing = sorted(t for t, o in outcomes.items() if o == "failed" and before[t] == "passed")
+        if not failing or len(failing) > MAX_FAILING or any(o == "failed" and before[t] != "passed" for t, o in outcomes.items() if t not in failing):
+            return None
+        files_of_failing = {t.split("::")[0] for t in failing}
+        passing = sorted(t for t, o in outcomes.items() if o == "passed" and t.split("::")[0] in files_of_failing)
+        return Mutant(**{**asdict(m), "fail_to_pass": tuple(failing), "pass_to_pass": tuple(passing), "failure": messages.get(failing[0], "")[:500]})
+
+    with ThreadPoolExecutor(workers) as pool:
+        return [m for m in pool.map(check, mutants) if m is not None]
+
+
+if __name__ == "__main__":  # python -m grader.suites.swe_mutants (make swe-projects)
+    prepare()
+
+
+__all__ = ["ENV_TARGET", "PROJECTS", "STAMP", "SWE_DIR", "Mutant", "Project", "baseline", "candidates", "prepare", "pytest_command", "verify"]

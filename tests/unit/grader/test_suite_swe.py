@@ -1,0 +1,125 @@
+"""The ``swe`` suite: bugs drawn by seed and verified on their projects' own tests, SWE-bench's resolved criterion
+checked by the verifier in a real sandbox (bubblewrap here; Docker in ``make test-slow``), and harnesses that cheat."""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
+
+import pytest
+
+from grader.harness_archives import inspect_archive
+from grader.model_endpoint import Binding, ModelEndpoint
+from grader.rollouts import RolloutLimits, run_rollout
+from grader.sandboxes import get_sandbox
+from grader.suites import Item, get_suite
+from grader.suites.swe_mutants import PROJECTS, candidates
+from services.common.errors import Unprocessable
+from tests.archives import code_harness
+
+PARAMS = {"projects": ["cachetools", "inflection"]}
+
+
+@pytest.fixture(scope="module")
+def items() -> list[Item]:
+    return get_suite("swe").generate(PARAMS, 7, 2, split="validation")
+
+
+@pytest.fixture(scope="module")
+def endpoint() -> Iterator[ModelEndpoint]:
+    endpoint = ModelEndpoint(None)  # type: ignore[arg-type]  # no model is called by these harnesses
+    endpoint.start()
+    yield endpoint
+    endpoint.stop()
+
+
+@pytest.fixture(params=["bwrap", pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.slow])])
+def backend(request: pytest.FixtureRequest) -> str:
+    return request.param
+
+
+def rollout(endpoint: ModelEndpoint, backend: str, item: Item, script: str) -> float:
+    data = code_harness(script)
+    binding = Binding(model="m", ctx=None, hold_id=None, key=f"eval_test:{item.id}:0", context_tokens=None, max_tokens=16, max_calls=1)
+    outcome = run_rollout(get_sandbox(backend), endpoint, archive=data, archive_id="har_test", manifest=inspect_archive(data),
+                          instruction=item.question, binding=binding, environment=get_suite("swe").environment(item),
+                          caps=RolloutLimits(wall_s=60, verifier_wall_s=120))
+    assert outcome.trajectory.verifier_run is not None, outcome.trajectory.failure
+    return outcome.reward  # type: ignore[return-value]
+
+
+def gold(item: Item) -> str:
+    return f"cd /app && git apply <<'PATCH'\n{item.entry['patch']}PATCH\n"
+
+
+def test_every_project_has_candidates_and_its_tests_pass_on_its_original_source() -> None:
+    assert len(PROJECTS) >= 5
+    for project in PROJECTS.values():
+        assert len(candidates(project)) >= 10, project.name
+        assert (project.repo / project.package).is_dir() and project.test_files(), project.name
+    assert sum(len(candidates(p)) for p in PROJECTS.values()) >= 600  # about half verify: the 300 hidden instances the issue asks for
+
+
+def test_an_item_is_swe_benchs_shape_and_its_issue_tells_the_symptom_not_the_fix(items: list[Item]) -> None:
+    for item in items:
+        entry = item.entry
+        assert entry["FAIL_TO_PASS"] and entry["test_patch"] and entry["patch"].startswith("--- a/")
+        assert all(t.split("::")[0] in entry["test_patch"] for t in entry["FAIL_TO_PASS"])
+        removed = [line[1:].strip() for line in entry["patch"].splitlines() if line.startswith("+") and not line.startswith("+++")]
+        assert removed and not any(line in item.question for line in removed if len(line) > 12), "the fix's line is in the issue"
+        assert entry["function"].split(".")[-1] in item.question and "```" in item.question
+        env = get_suite("swe").environment(item)
+        assert not any((env.app / f).exists() for f in entry["test_patch"])  # the test patch is the verifier's
+        assert all((env.tests / "repo" / f).is_file() for f in entry["test_patch"])
+
+
+def test_generated_instances_are_reproducible_from_the_seed_and_splits_do_not_overlap(items: list[Item]) -> None:
+    suite = get_suite("swe")
+    again = suite.generate(PARAMS, 7, 2, split="validation")
+    assert [(i.id, i.question, i.entry) for i in again] == [(i.id, i.question, i.entry) for i in items]
+    other = suite.generate(PARAMS, 8, 2, split="test", exclude=frozenset(i.id for i in items))
+    assert not {i.id for i in other} & {i.id for i in items}
+    assert {i.entry["project"] for i in items} == {"cachetools", "inflection"}  # the projects taken in turn
+
+
+def test_params_are_checked_naming_the_field() -> None:
+    suite = get_suite("swe")
+    for params, field in [({"projects": ["nope"]}, "suite.params.projects"), ({"projects": []}, "suite.params.projects"),
+                          ({"repos": ["toolz"]}, "suite.params.repos")]:
+        with pytest.raises(Unprocessable) as exc:
+            suite.check_params(params)
+        assert exc.value.extra["field"] == field
+
+
+def test_the_gold_patch_resolves_every_item_and_a_noop_harness_none(endpoint: ModelEndpoint, backend: str, items: list[Item]) -> None:
+    with ThreadPoolExecutor(2) as pool:
+        golds = list(pool.map(lambda it: rollout(endpoint, backend, it, gold(it)), items))
+        noops = list(pool.map(lambda it: rollout(endpoint, backend, it, "exit 0\n"), items))
+    assert golds == [1.0] * len(items) and noops == [0.0] * len(items)
+
+
+CHEATS = {
+    "edits the tests": "cd /app && find . -name 'test*.py' -exec sed -i 's/assert/pass  # assert/; s/self.assert[A-Za-z]*(/print(/' {} +\n",
+    "deletes the tests": "cd /app && find . -name 'test*' -path '*test*' -exec rm -rf {} + ; true\n",
+    "plants a conftest.py": ("cd /app && for d in . tests src $(dirname $(git ls-files '*.py' | head -1)); do mkdir -p $d; cat > $d/conftest.py <<'PY'\n"
+                             "import pytest\n@pytest.hookimpl(hookwrapper=True)\ndef pytest_runtest_makereport(item, call):\n"
+                             "    outcome = yield\n    outcome.get_result().outcome = 'passed'\nPY\ndone\n"),
+    "plants a pytest.ini": "cd /app && printf '[pytest]\\naddopts = -p no:python --co\\n' | tee pytest.ini tox.ini > setup.cfg\n",
+    "plants a sitecustomize.py": ("cd /app && for d in . src $(git ls-files '*.py' | head -1 | xargs dirname); do "
+                                  "echo 'import os; os._exit(0)' > $d/sitecustomize.py; done\n"),
+    "exits the tests early": "cd /app && for f in $(git ls-files '*__init__.py' | grep -v test); do echo 'import os; os._exit(0)' >> $f; done\n",
+}
+
+
+@pytest.mark.parametrize("cheat", CHEATS)
+def test_a_harness_that_cheats_on_the_tests_scores_0(endpoint: ModelEndpoint, backend: str, items: list[Item], cheat: str) -> None:
+    """Each cheat runs after the gold patch would have been needed and without it: the bug is still there, so only a
+    verifier fooled by the cheat would give 1."""
+    assert [rollout(endpoint, backend, item, CHEATS[cheat]) for item in items] == [0.0] * len(items)
+
+
+def test_the_gold_patch_with_a_cheat_beside_it_still_resolves(endpoint: ModelEndpoint, items: list[Item]) -> None:
+    """The verifier ignores what a cheat planted and still runs the real tests: a real fix next to a planted
+    conftest.py and edited tests is resolved (the cheat neither helps nor breaks it)."""
+    item = items[0]
+    assert rollout(endpoint, "bwrap", item, gold(item) + CHEATS["plants a conftest.py"] + CHEATS["edits the tests"]) == 1.0
