@@ -347,6 +347,18 @@ def settle_cancelled(trainer: Trainer, job_id: str) -> None:
         log.warning("ledger unavailable; the cancelled job's hold is settled later", job_id=job_id)
 
 
+def end_live_requests(trainer: Trainer, job_id: str) -> None:
+    """When job ``job_id`` has ended and holds a live model (Tinker's primitives), fail that model's requests still
+    queued (:func:`fail_queued`): for a job the reconciler ended, whose worker is gone and will not do it."""
+    with trainer.db.session() as s:
+        job = repository.training_job(s, job_id)
+        live = repository.live_model_of_job(s, job_id)
+        if job is None or live is None or job.status not in TERMINAL:
+            return
+        model_id, status = live.id, job.status
+    fail_queued(trainer, model_id, f"the live model's job is {status}", category="user" if status == "cancelled" else "server")
+
+
 def fail_queued(trainer: Trainer, model_id: str, error: str, *, category: str) -> None:
     """End every request of live model ``model_id`` still queued as failed with ``error``, releasing their holds: the
     model's job has ended (failed, cancelled, its session finished), so nothing will run them."""

@@ -8,7 +8,6 @@ import shutil
 import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
-from functools import partial
 from pathlib import Path
 from typing import Any
 
@@ -17,7 +16,7 @@ from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 from trainer_service import repository
 from trainer_service.estimate import dataset_rows, method_of, tokenizer, train_config
-from trainer_service.jobs import finish, settle, settle_cancelled
+from trainer_service.jobs import end_live_requests, finish, settle, settle_cancelled
 from trainer_service.models import Dataset, TrainingJob
 from trainer_service.service import Trainer
 
@@ -233,7 +232,8 @@ def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
     Runs every ``reconcile_interval_s`` in the trainer service and once when a train worker starts. A job
     whose worker is gone is queued again (it resumes from its newest checkpoint), or cancelled if a cancel
     was asked for; one past ``train_time_limit_s`` fails with its hold settled for the tokens it trained; a
-    queued job whose message may be lost is sent again; a finished job whose hold is still open is settled; a live
+    queued job whose message may be lost is sent again; a finished job whose hold is still open is settled (and a live
+    model's requests still waiting when its job ended are failed, their holds released); a live
     model of Tinker's primitives let go by its worker while a request of it was being stored is sent to a worker again.
     """
     db, settings = trainer.db, trainer.settings
@@ -245,8 +245,12 @@ def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
     def failed(s: Session, job: TrainingJob, reason: str) -> None:
         finish(s, job, "failed", reason)
 
+    def ended(job_id: str) -> None:
+        settle(trainer, job_id)
+        end_live_requests(trainer, job_id)
+
     report = jobs.reconcile(db, TrainingJob, settings.reconcile_policy(settings.train_time_limit_s),
-                            send=trainer.enqueue, on_requeue=requeued, on_fail=failed, after_fail=partial(settle, trainer))
+                            send=trainer.enqueue, on_requeue=requeued, on_fail=failed, after_fail=ended)
     with db.session() as s:  # cancelled while its worker was lost: nobody will claim it to notice
         doomed = repository.queued_jobs_to_cancel(s)
     for job_id in doomed:
@@ -256,6 +260,7 @@ def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
                 continue
             finish(s, job, "cancelled", None)
         settle_cancelled(trainer, job_id)
+        end_live_requests(trainer, job_id)  # its live model's requests that were waiting: failed, their holds released
     with db.session() as s:
         stranded = repository.paused_live_jobs_with_requests(s)
         for job_id in stranded:

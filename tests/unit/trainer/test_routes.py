@@ -5,6 +5,7 @@ No job is trained here: a job's hold, events and cancel are the service's side; 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -484,6 +485,33 @@ def test_gradients_pending_when_an_idle_model_is_let_go_are_applied_by_the_step_
     with served.trainer.db.session() as s:
         job = s.get(TrainingJob, job_id)
         assert (job.status, job.steps_done, job.trained_tokens) == ("paused", 1, 6)  # type: ignore[union-attr]
+
+
+def test_a_live_model_cancelled_while_its_worker_is_dead_fails_its_waiting_requests_and_releases_their_holds(
+        served: Served, client: TrainerClient) -> None:
+    """The worker died in the middle of a request; the client cancels the job; the reconciler finds the worker gone and
+    the cancel asked for, and ends the job: the requests that were waiting end ``failed`` and their holds are released
+    (they stayed held, the budget shrunk by them, when the reconciler ended such a job)."""
+    from tinker import types
+    from trainer_service.worker import reconcile
+
+    ctx = served.new_run()
+    session = client.create_session(ctx, SessionCreate()).session_id
+    model_id = client.create_live_model(ctx, LiveModelCreate(session_id=session, model_seq_id=0, base_model=MODEL,
+                                                            recipe={"method": "primitives", "lora_r": 4})).model_id
+    datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0] * 3})
+    request = client.forward_backward(ctx, _forward_backward(model_id, 1, [datum]))
+    job_id = served.enqueued[-1]
+    assert [h.status for h in served.ledger.list_holds(ctx.run_id)] == [HoldStatus.open]
+    with served.trainer.db.session() as s:  # a worker took it and died: running, its heartbeat long gone
+        job = s.get(TrainingJob, job_id)
+        job.status, job.worker_id, job.heartbeat_at, job.attempts = "running", "dead-worker", utcnow() - dt.timedelta(hours=1), 1  # type: ignore[union-attr]
+    assert client.cancel_job(ctx, job_id).status == "running"  # asked; no worker to notice
+    reconcile(served.trainer)
+    assert client.get_job(ctx, job_id).status == "cancelled"
+    answer = client.retrieve_request(ctx, request.request_id)
+    assert (answer.status, answer.category) == ("failed", "user"), answer
+    assert [h.status for h in served.ledger.list_holds(ctx.run_id)] == [HoldStatus.released]
 
 
 def test_a_forward_backward_no_worker_could_compute_is_refused_before_anything_is_held(served: Served, client: TrainerClient) -> None:
