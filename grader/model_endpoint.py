@@ -36,13 +36,14 @@ import structlog
 import uvicorn
 from fastapi import Depends, Header, Request
 
-from grader.sandboxes.base import MODEL_PORT, WORKSPACE_PREFIX, process_tag
+from grader.sandboxes.base import MODEL_PORT, WORKSPACE_PREFIX
 from grader.schemas import RolloutModels
 from grader.service import Grader
 from services.common.app import create_service_app
 from services.common.auth import RunContext
 from services.common.errors import NotFound, TooManyRequests, Unauthorized, Unprocessable, problem_responses
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ModelOut
+from services.common.processes import process_tag
 
 log = structlog.get_logger("grader")
 

@@ -7,6 +7,8 @@ A job's row is its truth (``services.common.jobs``); its events are an append-on
 from __future__ import annotations
 
 import hashlib
+import shutil
+import tempfile
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -27,6 +29,8 @@ from services.common.db import utcnow
 from services.common.errors import Conflict, IdempotencyKeyReused, NotFound, Unprocessable, UpstreamUnavailable
 from services.common.ids import has_prefix, new_id
 from services.common.llms import UnknownBaseModel, model_card
+from services.common.processes import process_tag, tag_alive
+from services.common.settings import ServiceSettings
 from services.ledger.schemas import HoldRelease, UsageItem, UsageKind
 
 TERMINAL = frozenset({"succeeded", "failed", "cancelled"})
@@ -345,6 +349,27 @@ def settle_cancelled(trainer: Trainer, job_id: str) -> None:
         settle(trainer, job_id)
     except UpstreamUnavailable:
         log.warning("ledger unavailable; the cancelled job's hold is settled later", job_id=job_id)
+
+
+WORKDIR_PREFIX = "work-{owner}-{job_id}-"
+"""A job's work folder under the data dir, named for the worker process running it (:func:`process_tag`)."""
+
+
+def workdir(settings: ServiceSettings, job_id: str) -> Path:
+    """A new work folder for ``job_id`` (temporary files while it trains), removed by the worker when the job leaves it
+    and, when that worker died, by :func:`reap_workdirs`."""
+    return Path(tempfile.mkdtemp(prefix=WORKDIR_PREFIX.format(owner=process_tag(), job_id=job_id), dir=settings.data_dir))
+
+
+def reap_workdirs(settings: ServiceSettings) -> int:
+    """Remove the work folders that train workers of this host left when they died (a live worker's are never
+    touched); returns how many. Called when a train worker starts."""
+    reaped = 0
+    for path in Path(settings.data_dir).glob("work-*-*"):
+        if path.is_dir() and not tag_alive(path.name.split("-")[1]):
+            shutil.rmtree(path, ignore_errors=True)
+            reaped += 1
+    return reaped
 
 
 def end_live_requests(trainer: Trainer, job_id: str) -> None:

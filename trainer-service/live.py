@@ -18,14 +18,12 @@ from __future__ import annotations
 
 import json
 import shutil
-import tempfile
 import time
-from pathlib import Path
 from typing import Any
 
 import structlog
 from trainer_service import primitives, repository
-from trainer_service.jobs import fail_queued, finish
+from trainer_service.jobs import fail_queued, finish, workdir
 from trainer_service.models import LiveModel as LiveModelRow
 from trainer_service.models import PrimitiveRequest, PrimitiveSession, Sampler, SavedWeights, TrainingJob
 from trainer_service.service import Trainer
@@ -58,7 +56,7 @@ class _Serving:
         self.trainer, self.lease = trainer, lease
         self.model_id, self.job_id, self.base_model = row.id, row.job_id, row.base_model
         self.base_dir = base_model_dir(row.base_model, trainer.settings.models_dir)
-        self.workdir = Path(tempfile.mkdtemp(prefix=f"{row.job_id}-", dir=trainer.settings.data_dir))
+        self.workdir = workdir(trainer.settings, row.job_id)
         self.samplers: dict[str, primitives.LiveModel] = {}  # checkpoint id -> a model of those weights, for old samplers
         self.current_checkpoint: str | None = None  # the checkpoint holding exactly the current weights, if one was saved since the last step
         self.applied_seq = row.applied_seq
@@ -247,7 +245,8 @@ class _Serving:
         logprobs = model.prompt_logprobs(prompt) if body.get("prompt_logprobs") else None
         sequences = model.sample(prompt, num_samples=int(body.get("num_samples", 1)), max_tokens=params.get("max_tokens"),
                                  temperature=float(params.get("temperature", 1.0)), top_k=int(params.get("top_k", -1)),
-                                 top_p=float(params.get("top_p", 1.0)), stop=params.get("stop"), seed=params.get("seed"))
+                                 top_p=float(params.get("top_p", 1.0)), stop=params.get("stop"), seed=params.get("seed"),
+                                 deadline=time.monotonic() + self.trainer.settings.primitives_sample_s)
         decoded = sum(len(seq.tokens) for seq in sequences)
         usage = [UsageItem(kind=UsageKind.prefill_tokens, quantity=len(prompt) * len(sequences), model=self.base_model),
                  UsageItem(kind=UsageKind.decode_tokens, quantity=decoded, model=self.base_model)]

@@ -49,6 +49,7 @@ from __future__ import annotations
 import json
 import math
 import shutil
+import time
 import warnings
 from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import nullcontext
@@ -697,7 +698,8 @@ class LiveModel:
 
     @torch.no_grad()
     def sample(self, prompt: Sequence[int], num_samples: int = 1, max_tokens: int | None = None, temperature: float = 1.0, top_k: int = -1,
-               top_p: float = 1.0, stop: str | Sequence[str] | Sequence[int] | None = None, seed: int | None = None) -> list[SampledSequence]:
+               top_p: float = 1.0, stop: str | Sequence[str] | Sequence[int] | None = None, seed: int | None = None,
+               deadline: float | None = None) -> list[SampledSequence]:
         """Tinker's ``sample``: ``num_samples`` continuations of ``prompt`` drawn from the model as it is now, each at most
         ``max_tokens`` tokens (``None``: to the end of the context).
 
@@ -708,7 +710,8 @@ class LiveModel:
         found in the sample's decoded text, special tokens included, and the tokens up to the one completing it are
         kept — with reason ``stop``, or after ``max_tokens`` with ``length``. ``seed`` makes the draws reproducible
         (its own generator; the process's RNG is untouched). The prompt runs once; its key/value cache is shared by the
-        samples. Tokens billed: ``len(prompt)`` prefill and the samples' tokens decode.
+        samples. ``deadline`` (``time.monotonic()`` seconds): past it, the samples not finished end where they are, with
+        reason ``length``. Tokens billed: ``len(prompt)`` prefill and the samples' tokens decode.
 
         Raises :class:`PrimitiveError` for an empty prompt or one with tokens outside the vocabulary, ``num_samples``
         below 1, ``max_tokens`` negative or past the context window with the prompt, a negative temperature, ``top_p``
@@ -767,7 +770,7 @@ class LiveModel:
                     done[i] = True
                 elif len(tokens) == max_tokens:
                     done[i] = True
-            if all(done) or step == max_tokens - 1:
+            if all(done) or step == max_tokens - 1 or (deadline is not None and time.monotonic() > deadline):
                 break
             with self.device.autocast():
                 logits = self._causal_lm(input_ids=chosen[:, None], cache=cache, use_cache=True).logits[:, -1].float()

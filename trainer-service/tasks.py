@@ -7,6 +7,7 @@ from __future__ import annotations
 
 from celery.signals import worker_ready
 from trainer_service import worker
+from trainer_service.jobs import reap_workdirs
 from trainer_service.service import TRAIN_TASK, Trainer, job_queue
 
 from services.common.lazy import once
@@ -26,5 +27,7 @@ def run_training_job(job_id: str) -> None:
 
 @worker_ready.connect
 def _reconcile(**_kwargs: object) -> None:
-    """On worker start, take back jobs a dead worker left behind (see ``worker.reconcile``)."""
+    """On worker start, take back jobs a dead worker left behind (see ``worker.reconcile``) and remove the work folders
+    dead workers left (``jobs.reap_workdirs``)."""
+    reap_workdirs(trainer().settings)
     worker.reconcile(trainer())

@@ -5,7 +5,6 @@
 from __future__ import annotations
 
 import shutil
-import tempfile
 from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
@@ -16,7 +15,7 @@ from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 from trainer_service import repository
 from trainer_service.estimate import dataset_rows, method_of, tokenizer, train_config
-from trainer_service.jobs import end_live_requests, finish, settle, settle_cancelled
+from trainer_service.jobs import end_live_requests, finish, settle, settle_cancelled, workdir
 from trainer_service.models import Dataset, TrainingJob
 from trainer_service.service import Trainer
 
@@ -126,7 +125,7 @@ class _JobRun:
                        parent_dir=artifacts.local_path(parent.uri) if parent is not None else None, parent_kind=parent.kind if parent is not None else None,
                        merge_d=job.merge, harness_d=job.harness, grader_d=job.grader, context_d=job.run_context,
                        resume=artifacts.local_path(latest.uri) if latest is not None else None,
-                       workdir=Path(tempfile.mkdtemp(prefix=f"{job_id}-", dir=settings.data_dir)),
+                       workdir=workdir(settings, job_id),
                        lease=jobs.Lease(db, TrainingJob, job_id, settings.job_heartbeat_s))
 
     def train(self) -> tuple[str, None]:

@@ -38,6 +38,8 @@ from typing import Literal, Protocol
 
 import structlog
 
+from services.common.processes import process_tag, tag_alive
+
 log = structlog.get_logger("sandbox")
 
 INIT_SCRIPT = Path(__file__).with_name("init.py")
@@ -131,49 +133,10 @@ class Sandbox(Protocol):
         process's; returns how many were removed. Called when an eval worker starts."""
 
 
-def process_tag(pid: int | None = None) -> str:
-    """Process ``pid`` (default: this one) as ``<pid>.<start>``: its id and its start time in clock ticks since boot
-    (``/proc/<pid>/stat``). Ids are reused, by containers above all (a worker restarted in its container is PID 1
-    again); the pair is not. ``<pid>`` alone where the start time cannot be read."""
-    pid = os.getpid() if pid is None else pid
-    start = _start_ticks(pid)
-    return f"{pid}.{start}" if start is not None else str(pid)
-
-
-def _start_ticks(pid: int) -> str | None:
-    try:
-        stat = Path(f"/proc/{pid}/stat").read_text()
-    except OSError:
-        return None
-    return stat[stat.rindex(")") + 2:].split()[19]  # field 22, counted after the command name, which may hold spaces
-
-
 def owner() -> str:
     """This process as the owner of its sandboxes: ``<host>:<pid>.<start>`` (:func:`process_tag`; a sandbox's name,
     label or workspace carries it)."""
     return f"{socket.gethostname()}:{process_tag()}"
-
-
-def owner_alive(owner_tag: str) -> bool:
-    """Whether the process ``<host>:<pid>[.<start>]`` is alive: a process with that id runs on this host and, where the
-    tag has a start time, it started then (not a later process given the same id). ``True`` for another host's (not
-    ours to judge)."""
-    host, _, tag = owner_tag.rpartition(":")
-    pid, _, start = tag.partition(".")
-    if host != socket.gethostname() or not pid.isdigit():
-        return True
-    try:
-        os.kill(int(pid), 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        pass
-    return not start or _start_ticks(int(pid)) in (start, None)
-
-
-def tag_alive(tag: str) -> bool:
-    """Whether the process of a :func:`process_tag` on this host is alive."""
-    return owner_alive(f"{socket.gethostname()}:{tag}")
 
 
 class SandboxUnavailable(RuntimeError):

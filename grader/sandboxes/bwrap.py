@@ -49,11 +49,10 @@ from grader.sandboxes.base import (
     SandboxUnavailable,
     disk_full,
     init_argv,
-    process_tag,
     sandbox_env,
-    tag_alive,
     tail,
 )
+from services.common.processes import process_tag, tag_alive
 
 log = structlog.get_logger("sandbox")
 

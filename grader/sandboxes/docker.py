@@ -76,11 +76,10 @@ from grader.sandboxes.base import (
     disk_full,
     init_argv,
     owner,
-    owner_alive,
-    process_tag,
     sandbox_env,
     tail,
 )
+from services.common.processes import owner_alive, process_tag
 
 log = structlog.get_logger("sandbox")
 

@@ -49,6 +49,9 @@ class ServiceSettings(BaseSettings):
     primitives_max_tokens: int = Field(65_536, ge=1, description=(
         "Tokens one forward_backward or sample of Tinker's primitives may compute at most (its data's tokens; a sample's "
         "prompt and max_tokens times its samples): a larger one is a 400, so no request can take a train worker's memory."))
+    primitives_sample_s: float = Field(120.0, gt=0, description=(
+        "Seconds one sample request of Tinker's primitives may decode: its sequences not finished by then end there, with stop "
+        "reason `length`, and are charged for the tokens decoded (a large sample once held the only train worker for minutes)."))
     primitives_idle_s: float = Field(30.0, gt=0, description=(
         "Seconds a train worker keeps a live model of Tinker's primitives (trainer_service.live) without a request before it "
         "writes its state and lets it go (the next request brings it back)."))

@@ -26,8 +26,9 @@ from pathlib import Path
 import pytest
 
 from grader.sandboxes import BACKENDS
-from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, owner, owner_alive, reap_workspaces, workspace
+from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, owner, reap_workspaces, workspace
 from grader.sandboxes.docker import DockerSandbox
+from services.common.processes import owner_alive
 from tests.conftest import ROOT
 
 

@@ -10,6 +10,7 @@ the adapter's weights do."""
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator
 from pathlib import Path
 
@@ -352,6 +353,16 @@ def test_samples_carry_the_models_own_logprobs_at_temperature_one(base: Path) ->
     assert model.sample(prompt, num_samples=3, max_tokens=6, stop=[], seed=7) == samples  # a seed reproduces the draws
     cut = model.sample(prompt, num_samples=2, max_tokens=4, temperature=0.7, top_k=5, top_p=0.9, stop=[], seed=1)
     assert all(len(s.tokens) == 4 and max(s.logprobs) <= 0 for s in cut)
+
+
+def test_a_sample_past_its_deadline_ends_where_it_is_with_reason_length(base: Path) -> None:
+    """``primitives_sample_s``: a sample still decoding at its deadline is cut there (once, a 32 × 300 sample held the
+    only train worker for minutes), its tokens so far kept and charged."""
+    model = live(base)
+    cut = model.sample(SEQ_A[:4], num_samples=3, max_tokens=50, temperature=1.0, stop=[], seed=3, deadline=time.monotonic())
+    assert [(len(s.tokens), s.stop_reason) for s in cut] == [(1, "length")] * 3
+    whole = model.sample(SEQ_A[:4], num_samples=3, max_tokens=50, temperature=1.0, stop=[], seed=3, deadline=time.monotonic() + 600)
+    assert all(len(s.tokens) == 50 for s in whole) and [s.tokens[:1] for s in whole] == [s.tokens for s in cut]
 
 
 def test_sampling_stops_at_a_stop_token_or_string(base: Path) -> None:

@@ -536,3 +536,22 @@ def test_a_forward_backward_no_worker_could_compute_is_refused_before_anything_i
             client.forward_backward(ctx, _forward_backward(model_id, 1, data))
         assert problem(exc, 400)["field"] == field, data[:1]
     assert served.ledger.list_holds(ctx.run_id) == []
+
+
+def test_a_dead_workers_work_folders_are_reaped_and_a_live_ones_kept(served: Served) -> None:
+    """A train worker killed mid-job leaves its work folder (a checkpoint being written, a live model's state); the next
+    worker to start removes it, never a folder of a worker still running."""
+    import subprocess
+
+    from trainer_service.jobs import WORKDIR_PREFIX, reap_workdirs, workdir
+
+    settings = served.trainer.settings
+    dead = subprocess.Popen(["true"])
+    dead.wait()
+    left = Path(settings.data_dir) / (WORKDIR_PREFIX.format(owner=f"{dead.pid}.1", job_id="job_x") + "abc")  # its pid, gone
+    left.mkdir()
+    (left / "adapter.safetensors").write_bytes(b"x" * 1024)
+    mine = workdir(settings, "job_y")
+    assert reap_workdirs(settings) == 1
+    assert not left.exists() and mine.is_dir()
+    mine.rmdir()
