@@ -7,23 +7,32 @@ working directory ``/app``) and optional ``environment/setup.sh``, ``tests/test.
 ``solution/solve.sh`` (the oracle; never shown to a harness). A Terminal-Bench task whose environment is files and a
 set-up script drops in as a folder.
 
-Items: one per task (``id`` = folder name, ``question`` = the instruction, ``answer`` = ``""``: the verifier is the
-reference). The score of a rollout is the verifier's reward (:mod:`grader.rollouts`); systems are code harnesses
+Items: the training and validation splits are the shipped tasks, one item per task (``id`` = folder name,
+``question`` = the instruction, ``answer`` = ``""``: the verifier is the reference). The test split is generated
+(:mod:`grader.suites.terminal_families`): instances of task families drawn from the split's seed — the grader's
+secret — so no repository holds it; an instance's folder is written when a rollout needs it. The score of a rollout is the verifier's reward (:mod:`grader.rollouts`); systems are code harnesses
 (:mod:`grader.harness_archives`). Default harness: ``terminal_harness/``, a minimal terminal agent loop (the model
 proposes one command, the harness runs it and sends back the output, until the model says it is done or runs out of
 turns).
 
-Params: ``categories`` (list: keep tasks of these ``[metadata] category`` values), ``tasks`` (list of folder names).
+Params: ``categories`` (list: keep tasks of these ``[metadata] category`` values), ``tasks`` (list of folder names); both
+select the families of the same names too.
 """
 
 from __future__ import annotations
 
+import hashlib
+import json
+import os
 import random
+import shutil
+import tempfile
 import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any
 
+from grader.suites import terminal_families
 from grader.suites.base import Item, TaskEnvironment, register_suite
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
@@ -57,7 +66,7 @@ class TerminalSuite:
                 raise Unprocessable(f"terminal takes no parameter {key!r}; allowed: {', '.join(_PARAMS)}", field=f"suite.params.{key}")
             if not isinstance(value, list) or not value or not all(isinstance(v, str) for v in value):
                 raise Unprocessable(f"suite.params.{key} must be a non-empty list of strings", field=f"suite.params.{key}")
-        if unknown := sorted(set(params.get("tasks", [])) - tasks().keys()):
+        if unknown := sorted(set(params.get("tasks", [])) - tasks().keys() - terminal_families.FAMILIES.keys()):
             raise Unprocessable(f"unknown terminal tasks: {', '.join(unknown[:5])}", field="suite.params.tasks")
         if not self._names(params):
             raise Unprocessable("no terminal task matches these params", field="suite.params")
@@ -67,8 +76,17 @@ class TerminalSuite:
         return [name for name, task in tasks().items() if (wanted is None or name in wanted)
                 and (categories is None or task["toml"].get("metadata", {}).get("category") in categories)]
 
+    def _families(self, params: dict[str, Any]) -> list[str]:
+        wanted, categories = params.get("tasks"), params.get("categories")
+        return [name for name, (category, _) in terminal_families.FAMILIES.items() if (wanted is None or name in wanted)
+                and (categories is None or category in categories)]
+
     def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
-        """``size`` tasks chosen by ``seed``; raises ``Unprocessable`` (field ``suite.splits.<split>.size``) if fewer remain."""
+        """``size`` items chosen by ``seed``: shipped tasks for the public splits, generated instances for ``test``
+        (module docstring). Raises ``Unprocessable`` (field ``suite.splits.<split>.size``) if fewer remain, or (field
+        ``suite.params``) when the params select no family for a test split."""
+        if split == "test":
+            return self._generated(params, seed, size, exclude)
         names = self._names(params)
         random.Random(seed).shuffle(names)
         left = [n for n in names if tasks()[n]["instruction"] not in exclude]
@@ -77,7 +95,26 @@ class TerminalSuite:
                                 field=f"suite.splits.{split}.size")
         return [Item(id=n, question=tasks()[n]["instruction"], answer="", entry={"task": n}) for n in left[:size]]
 
+    def _generated(self, params: dict[str, Any], seed: int, size: int, exclude: frozenset[str]) -> list[Item]:
+        families = self._families(params)
+        if not families:
+            raise Unprocessable(f"terminal: the test split is generated from task families ({', '.join(terminal_families.FAMILIES)}); "
+                                "these params select none", field="suite.params")
+        rng = random.Random(seed)
+        items: list[Item] = []
+        seen: set[str] = set()
+        while len(items) < size:
+            family, instance = families[len(items) % len(families)], rng.getrandbits(40)
+            generated = terminal_families.generate(family, instance)
+            item_id = f"{family}-{instance:010x}"
+            if item_id in seen or generated.instruction in exclude:
+                continue
+            seen.add(item_id)
+            items.append(Item(id=item_id, question=generated.instruction, answer="", entry={"family": family, "instance": instance}))
+        return items
+
     def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
+        """The shipped tasks (the public splits'); the test split's families have 2**40 instances each."""
         return len(self._names(params)), True
 
     def score(self, answer: str | None, item: Item) -> float:
@@ -85,10 +122,37 @@ class TerminalSuite:
         return 0.0
 
     def environment(self, item: Item) -> TaskEnvironment:
-        """The task folder of ``item`` as a :class:`TaskEnvironment`."""
+        """The task folder of ``item`` as a :class:`TaskEnvironment`: a shipped one, or a generated instance's, written
+        once into this process's temporary directory (mode 0700)."""
+        if "family" in item.entry:
+            return _instance(item.entry["family"], int(item.entry["instance"]))
         folder = TASKS_DIR / item.entry["task"]
         meta = tasks()[folder.name]["toml"]
         app, setup = folder / "environment" / "app", folder / "environment" / "setup.sh"
         return TaskEnvironment(app=app if app.is_dir() else None, setup=setup if setup.is_file() else None, tests=folder / "tests",
                                agent_timeout_s=float(meta.get("agent", {}).get("timeout_sec", 600)),
                                verifier_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", 120)))
+
+
+def _instance(family: str, instance: int) -> TaskEnvironment:
+    """A generated instance's folder (``app/``: its files; ``tests/``: ``test.sh``, ``check.py`` and the expected
+    result)."""
+    key = hashlib.sha256(f"{family}:{instance}".encode()).hexdigest()[:16]
+    folder = Path(tempfile.gettempdir()) / f"crucible-terminal-{os.getuid()}" / key
+    if not (folder / ".done").is_file():
+        generated = terminal_families.generate(family, instance)
+        tmp = folder.with_name(f"{key}.{os.getpid()}")
+        shutil.rmtree(tmp, ignore_errors=True)
+        (tmp / "app").mkdir(parents=True)
+        (tmp / "tests").mkdir()
+        os.chmod(tmp.parent, 0o700)
+        for name, text in generated.files.items():
+            (tmp / "app" / name).write_text(text)
+        (tmp / "tests" / "test.sh").write_text(terminal_families.TEST_SH)
+        (tmp / "tests" / "check.py").write_text(terminal_families.CHECK)
+        (tmp / "tests" / "expected.json").write_text(json.dumps({"output": generated.output, "expected": generated.expected, "compare": generated.compare}))
+        (tmp / ".done").touch()
+        shutil.rmtree(folder, ignore_errors=True)
+        tmp.rename(folder)
+    return TaskEnvironment(app=folder / "app", setup=None, tests=folder / "tests", agent_timeout_s=terminal_families.AGENT_TIMEOUT_S,
+                           verifier_timeout_s=terminal_families.VERIFIER_TIMEOUT_S)

@@ -78,7 +78,7 @@ def tagged_mode() -> Iterator[str]:
 
 def test_a_registered_suite_is_found_by_name_and_listed(toy_suite: type) -> None:
     assert "toy_sums" in suite_names()
-    assert {"bfcl", "bfcl_multi_turn", "humaneval", "math", "reasoning_gym", "terminal"} <= set(suite_names())
+    assert {"bfcl", "bfcl_multi_turn", "humaneval", "math", "reasoning_gym", "swe", "terminal"} <= set(suite_names())
     suite = get_suite("toy_sums")
     assert isinstance(suite, toy_suite)
     [item] = suite.generate({}, 40, 3, split="validation")[2:]
@@ -146,4 +146,4 @@ def test_unknown_suite_or_mode_is_a_422_naming_the_field() -> None:
     assert client.get("/suites/math").json() == {"name": "math"}
     response = client.get("/suites/nope")
     assert (response.status_code, response.json()["field"]) == (422, "suite.name")
-    assert response.json()["detail"] == "unknown suite 'nope'; available: bfcl, bfcl_multi_turn, humaneval, math, reasoning_gym, terminal"
+    assert response.json()["detail"] == "unknown suite 'nope'; available: bfcl, bfcl_multi_turn, humaneval, math, reasoning_gym, swe, terminal"

@@ -123,3 +123,24 @@ def test_the_gold_patch_with_a_cheat_beside_it_still_resolves(endpoint: ModelEnd
     conftest.py and edited tests is resolved (the cheat neither helps nor breaks it)."""
     item = items[0]
     assert rollout(endpoint, "bwrap", item, gold(item) + CHEATS["plants a conftest.py"] + CHEATS["edits the tests"]) == 1.0
+
+
+@pytest.mark.slow
+def test_every_public_task_of_the_preset_is_resolved_by_its_gold_patch_and_not_by_a_noop(endpoint: ModelEndpoint) -> None:
+    """``benchmarks/swe-mini.yaml``'s training and validation splits (30 bugs over the seven projects), on bubblewrap (the
+    Docker backend runs the same verifier: the sample above)."""
+    import yaml
+
+    from tests.conftest import ROOT
+
+    suite = yaml.safe_load((ROOT / "benchmarks" / "swe-mini.yaml").read_text())["suite"]
+    splits = suite["splits"]
+    train = get_suite("swe").generate(suite["params"], splits["train"]["seed"], splits["train"]["size"], split="train")
+    validation = get_suite("swe").generate(suite["params"], splits["validation"]["seed"], splits["validation"]["size"], split="validation",
+                                           exclude=frozenset(i.id for i in train))
+    public = train + validation
+    assert len({i.id for i in public}) == 30 and len({i.entry["project"] for i in public}) >= 5
+    with ThreadPoolExecutor(2) as pool:
+        golds = dict(zip([i.id for i in public], pool.map(lambda it: rollout(endpoint, "bwrap", it, gold(it)), public), strict=True))
+        noops = dict(zip([i.id for i in public], pool.map(lambda it: rollout(endpoint, "bwrap", it, "exit 0\n"), public), strict=True))
+    assert {k: v for k, v in golds.items() if v != 1.0} == {} and {k: v for k, v in noops.items() if v != 0.0} == {}
