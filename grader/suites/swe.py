@@ -17,8 +17,8 @@ hundred bugs per benchmark (``item_space``).
 
 **Verification** (the verifier, ``test.sh`` in the task's tests folder, run after the harness with ``/tests`` mounted):
 the project's pristine files are copied into a fresh tree, then only the harness's changes to the library's own source
-(regular ``.py`` files under the package folder, not named ``conftest.py``, ``sitecustomize.py`` or
-``usercustomize.py``) are laid over them, so tests the harness edited or deleted, and a ``conftest.py``, ``pytest.ini``
+(regular ``.py`` files under the package folder, not in a ``tests`` folder, not named ``test_*.py``, ``conftest.py``,
+``sitecustomize.py`` or ``usercustomize.py``) are laid over them, so tests the harness edited or deleted, and a ``conftest.py``, ``pytest.ini``
 or ``sitecustomize.py`` it planted, are not what runs. The selected tests run as the unprivileged agent user with
 pytest from ``/opt/swe-env`` (prepared at installation, mounted read-only), with no configuration file of the
 repository's, and the verifier writes the reward from their JUnit report. What it does not defend against: code in the
@@ -63,8 +63,9 @@ echo 0 > /logs/verifier/reward.txt
 work=$(mktemp -d) && out=$(mktemp -d) || exit 0
 cp -a /tests/repo/. "$work/"
 package=$(python3 -I -c 'import json; print(json.load(open("/tests/spec.json"))["package"])')
-find "$work/$package" -type f -name '*.py' -delete
-(cd /app && find "$package" -type f -name '*.py' ! -name conftest.py ! -name sitecustomize.py ! -name usercustomize.py -print0) \
+find "$work/$package" -type f -name '*.py' ! -path '*/tests/*' ! -name 'test_*.py' -delete
+(cd /app && find "$package" -type f -name '*.py' ! -path '*/tests/*' ! -name 'test_*.py' ! -name conftest.py ! -name sitecustomize.py \
+    ! -name usercustomize.py -print0) \
     | (cd /app && xargs -0 -r cp --parents -t "$work") 2>/dev/null
 chmod -R a+rX "$work" && chmod a+rwx "$out"
 cd "$work" || exit 0
