@@ -31,6 +31,7 @@ the terminal suite's (one shell command per turn, its output back, ``DONE`` to f
 from __future__ import annotations
 
 import ast
+import hashlib
 import json
 import os
 import random
@@ -53,6 +54,8 @@ from services.common.errors import Unprocessable
 AGENT_TIMEOUT_S = 600.0
 VERIFIER_TIMEOUT_S = 120.0
 _VERIFIED = threading.Lock()
+_INSTANCE_STAMP = hashlib.sha256(Path(__file__).read_bytes() + swe_mutants.STAMP.encode()).hexdigest()[:16]
+"""The version of an instance's folder: one written by another version of this suite (its verifier) is not reused."""
 
 VERIFIER = r'''#!/bin/bash
 # The swe suite's verifier (grader/suites/swe.py): the pristine project, the harness's library changes over it, the
@@ -237,10 +240,10 @@ class SweSuite:
         return 0.0
 
     def environment(self, item: Item) -> TaskEnvironment:
-        """``item``'s repository (the bug in, its test patch out, one commit) and verifier folder, written once under
-        ``SWE_DIR/instances`` (mode 0700), with the tests' runner mounted at ``/opt/swe-env``."""
+        """``item``'s repository (the bug in, its test patch out, one commit) and verifier folder, written once per
+        version of this suite under ``SWE_DIR/instances`` (mode 0700), with the tests' runner mounted at ``/opt/swe-env``."""
         mutant = _mutant({k: item.entry[k] for k in Mutant.__dataclass_fields__})
-        folder = SWE_DIR / "instances" / mutant.id
+        folder = SWE_DIR / "instances" / _INSTANCE_STAMP / mutant.id
         if not (folder / ".done").is_file():
             _materialize(mutant, folder)
         return TaskEnvironment(app=folder / "app", setup=None, tests=folder / "tests", agent_timeout_s=AGENT_TIMEOUT_S,

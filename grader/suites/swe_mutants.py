@@ -9,7 +9,8 @@ Python) into a folder of its own, which every sandbox mounts read-only at ``/opt
 flipped at its boundary (``<`` ↔ ``<=``, ``==`` ↔ ``!=``, ``in`` ↔ ``not in``), a slice bound off by one, ``and`` ↔
 ``or``, a ``not`` dropped, ``+ 1`` ↔ ``- 1``, a ``True`` returned as ``False``, and an ``if`` that returns, raises,
 breaks or continues left out (a case the function forgot). A candidate is a bug when :func:`verify` finds that it makes
-some of the project's tests fail (``FAIL_TO_PASS``; the tests of the files that name the function are run) while the
+some of the project's tests fail (``FAIL_TO_PASS``; the tests of the files that name the function are run, all of them
+for a function no test file names) while the
 other tests of those files still pass (``PASS_TO_PASS``), every file still imports and the run ends within
 :data:`TEST_TIMEOUT_S`. The suite verifies candidates as its seeds draw them (:mod:`grader.suites.swe`). A bug's *gold
 patch* is its mutation reversed; its *test patch* is the test files holding its ``FAIL_TO_PASS`` tests, taken out of
@@ -286,8 +287,9 @@ def _run_tests(repo: Path, project: Project, tests: list[str], timeout_s: float 
 
 
 def baseline(project: Project) -> dict[str, dict[str, str]]:
-    """Each test file's outcomes on the original source (kept in ``SWE_DIR/baseline``, per version of this module)."""
-    cached = SWE_DIR / "baseline" / f"{project.name}-{project.version}-{STAMP}.json"
+    """Each test file's outcomes on the original source (kept in ``SWE_DIR/baseline``, per version of the runner)."""
+    runner = hashlib.sha256(f"{PYTEST}\n{RUNNER}\n{TEST_TIMEOUT_S}".encode()).hexdigest()[:12]
+    cached = SWE_DIR / "baseline" / f"{project.name}-{project.version}-{runner}.json"
     if cached.is_file():
         return json.loads(cached.read_text())
     result = {}
@@ -354,8 +356,10 @@ def verify(project: Project, mutants: list[Mutant], workers: int = 2) -> list[Mu
     before_all = baseline(project)
 
     def tests_of(m: Mutant) -> list[str]:
+        """The test files that name the function; every test file when none does (a private helper is tested through
+        the functions that call it)."""
         name = m.function.split(".")[-1]
-        return [f for f in files if re.search(rf"\b{re.escape(name)}\b", texts[f])]
+        return [f for f in files if re.search(rf"\b{re.escape(name)}\b", texts[f])] or files
 
     def check(m: Mutant) -> Mutant | None:
         chosen = tests_of(m)

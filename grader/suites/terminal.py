@@ -38,6 +38,7 @@ from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
 TASKS_DIR = Path(__file__).with_name("terminal_tasks")
+_FAMILIES_STAMP = hashlib.sha256(Path(terminal_families.__file__).read_bytes()).hexdigest()[:16]
 HARNESS_DIR = Path(__file__).with_name("terminal_harness")
 _PARAMS = ("categories", "tasks")
 
@@ -137,7 +138,7 @@ class TerminalSuite:
 def _instance(family: str, instance: int) -> TaskEnvironment:
     """A generated instance's folder (``app/``: its files; ``tests/``: ``test.sh``, ``check.py`` and the expected
     result)."""
-    key = hashlib.sha256(f"{family}:{instance}".encode()).hexdigest()[:16]
+    key = hashlib.sha256(f"{family}:{instance}:{_FAMILIES_STAMP}".encode()).hexdigest()[:16]  # another version's folder is not reused
     folder = Path(tempfile.gettempdir()) / f"crucible-terminal-{os.getuid()}" / key
     if not (folder / ".done").is_file():
         generated = terminal_families.generate(family, instance)
