@@ -39,6 +39,8 @@ import shutil
 import subprocess
 import textwrap
 import threading
+from collections.abc import Iterator
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
 from functools import cache
 from pathlib import Path
@@ -52,6 +54,8 @@ from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
 AGENT_TIMEOUT_S = 600.0
+VERIFY_WORKERS = min(8, os.cpu_count() or 1)
+"""Candidates verified at once while a split is drawn (each a pytest process)."""
 VERIFIER_TIMEOUT_S = 120.0
 _VERIFIED = threading.Lock()
 _INSTANCE_STAMP = hashlib.sha256(Path(__file__).read_bytes() + swe_mutants.STAMP.encode()).hexdigest()[:16]
@@ -137,6 +141,14 @@ def _verified(mutant: Mutant) -> Mutant | None:
     return kept
 
 
+def _bugs(pool: list[Mutant], executor: ThreadPoolExecutor) -> Iterator[Mutant]:
+    """The bugs of ``pool`` in the order :meth:`list.pop` takes them, verified :data:`VERIFY_WORKERS` at a time (the
+    order, so the split, is the same however many verify at once)."""
+    while pool:
+        chunk = [pool.pop() for _ in range(min(VERIFY_WORKERS, len(pool)))]
+        yield from (m for m in executor.map(_verified, chunk) if m is not None)
+
+
 def _mutant(data: dict[str, Any]) -> Mutant:
     return Mutant(**{**data, "fail_to_pass": tuple(data["fail_to_pass"]), "pass_to_pass": tuple(data["pass_to_pass"])})
 
@@ -203,21 +215,26 @@ class SweSuite:
         """``size`` verified bugs drawn by ``seed`` (module docstring); raises ``Unprocessable`` (field
         ``suite.splits.<split>.size``) when the candidates run out first."""
         rng = random.Random(seed)
-        queues = []
+        pools = []
         for project in _check_projects(params):
             pool = list(_candidates(project.name))
             rng.shuffle(pool)
-            queues.append(pool)
+            pools.append(pool)
         items: list[Item] = []
-        while len(items) < size and any(queues):
-            for pool in queues:
-                while pool and len(items) < size:
-                    mutant = _verified(pool.pop())
-                    if mutant is None or mutant.id in exclude:
-                        continue
-                    item = self._item(mutant, random.Random(f"{seed}:{mutant.id}"))
-                    if item.question not in exclude:
-                        items.append(item)
+        with ThreadPoolExecutor(VERIFY_WORKERS) as executor:
+            streams = [_bugs(pool, executor) for pool in pools]
+            while len(items) < size and streams:
+                for stream in list(streams):
+                    for mutant in stream:
+                        if mutant.id in exclude:
+                            continue
+                        item = self._item(mutant, random.Random(f"{seed}:{mutant.id}"))
+                        if item.question not in exclude:
+                            items.append(item)
+                            break
+                    else:
+                        streams.remove(stream)
+                    if len(items) == size:
                         break
         if len(items) < size:
             raise Unprocessable(f"swe: only {len(items)} {split} bugs are left for these projects; ask for at most that many",

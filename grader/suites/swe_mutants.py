@@ -342,7 +342,8 @@ def _unpack(project: Project, log: Any) -> None:
         archive = next(sdists.glob(f"*{project.name.replace('-', '_')}-{project.version}.tar.gz"))
     shutil.rmtree(project.repo, ignore_errors=True)
     with tempfile.TemporaryDirectory() as tmp, tarfile.open(archive) as tar:
-        tar.extractall(tmp, filter="data")
+        members = [m for m in tar.getmembers() if (m.isfile() or m.isdir()) and not m.name.startswith("/") and ".." not in Path(m.name).parts]
+        tar.extractall(tmp, members=members)  # plain files and folders inside the archive only (3.11.2, Debian's, has no filter=)
         [top] = Path(tmp).iterdir()
         shutil.move(str(top), project.repo)
     (project.repo / ".prepared").touch()
