@@ -38,7 +38,10 @@ def read_everything(gateway_url: str, key: str, ids: dict[str, str]) -> list[tup
             required = tool.input_schema.get("required", [])
             if not set(required) <= set(ids):
                 continue
-            result = await c.call_tool(tool.name, {name: ids[name] for name in required})
+            try:
+                result = await c.call_tool(tool.name, {name: ids[name] for name in required})
+            except Exception as exc:  # noqa: BLE001 - a protocol error, not a tool's: name the tool
+                raise AssertionError(f"MCP tool {tool.name} ({ {name: ids[name] for name in required} }) answered a protocol error: {exc!r}") from exc
             out.append((tool.name, bool(result.is_error), result.structured_content))
         return out
     return run_mcp(over_http(gateway_url, key), walk)
