@@ -81,12 +81,12 @@ readarray -t files < <(python3 -I -c 'import json; s = json.load(open("/tests/sp
 path=$(python3 -I -c 'import json; print(json.load(open("/tests/spec.json"))["path"])')
 HOME="$out" /run/crucible/as-agent python3 -E -s -B {env}/swe_runner.py {env} "$path" -- -q -p no:cacheprovider -c {env}/pytest.ini \
     --rootdir . --junitxml "$out/junit.xml" -o junit_family=xunit1 "${{files[@]}}" > "$out/log" 2>&1
-python3 -I /tests/grade.py "$out/junit.xml" > /logs/verifier/reward.txt 2>/dev/null || echo 0 > /logs/verifier/reward.txt
-tail -n 20 "$out/log"
+python3 -I /tests/grade.py "$out/junit.xml" /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
 exit 0
 '''.replace("{env}", ENV_TARGET).replace("{{", "{").replace("}}", "}")
 
-GRADE = '''"""Print 1 when every test of /tests/spec.json passed in the JUnit report argv[1], else 0."""
+GRADE = '''"""Write 1 to argv[2] when every test of /tests/spec.json passed in the JUnit report argv[1], else 0, and print which
+did not pass (nothing that varies from run to run, such as durations)."""
 import json, sys
 sys.path.insert(0, "/tests")
 from junit import junit_outcomes
@@ -96,7 +96,10 @@ try:
     outcomes = junit_outcomes(open(sys.argv[1]).read(), sorted({t.split("::")[0] for t in wanted}))
 except Exception:
     outcomes = {}
-print(1 if all(outcomes.get(t) == "passed" for t in wanted) else 0)
+for group in ("FAIL_TO_PASS", "PASS_TO_PASS"):
+    bad = [t for t in spec[group] if outcomes.get(t) != "passed"]
+    print(f"{group}: {len(spec[group]) - len(bad)} of {len(spec[group])} passed" + "".join(f"\\n  not passed: {t}" for t in bad[:10]))
+open(sys.argv[2], "w").write("1" if all(outcomes.get(t) == "passed" for t in wanted) else "0")
 '''
 
 TEMPLATES = (

@@ -10,7 +10,7 @@ import pytest
 
 from grader.harness_archives import inspect_archive
 from grader.model_endpoint import Binding, ModelEndpoint
-from grader.rollouts import RolloutLimits, run_rollout
+from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout
 from grader.sandboxes import get_sandbox
 from grader.suites import Item, get_suite
 from grader.suites.swe_mutants import PROJECTS, candidates
@@ -39,13 +39,17 @@ def backend(request: pytest.FixtureRequest) -> str:
 
 
 def rollout(endpoint: ModelEndpoint, backend: str, item: Item, script: str) -> float:
+    return run(endpoint, backend, item, script).reward  # type: ignore[return-value]
+
+
+def run(endpoint: ModelEndpoint, backend: str, item: Item, script: str) -> RolloutOutcome:
     data = code_harness(script)
     binding = Binding(model="m", ctx=None, hold_id=None, key=f"eval_test:{item.id}:0", context_tokens=None, max_tokens=16, max_calls=1)
     outcome = run_rollout(get_sandbox(backend), endpoint, archive=data, archive_id="har_test", manifest=inspect_archive(data),
                           instruction=item.question, binding=binding, environment=get_suite("swe").environment(item),
                           caps=RolloutLimits(wall_s=60, verifier_wall_s=120))
     assert outcome.trajectory.verifier_run is not None, outcome.trajectory.failure
-    return outcome.reward  # type: ignore[return-value]
+    return outcome
 
 
 def gold(item: Item) -> str:
@@ -96,6 +100,17 @@ def test_the_gold_patch_resolves_every_item_and_a_noop_harness_none(endpoint: Mo
         golds = list(pool.map(lambda it: rollout(endpoint, backend, it, gold(it)), items))
         noops = list(pool.map(lambda it: rollout(endpoint, backend, it, "exit 0\n"), items))
     assert golds == [1.0] * len(items) and noops == [0.0] * len(items)
+
+
+def test_the_verifier_tells_which_tests_did_not_pass_and_nothing_that_varies_between_runs(endpoint: ModelEndpoint, items: list[Item]) -> None:
+    """Its output is in the trajectory: the counts and the tests that failed, no durations (pytest's "in 0.08s" made two
+    deployments' transcripts of the same rollout differ)."""
+    item = items[0]
+    f2p, p2p = len(item.entry["FAIL_TO_PASS"]), len(item.entry["PASS_TO_PASS"])
+    fixed = run(endpoint, "bwrap", item, gold(item)).trajectory.verifier_run.stdout  # type: ignore[union-attr]
+    assert fixed == f"FAIL_TO_PASS: {f2p} of {f2p} passed\nPASS_TO_PASS: {p2p} of {p2p} passed\n"
+    broken = run(endpoint, "bwrap", item, "exit 0\n").trajectory.verifier_run.stdout  # type: ignore[union-attr]
+    assert broken.startswith(f"FAIL_TO_PASS: 0 of {f2p} passed\n  not passed: {item.entry['FAIL_TO_PASS'][0]}")
 
 
 CHEATS = {
