@@ -36,6 +36,7 @@ from mcp.server.transport_security import TransportSecuritySettings
 from mcp_types import CallToolResult, TextContent, ToolAnnotations
 from pydantic import Field, ValidationError
 from starlette.requests import Request
+from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from services.common.app import problem_response
@@ -366,6 +367,23 @@ def stdio_server(gateway_url: str, api_key: str, *, timeout_s: float = 300.0) ->
     return build_server(GatewayAccess(client, key=api_key, local_files=True))
 
 
+async def _rate_limited(request: Request, exc: TooManyRequests) -> Response:
+    """The answer to an MCP request past the key's rate limits: a JSON-RPC error whose message says so and when to retry
+    (``data``: the problem), so that the agent's client shows it (the SDK turns an HTTP 429 into an opaque "Server
+    returned an error response"); a body that is no JSON-RPC request gets the 429 problem+json."""
+    try:
+        message = json.loads(await request.body())
+    except ValueError:
+        message = None
+    if not isinstance(message, dict) or "id" not in message:
+        return problem_response(exc)
+    problem = exc.to_problem()
+    retry = f"; retry after {int(problem['retry_after_s'])} s" if "retry_after_s" in problem else ""
+    error = {"code": -32000, "message": f"429 {problem['code']}: {problem['detail']}{retry}", "data": problem}
+    return JSONResponse({"jsonrpc": "2.0", "id": message["id"], "error": error},
+                        headers={"Retry-After": str(int(problem["retry_after_s"]))} if "retry_after_s" in problem else {})
+
+
 class MCPEndpoint:
     """The gateway's ``/mcp`` route (an ASGI app, ``POST`` only): streamable HTTP, stateless (any gateway worker answers any
     request; no standing event stream, so ``GET`` is a 405 as the protocol allows), JSON answers, bodies up to the
@@ -397,7 +415,11 @@ class MCPEndpoint:
         request = Request(scope, receive)
         try:
             await admit(request.app.state.gateway, request.headers.get("authorization"))
-        except (Unauthorized, TooManyRequests) as exc:
+        except TooManyRequests as exc:
+            response = await _rate_limited(request, exc)
+            await response(scope, receive, send)
+            return
+        except Unauthorized as exc:
             await problem_response(exc)(scope, receive, send)
             return
         await self.sessions.handle_request(scope, receive, send)

@@ -193,3 +193,28 @@ def test_stdio_server_reads_and_writes_the_agents_own_files(stack, new_run, tmp_
     unreachable = Client(StdioServerParameters(command=str(Path(sys.executable).parent / "crucible"),
                                                args=["mcp", "--api-key", run["api_key"], "--gateway", "http://127.0.0.1:9"], cwd=str(tmp_path)))
     run_mcp(unreachable, gone)
+
+
+def test_a_call_past_the_keys_rate_limit_tells_the_agent_to_retry(stack, new_run) -> None:  # noqa: ANN001
+    """Past the key's 30 calls a second, an MCP call's error says so, with when to retry (an HTTP 429 reached the
+    unmodified MCP client as an opaque "Server returned an error response"); the call made again later succeeds."""
+    from mcp.shared.exceptions import MCPError
+
+    run, http = new_run("mcp-rate")
+
+    async def body(c: Client) -> tuple[str, Any]:
+        async with httpx.AsyncClient(headers={"Authorization": f"Bearer {run['api_key']}"}, timeout=30) as burst:  # 60 at once: past
+            await asyncio.gather(*(burst.get(f"{stack.gateway_url}/v1/budget") for _ in range(60)))  # the key's 30 a second
+        try:
+            await c.call_tool("budget", {})
+        except MCPError as exc:
+            message = str(exc)
+        else:
+            message = "no error"
+        await asyncio.sleep(1.1)
+        return message, await c.call_tool("budget", {})
+
+    message, again = run_mcp(over_http(stack.gateway_url, run["api_key"]), body)
+    assert message.startswith("429 rate_limited") and "retry after" in message, message
+    assert not again.is_error and again.structured_content["budget_usd_micros"] > 0
+    http.close()
