@@ -203,6 +203,13 @@ def other_job_waiting(s: Session, job_id: str) -> bool:
     return s.scalar(select(TrainingJob.id).where(TrainingJob.status == "queued", TrainingJob.id != job_id).limit(1)) is not None
 
 
+def ended_live_jobs_with_requests(s: Session) -> list[str]:
+    """The jobs of live models that have ended (succeeded, failed, cancelled) with a request still waiting: to fail."""
+    waiting = select(PrimitiveRequest.model_id).where(PrimitiveRequest.status == "queued")
+    return list(s.scalars(select(TrainingJob.id).join(LiveModel, LiveModel.job_id == TrainingJob.id)
+                          .where(TrainingJob.status.in_(("succeeded", "failed", "cancelled")), LiveModel.id.in_(waiting))))
+
+
 def paused_live_jobs_with_requests(s: Session) -> list[str]:
     """The jobs of live models let go by their worker (``paused``) that have a request waiting: to wake."""
     waiting = select(PrimitiveRequest.model_id).where(PrimitiveRequest.status == "queued")

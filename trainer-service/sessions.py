@@ -175,6 +175,13 @@ def _hold(trainer: Trainer, ctx: RunContext, request_id: str, usage: list[UsageI
     return hold.hold_id
 
 
+def _check_job_open(job: TrainingJob | None, model_id: str) -> None:
+    """``Conflict`` when the live model's job has ended or its cancel was asked for: nothing more of it will run."""
+    if job is not None and (job.status in ("succeeded", "failed", "cancelled") or job.cancel_requested):
+        state = "cancelled" if job.cancel_requested else job.status
+        raise Conflict(f"model {model_id}'s job {job.id} is {state}; open a new training client", field="model_id")
+
+
 def submit(trainer: Trainer, ctx: RunContext, model_id: str, kind: str, payload: bytes, *, seq: int | None,
            usage: list[UsageItem] | None = None, sampler_id: str | None = None) -> str:
     """Store a request for live model ``model_id`` after holding ``usage`` (402 when the budget cannot cover it) and
@@ -188,9 +195,7 @@ def submit(trainer: Trainer, ctx: RunContext, model_id: str, kind: str, payload:
         session = s.get(PrimitiveSession, model.session_id)
         if session is not None and session.finished_at is not None:
             raise Conflict(f"session {model.session_id} has finished", field="session_id")
-        job = repository.training_job(s, model.job_id)
-        if job is not None and job.status in ("succeeded", "failed", "cancelled"):
-            raise Conflict(f"model {model_id}'s job {job.id} is {job.status}; open a new training client", field="model_id")
+        _check_job_open(repository.training_job(s, model.job_id), model_id)
         if seq is not None and (earlier := repository.primitive_request_at(s, model_id, seq)) is not None:
             if earlier.kind == kind and earlier.payload == payload:
                 return earlier.id  # the client's retry of a request that arrived (its answer was lost): the same future
@@ -201,6 +206,7 @@ def submit(trainer: Trainer, ctx: RunContext, model_id: str, kind: str, payload:
     try:
         with trainer.db.session() as s:
             model = live_model(s, ctx, model_id)
+            _check_job_open(repository.training_job(s, model.job_id, lock=True), model_id)  # again, locked: it may have ended meanwhile
             s.add(PrimitiveRequest(id=request_id, run_id=ctx.run_id, model_id=model_id, sampler_id=sampler_id, seq=seq, kind=kind, payload=payload,
                                    hold_id=hold_id, created_at=utcnow()))
             woken = _wake(s, model)

@@ -260,6 +260,10 @@ def reconcile(trainer: Trainer) -> jobs.ReconcileReport:
             finish(s, job, "cancelled", None)
         settle_cancelled(trainer, job_id)
         end_live_requests(trainer, job_id)  # its live model's requests that were waiting: failed, their holds released
+    with db.session() as s:  # a request stored as its live model's job ended (a race the submit's check cannot close on SQLite)
+        ended = repository.ended_live_jobs_with_requests(s)
+    for job_id in ended:
+        end_live_requests(trainer, job_id)
     with db.session() as s:
         stranded = repository.paused_live_jobs_with_requests(s)
         for job_id in stranded:

@@ -514,6 +514,38 @@ def test_a_live_model_cancelled_while_its_worker_is_dead_fails_its_waiting_reque
     assert [h.status for h in served.ledger.list_holds(ctx.run_id)] == [HoldStatus.released]
 
 
+def test_a_request_to_a_live_model_whose_cancel_was_asked_is_refused_and_holds_nothing(served: Served, client: TrainerClient) -> None:
+    """The worker has not yet noticed the cancel (the job still ``running``): a request stored now would never run (one
+    was stored as the worker ended the job, and its client waited for it forever). A 409 naming ``model_id``; a request
+    that was stored anyway is failed by the reconciler's next round, its hold released."""
+    from tinker import types
+    from trainer_service.models import PrimitiveRequest
+    from trainer_service.worker import reconcile
+
+    ctx = served.new_run()
+    session = client.create_session(ctx, SessionCreate()).session_id
+    model_id = client.create_live_model(ctx, LiveModelCreate(session_id=session, model_seq_id=0, base_model=MODEL,
+                                                            recipe={"method": "primitives", "lora_r": 4})).model_id
+    datum = types.Datum(model_input=types.ModelInput.from_ints([1, 2, 3]), loss_fn_inputs={"target_tokens": [2, 3, 4], "weights": [1.0] * 3})
+    first = client.forward_backward(ctx, _forward_backward(model_id, 1, [datum]))
+    job_id = served.enqueued[-1]
+    with served.trainer.db.session() as s:  # a worker serves it
+        job = s.get(TrainingJob, job_id)
+        job.status, job.worker_id, job.heartbeat_at = "running", "a-live-worker", utcnow()  # type: ignore[union-attr]
+    client.cancel_job(ctx, job_id)
+    with pytest.raises(UpstreamProblem) as exc:
+        client.forward_backward(ctx, _forward_backward(model_id, 2, [datum]))
+    assert problem(exc, 409)["field"] == "model_id" and "cancelled" in problem(exc, 409)["detail"]
+    assert [h.status for h in served.ledger.list_holds(ctx.run_id)] == [HoldStatus.open]  # the first request's alone
+    with served.trainer.db.session() as s:  # the worker ends the job; the first request had been stored and left waiting
+        job = s.get(TrainingJob, job_id)
+        job.status, job.worker_id, job.finished_at = "cancelled", None, utcnow()  # type: ignore[union-attr]
+    reconcile(served.trainer)
+    with served.trainer.db.session() as s:
+        assert s.get(PrimitiveRequest, first.request_id).status == "failed"  # type: ignore[union-attr]
+    assert [h.status for h in served.ledger.list_holds(ctx.run_id)] == [HoldStatus.released]
+
+
 def test_a_forward_backward_no_worker_could_compute_is_refused_before_anything_is_held(served: Served, client: TrainerClient) -> None:
     """No data, a datum with no tokens, loss inputs not shaped as the tokens, more tokens than the model reads or than a
     request may compute: a 400 naming the datum, nothing held (each of these once reached a worker, which failed after a
