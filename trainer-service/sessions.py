@@ -175,11 +175,19 @@ def _hold(trainer: Trainer, ctx: RunContext, request_id: str, usage: list[UsageI
     return hold.hold_id
 
 
-def _check_job_open(job: TrainingJob | None, model_id: str) -> None:
-    """``Conflict`` when the live model's job has ended or its cancel was asked for: nothing more of it will run."""
+def _job_closed(job: TrainingJob | None, model_id: str) -> str | None:
+    """Why nothing more of the live model will run (its job has ended, or its cancel was asked for), else ``None``."""
     if job is not None and (job.status in ("succeeded", "failed", "cancelled") or job.cancel_requested):
         state = "cancelled" if job.cancel_requested else job.status
-        raise Conflict(f"model {model_id}'s job {job.id} is {state}; open a new training client", field="model_id")
+        return f"model {model_id}'s job {job.id} is {state}; open a new training client"
+    return None
+
+
+def _failed_at_once(s: Any, ctx: RunContext, model_id: str, request_id: str, kind: str, error: str) -> None:
+    """Store the request as failed (``user``): its future fails at once with ``error`` (an HTTP 409 instead, the SDK
+    retries for five minutes before it raises)."""
+    s.add(PrimitiveRequest(id=request_id, run_id=ctx.run_id, model_id=model_id, seq=None, kind=kind, payload=b"{}", status="failed",
+                           error=error, category="user", created_at=utcnow(), finished_at=utcnow()))
 
 
 def submit(trainer: Trainer, ctx: RunContext, model_id: str, kind: str, payload: bytes, *, seq: int | None,
@@ -187,15 +195,18 @@ def submit(trainer: Trainer, ctx: RunContext, model_id: str, kind: str, payload:
     """Store a request for live model ``model_id`` after holding ``usage`` (402 when the budget cannot cover it) and
     wake its worker; returns the request id (``req_…``). A training request (``seq`` set) is idempotent: the same
     ``kind`` and ``payload`` at a ``seq`` the model has seen returns that request (the SDK repeats a submit whose
-    answer it lost), another one is a ``Conflict``; a session that finished, too. The hold is released if the request
-    cannot be stored."""
+    answer it lost), another one is a ``Conflict``; a session that finished, too. A request to a model whose job has
+    ended or is being cancelled is stored as failed (its future fails at once). The hold is released if the request
+    cannot be stored or run."""
     request_id = new_id("req")
     with trainer.db.session() as s:
         model = live_model(s, ctx, model_id)
         session = s.get(PrimitiveSession, model.session_id)
         if session is not None and session.finished_at is not None:
             raise Conflict(f"session {model.session_id} has finished", field="session_id")
-        _check_job_open(repository.training_job(s, model.job_id), model_id)
+        if (closed := _job_closed(repository.training_job(s, model.job_id), model_id)) is not None:
+            _failed_at_once(s, ctx, model_id, request_id, kind, closed)
+            return request_id
         if seq is not None and (earlier := repository.primitive_request_at(s, model_id, seq)) is not None:
             if earlier.kind == kind and earlier.payload == payload:
                 return earlier.id  # the client's retry of a request that arrived (its answer was lost): the same future
@@ -206,10 +217,15 @@ def submit(trainer: Trainer, ctx: RunContext, model_id: str, kind: str, payload:
     try:
         with trainer.db.session() as s:
             model = live_model(s, ctx, model_id)
-            _check_job_open(repository.training_job(s, model.job_id, lock=True), model_id)  # again, locked: it may have ended meanwhile
-            s.add(PrimitiveRequest(id=request_id, run_id=ctx.run_id, model_id=model_id, sampler_id=sampler_id, seq=seq, kind=kind, payload=payload,
-                                   hold_id=hold_id, created_at=utcnow()))
-            woken = _wake(s, model)
+            if (closed := _job_closed(repository.training_job(s, model.job_id, lock=True), model_id)) is not None:  # again, locked
+                _failed_at_once(s, ctx, model_id, request_id, kind, closed)
+                woken = None
+            else:
+                s.add(PrimitiveRequest(id=request_id, run_id=ctx.run_id, model_id=model_id, sampler_id=sampler_id, seq=seq, kind=kind,
+                                       payload=payload, hold_id=hold_id, created_at=utcnow()))
+                woken = _wake(s, model)
+        if closed is not None and hold_id is not None:
+            trainer.ledger.release_hold(hold_id, HoldRelease(idempotency_key=f"release:{hold_id}"))
         if woken is not None:
             trainer.enqueue(woken)
     except Exception:

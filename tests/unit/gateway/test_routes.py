@@ -623,4 +623,6 @@ def test_mcp_answers_post_only_and_counts_each_request_once_against_the_keys_rat
         call = {"jsonrpc": "2.0", "id": 2, "method": "tools/call", "params": {"name": "budget", "arguments": {}}}  # a tool that calls /v1
         answers = [http.post("/mcp", json=call, headers=key | accept).status_code for _ in range(3)]
         assert answers == [200, 200, 200]
-        assert_problem(http.post("/mcp", json=init, headers=key | accept), 429)
+        refused = http.post("/mcp", json=init, headers=key | accept)  # a JSON-RPC error the MCP client shows, not an opaque 429
+        assert refused.status_code == 200 and refused.json()["error"]["message"].startswith("429 rate_limited")
+        assert refused.json()["error"]["data"]["status"] == 429 and refused.json()["id"] == init["id"]

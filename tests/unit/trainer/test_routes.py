@@ -514,10 +514,10 @@ def test_a_live_model_cancelled_while_its_worker_is_dead_fails_its_waiting_reque
     assert [h.status for h in served.ledger.list_holds(ctx.run_id)] == [HoldStatus.released]
 
 
-def test_a_request_to_a_live_model_whose_cancel_was_asked_is_refused_and_holds_nothing(served: Served, client: TrainerClient) -> None:
+def test_a_request_to_a_live_model_whose_cancel_was_asked_fails_at_once_and_holds_nothing(served: Served, client: TrainerClient) -> None:
     """The worker has not yet noticed the cancel (the job still ``running``): a request stored now would never run (one
-    was stored as the worker ended the job, and its client waited for it forever). A 409 naming ``model_id``; a request
-    that was stored anyway is failed by the reconciler's next round, its hold released."""
+    was stored as the worker ended the job, and its client waited for it forever). It fails at once, nothing held; a
+    request that was stored anyway is failed by the reconciler's next round, its hold released."""
     from tinker import types
     from trainer_service.models import PrimitiveRequest
     from trainer_service.worker import reconcile
@@ -533,9 +533,9 @@ def test_a_request_to_a_live_model_whose_cancel_was_asked_is_refused_and_holds_n
         job = s.get(TrainingJob, job_id)
         job.status, job.worker_id, job.heartbeat_at = "running", "a-live-worker", utcnow()  # type: ignore[union-attr]
     client.cancel_job(ctx, job_id)
-    with pytest.raises(UpstreamProblem) as exc:
-        client.forward_backward(ctx, _forward_backward(model_id, 2, [datum]))
-    assert problem(exc, 409)["field"] == "model_id" and "cancelled" in problem(exc, 409)["detail"]
+    late = client.forward_backward(ctx, _forward_backward(model_id, 2, [datum]))
+    answer = client.retrieve_request(ctx, late.request_id)  # failed at once (a 409 made the SDK retry for five minutes)
+    assert (answer.status, answer.category) == ("failed", "user") and "cancelled" in answer.error, answer  # type: ignore[operator]
     assert [h.status for h in served.ledger.list_holds(ctx.run_id)] == [HoldStatus.open]  # the first request's alone
     with served.trainer.db.session() as s:  # the worker ends the job; the first request had been stored and left waiting
         job = s.get(TrainingJob, job_id)
