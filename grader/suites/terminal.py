@@ -26,7 +26,6 @@ import json
 import os
 import random
 import shutil
-import tempfile
 import tomllib
 from functools import cache
 from pathlib import Path
@@ -38,6 +37,9 @@ from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
 TASKS_DIR = Path(__file__).with_name("terminal_tasks")
+INSTANCES_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crucible" / "terminal-instances"
+"""Where generated instances' folders are written (the user's cache, as the swe suite's; never the sandboxes' temporary
+directory, whose every ``crucible-*`` entry is a rollout's and is reaped)."""
 _FAMILIES_STAMP = hashlib.sha256(Path(terminal_families.__file__).read_bytes()).hexdigest()[:16]
 HARNESS_DIR = Path(__file__).with_name("terminal_harness")
 _PARAMS = ("categories", "tasks")
@@ -124,7 +126,7 @@ class TerminalSuite:
 
     def environment(self, item: Item) -> TaskEnvironment:
         """The task folder of ``item`` as a :class:`TaskEnvironment`: a shipped one, or a generated instance's, written
-        once into this process's temporary directory (mode 0700)."""
+        once into :data:`INSTANCES_DIR` (mode 0700)."""
         if "family" in item.entry:
             return _instance(item.entry["family"], int(item.entry["instance"]))
         folder = TASKS_DIR / item.entry["task"]
@@ -139,7 +141,7 @@ def _instance(family: str, instance: int) -> TaskEnvironment:
     """A generated instance's folder (``app/``: its files; ``tests/``: ``test.sh``, ``check.py`` and the expected
     result)."""
     key = hashlib.sha256(f"{family}:{instance}:{_FAMILIES_STAMP}".encode()).hexdigest()[:16]  # another version's folder is not reused
-    folder = Path(tempfile.gettempdir()) / f"crucible-terminal-{os.getuid()}" / key
+    folder = INSTANCES_DIR / key
     if not (folder / ".done").is_file():
         generated = terminal_families.generate(family, instance)
         tmp = folder.with_name(f"{key}.{os.getpid()}")
