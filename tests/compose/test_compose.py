@@ -543,14 +543,14 @@ def test_a_restarted_dependency_loses_no_job_or_evaluation_and_charges_nothing_t
     job = client.create_training_job("smollm2-135m-instruct", [_training_set(client)],
                                      {"max_steps": 9, "batch_size": 4, "checkpoint_every": 3, "warmup_steps": 1})  # at step 1 or 2 at the restart
     wait_for(lambda: client.training_job(job["id"])["steps_done"] >= 1, 300, "the job under way")
-    ev = client.create_evaluation("smollm2-135m-instruct", limit=24)  # after the job's first step: 24 items once ended before it (a model loading)
+    ev = client.create_evaluation("smollm2-135m-instruct")  # after the job's first step, all 60 items: 24 were graded in one batch, done before a restart
     wait_for(lambda: client.evaluation(ev["id"])["items_done"] >= 1, 300, "the evaluation under way")
     assert (client.training_job(job["id"])["status"], client.evaluation(ev["id"])["status"]) == ("running", "running")
     restarted = time.monotonic()
     deployment.compose(f"restart {service}", timeout_s=300)
     job_now, ev_now = read(lambda: client.training_job(job["id"])), read(lambda: client.evaluation(ev["id"]))
     print(f"\n[fault] {service} restarted in {time.monotonic() - restarted:.0f} s; then the job was at step {job_now.get('steps_done', '?')}/9, "
-          f"the evaluation at item {ev_now.get('items_done', '?')}/24")
+          f"the evaluation at item {ev_now.get('items_done', '?')}/{ev['items_total']}")
     wait_for(deployment.healthy, 300, "every container healthy again")
 
     job_done = _finished(lambda: read(lambda: client.training_job(job["id"])), 900, "the training job")
