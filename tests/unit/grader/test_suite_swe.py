@@ -3,19 +3,16 @@ checked by the verifier in a real sandbox (bubblewrap here; Docker in ``make tes
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from grader.harness_archives import inspect_archive
-from grader.model_endpoint import Binding, ModelEndpoint
-from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout
-from grader.sandboxes import get_sandbox
+from grader.model_endpoint import ModelEndpoint
+from grader.rollouts import RolloutOutcome
 from grader.suites import Item, get_suite
 from grader.suites.swe_mutants import PROJECTS, candidates
 from services.common.errors import Unprocessable
-from tests.archives import code_harness
+from tests.unit.grader.scripted import run_script
 
 PARAMS = {"projects": ["cachetools", "inflection"]}
 
@@ -25,29 +22,12 @@ def items() -> list[Item]:
     return get_suite("swe").generate(PARAMS, 7, 2, split="validation")
 
 
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[ModelEndpoint]:
-    endpoint = ModelEndpoint(None)  # type: ignore[arg-type]  # no model is called by these harnesses
-    endpoint.start()
-    yield endpoint
-    endpoint.stop()
-
-
-@pytest.fixture(params=["bwrap", pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.slow])])
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.param
-
-
 def rollout(endpoint: ModelEndpoint, backend: str, item: Item, script: str) -> float:
     return run(endpoint, backend, item, script).reward  # type: ignore[return-value]
 
 
 def run(endpoint: ModelEndpoint, backend: str, item: Item, script: str) -> RolloutOutcome:
-    data = code_harness(script)
-    binding = Binding(model="m", ctx=None, hold_id=None, key=f"eval_test:{item.id}:0", context_tokens=None, max_tokens=16, max_calls=1)
-    outcome = run_rollout(get_sandbox(backend), endpoint, archive=data, archive_id="har_test", manifest=inspect_archive(data),
-                          instruction=item.question, binding=binding, environment=get_suite("swe").environment(item),
-                          caps=RolloutLimits(wall_s=60, verifier_wall_s=120))
+    outcome = run_script(endpoint, backend, "swe", item, script, wall_s=60, verifier_wall_s=120)
     assert outcome.trajectory.verifier_run is not None, outcome.trajectory.failure
     return outcome
 

@@ -4,42 +4,20 @@ folder, and each family's verifier checked in a real sandbox (bubblewrap here; D
 from __future__ import annotations
 
 import shlex
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 
 import pytest
 
-from grader.harness_archives import inspect_archive
-from grader.model_endpoint import Binding, ModelEndpoint
-from grader.rollouts import RolloutLimits, run_rollout
-from grader.sandboxes import get_sandbox
+from grader.model_endpoint import ModelEndpoint
 from grader.suites import Item, get_suite
 from grader.suites.terminal import tasks
 from grader.suites.terminal_families import FAMILIES, generate
 from services.common.errors import Unprocessable
-from tests.archives import code_harness
-
-
-@pytest.fixture(scope="module")
-def endpoint() -> Iterator[ModelEndpoint]:
-    endpoint = ModelEndpoint(None)  # type: ignore[arg-type]  # no model is called by these harnesses
-    endpoint.start()
-    yield endpoint
-    endpoint.stop()
-
-
-@pytest.fixture(params=["bwrap", pytest.param("docker", marks=[pytest.mark.docker, pytest.mark.slow])])
-def backend(request: pytest.FixtureRequest) -> str:
-    return request.param
+from tests.unit.grader.scripted import run_script
 
 
 def rollout(endpoint: ModelEndpoint, backend: str, item: Item, script: str) -> float:
-    data = code_harness(script)
-    binding = Binding(model="m", ctx=None, hold_id=None, key=f"eval_test:{item.id}:0", context_tokens=None, max_tokens=16, max_calls=1)
-    outcome = run_rollout(get_sandbox(backend), endpoint, archive=data, archive_id="har_test", manifest=inspect_archive(data),
-                          instruction=item.question, binding=binding, environment=get_suite("terminal").environment(item),
-                          caps=RolloutLimits(wall_s=30, verifier_wall_s=30))
-    return outcome.reward  # type: ignore[return-value]
+    return run_script(endpoint, backend, "terminal", item, script, wall_s=30, verifier_wall_s=30).reward  # type: ignore[return-value]
 
 
 def test_the_test_split_is_generated_from_its_seed_and_is_no_shipped_task() -> None:
