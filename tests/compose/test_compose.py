@@ -19,6 +19,7 @@ import json
 import os
 import re
 import secrets
+import shutil
 import socket
 import subprocess
 import time
@@ -52,6 +53,8 @@ IMAGES = {  # what `make compose-images` built; the published defaults elsewhere
 AGENT_STEPS = int(os.environ.get("CRUCIBLE_COMPOSE_AGENT_STEPS", "12"))
 DEMO_TEST_ITEMS = 32  # the demo benchmark's hidden split here (the file's: 300)
 STATE: dict[str, Any] = {}  # what one test leaves for the next (the graded run, its key)
+SANDBOX_DIR = f"/var/lib/crucible/sandboxes-{PROJECT}-{secrets.token_hex(4)}"  # this deployment's CRUCIBLE_SANDBOX_DIR: what an
+# earlier deployment on this host left in the shared one (deploy/.env.example's) is not counted as this one's leftover
 
 
 def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 1.0) -> Any:
@@ -134,6 +137,7 @@ def fresh_env() -> dict[str, str]:
             env[key] = secrets.token_hex(16)
     env["CRUCIBLE_GRADER_TEST_SEED"] = str(secrets.randbelow(10**12) + 10**11)
     env["CRUCIBLE_GATEWAY_PORT"] = str(free_port())
+    env["CRUCIBLE_SANDBOX_DIR"] = SANDBOX_DIR
     env |= IMAGES
     return env
 
@@ -158,6 +162,7 @@ def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]
     finally:
         if os.environ.get("CRUCIBLE_COMPOSE_KEEP") != "1":
             d.compose("down -v --remove-orphans", timeout_s=300, check=False)
+            shutil.rmtree(SANDBOX_DIR, ignore_errors=True)
 
 
 def operators_block(after: str, nth: int = 0) -> str:
@@ -321,7 +326,6 @@ def test_each_container_holds_only_the_secrets_the_readme_lists(deployment: Depl
 
 # --- code-harness sandboxes on the Docker daemon ---------------------------------------------------------------------
 
-SANDBOX_DIR = "/var/lib/crucible/sandboxes"  # deploy/.env.example's CRUCIBLE_SANDBOX_DIR
 TERMINAL_TASKS = ["fizzbuzz-script", "git-commit-changes", "count-log-errors", "dedupe-lines", "csv-column-sum"]
 CHEATED = {"fizzbuzz-script", "git-commit-changes"}  # tasks whose verifiers run what the agent wrote
 
