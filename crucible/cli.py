@@ -373,6 +373,46 @@ def admin_load_benchmark(path: Path, gateway: GatewayUrl = "http://127.0.0.1:800
         console.print(f"[yellow]warning:[/] {warning}")
 
 
+@admin_app.command("import-tasks")
+def admin_import_tasks(path: Annotated[Path, typer.Argument(help="A folder: Harbor task folders (terminal), or instances.jsonl and repos/ (swe).")],
+                       suite: Annotated[str, typer.Option(help="terminal or swe")],
+                       name: Annotated[str, typer.Option(help="The collection's name; a benchmark's suite.splits.test.collection names it.")],
+                       wait: Annotated[bool, typer.Option(help="Wait for the validation and print each task's verdict.")] = True,
+                       gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """Import an operator's own tasks into the grader's test store, for a hidden test split no repository holds: each
+    task is accepted once its oracle resolves it in the sandbox (and doing nothing does not). Exits 1 when a task is
+    refused or the import fails."""
+    import io
+    import tarfile
+
+    if not path.is_dir():
+        console.print(f"[red]{path}: not a folder[/]")
+        raise typer.Exit(1)
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(path, arcname=path.resolve().name)
+    admin = _admin(gateway, data_dir)
+    try:
+        collection = admin.import_tasks(name, suite, buf.getvalue())
+        if wait:
+            with console.status("validating") as status:
+                collection = admin.wait_task_collection(name, on_poll=lambda c: status.update(
+                    f"validating {name}: {c['accepted']} accepted, {c['refused']} refused, {c['pending']} to go"))
+    except CrucibleAPIError as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from exc
+    table = Table(title=f"{collection['suite']} tasks of {name}")
+    for col in ("task", "status", "why refused"):
+        table.add_column(col)
+    for task in collection["tasks"]:
+        table.add_row(task["name"], task["status"], task["reason"] or "")
+    console.print(table)
+    console.print(f"{collection['accepted']} accepted, {collection['refused']} refused, {collection['pending']} pending; "
+                  f"a benchmark draws its test split from the accepted ones with suite.splits.test.collection: {name}")
+    if collection["refused"]:
+        raise typer.Exit(1)
+
+
 @admin_app.command("add-model")
 def admin_add_model(card: Annotated[str, typer.Argument(help="A model card YAML file, or the name of a built-in model (gemma3-270m).")],
                     gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:

@@ -215,6 +215,28 @@ class AdminClient(_GatewayClient):
     def load_benchmark(self, doc: dict[str, Any]) -> dict[str, Any]:
         return self._call("POST", "/admin/benchmarks", json=doc)
 
+    def import_tasks(self, name: str, suite: str, archive: bytes) -> dict[str, Any]:
+        """Import the ``.tar.gz`` ``archive`` (one folder of the suite's tasks) as collection ``name``: its validation starts."""
+        return self._call("POST", "/admin/task-collections", data={"name": name, "suite": suite},
+                          files={"file": (f"{name}.tar.gz", archive, "application/gzip")})
+
+    def task_collection(self, name: str) -> dict[str, Any]:
+        """The collection: ``status`` (validating|done), ``accepted``/``refused``/``pending`` and ``tasks`` (name, status, reason)."""
+        return self._call("GET", f"/admin/task-collections/{name}")
+
+    def task_collections(self) -> list[dict[str, Any]]:
+        return self._call("GET", "/admin/task-collections")["data"]
+
+    def wait_task_collection(self, name: str, poll_s: float = 2.0, on_poll: Any = None) -> dict[str, Any]:
+        """Poll until every task of the collection is accepted or refused; ``on_poll(collection)`` after each poll."""
+        while True:
+            collection = self.task_collection(name)
+            if on_poll:
+                on_poll(collection)
+            if collection["status"] == "done":
+                return collection
+            time.sleep(poll_s)
+
     def baselines(self, benchmark: str) -> dict[str, Any]:
         """The benchmark's baselines: per task under ``tasks``, its split sizes and the initial (and reference) system's
         test score and status; ``initial_status``/``reference_status`` summed up over the tasks."""

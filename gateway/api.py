@@ -63,6 +63,7 @@ from gateway.service import (
 from grader.schemas import DatasetDigest
 from services.common.app import problem_json, validation_problem
 from services.common.contracts import (
+    COLLECTION_NAME,
     BenchmarkBaselines,
     CheckpointOut,
     DatasetOut,
@@ -74,6 +75,7 @@ from services.common.contracts import (
     SubmissionCreate,
     SubmissionOut,
     SuiteItemOut,
+    TaskCollectionOut,
     TrainingJobCreate,
     TrainingJobOut,
     TrajectoryOut,
@@ -695,6 +697,37 @@ async def register_model(doc: Annotated[dict[str, Any], Body(openapi_examples={"
     except ModelPreparationError as exc:
         raise Unprocessable(str(exc), field=exc.field) from exc
     return await gw.inference.register_base_model(card)
+
+
+@admin_router.post("/task-collections", status_code=201, summary="Import tasks (an operator's own, for a hidden test split)",
+                   responses=problem_responses(Unprocessable, Conflict, PayloadTooLarge))
+async def import_tasks(gw: GatewayDep,
+                       file: UploadFile = File(..., description="A .tar.gz of one folder: Harbor task folders (terminal) or instances.jsonl "
+                                                                "with repos/ (swe); docs/operators.md states the format"),
+                       name: str = Form(..., pattern=COLLECTION_NAME, description="The collection's name (1-63 of a-z 0-9 . _ -)."),
+                       suite: str = Form(..., pattern="^(terminal|swe)$", description="terminal or swe")) -> TaskCollectionOut:
+    """Stored in the grader's test store (the tasks never leave the grader) and validated on an eval worker: a task is
+    accepted when its oracle resolves it in the sandbox and doing nothing does not; ``GET /admin/task-collections/{name}``
+    follows the validation and tells why each refused task was refused. A benchmark draws its test split from the
+    accepted tasks with ``suite.splits.test.collection``. 409 (``name``) if the collection exists; 413 past
+    ``max_upload_bytes``; 422 names the field."""
+    limit = gw.settings.max_upload_bytes
+    data = await file.read(limit + 1)
+    if len(data) > limit:
+        raise PayloadTooLarge(f"the file is larger than {limit} bytes", field="file")
+    return await gw.grader.import_tasks(name, suite, data)
+
+
+@admin_router.get("/task-collections", summary="List the imported task collections")
+async def task_collections(gw: GatewayDep) -> Page[TaskCollectionOut]:
+    return await gw.grader.task_collections()
+
+
+@admin_router.get("/task-collections/{name}", summary="An imported task collection and each task's validation", responses=problem_responses(NotFound))
+async def task_collection(name: Annotated[str, Path(pattern=COLLECTION_NAME)], gw: GatewayDep) -> TaskCollectionOut:
+    """Its status (``validating`` until every task is accepted or refused), counts, and per task its status and the
+    reason of a refusal."""
+    return await gw.grader.task_collection(name)
 
 
 @admin_router.get("/models", summary="List the served base models")

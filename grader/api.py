@@ -11,11 +11,12 @@ from typing import Annotated
 
 from fastapi import APIRouter, Body, Depends, Query, Request, Response
 
-from grader import evaluations, graders, grading_tasks, harness_archives, rewards, submissions
+from grader import evaluations, graders, grading_tasks, harness_archives, imports, rewards, submissions
 from grader.schemas import LeaderboardEntry, SubmissionGrading, TaskRegistered
 from grader.service import Grader
 from services.common.auth import RunCaller, ServiceCaller, only_callers
 from services.common.contracts import (
+    COLLECTION_NAME,
     EvaluationCreate,
     EvaluationLimits,
     EvaluationOut,
@@ -30,9 +31,11 @@ from services.common.contracts import (
     RewardRequest,
     SubmissionOut,
     SuiteItemOut,
+    TaskCollectionOut,
     TrajectoryOut,
 )
 from services.common.errors import (
+    Conflict,
     EvaluationRateLimited,
     FailedEvaluationLimit,
     NotFound,
@@ -179,3 +182,21 @@ def harness_archive(harness_id: str, grader: GraderDep, ctx: RunCaller) -> Respo
     """The stored bytes of the run's archive or a suite's own (to start an edited copy)."""
     return Response(harness_archives.archive_bytes(grader, ctx, harness_id), media_type="application/gzip")
 
+
+
+@router.post("/task-collections", status_code=201, summary="Import a collection of tasks (the operator's own; for hidden test splits)",
+             responses=problem_responses(Unprocessable, Conflict, PayloadTooLarge))
+def import_tasks(grader: GraderDep, body: bytes = Body(b"", media_type="application/gzip", description="A .tar.gz of one folder (grader.imports states the format)"),
+                 name: str = Query(..., pattern=COLLECTION_NAME), suite: str = Query(..., pattern="^(terminal|swe)$")) -> TaskCollectionOut:
+    """Stored in the test store, each task queued for validation in the sandbox; 409 (``name``) if the collection exists."""
+    return imports.import_collection(grader, name, suite, body)
+
+
+@router.get("/task-collections", summary="The imported task collections")
+def list_task_collections(grader: GraderDep) -> Page[TaskCollectionOut]:
+    return Page[TaskCollectionOut](data=imports.list_collections(grader))
+
+
+@router.get("/task-collections/{name}", summary="An imported task collection and each task's validation", responses=problem_responses(NotFound))
+def task_collection(name: str, grader: GraderDep) -> TaskCollectionOut:
+    return imports.collection_out(grader, name)

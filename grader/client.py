@@ -29,6 +29,7 @@ from services.common.contracts import (
     SubmissionCreate,
     SubmissionOut,
     SuiteItemOut,
+    TaskCollectionOut,
     TrajectoryOut,
 )
 from services.common.graders import GraderResult, GraderRunRequest
@@ -50,6 +51,19 @@ class GraderClient(ServiceAPI):
         """Register one grading task: its splits are drawn, its baselines queued. Idempotent on ``body.task_id``;
         422 names the field for an unknown suite, bad suite params, a bad harness or a split too large."""
         return self._call("POST", "/internal/tasks", TaskRegistered, body=body)
+
+    def import_tasks(self, name: str, suite: str, content: bytes) -> TaskCollectionOut:
+        """Import the ``.tar.gz`` ``content`` as collection ``name`` of ``suite`` tasks (:mod:`grader.imports`); 422 names
+        the field, 409 (``name``) if the collection exists."""
+        return self._call("POST", "/internal/task-collections", TaskCollectionOut, content=content, params={"name": name, "suite": suite},
+                          headers={"Content-Type": "application/gzip"})
+
+    def task_collections(self) -> Page[TaskCollectionOut]:
+        return self._call("GET", "/internal/task-collections", Page[TaskCollectionOut])
+
+    def task_collection(self, name: str) -> TaskCollectionOut:
+        """One collection and its tasks' validation; 404 if there is none."""
+        return self._call("GET", f"/internal/task-collections/{name}", TaskCollectionOut)
 
     def task_status(self, task_id: str) -> GradingTaskStatus:
         """Split sizes and baseline test scores of task ``task_id``; 404 if it is not registered."""

@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import structlog
 
-from grader import repository, splits
+from grader import imports, repository, splits
 from grader.harness import apply_settings, check_harness
 from grader.harness_archives import code_harness_for
 from grader.schemas import TaskRegistered
@@ -33,8 +33,8 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
     with ``warnings`` for the operator (a task small enough to enumerate), which depend on public inputs only (none
     when the task was registered before).
 
-    Raises ``Unprocessable`` naming the field for an unknown suite, bad suite params, a bad harness, or a split
-    larger than the task space allows.
+    Raises ``Unprocessable`` naming the field for an unknown suite, bad suite params, a bad harness, a split
+    larger than the task space (or the imported collection's accepted tasks) allows, or a collection not ready.
     """
     with grader.db.session() as s:
         registered = repository.task_registered(s, spec.task_id)
@@ -49,7 +49,11 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
     archives = [code_harness_for(grader, None, suite, system.harness, system.harness_archive) if system else None
                 for system in (spec.initial_system, spec.reference_system)]
     validation = splits.validation_split(spec)
-    test = splits.test_split(spec, splits.test_seed(grader.settings.grader_test_seed, spec), validation + splits.training_pool(spec, validation))
+    seed, public = splits.test_seed(grader.settings.grader_test_seed, spec), validation + splits.training_pool(spec, validation)
+    if collection := spec.suite.splits.test.collection:
+        test = splits.collection_split(spec, seed, imports.collection_items(grader, collection, spec.suite.name), public)
+    else:
+        test = splits.test_split(spec, seed, public)
     grader.store.put_items(spec.task_id, test)
     warning = splits.enumerable_warning(spec, splits.item_space(spec))
     if warning:

@@ -36,6 +36,8 @@ MIGRATIONS_DIR = Path(__file__).with_name("migrations")
 EVAL_QUEUE = "eval"
 EVAL_TASK = "grader.run_evaluation"
 """The Celery task that runs one evaluation; its only argument is the evaluation id."""
+IMPORT_TASK = "grader.validate_import"
+"""The Celery task that validates an imported task collection in the sandbox; its only argument is the collection's name."""
 
 
 def evaluation_queue(settings: ServiceSettings) -> Celery:
@@ -43,12 +45,16 @@ def evaluation_queue(settings: ServiceSettings) -> Celery:
     return make_celery("grader", settings, queue=EVAL_QUEUE)
 
 
+def _no_queue(collection: str) -> None:
+    raise RuntimeError(f"this grader has no queue to validate the imported collection {collection!r} on")
+
+
 @dataclass
 class Grader:
     """What the grader's logic works with: ``settings``, its ``db``, the hidden test ``store``, the ``ledger`` it holds
     validation budget on, the ``inference`` that answers for the evaluated
     systems, and ``enqueue(eval_id)``, which sends an evaluation to the eval workers (by task name; nothing imports
-    the tasks). ``train_pools``: task id → its training pool, the last few read (:func:`grader.grading_tasks.train_pool`)."""
+    the tasks), and ``enqueue_import(collection)``, which sends an imported collection's validation there. ``train_pools``: task id → its training pool, the last few read (:func:`grader.grading_tasks.train_pool`)."""
 
     settings: GraderSettings
     db: Database
@@ -56,6 +62,7 @@ class Grader:
     ledger: LedgerClient
     inference: InferenceClient
     enqueue: Callable[[str], None]
+    enqueue_import: Callable[[str], None] = field(default=lambda name: _no_queue(name))
     train_pools: dict[str, list[Item]] = field(default_factory=dict)
 
     @classmethod
@@ -68,10 +75,14 @@ class Grader:
         def enqueue(eval_id: str) -> None:
             queue.send_task(EVAL_TASK, args=[eval_id], queue=EVAL_QUEUE)
 
+        def enqueue_import(name: str) -> None:
+            queue.send_task(IMPORT_TASK, args=[name], queue=EVAL_QUEUE)
+
         migrate(settings.database_url_for("grader"), MIGRATIONS_DIR)  # an eval worker may start (and reconcile) before the app
         return cls(settings=settings, db=Database(settings.database_url_for("grader")), store=TestStore(settings.test_store_url()),
                    ledger=LedgerClient.connect(settings),
-                   inference=InferenceClient.connect(settings, timeout_s=settings.inference_timeout_s), enqueue=enqueue)
+                   inference=InferenceClient.connect(settings, timeout_s=settings.inference_timeout_s), enqueue=enqueue,
+                   enqueue_import=enqueue_import)
 
     def close(self) -> None:
         """Close the clients' connections and the databases' pools."""

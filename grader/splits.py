@@ -28,6 +28,7 @@ secret: registering such a task, and checking its file, warns.
 from __future__ import annotations
 
 import hashlib
+import random
 from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
@@ -35,6 +36,7 @@ from pydantic import BaseModel, Field
 from grader.canonical import canonical_key
 from grader.suites import Item, Suite, get_suite, suite_canonical
 from services.common.contracts import GradingSpec
+from services.common.errors import Unprocessable
 
 ENUMERABLE_FACTOR = 10  # a task with fewer distinct items than this many times its split sizes is enumerable
 SKEW_WARNING_SHARE = 0.2  # from this public share of natural test draws on, the test split's distribution is called skewed
@@ -90,6 +92,20 @@ def test_split(spec: GradingSpec, seed: int, public: list[Item]) -> list[Item]:
         want += 2 * (size - len(kept))
 
 
+def collection_split(spec: GradingSpec, seed: int, accepted: list[Item], public: list[Item]) -> list[Item]:
+    """The hidden test items drawn from an imported collection's ``accepted`` tasks: shuffled by ``seed``, without the
+    ``public`` items' questions, the first ``suite.splits.test.size``. Raises ``Unprocessable`` (field
+    ``suite.splits.test.size``) when fewer are left."""
+    questions = {it.question for it in public}
+    left = [it for it in accepted if it.question not in questions]
+    random.Random(seed).shuffle(left)
+    size = spec.suite.splits.test.size
+    if len(left) < size:
+        raise Unprocessable(f"the collection {spec.suite.splits.test.collection!r} has {len(left)} accepted tasks outside the public splits; "
+                            f"the test split asks for {size}", field="suite.splits.test.size")
+    return left[:size]
+
+
 class ItemSpace(BaseModel):
     """How many distinct items a suite's params allow."""
 
@@ -118,7 +134,10 @@ class SplitReport(BaseModel):
 
 
 def enumerable_warning(spec: GradingSpec, space: ItemSpace) -> str | None:
-    """The warning for a task whose item space is small enough to enumerate, ``None`` otherwise."""
+    """The warning for a task whose item space is small enough to enumerate, ``None`` otherwise (and for a test split
+    drawn from an imported collection, which no agent can enumerate)."""
+    if spec.suite.splits.test.collection:
+        return None
     total = _split_items(spec)
     if space.count >= ENUMERABLE_FACTOR * total:
         return None
@@ -141,6 +160,11 @@ def split_report(spec: GradingSpec) -> SplitReport:
     public = validation + training_pool(spec, validation)
     keys = {item_key(suite, it) for it in public}
     space = item_space(spec)
+    if collection := spec.suite.splits.test.collection:
+        return SplitReport(task=spec.task, suite=spec.suite.name, item_space=space, split_items=_split_items(spec), enumerable=False,
+                           public_items=len(keys), public_share_of_draws=0.0,
+                           warnings=[f"task {spec.task!r}: the test split is drawn from the imported collection {collection!r}, which only the "
+                                     "grader holds; its size is checked when the benchmark is loaded"])
     size = min(spec.suite.splits.test.size, space.count) if space.exact else spec.suite.splits.test.size
     seeds = probe_seeds(spec)
     draws = [item_key(suite, it) in keys for seed in seeds for it in suite.generate(spec.suite.params, seed, size, split="test")]

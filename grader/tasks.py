@@ -7,8 +7,9 @@ from __future__ import annotations
 
 from celery.signals import worker_ready
 
-from grader import worker
-from grader.service import EVAL_TASK, Grader, evaluation_queue
+from grader import imports, worker
+from grader.sandboxes import get_sandbox
+from grader.service import EVAL_TASK, IMPORT_TASK, Grader, evaluation_queue
 from grader.settings import GraderSettings
 from services.common.lazy import once
 from services.common.settings import ServiceSettings
@@ -25,9 +26,17 @@ def run_evaluation(eval_id: str) -> None:
     worker.run_evaluation(grader(), eval_id)
 
 
+@celery.task(name=IMPORT_TASK)
+def validate_import(name: str) -> None:
+    """Validate imported collection ``name``'s pending tasks in the sandbox (:func:`grader.imports.validate_collection`)."""
+    imports.validate_collection(grader(), name, get_sandbox(grader().settings.sandbox_backend), worker.model_endpoint(grader()))
+
+
 @worker_ready.connect
 def _reconcile(**_kwargs: object) -> None:
     """On worker start, remove the sandboxes a dead worker left (see ``worker.reap_sandboxes``) and take back its
-    evaluations (see ``worker.reconcile``)."""
+    evaluations (see ``worker.reconcile``) and the imported collections it left half validated."""
     worker.reap_sandboxes(grader())
     worker.reconcile(grader())
+    for name in grader().store.pending_collections():  # a validation a dead worker left
+        grader().enqueue_import(name)

@@ -10,10 +10,11 @@ logic modules, and the queries of the grader's main database in :mod:`grader.rep
 
 from __future__ import annotations
 
+import datetime as dt
 from pathlib import Path
 from typing import Any
 
-from sqlalchemy import JSON, Float, Integer, String, Text, UniqueConstraint, select
+from sqlalchemy import JSON, DateTime, Float, Integer, LargeBinary, String, Text, UniqueConstraint, select
 from sqlalchemy.orm import DeclarativeBase, Mapped, mapped_column
 
 from grader.suites import Item
@@ -53,6 +54,24 @@ class TestOutcome(TestBase):
     score_error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why the scorer could not score the answer (score 0)
 
 
+class ImportedTask(TestBase):
+    """One task of a collection an operator imported (:mod:`grader.imports`): its Harbor folder as a ``.tar.gz``."""
+
+    __tablename__ = "imported_tasks"
+    __table_args__ = (UniqueConstraint("collection", "name"),)
+
+    pk: Mapped[int] = mapped_column(Integer, primary_key=True, autoincrement=True)
+    collection: Mapped[str] = mapped_column(String(64), index=True)
+    suite: Mapped[str] = mapped_column(String(40))
+    name: Mapped[str] = mapped_column(String(40))
+    instruction: Mapped[str] = mapped_column(Text)
+    digest: Mapped[str] = mapped_column(String(64))  # SHA-256 of archive
+    archive: Mapped[bytes] = mapped_column(LargeBinary)
+    status: Mapped[str] = mapped_column(String(16))  # pending | accepted | refused
+    reason: Mapped[str | None] = mapped_column(Text, nullable=True)
+    created_at: Mapped[dt.datetime] = mapped_column(DateTime(timezone=True))
+
+
 class TestStore:
     """Read and write the hidden split of each grading task."""
 
@@ -90,3 +109,40 @@ class TestStore:
         with self.db.session() as s:
             s.add(TestOutcome(evaluation_id=evaluation_id, item_id=item_id, sample=sample, completion=completion, answer=answer, score=score,
                               score_error=score_error))
+
+    def add_collection(self, collection: str, suite: str, tasks: list[dict[str, Any]]) -> bool:
+        """Store a new collection's tasks (``{name, instruction, digest, archive, status, reason}`` each) in one
+        transaction; ``False`` (and nothing written) when the collection exists."""
+        with self.db.session() as s:
+            if s.scalar(select(ImportedTask.pk).where(ImportedTask.collection == collection).limit(1)) is not None:
+                return False
+            now = dt.datetime.now(dt.UTC)
+            s.add_all(ImportedTask(collection=collection, suite=suite, created_at=now, **t) for t in tasks)
+            return True
+
+    def collection(self, collection: str, *, with_archives: bool = False) -> list[ImportedTask]:
+        """The collection's tasks by name (their ``archive`` loaded only ``with_archives``); ``[]`` if there is none."""
+        from sqlalchemy.orm import defer
+
+        with self.db.session() as s:
+            query = select(ImportedTask).where(ImportedTask.collection == collection).order_by(ImportedTask.name)
+            rows = list(s.scalars(query if with_archives else query.options(defer(ImportedTask.archive))))
+            s.expunge_all()
+            return rows
+
+    def collections(self) -> list[str]:
+        """Every collection's name, in order."""
+        with self.db.session() as s:
+            return list(s.scalars(select(ImportedTask.collection).distinct().order_by(ImportedTask.collection)))
+
+    def pending_collections(self) -> list[str]:
+        """The collections with a task not validated yet."""
+        with self.db.session() as s:
+            return list(s.scalars(select(ImportedTask.collection).where(ImportedTask.status == "pending").distinct()))
+
+    def judge(self, collection: str, name: str, status: str, reason: str | None) -> None:
+        """Record a task's validation: ``accepted`` or ``refused`` with ``reason``."""
+        with self.db.session() as s:
+            row = s.scalar(select(ImportedTask).where(ImportedTask.collection == collection, ImportedTask.name == name))
+            if row is not None:
+                row.status, row.reason = status, reason

@@ -8,7 +8,14 @@ imports the suite modules): the registry (:data:`SUITES`) lives here and depends
 
 from __future__ import annotations
 
+import base64
+import io
+import os
 import random
+import shutil
+import tarfile
+import threading
+import tomllib
 from collections import Counter
 from collections.abc import Callable, Iterable
 from dataclasses import dataclass, field
@@ -45,6 +52,58 @@ class TaskEnvironment:
     agent_timeout_s: float
     verifier_timeout_s: float
     mounts: tuple[tuple[Path, str], ...] = ()
+
+
+CACHE_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crucible"
+"""Where task folders a rollout needs are written (generated and imported instances): the user's cache, never the
+sandboxes' temporary directory, whose every ``crucible-*`` entry is a rollout's and is reaped."""
+
+
+def materialize(folder: Path, write: Callable[[Path], None]) -> Path:
+    """``folder``, written once by ``write(tmp)`` into a folder of a temporary name beside it (its parent made mode
+    0700: what is in it may be a hidden item), marked done (``.done``) and renamed into place, so a reader never sees
+    a half-written folder; when another process or thread got there first, its folder is kept and ``tmp`` removed.
+    A folder left without ``.done`` (a writer that died) is written again. Returns ``folder``."""
+    if (folder / ".done").is_file():
+        return folder
+    folder.parent.mkdir(parents=True, exist_ok=True)
+    os.chmod(folder.parent, 0o700)
+    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.{threading.get_ident()}")
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir(mode=0o700)
+    write(tmp)
+    (tmp / ".done").touch()
+    if folder.is_dir() and not (folder / ".done").is_file():
+        shutil.rmtree(folder, ignore_errors=True)
+    try:
+        tmp.rename(folder)
+    except OSError:
+        if not (folder / ".done").is_file():
+            raise
+        shutil.rmtree(tmp, ignore_errors=True)
+    return folder
+
+
+def harbor_environment(folder: Path, mounts: tuple[tuple[Path, str], ...] = ()) -> TaskEnvironment:
+    """A task folder in Harbor's format (Terminal-Bench's) as a :class:`TaskEnvironment`: ``environment/app/`` and
+    ``environment/setup.sh`` when present, ``tests/``, and the time limits of ``task.toml`` (``[agent] timeout_sec``,
+    default 600 s; ``[verifier] timeout_sec``, default 120 s)."""
+    meta = tomllib.loads((folder / "task.toml").read_text()) if (folder / "task.toml").is_file() else {}
+    app, setup = folder / "environment" / "app", folder / "environment" / "setup.sh"
+    return TaskEnvironment(app=app if app.is_dir() else None, setup=setup if setup.is_file() else None, tests=folder / "tests",
+                           agent_timeout_s=float(meta.get("agent", {}).get("timeout_sec", 600)),
+                           verifier_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", 120)), mounts=mounts)
+
+
+def imported_environment(entry: dict[str, Any], mounts: tuple[tuple[Path, str], ...] = ()) -> TaskEnvironment:
+    """The environment of an imported task (``crucible admin import-tasks``, :mod:`grader.imports`): its Harbor folder,
+    carried in the item's entry as ``archive`` (base64 of a ``.tar.gz``) and ``digest`` (its SHA-256), unpacked once
+    into :data:`CACHE_DIR`."""
+    def write(tmp: Path) -> None:
+        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(entry["archive"])), mode="r:gz") as tar:
+            tar.extractall(tmp, filter="data")
+
+    return harbor_environment(materialize(CACHE_DIR / "imported" / entry["digest"], write), mounts)
 
 
 Complete = Callable[[list[dict[str, Any]], list[dict[str, Any]] | None], str]

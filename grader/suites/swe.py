@@ -47,7 +47,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.suites import swe_mutants
-from grader.suites.base import Item, TaskEnvironment, register_suite
+from grader.suites.base import Item, TaskEnvironment, imported_environment, materialize, register_suite
 from grader.suites.swe_mutants import ENV_TARGET, PROJECTS, SWE_DIR, Mutant, Project
 from grader.suites.terminal import HARNESS_DIR
 from services.common.contracts import Harness
@@ -70,9 +70,9 @@ echo 0 > /logs/verifier/reward.txt
 work=$(mktemp -d) && out=$(mktemp -d) || exit 0
 cp -a /tests/repo/. "$work/"
 package=$(python3 -I -c 'import json; print(json.load(open("/tests/spec.json"))["package"])')
-find "$work/$package" -type f -name '*.py' ! -path '*/tests/*' ! -name 'test_*.py' -delete
-(cd /app && find "$package" -type f -name '*.py' ! -path '*/tests/*' ! -name 'test_*.py' ! -name conftest.py ! -name sitecustomize.py \
-    ! -name usercustomize.py -print0) \
+library=(-type f -name '*.py' ! -path '*/tests/*' ! -path '*/test/*' ! -path '*/.git/*' ! -name 'test_*.py' ! -name '*_test.py' ! -name conftest.py)
+find "$work/$package" "${library[@]}" -delete
+(cd /app && find "$package" "${library[@]}" ! -name sitecustomize.py ! -name usercustomize.py -print0) \
     | (cd /app && xargs -0 -r cp --parents -t "$work") 2>/dev/null
 chmod -R a+rX "$work" && chmod a+rwx "$out"
 cd "$work" || exit 0
@@ -261,40 +261,49 @@ class SweSuite:
 
     def environment(self, item: Item) -> TaskEnvironment:
         """``item``'s repository (the bug in, its test patch out, one commit) and verifier folder, written once per
-        version of this suite under ``SWE_DIR/instances`` (mode 0700), with the tests' runner mounted at ``/opt/swe-env``."""
+        version of this suite under ``SWE_DIR/instances``, with the tests' runner mounted at ``/opt/swe-env``; an
+        imported instance's Harbor folder (:func:`~grader.suites.base.imported_environment`) with the same mount."""
+        mounts = ((SWE_DIR / "env", ENV_TARGET),)
+        if "archive" in item.entry:
+            return imported_environment(item.entry, mounts)
         mutant = _mutant({k: item.entry[k] for k in Mutant.__dataclass_fields__})
-        folder = SWE_DIR / "instances" / _INSTANCE_STAMP / mutant.id
-        if not (folder / ".done").is_file():
-            _materialize(mutant, folder)
+        folder = materialize(SWE_DIR / "instances" / _INSTANCE_STAMP / mutant.id, lambda tmp: _write_instance(mutant, tmp))
         return TaskEnvironment(app=folder / "app", setup=None, tests=folder / "tests", agent_timeout_s=AGENT_TIMEOUT_S,
-                               verifier_timeout_s=VERIFIER_TIMEOUT_S, mounts=((SWE_DIR / "env", ENV_TARGET),))
+                               verifier_timeout_s=VERIFIER_TIMEOUT_S, mounts=mounts)
 
 
-def _materialize(mutant: Mutant, folder: Path) -> None:
+GIT = ["git", "-c", "user.name=crucible", "-c", "user.email=swe@crucible.invalid", "-c", "commit.gpgsign=false"]
+GIT_ENV = {"PATH": "/usr/bin:/bin", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+
+
+def commit_all(folder: Path, message: str) -> None:
+    """Make ``folder`` a git repository of one commit holding every file in it (a fixed author and date)."""
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "--allow-empty", "-m", message]):
+        subprocess.run([*GIT, *cmd], cwd=folder, env={**GIT_ENV, "HOME": str(folder)}, check=True, capture_output=True)
+
+
+def write_verifier(tests: Path, *, package: str, path: str, fail_to_pass: list[str], pass_to_pass: list[str]) -> None:
+    """The verifier's files into ``tests`` (beside ``tests/repo``, the pristine repository with the test patch in):
+    ``test.sh``, ``grade.py``, ``junit.py`` and ``spec.json``. ``package``: the folder whose non-test ``.py`` files are
+    taken from the harness's ``/app``; ``path``: the folder put on ``PYTHONPATH``."""
+    (tests / "test.sh").write_text(VERIFIER)
+    (tests / "grade.py").write_text(GRADE)
+    (tests / "junit.py").write_text(_junit_module())
+    (tests / "spec.json").write_text(json.dumps({"package": package, "path": path, "FAIL_TO_PASS": fail_to_pass, "PASS_TO_PASS": pass_to_pass}))
+
+
+def _write_instance(mutant: Mutant, tmp: Path) -> None:
     project = PROJECTS[mutant.project]
-    tmp = folder.with_name(f"{folder.name}.{os.getpid()}.{threading.get_ident()}")
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir(parents=True, mode=0o700)
     app, tests = tmp / "app", tmp / "tests"
     ignore = shutil.ignore_patterns(".prepared", "__pycache__", "*.pyc")
     shutil.copytree(project.repo, app, ignore=ignore)
     (app / mutant.path).write_text(mutant.apply((project.repo / mutant.path).read_text()))
     for file in mutant.test_files:
         (app / file).unlink()
-    git = ["git", "-c", "user.name=crucible", "-c", "user.email=swe@crucible.invalid", "-c", "commit.gpgsign=false"]
-    env = {"PATH": "/usr/bin:/bin", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z", "HOME": str(tmp)}
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "-m", f"{project.name} {project.version}"]):
-        subprocess.run([*git, *cmd], cwd=app, env=env, check=True, capture_output=True)
+    commit_all(app, f"{project.name} {project.version}")
     tests.mkdir()
     shutil.copytree(project.repo, tests / "repo", ignore=ignore)
-    (tests / "test.sh").write_text(VERIFIER)
-    (tests / "grade.py").write_text(GRADE)
-    (tests / "junit.py").write_text(_junit_module())
-    (tests / "spec.json").write_text(json.dumps({"package": project.package, "path": project.path, "FAIL_TO_PASS": list(mutant.fail_to_pass),
-                                                 "PASS_TO_PASS": list(mutant.pass_to_pass)}))
-    (tmp / ".done").touch()
-    shutil.rmtree(folder, ignore_errors=True)
-    tmp.rename(folder)
+    write_verifier(tests, package=project.package, path=project.path, fail_to_pass=list(mutant.fail_to_pass), pass_to_pass=list(mutant.pass_to_pass))
 
 
 def _junit_module() -> str:

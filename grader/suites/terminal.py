@@ -23,23 +23,20 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import random
-import shutil
 import tomllib
 from functools import cache
 from pathlib import Path
 from typing import Any
 
 from grader.suites import terminal_families
-from grader.suites.base import Item, TaskEnvironment, register_suite
+from grader.suites.base import CACHE_DIR, Item, TaskEnvironment, harbor_environment, imported_environment, materialize, register_suite
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
 TASKS_DIR = Path(__file__).with_name("terminal_tasks")
-INSTANCES_DIR = Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crucible" / "terminal-instances"
-"""Where generated instances' folders are written (the user's cache, as the swe suite's; never the sandboxes' temporary
-directory, whose every ``crucible-*`` entry is a rollout's and is reaped)."""
+INSTANCES_DIR = CACHE_DIR / "terminal-instances"
+"""Where generated instances' folders are written."""
 _FAMILIES_STAMP = hashlib.sha256(Path(terminal_families.__file__).read_bytes()).hexdigest()[:16]
 HARNESS_DIR = Path(__file__).with_name("terminal_harness")
 _PARAMS = ("categories", "tasks")
@@ -125,37 +122,30 @@ class TerminalSuite:
         return 0.0
 
     def environment(self, item: Item) -> TaskEnvironment:
-        """The task folder of ``item`` as a :class:`TaskEnvironment`: a shipped one, or a generated instance's, written
-        once into :data:`INSTANCES_DIR` (mode 0700)."""
+        """The task folder of ``item`` as a :class:`TaskEnvironment`: a shipped one, an imported one
+        (:func:`~grader.suites.base.imported_environment`) or a generated instance's, written once into
+        :data:`INSTANCES_DIR`."""
         if "family" in item.entry:
             return _instance(item.entry["family"], int(item.entry["instance"]))
-        folder = TASKS_DIR / item.entry["task"]
-        meta = tasks()[folder.name]["toml"]
-        app, setup = folder / "environment" / "app", folder / "environment" / "setup.sh"
-        return TaskEnvironment(app=app if app.is_dir() else None, setup=setup if setup.is_file() else None, tests=folder / "tests",
-                               agent_timeout_s=float(meta.get("agent", {}).get("timeout_sec", 600)),
-                               verifier_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", 120)))
+        if "archive" in item.entry:
+            return imported_environment(item.entry)
+        return harbor_environment(TASKS_DIR / item.entry["task"])
 
 
 def _instance(family: str, instance: int) -> TaskEnvironment:
     """A generated instance's folder (``app/``: its files; ``tests/``: ``test.sh``, ``check.py`` and the expected
     result)."""
-    key = hashlib.sha256(f"{family}:{instance}:{_FAMILIES_STAMP}".encode()).hexdigest()[:16]  # another version's folder is not reused
-    folder = INSTANCES_DIR / key
-    if not (folder / ".done").is_file():
+    def write(tmp: Path) -> None:
         generated = terminal_families.generate(family, instance)
-        tmp = folder.with_name(f"{key}.{os.getpid()}")
-        shutil.rmtree(tmp, ignore_errors=True)
-        (tmp / "app").mkdir(parents=True)
+        (tmp / "app").mkdir()
         (tmp / "tests").mkdir()
-        os.chmod(tmp.parent, 0o700)
         for name, text in generated.files.items():
             (tmp / "app" / name).write_text(text)
         (tmp / "tests" / "test.sh").write_text(terminal_families.TEST_SH)
         (tmp / "tests" / "check.py").write_text(terminal_families.CHECK)
         (tmp / "tests" / "expected.json").write_text(json.dumps({"output": generated.output, "expected": generated.expected, "compare": generated.compare}))
-        (tmp / ".done").touch()
-        shutil.rmtree(folder, ignore_errors=True)
-        tmp.rename(folder)
+
+    key = hashlib.sha256(f"{family}:{instance}:{_FAMILIES_STAMP}".encode()).hexdigest()[:16]  # another version's folder is not reused
+    folder = materialize(INSTANCES_DIR / key, write)
     return TaskEnvironment(app=folder / "app", setup=None, tests=folder / "tests", agent_timeout_s=terminal_families.AGENT_TIMEOUT_S,
                            verifier_timeout_s=terminal_families.VERIFIER_TIMEOUT_S)

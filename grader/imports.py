@@ -1,0 +1,301 @@
+"""Importing an operator's own tasks (``crucible admin import-tasks``), so a hidden test split can be one no repository
+holds: stored in the grader's test store, validated in the sandbox, drawn from by ``suite.splits.test.collection``.
+
+An upload is a ``.tar.gz`` of one folder, read as the suite's format:
+
+- **terminal**: Harbor task folders (Terminal-Bench's form), the folder itself or each of its sub-folders holding a
+  ``task.toml``: ``instruction.md``, ``tests/test.sh`` (writes ``/logs/verifier/reward.txt``), ``solution/solve.sh``
+  (the oracle), optional ``environment/app/`` and ``environment/setup.sh``. An ``environment/Dockerfile`` is not built:
+  every task runs in the sandbox image, so its set-up belongs in ``setup.sh``.
+- **swe**: SWE-bench instances, ``instances.jsonl`` (one JSON object a line: ``instance_id``, ``repo``, ``base_commit``,
+  ``problem_statement``, ``patch``, ``test_patch``, ``FAIL_TO_PASS``, ``PASS_TO_PASS``: lists of pytest node ids, or
+  SWE-bench's JSON strings of them; optional ``python_path``, the folder put on ``PYTHONPATH``, default ``.``) and
+  ``repos/``, for each ``repo`` (``/`` written ``__``) a git repository folder holding ``base_commit``, or an sdist
+  ``.tar.gz`` whose one top folder is the tree at the base commit. Each instance becomes a Harbor folder of the swe
+  suite's form (:mod:`grader.suites.swe`): ``/app`` the tree at the base commit as a one-commit repository, the
+  verifier the suite's (the harness's non-test ``.py`` changes laid over the pristine tree with ``test_patch`` applied,
+  the selected tests run as the agent user with pytest from ``/opt/swe-env``, which holds pytest and nothing else: a
+  project needing other packages is refused), and the oracle ``git apply`` of ``patch``.
+
+**Validation** (on an eval worker, :func:`validate_collection`): a task is **accepted** when its oracle
+(``solution/``, run as a code harness: ``bash /harness/solve.sh`` in ``/app``) gets reward 1 and a harness that does
+nothing gets 0; otherwise **refused**, with why (the verifier's output tail). A task that cannot be read is refused
+at upload. Only accepted tasks are drawn; a task's files never leave the grader.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import re
+import shutil
+import subprocess
+import tarfile
+import tempfile
+import tomllib
+from pathlib import Path
+from typing import Any
+
+import structlog
+
+from grader.harness_archives import inspect_archive, pack_folder
+from grader.model_endpoint import Binding, ModelEndpoint
+from grader.rollouts import RolloutLimits, TaskSetupFailed, run_rollout
+from grader.sandboxes import Sandbox
+from grader.service import Grader
+from grader.suites import Item, swe
+from grader.suites.base import imported_environment
+from grader.suites.swe_mutants import ENV_TARGET, SWE_DIR
+from services.common.contracts import IMPORTED_TASK_NAME, ImportedTaskOut, TaskCollectionOut
+from services.common.errors import Conflict, NotFound, PayloadTooLarge, Unprocessable
+
+log = structlog.get_logger("grader")
+
+MAX_UNPACKED_BYTES = 1024 * 1024 * 1024
+"""An upload's files, unpacked, at most (bytes)."""
+MAX_TASK_BYTES = 16 * 1024 * 1024
+"""One task's Harbor folder, packed (``.tar.gz`` bytes), at most."""
+NOOP_HARNESS = b'name = "noop"\nentry = "true"\n'
+
+
+def import_collection(grader: Grader, name: str, suite: str, data: bytes) -> TaskCollectionOut:
+    """Read the upload ``data`` (a ``.tar.gz``, module docstring) as ``suite``'s tasks, store them as collection
+    ``name`` (unreadable ones refused at once) and queue their validation. Raises ``Unprocessable`` (field ``file``) for
+    an archive that is not one, or that holds no task of the suite; ``PayloadTooLarge`` past :data:`MAX_UNPACKED_BYTES`;
+    ``Conflict`` (field ``name``) when the collection exists."""
+    if suite not in ("terminal", "swe"):
+        raise Unprocessable(f"tasks are imported for the terminal or swe suite, not {suite!r}", field="suite")
+    with tempfile.TemporaryDirectory(prefix="crucible-import-") as tmp:
+        root = _unpack(data, Path(tmp) / "upload")
+        read = _swe_tasks(root, Path(tmp) / "built") if suite == "swe" else _terminal_tasks(root)
+        if not read:
+            raise Unprocessable("the archive holds no instances.jsonl" if suite == "swe" else "the archive holds no folder with a task.toml",
+                                field="file")
+        rows = [_row(task_name, instruction, folder_or_reason) for task_name, instruction, folder_or_reason in read]
+    if len({r["name"] for r in rows}) < len(rows):
+        raise Unprocessable("two tasks of the archive have the same name", field="file")
+    if not grader.store.add_collection(name, suite, rows):
+        raise Conflict(f"the collection {name!r} exists; import under another name", field="name")
+    log.info("tasks imported", collection=name, suite=suite, tasks=len(rows), refused=sum(r["status"] == "refused" for r in rows))
+    if any(r["status"] == "pending" for r in rows):
+        grader.enqueue_import(name)
+    return collection_out(grader, name)
+
+
+def collection_out(grader: Grader, name: str) -> TaskCollectionOut:
+    """The collection and each task's validation status; ``NotFound`` if there is none of that name."""
+    rows = grader.store.collection(name)
+    if not rows:
+        raise NotFound(f"no task collection {name!r}")
+    counts = {s: sum(r.status == s for r in rows) for s in ("accepted", "refused", "pending")}
+    return TaskCollectionOut(name=name, suite=rows[0].suite, status="validating" if counts["pending"] else "done", **counts,  # type: ignore[arg-type]
+                             tasks=[ImportedTaskOut(name=r.name, status=r.status, reason=r.reason) for r in rows],  # type: ignore[arg-type]
+                             created_at=rows[0].created_at)
+
+
+def list_collections(grader: Grader) -> list[TaskCollectionOut]:
+    """Every imported collection, by name."""
+    return [collection_out(grader, name) for name in grader.store.collections()]
+
+
+def collection_items(grader: Grader, name: str, suite: str) -> list[Item]:
+    """The accepted tasks of collection ``name`` as test items (by name; the entry carries the task's folder, see
+    :func:`grader.suites.base.imported_environment`). Raises ``Unprocessable`` (field ``suite.splits.test.collection``)
+    for an unknown collection, one of another suite or one still being validated."""
+    field = "suite.splits.test.collection"
+    rows = grader.store.collection(name, with_archives=True)
+    if not rows:
+        raise Unprocessable(f"no imported task collection {name!r} (crucible admin import-tasks)", field=field)
+    if rows[0].suite != suite:
+        raise Unprocessable(f"the collection {name!r} holds {rows[0].suite} tasks, not {suite} tasks", field=field)
+    if any(r.status == "pending" for r in rows):
+        raise Unprocessable(f"the collection {name!r} is still being validated; load the benchmark once it is done", field=field)
+    return [Item(id=r.name, question=r.instruction, answer="",
+                 entry={"collection": name, "digest": r.digest, "archive": base64.b64encode(r.archive).decode()})
+            for r in rows if r.status == "accepted"]
+
+
+def validate_collection(grader: Grader, name: str, sandbox: Sandbox, endpoint: ModelEndpoint) -> None:
+    """Validate the collection's pending tasks one by one (module docstring), recording each verdict as it comes (a
+    worker that dies leaves the rest pending; the reconciler sends the collection again)."""
+    caps = RolloutLimits.from_settings(grader.settings)
+    for row in grader.store.collection(name, with_archives=True):
+        if row.status == "pending":
+            reason = validate_task(sandbox, endpoint, row.suite, row.archive, row.instruction, caps)
+            grader.store.judge(name, row.name, "refused" if reason else "accepted", reason)
+            log.info("imported task validated", collection=name, task=row.name, accepted=reason is None, reason=reason)
+
+
+def validate_task(sandbox: Sandbox, endpoint: ModelEndpoint, suite: str, archive: bytes, instruction: str, caps: RolloutLimits) -> str | None:
+    """``None`` when the task's oracle resolves it (reward 1) and a harness that does nothing does not (reward 0);
+    otherwise why not."""
+    digest = hashlib.sha256(archive).hexdigest()
+    environment = imported_environment({"archive": base64.b64encode(archive).decode(), "digest": digest},
+                                       ((SWE_DIR / "env", ENV_TARGET),) if suite == "swe" else ())
+    folder = environment.tests.parent
+    with tempfile.TemporaryDirectory(prefix="crucible-import-oracle-") as tmp:
+        shutil.copytree(folder / "solution", tmp, dirs_exist_ok=True)
+        (Path(tmp) / "harness.toml").write_bytes(b'name = "oracle"\nentry = "bash /harness/solve.sh"\n')
+        oracle = pack_folder(Path(tmp))
+    noop = _archive({"harness.toml": NOOP_HARNESS})
+    for label, harness, wanted in (("its oracle (solution/solve.sh)", oracle, 1.0), ("a harness that does nothing", noop, 0.0)):
+        binding = Binding(model="none", ctx=None, hold_id=None, key=f"import:{digest[:16]}:{wanted:.0f}", context_tokens=None, max_tokens=1, max_calls=1)
+        try:
+            outcome = run_rollout(sandbox, endpoint, archive=harness, archive_id=f"har_import_{label[:5]}", manifest=inspect_archive(harness),
+                                  instruction=instruction, binding=binding, environment=environment, caps=caps)
+        except TaskSetupFailed as exc:
+            return str(exc)
+        trajectory = outcome.trajectory
+        if trajectory.reward != wanted:
+            verifier = trajectory.verifier_run.stdout[-1500:] if trajectory.verifier_run else ""
+            harness_err = trajectory.harness_run.stderr[-800:] if trajectory.harness_run else ""
+            why = trajectory.failure or f"reward {trajectory.reward:g}, not {wanted:g}"
+            docker = " (its environment/Dockerfile is not built: tasks run in the sandbox image)" if (folder / "environment" / "Dockerfile").is_file() else ""
+            return f"{label}: {why}{docker}" + (f"\nverifier output:\n{verifier}" if verifier.strip() else "") + (
+                f"\nharness stderr:\n{harness_err}" if harness_err.strip() and wanted else "")
+    return None
+
+
+def _archive(files: dict[str, bytes]) -> bytes:
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        for member, content in files.items():
+            info = tarfile.TarInfo(member)
+            info.size = len(content)
+            tar.addfile(info, io.BytesIO(content))
+    return buf.getvalue()
+
+
+def _unpack(data: bytes, dest: Path) -> Path:
+    """The upload unpacked into ``dest`` with ``tarfile``'s ``data`` filter (PEP 706: no absolute paths, ``..``, links
+    out of the tree or device files); its single top folder if it has one."""
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            if sum(m.size for m in tar.getmembers()) > MAX_UNPACKED_BYTES:
+                raise PayloadTooLarge(f"the archive unpacks to more than {MAX_UNPACKED_BYTES} bytes", field="file")
+            tar.extractall(dest, filter="data")
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise Unprocessable(f"the file is not a readable .tar.gz: {exc}", field="file") from exc
+    entries = list(dest.iterdir()) if dest.is_dir() else []
+    return entries[0] if len(entries) == 1 and entries[0].is_dir() else dest
+
+
+def _row(name: str, instruction: str, folder_or_reason: Path | str) -> dict[str, Any]:
+    reason = folder_or_reason if isinstance(folder_or_reason, str) else None
+    archive = b""
+    if not re.fullmatch(IMPORTED_TASK_NAME, name):
+        reason, name = f"the name {name!r} is not 1-40 of A-Z a-z 0-9 . _ - (starting with a letter or digit)", hashlib.sha256(name.encode()).hexdigest()[:40]
+    elif reason is None:
+        archive = pack_folder(folder_or_reason)  # type: ignore[arg-type]
+        if len(archive) > MAX_TASK_BYTES:
+            reason, archive = f"the task's folder packs to {len(archive)} bytes; at most {MAX_TASK_BYTES}", b""
+    return {"name": name, "instruction": instruction, "digest": hashlib.sha256(archive).hexdigest(), "archive": archive,
+            "status": "refused" if reason else "pending", "reason": reason}
+
+
+def _terminal_tasks(root: Path) -> list[tuple[str, str, Path | str]]:
+    """``(name, instruction, folder or why it cannot be read)`` for each Harbor folder of ``root``."""
+    folders = [root] if (root / "task.toml").is_file() else sorted(p for p in root.iterdir() if (p / "task.toml").is_file())
+    out: list[tuple[str, str, Path | str]] = []
+    for folder in folders:
+        missing = [f for f in ("instruction.md", "tests/test.sh", "solution/solve.sh") if not (folder / f).is_file()]
+        instruction = (folder / "instruction.md").read_text(errors="replace") if (folder / "instruction.md").is_file() else ""
+        try:
+            tomllib.loads((folder / "task.toml").read_text())
+        except (UnicodeDecodeError, ValueError) as exc:
+            missing.append(f"a task.toml that is TOML ({exc})")
+        out.append((folder.name, instruction, f"the folder lacks {', '.join(missing)}" if missing else folder))
+    return out
+
+
+def _swe_tasks(root: Path, built: Path) -> list[tuple[str, str, Path | str]]:
+    """``(instance_id, instruction, Harbor folder or why it cannot be built)`` for each line of ``instances.jsonl``."""
+    if not (root / "instances.jsonl").is_file():
+        return []
+    out: list[tuple[str, str, Path | str]] = []
+    for number, line in enumerate((root / "instances.jsonl").read_text(errors="replace").splitlines(), 1):
+        if not line.strip():
+            continue
+        try:
+            instance = json.loads(line)
+            name = str(instance["instance_id"])
+        except (ValueError, KeyError, TypeError):
+            out.append((f"line-{number}", "", f"line {number} of instances.jsonl is not a JSON object with an instance_id"))
+            continue
+        try:
+            out.append((name, *_swe_folder(root, instance, built / f"{number}")))
+        except _Refused as exc:
+            out.append((name, "", str(exc)))
+    return out
+
+
+class _Refused(Exception):
+    """Why an instance cannot be built into a task."""
+
+
+def _tests(instance: dict[str, Any], key: str) -> list[str]:
+    value = instance.get(key)
+    if isinstance(value, str):
+        try:
+            value = json.loads(value)
+        except ValueError:
+            raise _Refused(f"{key} is neither a list nor a JSON string of one") from None
+    if not isinstance(value, list) or not all(isinstance(t, str) and "::" in t for t in value) or (key == "FAIL_TO_PASS" and not value):
+        raise _Refused(f"{key} must be a list of pytest node ids (file::test)" + (", at least one" if key == "FAIL_TO_PASS" else ""))
+    return value
+
+
+def _git(args: list[str], cwd: Path, stdin: str | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([*swe.GIT, *args], cwd=cwd, env={**swe.GIT_ENV, "HOME": str(cwd)}, input=stdin, capture_output=True, text=True)
+
+
+def _swe_folder(root: Path, instance: dict[str, Any], out: Path) -> tuple[str, Path]:
+    """One instance's Harbor folder under ``out`` (module docstring) and its instruction; raises :class:`_Refused`."""
+    missing = [k for k in ("repo", "base_commit", "problem_statement", "patch", "test_patch") if not isinstance(instance.get(k), str)]
+    if missing:
+        raise _Refused(f"the instance lacks {', '.join(missing)} (strings)")
+    fail_to_pass, pass_to_pass = _tests(instance, "FAIL_TO_PASS"), _tests(instance, "PASS_TO_PASS")
+    python_path = str(instance.get("python_path") or ".")
+    if python_path.startswith("/") or ".." in Path(python_path).parts:
+        raise _Refused("python_path must be a folder inside the repository")
+    base = out / "base"
+    base.mkdir(parents=True)
+    source = root / "repos" / instance["repo"].replace("/", "__")
+    sdist = source.with_name(source.name + ".tar.gz")
+    if source.is_dir():
+        listed = subprocess.run(["git", "-C", str(source), "archive", "--format=tar", instance["base_commit"]], capture_output=True)
+        if listed.returncode:
+            raise _Refused(f"repos/{source.name} has no commit {instance['base_commit']!r}: {listed.stderr.decode(errors='replace')[-300:]}")
+        with tarfile.open(fileobj=io.BytesIO(listed.stdout)) as tar:
+            tar.extractall(base, filter="data")
+    elif sdist.is_file():
+        try:
+            with tarfile.open(sdist) as tar:
+                tar.extractall(out / "sdist", filter="data")
+        except (tarfile.TarError, OSError) as exc:
+            raise _Refused(f"repos/{sdist.name} is not a readable .tar.gz: {exc}") from exc
+        [top] = list((out / "sdist").iterdir()) or [out / "sdist"]
+        shutil.copytree(top, base, dirs_exist_ok=True)
+    else:
+        raise _Refused(f"neither repos/{source.name}/ (a git repository) nor repos/{sdist.name} (an sdist) is in the archive")
+    folder = out / "task"
+    app, tests, solution = folder / "environment" / "app", folder / "tests", folder / "solution"
+    shutil.copytree(base, app)
+    swe.commit_all(app, f"{instance['repo']} at {instance['base_commit'][:12]}")
+    shutil.copytree(base, tests / "repo")
+    for label, patch, where in (("test_patch", instance["test_patch"], tests / "repo"), ("patch", instance["patch"], base)):
+        _git(["init", "-q"], where)
+        applied = _git(["apply", "--whitespace=nowarn", "-"], where, patch)
+        shutil.rmtree(where / ".git", ignore_errors=True)
+        if applied.returncode:
+            raise _Refused(f"its {label} does not apply to the base commit: {applied.stderr[-300:]}")
+    swe.write_verifier(tests, package=".", path=python_path, fail_to_pass=fail_to_pass, pass_to_pass=pass_to_pass)
+    solution.mkdir()
+    (solution / "gold.patch").write_text(instance["patch"])
+    (solution / "solve.sh").write_text('#!/bin/bash\ncd /app && git apply --whitespace=nowarn /harness/gold.patch\n')
+    (folder / "task.toml").write_text(f'[agent]\ntimeout_sec = {swe.AGENT_TIMEOUT_S}\n\n[verifier]\ntimeout_sec = {swe.VERIFIER_TIMEOUT_S}\n')
+    instruction = swe.INSTRUCTION.format(project=instance["repo"], path=python_path, issue=instance["problem_statement"])
+    (folder / "instruction.md").write_text(instruction)
+    return instruction, folder
