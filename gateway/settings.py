@@ -9,7 +9,7 @@ from services.common.settings import ServiceSettings
 
 class GatewaySettings(ServiceSettings):
     admin_key: str = Field(..., min_length=16, description="Operator key for /admin routes (CRUCIBLE_ADMIN_KEY).")
-    max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest dataset upload, bytes.")
+    max_upload_bytes: int = Field(64 * 1024 * 1024, description="Largest upload (a dataset, a harness archive, a task collection), bytes.")
     rate_limits: str = Field(
         "30/second;1200/minute",
         description="Per run key, `;`-separated limits in the `limits` library's notation (e.g. `30/second;1200/minute`), counted "
