@@ -46,6 +46,7 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
+from grader.canonical import MIN_TEXT_TOKENS, Canonical, text_tokens
 from grader.suites import swe_mutants
 from grader.suites.base import Item, TaskEnvironment, imported_environment, materialize, register_suite
 from grader.suites.swe_mutants import ENV_TARGET, PROJECTS, SWE_DIR, Mutant, Project
@@ -250,6 +251,16 @@ class SweSuite:
         entry = {**asdict(mutant), "patch": gold_patch(mutant), "test_patch": mutant.test_files, "FAIL_TO_PASS": list(mutant.fail_to_pass),
                  "PASS_TO_PASS": list(mutant.pass_to_pass)}
         return Item(id=mutant.id, question=question, answer="", entry=entry)
+
+    def canonical(self, item: Item) -> Canonical | None:
+        """The body of the first ``FAIL_TO_PASS`` test in the text view: every wording of the issue quotes it (the
+        reproduction), so one bug drawn by two seeds (its issue worded differently), or two bugs of one function that
+        one test catches, are one item to the splits (a public bug is never a test item) and to the contamination
+        audit. ``None`` for an imported instance (its question is its key)."""
+        if "archive" in item.entry:
+            return None
+        tokens = tuple(text_tokens(_test_source(PROJECTS[item.entry["project"]].repo, item.entry["fail_to_pass"][0])))
+        return Canonical("text", tokens) if len(tokens) >= MIN_TEXT_TOKENS else None
 
     def item_space(self, params: dict[str, Any]) -> tuple[int, bool]:
         """The candidates of the params' projects (an upper bound: about half verify as bugs)."""

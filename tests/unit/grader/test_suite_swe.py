@@ -139,3 +139,21 @@ def test_every_public_task_of_the_preset_is_resolved_by_its_gold_patch_and_not_b
         golds = dict(zip([i.id for i in public], pool.map(lambda it: rollout(endpoint, "bwrap", it, gold(it)), public), strict=True))
         noops = dict(zip([i.id for i in public], pool.map(lambda it: rollout(endpoint, "bwrap", it, "exit 0\n"), public), strict=True))
     assert {k: v for k, v in golds.items() if v != 1.0} == {} and {k: v for k, v in noops.items() if v != 0.0} == {}
+
+
+def test_a_public_bug_is_never_a_test_item_however_its_issue_is_worded() -> None:
+    """The issue's wording is drawn per seed, so one bug reads differently in two splits; the splits compare the suite's
+    canonical form (the failing test's body). Drawn with the public split's own seed, the natural test draw is the
+    public bugs themselves, here worded otherwise: every one must be left out."""
+    from grader import splits
+    from services.common.contracts import GradingSpec
+
+    spec = GradingSpec.model_validate({"task_id": "t", "suite": {"name": "swe", "params": PARAMS, "splits": {
+        "train": {"seed": 7, "size": 1}, "validation": {"seed": 7, "size": 2}, "test": {"size": 2}}}, "initial_system": {"model": "m"}, "evaluation": {}})
+    suite = get_suite("swe")
+    drawn = suite.generate(PARAMS, 7, 2, split="validation")
+    public = [Item(id=f"other-{i.id}", question=i.question.replace("Reproduction", "Steps").replace("fails", "breaks") + "\nThanks!", answer="",
+                   entry=i.entry) for i in drawn]
+    test = splits.test_split(spec, 7, public)
+    assert [i.id for i in suite.generate(PARAMS, 7, 2, split="test")] == [i.id for i in drawn]  # the natural draw: the public bugs
+    assert {i.entry["fail_to_pass"][0] for i in test}.isdisjoint({i.entry["fail_to_pass"][0] for i in drawn}) and len(test) == 2
