@@ -78,10 +78,10 @@ find "$work/$package" "${library[@]}" -delete
 chmod -R a+rX "$work" && chmod a+rwx "$out"
 cd "$work" || exit 0
 readarray -t tests < <(python3 -I -c 'import json; s = json.load(open("/tests/spec.json")); print("\n".join(s["FAIL_TO_PASS"] + s["PASS_TO_PASS"]))')
-readarray -t files < <(python3 -I -c 'import json; s = json.load(open("/tests/spec.json")); print("\n".join(sorted({t.split("::")[0] for t in s["FAIL_TO_PASS"] + s["PASS_TO_PASS"]})))')
+readarray -t selection < <(python3 -I -c 'import json; s = json.load(open("/tests/spec.json")); print("\n".join(sorted({t.split("[")[0] for t in s["FAIL_TO_PASS"] + s["PASS_TO_PASS"]})))')
 path=$(python3 -I -c 'import json; print(json.load(open("/tests/spec.json"))["path"])')
 HOME="$out" /run/crucible/as-agent python3 -E -s -B {env}/swe_runner.py {env} "$path" -- -q -p no:cacheprovider -c {env}/pytest.ini \
-    --rootdir . --junitxml "$out/junit.xml" -o junit_family=xunit1 "${{files[@]}}" > "$out/log" 2>&1
+    --rootdir . --junitxml "$out/junit.xml" -o junit_family=xunit1 "${{selection[@]}}" > "$out/log" 2>&1
 python3 -I /tests/grade.py "$out/junit.xml" /logs/verifier/reward.txt || echo 0 > /logs/verifier/reward.txt
 exit 0
 '''.replace("{env}", ENV_TARGET).replace("{{", "{").replace("}}", "}")

@@ -32,6 +32,7 @@ import tempfile
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
+from functools import cache
 from pathlib import Path
 from typing import Any
 
@@ -43,7 +44,11 @@ ENV_TARGET = "/opt/swe-env"
 """Where a sandbox sees the tests' runner (read-only)."""
 PYTEST = "pytest==8.4.2"
 TEST_TIMEOUT_S = 30.0
-"""A mutant whose tests run longer than this (a loop that no longer ends) is not kept."""
+"""A mutant whose tests run longer than this (wall clock: a deadlock) is not kept."""
+TEST_CPU_S = 8
+"""A mutant whose tests use more CPU time than this (a loop that no longer ends) is not kept: CPU time, unlike wall
+clock, does not grow on a loaded machine, so the same mutant is kept or not on every machine (a split is the same
+everywhere). The tests a mutant runs take about a second on the original source."""
 MAX_FAILING = 12
 """A mutant that breaks more tests than this is too blunt to read as one bug: not kept."""
 STAMP = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
@@ -260,15 +265,18 @@ def junit_outcomes(xml_text: str, files: list[str]) -> dict[str, str]:
     return out
 
 
-def _run_tests(repo: Path, project: Project, tests: list[str], timeout_s: float = TEST_TIMEOUT_S) -> tuple[dict[str, str], dict[str, str]] | None:
+def _run_tests(repo: Path, project: Project, tests: list[str], timeout_s: float = TEST_TIMEOUT_S,
+               cpu_s: int | None = TEST_CPU_S) -> tuple[dict[str, str], dict[str, str]] | None:
     """Run ``tests`` of the repository at ``repo`` as a sandbox would (:func:`pytest_command` with this machine's
-    ``python3``): ``(outcomes, {failed test id: its failure's message})``, or ``None`` when the run timed out or
-    reported nothing."""
+    ``python3``), under ``cpu_s`` seconds of CPU time (``prlimit``; ``None``: no limit): ``(outcomes, {failed test id:
+    its failure's message})``, or ``None`` when the run timed out or reported nothing."""
     import xml.etree.ElementTree as ET
 
     with tempfile.TemporaryDirectory(prefix="crucible-swe-") as tmp:
         junit = f"{tmp}/junit.xml"
         cmd = pytest_command(_python(), str(SWE_DIR / "env"), project.path, tests, junit)
+        if cpu_s is not None:
+            cmd = ["prlimit", f"--cpu={cpu_s}", "--", *cmd]
         try:
             subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout_s, env={"PATH": "/usr/bin:/bin", "HOME": tmp})
         except subprocess.TimeoutExpired:
@@ -288,13 +296,13 @@ def _run_tests(repo: Path, project: Project, tests: list[str], timeout_s: float 
 
 def baseline(project: Project) -> dict[str, dict[str, str]]:
     """Each test file's outcomes on the original source (kept in ``SWE_DIR/baseline``, per version of the runner)."""
-    runner = hashlib.sha256(f"{PYTEST}\n{RUNNER}\n{TEST_TIMEOUT_S}".encode()).hexdigest()[:12]
+    runner = hashlib.sha256(f"{PYTEST}\n{RUNNER}".encode()).hexdigest()[:12]
     cached = SWE_DIR / "baseline" / f"{project.name}-{project.version}-{runner}.json"
     if cached.is_file():
         return json.loads(cached.read_text())
     result = {}
     for f in map(str, project.test_files()):
-        ran = _run_tests(project.repo, project, [f], timeout_s=300)
+        ran = _run_tests(project.repo, project, [f], timeout_s=300, cpu_s=None)
         result[f] = ran[0] if ran else {}
     cached.parent.mkdir(parents=True, exist_ok=True)
     cached.write_text(json.dumps(result))
@@ -350,17 +358,73 @@ def _unpack(project: Project, log: Any) -> None:
     log(f"swe: {project.name} {project.version} unpacked")
 
 
+def naming_tests(source: str, name: str) -> list[str] | None:
+    """The pytest ids (``Class::test`` or ``test``) of a test file's tests whose body or decorators name ``name`` (as a
+    word); ``None`` when they cannot be told from the file alone (a test class inherits from a class of another
+    module). Test classes: ``Test*`` classes and classes deriving from a ``*TestCase``, with the tests they inherit
+    from classes of the same file."""
+    tree = ast.parse(source)
+    word = re.compile(rf"\b{re.escape(name)}\b")
+    classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
+
+    lines = source.splitlines()
+
+    def names(node: ast.FunctionDef | ast.AsyncFunctionDef) -> bool:
+        first = min([node.lineno, *(d.lineno for d in node.decorator_list)])
+        return bool(word.search("\n".join(lines[first - 1:node.end_lineno])))
+
+    def tests_of(cls: ast.ClassDef, seen: frozenset[str] = frozenset()) -> dict[str, bool] | None:
+        found: dict[str, bool] = {}
+        for base in cls.bases:
+            base_name = ast.unparse(base)
+            if base_name in classes and base_name not in seen:
+                inherited = tests_of(classes[base_name], seen | {cls.name})
+                if inherited is None:
+                    return None
+                found |= inherited
+            elif not base_name.endswith(("TestCase", "object", "Protocol")):
+                return None
+        for node in cls.body:
+            if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
+                found[node.name] = names(node)
+        return found
+
+    selected: list[str] = []
+    for node in tree.body:
+        if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") and names(node):
+            selected.append(node.name)
+        elif isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or any(ast.unparse(b).endswith("TestCase") for b in node.bases)
+                                                 or any(ast.unparse(b) in classes for b in node.bases)):
+            tests = tests_of(node)
+            if tests is None:
+                return None
+            selected += [f"{node.name}::{t}" for t, named in tests.items() if named]
+    return selected
+
+
 def verify(project: Project, mutants: list[Mutant], workers: int = 2) -> list[Mutant]:
-    """The mutants that are bugs (module docstring), each with its ``FAIL_TO_PASS``, ``PASS_TO_PASS`` and failure report."""
+    """The mutants that are bugs (module docstring), each with its ``FAIL_TO_PASS``, ``PASS_TO_PASS`` and failure
+    report. A mutant of function ``f`` runs the tests that name ``f`` (:func:`naming_tests`; a whole file where they
+    cannot be told apart; every test file when none names it: a private helper is tested through its callers)."""
     files = [str(p) for p in project.test_files()]
     texts = {f: (project.repo / f).read_text(errors="replace") for f in files}
     before_all = baseline(project)
 
+    @cache
+    def tests_of_name(name: str) -> list[str]:
+        chosen: list[str] = []
+        for f in files:
+            if re.search(rf"\b{re.escape(name)}\b", texts[f]):
+                ids = naming_tests(texts[f], name)
+                chosen += [f] if ids is None else [f"{f}::{i}" for i in ids]
+        return chosen or files
+
     def tests_of(m: Mutant) -> list[str]:
-        """The test files that name the function; every test file when none does (a private helper is tested through
-        the functions that call it)."""
-        name = m.function.split(".")[-1]
-        return [f for f in files if re.search(rf"\b{re.escape(name)}\b", texts[f])] or files
+        return tests_of_name(m.function.split(".")[-1])
+
+    def selected(test_id: str, chosen: list[str]) -> bool:
+        base = test_id.split("[")[0]
+        return any(base == c or test_id.split("::")[0] == c for c in chosen)
 
     def check(m: Mutant) -> Mutant | None:
         chosen = tests_of(m)
@@ -375,7 +439,7 @@ def verify(project: Project, mutants: list[Mutant], workers: int = 2) -> list[Mu
         if ran is None:
             return None
         outcomes, messages = ran
-        before = {t: o for f in chosen for t, o in before_all[f].items()}
+        before = {t: o for f in {c.split("::")[0] for c in chosen} for t, o in before_all[f].items() if selected(t, chosen)}
         if set(outcomes) != set(before):
             return None  # a test file no longer imports: not one bug in one function
         failing = sorted(t for t, o in outcomes.items() if o == "failed" and before[t] == "passed")
