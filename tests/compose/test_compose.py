@@ -15,6 +15,7 @@ limits, verifier cheats), the faults, backup and restore, and the upgrade. Marke
 
 from __future__ import annotations
 
+import io
 import json
 import os
 import re
@@ -22,6 +23,7 @@ import secrets
 import shutil
 import socket
 import subprocess
+import tarfile
 import time
 from collections import Counter
 from collections.abc import Callable, Iterator
@@ -462,6 +464,38 @@ def test_agent_code_a_verifier_runs_cannot_write_its_reward(deployment: Deployme
     print(f"\n[sandbox cheat] rewards {rewards}")
     assert set(rewards) >= CHEATED and set(rewards.values()) == {0.0}
     assert all(t["rollout"]["verifier_run"] is not None for t in trajectories if t["item_id"] in CHEATED)
+
+
+def test_a_swe_bug_and_an_imported_task_run_in_sandbox_containers(deployment: Deployment, tmp_path: Path) -> None:
+    """The swe suite in the deployment: its bugs drawn and verified in the grader's container (the same bug as on this
+    host: verification is machine-independent), the initial system graded on the hidden one, and a harness that applies
+    the gold patch resolves the validation bug in a sandbox container (the tests' runner mounted from the worker's
+    image). Then an operator's task imported through the published port is validated in a sandbox container too."""
+    params = {"projects": ["inflection"]}
+    doc = yaml.safe_load((ROOT / "benchmarks" / "swe-mini.yaml").read_text())
+    doc["name"] = "compose-swe"
+    doc["suite"] = {"name": "swe", "params": params, "splits": {"train": {"seed": 1, "size": 1}, "validation": {"seed": 2, "size": 1}, "test": {"size": 1}}}
+    doc["evaluation"] |= {"max_turns": 1, "max_tokens": 16}
+    admin = deployment.admin()
+    admin.load_benchmark(doc)
+    baselines = admin.wait_baselines("compose-swe", poll_s=3)
+    assert baselines["initial_status"] == "succeeded", baselines
+    [item] = get_suite("swe").generate(params, 2, 1, split="validation")
+    client = CrucibleClient(deployment.gateway_url, admin.create_run("compose-swe", "compose-swe")["api_key"])
+    assert [i["question"] for i in client.validation_items()] == [item.question]
+    _done, [trajectory] = _evaluate(client, code_harness(f"cd /app && git apply <<'PATCH'\n{item.entry['patch']}PATCH\n"))
+    print(f"\n[swe] the gold patch in a sandbox container: reward {trajectory['rollout']['reward']}; {trajectory['rollout']['verifier_run']['stdout']}")
+    assert (trajectory["rollout"]["reward"], trajectory["rollout"]["sandbox"]) == (1.0, "docker")
+
+    folder = tmp_path / "acme" / "dedupe-lines"
+    shutil.copytree(ROOT / "grader" / "suites" / "terminal_tasks" / "dedupe-lines", folder)
+    (folder / "instruction.md").write_text("Acme's own: " + (folder / "instruction.md").read_text())
+    with io.BytesIO() as buf:
+        with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+            tar.add(folder.parent, arcname="acme")
+        admin.import_tasks("acme", "terminal", buf.getvalue())
+    collection = wait_for(lambda: (c := admin.task_collection("acme"))["status"] == "done" and c, 300, "the imported task's validation", poll_s=2)
+    assert [(t["name"], t["status"], t["reason"]) for t in collection["tasks"]] == [("dedupe-lines", "accepted", None)]
 
 
 def test_a_harness_that_leaves_processes_behind_leaves_nothing_on_the_host(deployment: Deployment) -> None:

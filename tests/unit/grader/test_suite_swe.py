@@ -157,3 +157,44 @@ def test_a_public_bug_is_never_a_test_item_however_its_issue_is_worded() -> None
     test = splits.test_split(spec, 7, public)
     assert [i.id for i in suite.generate(PARAMS, 7, 2, split="test")] == [i.id for i in drawn]  # the natural draw: the public bugs
     assert {i.entry["fail_to_pass"][0] for i in test}.isdisjoint({i.entry["fail_to_pass"][0] for i in drawn}) and len(test) == 2
+
+
+def test_the_tests_a_mutant_runs_are_those_that_name_its_function() -> None:
+    from grader.suites.swe_mutants import naming_tests
+
+    source = '''
+import pytest
+from unittest import TestCase
+from lib import chunked, first
+from other import SharedTests
+
+def test_chunked_module_level():
+    assert chunked([1, 2], 1)
+
+@pytest.mark.parametrize("f", [chunked])
+def test_through_a_decorator(f):
+    assert f
+
+def test_first():
+    assert first([1])
+
+class Mixin:
+    def test_inherited(self):
+        chunked([], 1)
+
+class ChunkedTests(TestCase, Mixin):
+    def test_even(self):
+        self.assertEqual(list(chunked([1, 2], 1)), [[1], [2]])
+    def test_other(self):
+        first([1])
+    def helper_chunked(self):
+        chunked([], 2)
+
+class TestFirst:
+    def test_chunked_named_in_a_string(self):
+        assert "chunked" != first([1])
+'''
+    assert naming_tests(source, "chunked") == ["test_chunked_module_level", "test_through_a_decorator", "ChunkedTests::test_inherited",
+                                               "ChunkedTests::test_even", "TestFirst::test_chunked_named_in_a_string"]
+    assert naming_tests(source, "first") == ["test_first", "ChunkedTests::test_other", "TestFirst::test_chunked_named_in_a_string"]
+    assert naming_tests(source + "\nclass MoreTests(SharedTests):\n    def test_x(self):\n        pass\n", "first") is None  # tests of another module
