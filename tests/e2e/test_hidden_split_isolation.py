@@ -46,15 +46,16 @@ _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)
 
 
 def scaled(doc: dict) -> dict:
-    """The preset with few graded items (4 validation, 6 test) and short outputs, its initial systems on the test-only model;
-    training pools as shipped."""
+    """The preset with few graded items (4 validation, 6 test; 2 and 3 for a suite of sandboxed rollouts) and short
+    outputs, its initial systems on the test-only model; training pools as shipped."""
     doc = copy.deepcopy(doc)
     doc["name"] = f"{doc['name']}-differential"
     for task in doc.get("tasks") or [doc]:
         task["initial_system"]["model"] = TINY_MODEL
         splits = task["suite"]["splits"]
-        splits["test"]["size"] = 6
-        splits["validation"]["size"] = min(splits["validation"]["size"], 4)  # each validation item of a code-harness suite is a rollout
+        sandboxed = task["suite"]["name"] in ("terminal", "swe")  # each graded item a rollout of a code harness in a sandbox
+        splits["test"]["size"] = 3 if sandboxed else 6
+        splits["validation"]["size"] = min(splits["validation"]["size"], 2 if sandboxed else 4)
         for settings in filter(None, [task.get("evaluation"), doc.get("evaluation")]):
             settings["max_tokens"] = min(settings["max_tokens"], 6)
             settings["samples"] = 1
