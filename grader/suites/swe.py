@@ -163,7 +163,7 @@ def _test_source(repo: Path, test_id: str) -> str:
     name = path[-1].split("[")[0]
     for candidate in [repo / file, *sorted((repo / file).parent.glob("*.py"))]:
         source = candidate.read_text(errors="replace")
-        for node in ast.walk(ast.parse(source)):
+        for node in ast.walk(swe_mutants.parse(source)):
             if isinstance(node, ast.FunctionDef) and node.name == name:
                 body = node.body[1:] if ast.get_docstring(node) and len(node.body) > 1 else node.body
                 text = "".join(source.splitlines(keepends=True)[body[0].lineno - 1:body[-1].end_lineno])
@@ -181,7 +181,7 @@ def issue_text(mutant: Mutant, rng: random.Random) -> str:
     name = f"{module}.{mutant.function}"
     source = (project.repo / mutant.path).read_text()
     doc = ""
-    for node in ast.walk(ast.parse(source)):
+    for node in ast.walk(swe_mutants.parse(source)):
         if isinstance(node, ast.FunctionDef) and node.lineno <= mutant.line <= (node.end_lineno or 0):
             first = (ast.get_docstring(node) or "").strip().split("\n\n")[0].replace("\n", " ")
             doc = f"Its documentation says: \"{first[:300]}\"" if first else ""
@@ -320,5 +320,5 @@ def _write_instance(mutant: Mutant, tmp: Path) -> None:
 def _junit_module() -> str:
     """:func:`swe_mutants.junit_outcomes` as a module of its own, for the verifier's ``grade.py``."""
     source = Path(swe_mutants.__file__).read_text()
-    node = next(n for n in ast.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "junit_outcomes")
+    node = next(n for n in swe_mutants.parse(source).body if isinstance(n, ast.FunctionDef) and n.name == "junit_outcomes")
     return "from __future__ import annotations\n\n\n" + (ast.get_source_segment(source, node) or "") + "\n"

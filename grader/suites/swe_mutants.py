@@ -20,6 +20,7 @@ the repository the agent gets and put back by the verifier: SWE-bench's shape.
 from __future__ import annotations
 
 import ast
+import builtins
 import hashlib
 import json
 import os
@@ -29,6 +30,7 @@ import subprocess
 import sys
 import tarfile
 import tempfile
+import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
@@ -51,6 +53,17 @@ clock, does not grow on a loaded machine, so the same mutant is kept or not on e
 everywhere). The tests a mutant runs take about a second on the original source."""
 MAX_FAILING = 12
 """A mutant that breaks more tests than this is too blunt to read as one bug: not kept."""
+_BUILTINS = frozenset(dir(builtins)) | {"object"}
+_PARSE = threading.Lock()
+
+
+def parse(source: str, mode: str = "exec") -> Any:
+    """``ast.parse`` one call at a time: CPython 3.11 (before 3.11.9) fails parses that run at once in two threads with
+    ``SystemError: AST constructor recursion depth mismatch`` (gh-106905), and a split's bugs are verified in threads."""
+    with _PARSE:
+        return ast.parse(source, mode=mode)
+
+
 STAMP = hashlib.sha256(Path(__file__).read_bytes()).hexdigest()[:16]
 """This module's version: what was verified by another version is verified again."""
 SITES_PER_FUNCTION = 3
@@ -154,7 +167,7 @@ def _splice(source: str, line: int, col: int, end_line: int, end_col: int, text:
 
 def _parses(text: str) -> bool:
     try:
-        ast.parse(text, mode="eval" if text != "pass" else "exec")
+        parse(text, mode="eval" if text != "pass" else "exec")
     except SyntaxError:
         return False
     return True
@@ -198,7 +211,7 @@ def candidates(project: Project) -> list[Mutant]:
     out: list[Mutant] = []
     for rel in project.modules():
         source = _Source((project.repo / rel).read_text())
-        tree = ast.parse(source.text)
+        tree = parse(source.text)
         for fn, qualname in _functions(tree):
             if fn.name.startswith("__") and fn.name not in ("__init__", "__call__", "__getitem__", "__contains__"):
                 continue
@@ -361,9 +374,9 @@ def _unpack(project: Project, log: Any) -> None:
 def naming_tests(source: str, name: str) -> list[str] | None:
     """The pytest ids (``Class::test`` or ``test``) of a test file's tests whose body or decorators name ``name`` (as a
     word); ``None`` when they cannot be told from the file alone (a test class inherits from a class of another
-    module). Test classes: ``Test*`` classes and classes deriving from a ``*TestCase``, with the tests they inherit
-    from classes of the same file."""
-    tree = ast.parse(source)
+    module, which may be a ``TestCase``). Test classes: those :func:`_maybe_tests` tells, with the tests they inherit from
+    classes of the same file."""
+    tree = parse(source)
     word = re.compile(rf"\b{re.escape(name)}\b")
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
 
@@ -382,7 +395,7 @@ def naming_tests(source: str, name: str) -> list[str] | None:
                 if inherited is None:
                     return None
                 found |= inherited
-            elif not base_name.endswith(("TestCase", "object", "Protocol")):
+            elif not (base_name.endswith(("TestCase", "Protocol")) or base_name in _BUILTINS):
                 return None
         for node in cls.body:
             if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test"):
@@ -393,13 +406,23 @@ def naming_tests(source: str, name: str) -> list[str] | None:
     for node in tree.body:
         if isinstance(node, (ast.FunctionDef, ast.AsyncFunctionDef)) and node.name.startswith("test") and names(node):
             selected.append(node.name)
-        elif isinstance(node, ast.ClassDef) and (node.name.startswith("Test") or any(ast.unparse(b).endswith("TestCase") for b in node.bases)
-                                                 or any(ast.unparse(b) in classes for b in node.bases)):
+        elif isinstance(node, ast.ClassDef) and _maybe_tests(node, classes):
             tests = tests_of(node)
             if tests is None:
                 return None
             selected += [f"{node.name}::{t}" for t, named in tests.items() if named]
     return selected
+
+
+def _maybe_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
+    """Whether pytest may collect the class: ``Test*``, a ``*TestCase``'s subclass, a subclass of a class of the file, or
+    a subclass of an imported class (which may be a ``TestCase``) that has ``Test`` in its name or ``test*`` methods
+    (a helper such as ``class _Multiset(Set)`` is not)."""
+    bases = [ast.unparse(b) for b in node.bases]
+    if node.name.startswith("Test") or any(b.endswith("TestCase") or b in classes for b in bases):
+        return True
+    has_tests = any(isinstance(n, (ast.FunctionDef, ast.AsyncFunctionDef)) and n.name.startswith("test") for n in node.body)
+    return any(b not in _BUILTINS for b in bases) and ("Test" in node.name or has_tests)
 
 
 def verify(project: Project, mutants: list[Mutant], workers: int = 2) -> list[Mutant]:

@@ -43,7 +43,8 @@ def _task(params: dict, sizes: tuple[int, int, int], suite: str = "reasoning_gym
 CHAIN = {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
 
 
-@pytest.mark.parametrize("preset", PRESETS)
+@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p == "swe-mini" else p for p in PRESETS])  # swe-mini: its
+# splits' bugs are verified as drawn (about 250 pytest runs): in `make test-slow`
 def test_the_hidden_split_is_drawn_around_the_public_ones_and_the_public_ones_ignore_it(preset: str) -> None:
     for spec in _specs(preset):
         suite = get_suite(spec.suite.name)
