@@ -251,6 +251,24 @@ def _git(args: list[str], cwd: Path, stdin: str | None = None) -> subprocess.Com
     return subprocess.run([*swe.GIT, *args], cwd=cwd, env={**swe.GIT_ENV, "HOME": str(cwd)}, input=stdin, capture_output=True, text=True)
 
 
+def _checkout(source: Path, commit: str, scratch: Path, dest: Path) -> None:
+    """The tree of ``commit`` of the uploaded repository ``source`` into ``dest``. Its objects are fetched into a new
+    repository first, so nothing of the upload's own git configuration (a filter driver, a hook) runs here; raises
+    :class:`_Refused` if the commit is not in it."""
+    env = {**swe.GIT_ENV, "HOME": str(scratch), "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null"}
+    scratch.mkdir(parents=True)
+    steps = (["init", "-q", "--bare", str(scratch)], ["-C", str(scratch), "fetch", "-q", "--no-tags", str(source.resolve()), "+refs/*:refs/src/*"])
+    for step in steps:
+        done = subprocess.run(["git", *step], env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise _Refused(f"repos/{source.name} is not a git repository git can read: {done.stderr[-300:]}")
+    listed = subprocess.run(["git", "-C", str(scratch), "archive", "--format=tar", commit], env=env, capture_output=True)
+    if listed.returncode:
+        raise _Refused(f"repos/{source.name} has no commit {commit!r} on any branch or tag: {listed.stderr.decode(errors='replace')[-300:]}")
+    with tarfile.open(fileobj=io.BytesIO(listed.stdout)) as tar:
+        tar.extractall(dest, filter="data")
+
+
 def _swe_folder(root: Path, instance: dict[str, Any], out: Path) -> tuple[str, Path]:
     """One instance's Harbor folder under ``out`` (module docstring) and its instruction; raises :class:`_Refused`."""
     missing = [k for k in ("repo", "base_commit", "problem_statement", "patch", "test_patch") if not isinstance(instance.get(k), str)]
@@ -260,16 +278,16 @@ def _swe_folder(root: Path, instance: dict[str, Any], out: Path) -> tuple[str, P
     python_path = str(instance.get("python_path") or ".")
     if python_path.startswith("/") or ".." in Path(python_path).parts:
         raise _Refused("python_path must be a folder inside the repository")
+    if not re.fullmatch(r"[A-Za-z0-9][A-Za-z0-9._-]*/[A-Za-z0-9][A-Za-z0-9._-]*", instance["repo"]) or ".." in instance["repo"]:
+        raise _Refused(f"repo {instance['repo'][:100]!r} is not owner/name")
+    if not re.fullmatch(r"[0-9a-fA-F]{7,64}", instance["base_commit"]):
+        raise _Refused(f"base_commit {instance['base_commit'][:100]!r} is not a commit's hexadecimal id")
     base = out / "base"
     base.mkdir(parents=True)
     source = root / "repos" / instance["repo"].replace("/", "__")
     sdist = source.with_name(source.name + ".tar.gz")
     if source.is_dir():
-        listed = subprocess.run(["git", "-C", str(source), "archive", "--format=tar", instance["base_commit"]], capture_output=True)
-        if listed.returncode:
-            raise _Refused(f"repos/{source.name} has no commit {instance['base_commit']!r}: {listed.stderr.decode(errors='replace')[-300:]}")
-        with tarfile.open(fileobj=io.BytesIO(listed.stdout)) as tar:
-            tar.extractall(base, filter="data")
+        _checkout(source, instance["base_commit"], out / "git", base)
     elif sdist.is_file():
         try:
             with tarfile.open(sdist) as tar:

@@ -176,3 +176,31 @@ def test_swe_bench_instances_are_built_into_tasks_and_the_gold_patch_validates_t
 
     cheats = [CHEATS[c] for c in ("plants a conftest.py", "deletes the tests", "plants a sitecustomize.py")]
     assert [run_script(endpoint, "bwrap", "swe", item, c, wall_s=60, verifier_wall_s=120).reward for c in cheats] == [0.0] * 3
+
+
+def test_an_uploaded_repository_runs_nothing_of_its_own_and_bad_fields_are_refused(grader: SimpleNamespace, tmp_path: Path) -> None:
+    """A repository whose own git configuration sets a filter driver (which ``git archive`` would run) for every file
+    is read without running it; a ``base_commit`` that is an option, or a ``repo`` that climbs out of ``repos/``, is
+    refused before git sees it."""
+    folder = tmp_path / "evil"
+    repo = folder / "repos" / "acme__evil"
+    repo.mkdir(parents=True)
+    marker = tmp_path / "filter-ran"
+    (repo / "lib.py").write_text("def f():\n    return 1\n")
+    (repo / "test_lib.py").write_text("from lib import f\n\ndef test_f():\n    assert f() == 1\n")
+    (repo / ".gitattributes").write_text("* filter=evil\n")
+    _git(repo, "init", "-q", "-b", "main")
+    _git(repo, "config", "filter.evil.smudge", f"touch {marker}; cat")
+    _git(repo, "add", "-A")
+    _git(repo, "commit", "-q", "-m", "base")
+    base = _git(repo, "rev-parse", "HEAD").strip()
+    good = {"instance_id": "evil-1", "repo": "acme/evil", "base_commit": base, "problem_statement": "f is wrong", "FAIL_TO_PASS": ["test_lib.py::test_f"],
+            "PASS_TO_PASS": [], "patch": "--- a/lib.py\n+++ b/lib.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n",
+            "test_patch": "--- a/test_lib.py\n+++ b/test_lib.py\n@@ -3,2 +3,2 @@\n def test_f():\n-    assert f() == 1\n+    assert f() == 2\n"}
+    lines = [good, {**good, "instance_id": "evil-2", "base_commit": "--output=/tmp/x"}, {**good, "instance_id": "evil-3", "repo": "../evil"}]
+    (folder / "instances.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
+    out = imports.import_collection(grader, "evil", "swe", pack(folder))  # type: ignore[arg-type]
+    reasons = {t.name: (t.status, t.reason) for t in out.tasks}
+    assert reasons["evil-1"] == ("pending", None) and not marker.exists()
+    assert reasons["evil-2"] == ("refused", "base_commit '--output=/tmp/x' is not a commit's hexadecimal id")
+    assert reasons["evil-3"] == ("refused", "repo '../evil' is not owner/name")
