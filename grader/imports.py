@@ -32,13 +32,13 @@ import json
 import re
 import shutil
 import subprocess
-import tarfile
 import tempfile
 import tomllib
 from pathlib import Path
 from typing import Any
 
 import structlog
+from backports import tarfile  # the PEP 706 filters on every Python 3.11 (Debian's 3.11.2 has none)
 
 from grader.harness_archives import inspect_archive, pack_folder
 from grader.model_endpoint import Binding, ModelEndpoint
