@@ -12,7 +12,6 @@ from sqlalchemy.orm import Session
 
 from grader import repository
 from grader.grading_tasks import harness_for
-from grader.harness import check_harness, render_messages
 from grader.harness_archives import code_harness_for
 from grader.models import PLATFORM, Evaluation
 from grader.rollouts import RolloutLimits
@@ -22,6 +21,7 @@ from services.common.auth import RunContext
 from services.common.contracts import EvaluationCreate, EvaluationLimits, EvaluationOut, EvaluationUsage, GradingSpec, Harness, Score, TrajectoryOut
 from services.common.db import serialize, utcnow
 from services.common.errors import EvaluationRateLimited, FailedEvaluationLimit, Unprocessable, UpstreamProblem
+from services.common.harness import check_harness, render_messages
 from services.common.ids import new_id
 from services.ledger.schemas import HoldCreate, HoldRelease, UsageItem, UsageKind
 

@@ -10,13 +10,13 @@ from __future__ import annotations
 import structlog
 
 from grader import imports, repository, splits
-from grader.harness import apply_settings, check_harness
 from grader.harness_archives import code_harness_for
 from grader.schemas import TaskRegistered
 from grader.service import Grader
 from grader.suites import Item, get_suite
 from services.common.auth import RunContext
 from services.common.contracts import GradingSpec, GradingTaskStatus, Harness, Score, SuiteItemOut, SystemSpec
+from services.common.harness import apply_settings, check_harness
 
 log = structlog.get_logger("grader")
 

@@ -23,7 +23,6 @@ from concurrent.futures import ThreadPoolExecutor
 
 from grader import repository
 from grader.grading_tasks import harness_for, train_pool
-from grader.harness import check_harness, extract_answer, render_messages
 from grader.sandboxes import SandboxUnavailable
 from grader.scoring import score_item
 from grader.service import Grader
@@ -31,6 +30,7 @@ from grader.suites import Item, Suite, get_suite, suite_converse
 from services.common.auth import RunContext
 from services.common.contracts import GradingSpec, Harness, PoolPrompt, PoolPromptsRequest, Reward, RewardRequest
 from services.common.errors import Unprocessable, UpstreamUnavailable
+from services.common.harness import check_harness, extract_answer, render_messages
 
 
 def _spec(grader: Grader, ctx: RunContext) -> GradingSpec:
@@ -65,7 +65,7 @@ def _harness(spec: GradingSpec, harness: Harness | None) -> Harness:
 
 def resolve_harness(grader: Grader, ctx: RunContext, harness: Harness | None) -> Harness:
     """The declarative harness that renders the run's task's prompts and extracts answers for its rewards: ``harness``
-    (checked by :func:`grader.harness.check_harness`) or, when ``None``, the task's initial system's, either with the
+    (checked by :func:`services.common.harness.check_harness`) or, when ``None``, the task's initial system's, either with the
     task's evaluation settings applied (:func:`grader.grading_tasks.harness_for`).
 
     Raises ``Unprocessable``: field ``suite`` for a suite whose items are not answered in one completion, ``harness…``
@@ -79,7 +79,7 @@ def resolve_harness(grader: Grader, ctx: RunContext, harness: Harness | None) ->
 
 def pool_prompts(grader: Grader, ctx: RunContext, req: PoolPromptsRequest) -> list[PoolPrompt]:
     """Every item of the run's task's training pool, in pool order, with the chat ``messages`` the harness renders
-    for it (:func:`grader.harness.render_messages`: the system prompt, if any, then the user message). Raises as
+    for it (:func:`services.common.harness.render_messages`: the system prompt, if any, then the user message). Raises as
     :func:`resolve_harness`."""
     harness = resolve_harness(grader, ctx, req.harness)
     return [PoolPrompt(item_id=it.id, messages=render_messages(harness, it.question)) for it in train_pool(grader, ctx.task_id)]
@@ -87,7 +87,7 @@ def pool_prompts(grader: Grader, ctx: RunContext, req: PoolPromptsRequest) -> li
 
 def score_completions(grader: Grader, ctx: RunContext, req: RewardRequest) -> list[Reward]:
     """The reward of each completion, in the request's order: the answer the harness extracts from it
-    (:func:`grader.harness.extract_answer`; ``None`` when none is found) scored by the suite's scorer against the
+    (:func:`services.common.harness.extract_answer`; ``None`` when none is found) scored by the suite's scorer against the
     training-pool item it names (:func:`grader.scoring.score_item`: a reward in [0, 1], 0.0 with a ``reason`` when the
     scorer could not score the answer). Up to ``grader.settings.scoring_concurrency`` answers are scored at once.
 

@@ -8,7 +8,6 @@ from sqlalchemy.orm import Session
 from grader import repository
 from grader.evaluations import check_model
 from grader.grading_tasks import harness_for
-from grader.harness import check_harness
 from grader.harness_archives import code_harness_for
 from grader.models import AGENT, PLATFORM, Evaluation, Submission
 from grader.schemas import ContaminationReport, LeaderboardEntry, SubmissionGrading
@@ -18,6 +17,7 @@ from services.common.auth import RunContext
 from services.common.contracts import Harness, Score, SubmissionOut
 from services.common.db import serialize
 from services.common.errors import SubmissionLimitReached
+from services.common.harness import check_harness
 
 FREE_PLATFORM_FAILURES = 3  # per run and task: platform-failed gradings given back; later ones count (no free oracle)
 

@@ -19,7 +19,6 @@ from sqlalchemy.orm import Session
 from grader import repository
 from grader.audit import audit
 from grader.grading_tasks import train_pool
-from grader.harness import extract_answer, render_messages
 from grader.harness_archives import HarnessManifest, archive_bytes, owned_archive
 from grader.model_endpoint import Binding, Call, ModelEndpoint
 from grader.models import AGENT, PLATFORM, Evaluation
@@ -34,6 +33,7 @@ from services.common.auth import RunContext
 from services.common.contracts import GradingSpec, Harness, RolloutTrajectory
 from services.common.db import database_unavailable, utcnow
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
+from services.common.harness import extract_answer, render_messages
 from services.common.openai_protocol import ChatCompletionRequest
 from services.ledger.schemas import HoldCharge, UsageItem, UsageKind
 

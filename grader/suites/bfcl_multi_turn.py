@@ -79,11 +79,11 @@ from bfcl_eval.constants.executable_backend_config import CLASS_FILE_PATH_MAPPIN
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_checker as _checker_module
 from bfcl_eval.eval_checker.multi_turn_eval import multi_turn_utils
 
-from grader.harness import render_messages
 from grader.suites.base import Complete, Item, TurnLimitReached, draw_round_robin, register_suite
 from grader.suites.bfcl import openai_tools
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
+from services.common.harness import render_messages
 from services.common.openai_protocol import MAX_PROMPT_CHARS, ChatTool
 
 CATEGORIES = ("base", "miss_func", "miss_param", "long_context")

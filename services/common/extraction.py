@@ -8,7 +8,7 @@ raises ``Unprocessable`` naming the harness field (``regex``: ``harness.answer_r
 
 :data:`MODES` is the one list of modes: the ``Harness`` contract accepts exactly its names and its JSON schema lists
 them with each mode's summary (the first paragraph of its docstring), so the gateway's OpenAPI documents them; the
-grader applies them (:func:`grader.harness.extract_answer`). The modes are pure text functions that define what a
+grader applies them (:func:`services.common.harness.extract_answer`). The modes are pure text functions that define what a
 contract field means, so they live here beside the contracts rather than in the grader (``services.common`` imports
 no service). Adding a mode is one decorated function here and its test.
 """

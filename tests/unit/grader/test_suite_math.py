@@ -16,11 +16,11 @@ import reasoning_gym
 import sympy
 from reasoning_gym.composite import CompositeConfig, CompositeDataset, DatasetSpec
 
-from grader.harness import check_harness, extract_answer
 from grader.scoring import score_item
 from grader.suites import Item, get_suite
 from grader.suites.math import MathSuite, champ_problems, math_families
 from services.common.errors import Unprocessable
+from services.common.harness import check_harness, extract_answer
 
 SUITE = get_suite("math")
 GYM_CONFIG = {"chain_sum": {"min_terms": 2, "max_terms": 4, "min_digits": 1, "max_digits": 3},

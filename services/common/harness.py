@@ -60,12 +60,17 @@ def apply_settings(harness: Harness, settings: EvaluationSettings) -> Harness:
     return harness.model_copy(update=update)
 
 
+def render_user(harness: Harness, question: str) -> str:
+    """The user message the harness's template makes of ``question``."""
+    return _template(harness.user_template).render(question=question)
+
+
 def render_messages(harness: Harness, question: str) -> list[dict[str, str]]:
     """The chat messages for one task: optional system prompt, then the rendered user message."""
     messages = []
     if harness.system_prompt:
         messages.append({"role": "system", "content": harness.system_prompt})
-    messages.append({"role": "user", "content": _template(harness.user_template).render(question=question)})
+    messages.append({"role": "user", "content": render_user(harness, question)})
     return messages
 
 
