@@ -5,11 +5,13 @@ sandbox backends bind that socket into each sandbox, where the sandbox's init fo
 the harness gets ``OPENAI_BASE_URL=http://127.0.0.1:8000/v1`` and ``OPENAI_API_KEY=<token>``. A token is bound to one
 rollout (:class:`Binding`) for as long as it runs and is useless after:
 
-- it serves exactly the rollout's model (the evaluated base model or checkpoint); a request naming any other model
-  is a 404 ``model_not_found``, whoever owns it;
+- it serves exactly the rollout's model (the evaluated base model or checkpoint; for an evaluator's rollout, one
+  candidate system under its opaque name, :mod:`services.common.candidates`); a request naming any other model is a
+  404 ``model_not_found``, whoever owns it;
 - every completion is charged against the evaluation's budget hold under the idempotency key
   ``<eval>:<item>:<sample>:<call>`` (test grading: not charged), through inference's own metering;
-- at most ``max_calls`` completions per rollout (429 after), :data:`MAX_INFLIGHT` at once (429 beyond), one choice
+- at most ``max_calls`` completions per rollout (429 after), and at most ``max_total_tokens`` tokens where it is set (a
+  call made once they are spent is a 429), :data:`MAX_INFLIGHT` at once (429 beyond), one choice
   each (``n`` > 1: 422), ``max_tokens`` at most the benchmark's cap (a request without it gets the cap; one asking for
   more is a 422 naming ``max_tokens``), the evaluation's context length;
 - a call whose harness is gone (it ended, or was killed) still completes, is charged and recorded: the rollout waits
@@ -41,6 +43,8 @@ from grader.schemas import RolloutModels
 from grader.service import Grader
 from services.common.app import create_service_app
 from services.common.auth import RunContext
+from services.common.candidates import candidate_request, renamed
+from services.common.contracts import SystemSpec
 from services.common.errors import NotFound, TooManyRequests, Unauthorized, Unprocessable, problem_responses
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ModelOut
 from services.common.processes import process_tag
@@ -68,7 +72,10 @@ class Binding:
     """What a rollout's token allows. ``model``: the only model served; ``ctx``: the run (``None`` for a baseline);
     ``hold_id``: the evaluation's hold every completion is charged against (``None``: test grading, not charged);
     ``key``: the idempotency prefix ``<eval>:<item>:<sample>``; ``context_tokens``/``max_tokens``: the benchmark's
-    caps (tokens); ``max_calls``: completions allowed. ``calls`` grows as the rollout calls."""
+    caps (tokens); ``max_calls``: completions allowed. ``candidate``: an evaluator's rollout serves this candidate
+    system under its opaque name instead (:mod:`services.common.candidates`: ``model`` is then the system's model,
+    which the rollout never sees); ``max_total_tokens``: prompt and completion tokens allowed over the rollout (a call
+    made once they are spent is a 429). ``calls`` grows as the rollout calls."""
 
     model: str
     ctx: RunContext | None
@@ -77,6 +84,8 @@ class Binding:
     context_tokens: int | None
     max_tokens: int
     max_calls: int
+    candidate: tuple[str, SystemSpec] | None = None
+    max_total_tokens: int | None = None
     calls: list[Call] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
@@ -84,6 +93,11 @@ class Binding:
 
     def __post_init__(self) -> None:
         self.idle = threading.Condition(self.lock)
+
+    @property
+    def name(self) -> str:
+        """The name the rollout calls its model by: a candidate's opaque name, else the model's."""
+        return self.candidate[0] if self.candidate else self.model
 
     @property
     def tokens(self) -> tuple[int, int]:
@@ -172,7 +186,7 @@ class ModelEndpoint:
         @app.get("/v1/models", summary="The rollout's model", responses=problem_responses(Unauthorized))
         def list_models(binding: RolloutDep) -> RolloutModels:
             """The one model this rollout may call."""
-            return RolloutModels(data=[ModelOut(id=binding.model)])
+            return RolloutModels(data=[ModelOut(id=binding.name)])
 
         @app.post("/v1/chat/completions", summary="A chat completion of the rollout's model",
                   responses=problem_responses(Unauthorized, NotFound, Unprocessable, TooManyRequests))
@@ -183,8 +197,8 @@ class ModelEndpoint:
         return app
 
     def _complete(self, binding: Binding, body: ChatCompletionRequest) -> ChatCompletion:
-        if body.model != binding.model:
-            raise NotFound(f"model {body.model!r} is not served to this rollout; it serves {binding.model!r} only", field="model")
+        if body.model != binding.name:
+            raise NotFound(f"model {body.model!r} is not served to this rollout; it serves {binding.name!r} only", field="model")
         if body.stream:
             raise Unprocessable("the rollout endpoint does not stream; send stream: false", field="stream")
         asked = body.max_completion_tokens or body.max_tokens
@@ -199,9 +213,14 @@ class ModelEndpoint:
                 raise TooManyRequests(f"this rollout has made its {binding.max_calls} model calls", limit="model_calls")
             if binding.inflight >= MAX_INFLIGHT:
                 raise TooManyRequests(f"a rollout has at most {MAX_INFLIGHT} calls in flight; wait for one to answer", limit="calls_in_flight")
+            if binding.max_total_tokens is not None and sum(binding.tokens) >= binding.max_total_tokens:
+                raise TooManyRequests(f"this rollout has used its {binding.max_total_tokens} tokens", limit="tokens")
             binding.calls.append(None)  # type: ignore[arg-type] - reserves the number; filled below
             binding.inflight += 1
-        request = body.model_copy(update={"max_tokens": asked or binding.max_tokens, "max_completion_tokens": None})
+        if binding.candidate:
+            request = candidate_request(body, binding.candidate[1], max_tokens_cap=binding.max_tokens)
+        else:
+            request = body.model_copy(update={"max_tokens": asked or binding.max_tokens, "max_completion_tokens": None})
         call = Call(messages=_messages(body), message={}, finish_reason="error", prompt_tokens=0, completion_tokens=0, at=_now())
         try:
             out = self.grader.inference.chat_completions(binding.ctx, request, hold_id=binding.hold_id, unmetered=binding.hold_id is None,
@@ -209,7 +228,7 @@ class ModelEndpoint:
             choice = out.choices[0]
             call = Call(messages=call.messages, message=choice.message.model_dump(exclude_none=True), finish_reason=choice.finish_reason,
                         prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens, at=_now())
-            return out
+            return renamed(out, binding.name)
         finally:
             with binding.idle:
                 binding.calls[number] = call

@@ -165,7 +165,7 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
         check()
         token = endpoint.bind(binding)
         try:
-            env = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": token, "OPENAI_MODEL": binding.model,
+            env = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": token, "OPENAI_MODEL": binding.name,
                    "CRUCIBLE_MAX_TURNS": str(binding.max_calls), "CRUCIBLE_HARNESS_ENTRY": manifest.entry, "CRUCIBLE_HARNESS_INSTALL": manifest.install or ""}
             ran = sandbox.run(["bash", "-c", _HARNESS_SCRIPT], mounts=[Mount(app, APP_DIR, True), Mount(harness_dir, HARNESS_DIR, True), *extra],
                               cwd=APP_DIR, env=env, limits=limits, stdin=instruction.encode(), model_socket=endpoint.socket_path)
@@ -192,7 +192,7 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
                 failure, reward = f"the verifier wrote no reward in [0, 1] (exit {verifier.exit_code})", 0.0
     calls = [c for c in binding.calls if c is not None]
     prompt_tokens, completion_tokens = binding.tokens
-    trajectory = RolloutTrajectory(harness=archive_id, model=binding.model, sandbox=sandbox.name, steps=steps_of(calls), harness_run=_run_out(ran),
+    trajectory = RolloutTrajectory(harness=archive_id, model=binding.name, sandbox=sandbox.name, steps=steps_of(calls), harness_run=_run_out(ran),
                                    verifier_run=_run_out(verifier) if verifier else None, reward=reward or 0.0, failure=failure,
                                    model_calls=len(calls), prompt_tokens=prompt_tokens, completion_tokens=completion_tokens)
     return RolloutOutcome(trajectory=trajectory, answer=answer, reward=reward, sandbox_s=math.ceil(spent))

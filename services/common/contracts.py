@@ -594,3 +594,77 @@ class BenchmarkBaselines(BaseModel):
     tasks: dict[str, GradingTaskStatus]
     initial_status: Literal["running", "succeeded", "failed"]
     reference_status: Literal["running", "succeeded", "failed", "declared"] | None
+
+
+# ----------------------------------------------------------------- the evaluator track
+
+
+class EvaluatorBudget(BaseModel):
+    """What a frozen evaluator may spend on each candidate it scores (the benchmark sets it): model calls, tokens
+    (prompt and completion, over all its calls), completion tokens per call, and wall-clock seconds in its sandbox.
+    A call made once calls or tokens are spent is a 429; at ``wall_s`` the sandbox is ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: int = Field(200, ge=1, le=100_000, description="Model calls per candidate.")
+    tokens: int = Field(200_000, ge=1, le=100_000_000, description="Prompt and completion tokens per candidate.")
+    max_tokens: int = Field(256, ge=1, le=4096, description="Completion tokens per call at most.")
+    wall_s: float = Field(600.0, gt=0, le=86_400, description="Seconds per candidate in the sandbox.")
+
+
+class CandidateEvaluation(BaseModel):
+    """One run of an evaluator on one candidate: the score it printed (or the weighted mean of the items it finished,
+    ``partial``), its per-domain scores, what it spent, and the seed's failure modes: ``exhausted`` (which of its
+    budgets ran out), ``truncated_calls`` (answers cut at the token limit: ``finish_reason`` ``length``) and
+    ``top_items_share`` (the largest share of a domain's score, or the score's, that its 3 most influential items
+    carry). ``failure``: why it gave no score."""
+
+    candidate: str = Field(examples=["candidate-01"])
+    score: float | None = Field(None, ge=0.0, le=1.0)
+    domains: dict[str, float] = Field(default_factory=dict)
+    items: int = Field(0, description="Item results it printed.")
+    partial: bool = Field(False, description="It printed no final score: the score is the weighted mean of the items it finished.")
+    exhausted: list[Literal["calls", "tokens", "wall"]] = Field(default_factory=list)
+    truncated_calls: int = 0
+    top_items_share: float | None = None
+    model_calls: int = 0
+    prompt_tokens: int = 0
+    completion_tokens: int = 0
+    sandbox_s: int = 0
+    failure: str | None = None
+
+
+class TargetAgreement(BaseModel):
+    """How an evaluator's scores of the candidates agree with one target's (:mod:`grader.agreement`): the share of
+    candidate pairs ordered alike with its 95 % bootstrap interval over pairs, Kendall's τ-b, Lin's concordance, and
+    the ceiling (the other targets' agreement with this one)."""
+
+    target: str
+    pairwise_agreement: float | None
+    ci_low: float | None = None
+    ci_high: float | None = None
+    kendall_tau: float | None = None
+    concordance: float | None = None
+    ceiling: float | None = None
+
+
+class EvaluatorGrade(BaseModel):
+    """A frozen evaluator's grade: its agreement with each sealed target and their mean (``pairwise_agreement`` is the
+    headline), the ceiling's mean, what it cost over every candidate, and its diagnostics. No per-candidate target
+    score ever appears here."""
+
+    pairwise_agreement: float | None = Field(description="Mean over the sealed targets.")
+    kendall_tau: float | None = None
+    concordance: float | None = None
+    ceiling: float | None = None
+    targets: list[TargetAgreement]
+    candidates: int
+    model_calls: int
+    prompt_tokens: int
+    completion_tokens: int
+    sandbox_s: int
+    exhausted: int = Field(description="Candidates on which a budget ran out.")
+    partial: int = Field(description="Candidates scored from the items finished (no final score printed).")
+    failed: int = Field(description="Candidates it gave no score (ranked lowest).")
+    truncated_share: float | None = Field(None, description="Share of its model calls whose answer was cut at the token limit.")
+    top_items_share: float | None = Field(None, description="Largest share of a score its 3 most influential items carry, over candidates.")

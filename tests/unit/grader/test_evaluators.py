@@ -1,0 +1,151 @@
+"""Evaluators of the evaluator track (grader/evaluators.py): an evaluator archive run on a candidate in a real sandbox,
+through the rollout model endpoint serving the candidate under its opaque name within the benchmark's budget; what it
+printed read back; the grade of a frozen evaluator against sealed targets.
+
+Inference is a stand-in that plays the candidates: a system whose system prompt says ``good`` answers 42, any other 7.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterator
+from typing import Any
+
+import httpx
+import pytest
+from fastapi.testclient import TestClient
+from inference_service.client import InferenceClient
+
+from grader import worker
+from grader.app import create_app
+from grader.evaluators import grade, parse_output, run_evaluator
+from grader.harness_archives import inspect_archive
+from grader.model_endpoint import ModelEndpoint
+from grader.rollouts import RolloutLimits
+from grader.sandboxes import get_sandbox
+from grader.settings import GraderSettings
+from services.common.contracts import CandidateEvaluation, EvaluatorBudget, Harness, SystemSpec
+from tests.archives import archive
+from tests.unit.grader.test_routes import GATEWAY_TOKEN, GRADER_TOKEN, stand_in
+
+SEEN: list[dict[str, Any]] = []  # every request inference was sent
+
+
+def candidate_model(request: httpx.Request) -> httpx.Response:
+    body = json.loads(request.content)
+    SEEN.append(body)
+    good = any(m["role"] == "system" and "good" in m["content"] for m in body["messages"])
+    truncated = body.get("max_tokens", 64) < 4
+    return httpx.Response(200, json={"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "42" if good else "7"},
+                                                  "finish_reason": "length" if truncated else "stop"}],
+                                     "usage": {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45}})
+
+
+# Asks "40 + 2" `items` times, prints an item line per answer and the final score; it tells what it was shown on stderr.
+EVALUATOR = r"""
+import json, os, sys, urllib.request
+candidate = json.loads(sys.stdin.read())["candidate"]
+base, key, model = os.environ["OPENAI_BASE_URL"], os.environ["OPENAI_API_KEY"], os.environ["OPENAI_MODEL"]
+def call(path, body=None):
+    req = urllib.request.Request(base + path, data=None if body is None else json.dumps(body).encode(),
+                                 headers={"Authorization": "Bearer " + key, "Content-Type": "application/json"})
+    return json.load(urllib.request.urlopen(req, timeout=30))
+print(json.dumps({"candidate": candidate, "model": model, "models": call("/models")}), file=sys.stderr)
+scores = []
+for i in range(int(os.environ.get("ITEMS", "5"))):
+    out = call("/chat/completions", {"model": candidate, "messages": [{"role": "user", "content": "40 + 2 ="}], "max_tokens": MAX})
+    print(json.dumps({"answered_as": out["model"]}), file=sys.stderr)
+    scores.append(float("42" in out["choices"][0]["message"]["content"]))
+    print(json.dumps({"item": f"q{i}", "score": scores[-1], "domain": "sums"}))
+print(json.dumps({"score": sum(scores) / len(scores), "domains": {"sums": sum(scores) / len(scores)}}))
+"""
+
+GOOD = SystemSpec(model="smollm2-135m-instruct", harness=Harness(system_prompt="You are good."))
+BAD = SystemSpec(model="smollm2-135m-instruct", harness=Harness(system_prompt="You are careless."))
+
+
+def evaluator(items: int = 5, max_tokens: int = 16) -> bytes:
+    return archive({"eval.py": EVALUATOR.replace("MAX", str(max_tokens))},
+                   f'name = "evaluator"\nentry = "ITEMS={items} python3 /harness/eval.py"\n')
+
+
+@pytest.fixture(scope="module")
+def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelEndpoint]:
+    tmp = tmp_path_factory.mktemp("evaluators")
+    settings = GraderSettings(data_dir=tmp, grader_test_seed=99, service_token=GRADER_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN})
+    with TestClient(create_app(settings), base_url="http://grader") as http:
+        service = http.app.state.grader  # type: ignore[attr-defined]
+        service.inference = InferenceClient(stand_in("inference", candidate_model))
+        yield worker.model_endpoint(service)
+
+
+def run(endpoint: ModelEndpoint, data: bytes, system: SystemSpec, budget: EvaluatorBudget | None = None) -> tuple[CandidateEvaluation, Any]:
+    return run_evaluator(get_sandbox("bwrap"), endpoint, archive=data, archive_id="har_test", manifest=inspect_archive(data), candidate="candidate-04",
+                         system=system, budget=budget or EvaluatorBudget(calls=20, tokens=10_000, max_tokens=16, wall_s=30),
+                         caps=RolloutLimits(wall_s=60), ctx=None, hold_id=None, key="eval_test:candidate-04:0")
+
+
+def test_an_evaluator_scores_a_candidate_it_reaches_only_by_its_opaque_name(endpoint: ModelEndpoint) -> None:
+    SEEN.clear()
+    good, outcome = run(endpoint, evaluator(), GOOD)
+    assert (good.score, good.domains, good.items, good.partial, good.exhausted, good.failure) == (1.0, {"sums": 1.0}, 5, False, [], None)
+    assert (good.model_calls, good.prompt_tokens, good.completion_tokens) == (5, 200, 25)
+    shown = outcome.trajectory.harness_run.stderr
+    assert "smollm2" not in shown and "smollm2" not in json.dumps(outcome.trajectory.model_dump())  # never the model behind it
+    assert '"model": "candidate-04"' in shown and '"answered_as": "candidate-04"' in shown
+    assert all(body["model"] == "smollm2-135m-instruct" and body["messages"][0] == {"role": "system", "content": "You are good."} for body in SEEN)
+    bad, _ = run(endpoint, evaluator(), BAD)
+    assert bad.score == 0.0
+
+
+def test_an_evaluator_that_runs_out_of_calls_is_graded_on_what_it_finished_and_flagged(endpoint: ModelEndpoint) -> None:
+    result, _ = run(endpoint, evaluator(items=8), GOOD, EvaluatorBudget(calls=3, tokens=10_000, max_tokens=16, wall_s=30))
+    assert (result.score, result.items, result.partial, result.exhausted, result.failure) == (1.0, 3, True, ["calls"], None)
+    result, _ = run(endpoint, evaluator(items=8), GOOD, EvaluatorBudget(calls=20, tokens=100, max_tokens=16, wall_s=30))
+    assert (result.items, result.partial, result.exhausted) == (3, True, ["tokens"])  # 45 tokens a call: the 4th finds 135 spent
+
+
+def test_answers_cut_at_the_token_limit_are_counted(endpoint: ModelEndpoint) -> None:
+    result, _ = run(endpoint, evaluator(items=2, max_tokens=2), GOOD)
+    assert result.truncated_calls == 2
+
+
+def test_an_evaluator_that_prints_no_score_gives_the_candidate_none() -> None:
+    assert parse_output("thinking...\n{\"note\": 1}\n").score is None
+    out = parse_output('{"item": "a", "score": 1.5}\n{"item": "b", "score": 0.5, "weight": -1}\n{"score": "high"}\n')
+    assert (out.score, out.items) == (None, []) and "not a number in [0, 1]" in out.error
+    out = parse_output('{"item": "a", "score": 1, "weight": 3}\n{"item": "b", "score": 0}\nlog line\n{"score": 0.75, "domains": {"x": 0.5, "y": 2}}\n')
+    assert (out.score, out.domains, out.items) == (0.75, {"x": 0.5}, [(1.0, 3.0, None), (0.0, 1.0, None)])
+
+
+SEALED = {"candidate-01": 0.8, "candidate-02": 0.6, "candidate-03": 0.4, "candidate-04": 0.2, "candidate-05": 0.1, "candidate-06": 0.0}
+TARGETS = {"dev": {c: v * 0.9 for c, v in SEALED.items()}, "sealed-a": SEALED, "sealed-b": {**SEALED, "candidate-05": 0.0, "candidate-06": 0.1}}
+
+
+def results(scores: dict[str, float | None]) -> dict[str, CandidateEvaluation]:
+    return {c: CandidateEvaluation(candidate=c, score=s, model_calls=4, prompt_tokens=100, completion_tokens=10) for c, s in scores.items()}
+
+
+def test_an_evaluator_that_reproduces_a_sealed_target_scores_agreement_one_on_it() -> None:
+    got = grade(results(dict(SEALED)), TARGETS, ["sealed-a", "sealed-b"])
+    by_target = {t.target: t for t in got.targets}
+    assert by_target["sealed-a"].pairwise_agreement == 1.0 and by_target["sealed-a"].concordance == pytest.approx(1.0)
+    assert by_target["sealed-b"].pairwise_agreement == pytest.approx(14 / 15)  # the one pair the two targets order differently
+    assert by_target["sealed-a"].ceiling == pytest.approx((1 + 14 / 15) / 2)  # dev agrees fully, sealed-b on 14 of 15 pairs
+    assert got.pairwise_agreement == pytest.approx((1 + 14 / 15) / 2)
+    assert (got.candidates, got.model_calls, got.prompt_tokens, got.failed) == (6, 24, 600, 0)
+
+
+def test_an_evaluator_that_scores_at_random_scores_near_one_half_over_many_seeds() -> None:
+    values = []
+    for seed in range(300):
+        rng = random.Random(seed)
+        values.append(grade(results({c: rng.random() for c in SEALED}), TARGETS, ["sealed-a", "sealed-b"]).pairwise_agreement)
+    assert 0.46 < sum(values) / len(values) < 0.54
+
+
+def test_a_candidate_without_a_score_ranks_lowest_and_is_counted() -> None:
+    got = grade(results({**SEALED, "candidate-01": None}), TARGETS, ["sealed-a"])
+    assert got.failed == 1 and got.targets[0].pairwise_agreement == pytest.approx(10 / 15)  # candidate-01 now below all 5 others
