@@ -15,7 +15,8 @@ from gateway import repository
 from gateway.models import Benchmark
 from gateway.schemas import BenchmarkFile, BenchmarkOut, TaskSpec
 from gateway.service import Gateway
-from services.common.contracts import BenchmarkBaselines, GradingSpec
+from services.common.candidates import assign
+from services.common.contracts import BenchmarkBaselines, GradingSpec, SystemSpec
 from services.common.errors import Conflict, Unprocessable
 from services.common.ids import new_id
 
@@ -40,22 +41,38 @@ async def check_models(gw: Gateway, spec: BenchmarkFile) -> None:
     the served models' cards, ``InferenceClient.list_base_models``), and a task that switches thinking on starts from a model that has a thinking mode; else ``Unprocessable`` naming
     the key path (``tasks.1.initial_system.model``)."""
     served = {card.name: card for card in (await gw.inference.list_base_models()).data}
+    systems = [(f"candidates.{i}", c) for i, c in enumerate(spec.candidates or [])]
     for i, task in enumerate(spec.task_list()):
         prefix = "" if spec.tasks is None else f"tasks.{i}."
-        for key, system in (("initial_system", task.initial_system), ("reference.system", task.reference.system)):
-            if system is not None and system.model not in served:
-                field = f"{prefix}{key}.model"
-                raise Unprocessable(f"{field}: unknown base model {system.model!r}; served: {', '.join(sorted(served)) or 'none'} "
-                                    "(an operator registers more with POST /admin/models)", field=field)
-        if task.evaluation and task.evaluation.thinking and not served[task.initial_system.model].thinking:
+        systems += [(f"{prefix}initial_system", task.initial_system), (f"{prefix}reference.system", task.reference.system if task.reference else None)]
+    for key, system in systems:
+        if system is not None and system.model not in served:
+            field = f"{key}.model"
+            raise Unprocessable(f"{field}: unknown base model {system.model!r}; served: {', '.join(sorted(served)) or 'none'} "
+                                "(an operator registers more with POST /admin/models)", field=field)
+    for i, task in enumerate(spec.task_list()):
+        if task.initial_system and task.evaluation and task.evaluation.thinking and not served[task.initial_system.model].thinking:
             field = "evaluation.thinking" if spec.tasks is None or not spec.tasks[i].evaluation else f"tasks.{i}.evaluation.thinking"
             raise Unprocessable(f"{field}: {task.initial_system.model} has no thinking mode; leave it null or false", field=field)
 
 
-def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str) -> GradingSpec:
-    """What the grader is told of one task of ``spec``, whose grader id is ``task_id``."""
+def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str, candidates: dict[str, SystemSpec] | None = None) -> GradingSpec:
+    """What the grader is told of one task of ``spec``, whose grader id is ``task_id``. A target's (the evaluator
+    track) carries the ``candidates`` by opaque name (default: named under an empty key, for checks that serve
+    none); its first candidate stands as its initial system, which is not graded."""
+    if task.target is not None:
+        candidates = candidates or assign(spec.candidates or [], "")
+        return GradingSpec(task_id=task_id, task=task.name, suite=task.suite, initial_system=candidates["candidate-01"], evaluation=task.evaluation,
+                           audit=spec.audit, target=task.target, candidates=candidates)
+    assert task.initial_system is not None and task.reference is not None  # TaskSpec's rule
     return GradingSpec(task_id=task_id, task=task.name, suite=task.suite, initial_system=task.initial_system,
                        reference_system=task.reference.system, reference_score=task.reference.score, evaluation=task.evaluation, audit=spec.audit)
+
+
+def candidates_of(gw: Gateway, spec: BenchmarkFile) -> dict[str, SystemSpec]:
+    """The benchmark's candidates by opaque name (:func:`services.common.candidates.assign` under the deployment's
+    ``candidate_key``); empty off the evaluator track."""
+    return assign(spec.candidates, gw.settings.candidate_key or gw.settings.service_token) if spec.candidates else {}
 
 
 async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
@@ -78,8 +95,9 @@ async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
     tasks = spec.task_list()
     ids = {t.name: bm_id if spec.tasks is None else new_id("bm") for t in tasks}
     warnings: list[str] = []
+    candidates = candidates_of(gw, spec)
     for t in tasks:
-        warnings += (await gw.grader.register_task(grading_spec(spec, t, ids[t.name]))).warnings
+        warnings += (await gw.grader.register_task(grading_spec(spec, t, ids[t.name], candidates))).warnings
 
     def store() -> BenchmarkOut:
         with gw.db.session() as s:

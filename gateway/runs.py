@@ -109,7 +109,7 @@ async def run_card(gw: Gateway, caller: Caller) -> RunCard:
         grading = await gw.grader.task_status(caller.tasks[t.name])
         tasks.append({"name": t.name, "suite": t.suite.name, "params": t.suite.params, "validation_items": t.suite.splits.validation.size,
                       "test_items": t.suite.splits.test.size, "initial_system": grading.initial_system.model_dump(mode="json"),
-                      "reference": t.reference.model_dump(exclude={"system"}), "evaluation": t.evaluation.model_dump()})
+                      "reference": t.reference.model_dump(exclude={"system"}) if t.reference else None, "evaluation": t.evaluation.model_dump()})
     benchmark = {"id": caller.run.benchmark_id, "name": spec.name, "description": spec.description, "tasks": tasks}
     if len(tasks) == 1:
         benchmark |= {k: v for k, v in tasks[0].items() if k != "name"}

@@ -8,16 +8,27 @@ from typing import Annotated, Any, Generic, Literal, TypeVar
 from pydantic import BaseModel, ConfigDict, Field, ValidationError, field_validator, model_validator
 from pydantic_core import PydanticCustomError
 
-from services.common.contracts import TRAINING_FIELDS, AuditSettings, EvaluationLimits, EvaluationSettings, Recipe, SuiteSpec, SystemSpec
+from services.common.candidates import MAX_CANDIDATES
+from services.common.contracts import (
+    TRAINING_FIELDS,
+    AuditSettings,
+    EvaluationLimits,
+    EvaluationSettings,
+    EvaluatorBudget,
+    Recipe,
+    SuiteSpec,
+    SystemSpec,
+)
 from services.common.graders import Grader
 from services.ledger.schemas import MAX_BUDGET_USD_MICROS
 
-Editable = Literal["data", "trainer", "harness"]
+Editable = Literal["data", "trainer", "harness", "evaluator"]
 TRACKS: dict[str, list[str]] = {
     "data": ["data"],
     "trainer": ["trainer"],
     "harness": ["harness"],
     "joint": ["data", "trainer", "harness"],
+    "evaluator": ["evaluator"],
 }
 
 
@@ -89,15 +100,27 @@ class LimitsSpec(BaseModel):
 
 
 class TaskSpec(BaseModel):
-    """One task of a benchmark: a suite with its splits, the initial system and the reference."""
+    """One task of a benchmark: a suite with its splits, the initial system and the reference. On the evaluator track a
+    task is a target instead (``target``), with neither: the benchmark's candidates are graded on it."""
 
     model_config = ConfigDict(extra="forbid")
 
     name: str = Field(min_length=1, max_length=64, pattern=r"^[a-z0-9][a-z0-9_-]*$", examples=["math"])
     suite: SuiteSpec
-    initial_system: SystemSpec
-    reference: ReferenceSpec
+    initial_system: SystemSpec | None = Field(None, description="Required, except on a target.")
+    reference: ReferenceSpec | None = Field(None, description="Required, except on a target.")
     evaluation: EvaluationSettings | None = Field(None, description="This task's evaluation settings; null: the benchmark's.")
+    target: Literal["development", "sealed"] | None = Field(None, description=(
+        "Evaluator track only: the candidates' scores on a development target (its validation split) are shown to the run; a sealed "
+        "target's (its hidden test split) never leave the grader, and the evaluator is graded by its agreement with them."))
+
+    @model_validator(mode="after")
+    def _systems_or_target(self) -> TaskSpec:
+        if self.target is None and (self.initial_system is None or self.reference is None):
+            raise ValueError("give initial_system and reference (or, on the evaluator track, target)")
+        if self.target is not None and (self.initial_system is not None or self.reference is not None):
+            raise ValueError("a target has no initial_system or reference: the benchmark's candidates are graded on it")
+        return self
 
     @field_validator("suite")
     @classmethod
@@ -127,8 +150,12 @@ class BenchmarkFile(BaseModel):
     initial_system: SystemSpec | None = None
     reference: ReferenceSpec | None = None
     tasks: list[TaskSpec] | None = Field(None, min_length=1, max_length=20)
-    track: Literal["data", "trainer", "harness", "joint"] = "joint"
+    track: Literal["data", "trainer", "harness", "joint", "evaluator"] = "joint"
     editable: list[Editable] | None = Field(None, description="Defaults to the track's preset.")
+    candidates: list[SystemSpec] | None = Field(None, min_length=2, max_length=MAX_CANDIDATES, description=(
+        "Evaluator track: the candidate systems (a model and a declarative harness) the agent's evaluator ranks. A run reaches them "
+        "only as `candidate-01` … (in an order drawn from the deployment's key), never by their models."))
+    evaluator: EvaluatorBudget | None = Field(None, description="Evaluator track: what the frozen evaluator may spend on each candidate.")
     recipe: RecipePolicy = Field(default_factory=RecipePolicy)
     budget: BudgetSpec
     evaluation: EvaluationSettings = Field(default_factory=EvaluationSettings)
@@ -149,9 +176,28 @@ class BenchmarkFile(BaseModel):
             names = [t.name for t in self.tasks]
             if len(set(names)) != len(names):
                 raise ValueError(f"task names must be unique: {names}")
+        self._check_evaluator_track()
         if self.editable is None:
             self.editable = list(TRACKS[self.track])  # type: ignore[assignment]
         return self
+
+    def _check_evaluator_track(self) -> None:
+        """The evaluator track has candidates, an evaluator budget and targets (at least one sealed), and only it has."""
+        evaluator = self.track == "evaluator"
+        if not evaluator:
+            if self.candidates is not None or self.evaluator is not None or any(t.target for t in self.tasks or []):
+                raise ValueError("candidates, evaluator and tasks[].target belong to the evaluator track (track: evaluator)")
+            return
+        if self.tasks is None or self.candidates is None:
+            raise ValueError("the evaluator track needs candidates and a tasks list of targets")
+        if any(t.target is None for t in self.tasks) or not any(t.target == "sealed" for t in self.tasks):
+            raise ValueError("on the evaluator track every task is a target (target: development or sealed), at least one sealed")
+        if len({c.model_dump_json() for c in self.candidates}) != len(self.candidates):
+            raise ValueError("candidates must be different systems")
+        if any(c.harness_archive for c in self.candidates):
+            raise ValueError("a candidate is a model with a declarative harness, not a code harness")
+        if self.evaluator is None:
+            self.evaluator = EvaluatorBudget()
 
     def task_list(self) -> list[TaskSpec]:
         """The benchmark's tasks (one called ``main`` for a single-task file), each with its evaluation settings."""

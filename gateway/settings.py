@@ -19,3 +19,6 @@ class GatewaySettings(ServiceSettings):
         "memory://",
         description="Where hits are counted: `memory://` (per gateway process) or `redis://host:6379/1` (shared by every gateway replica).",
     )
+    candidate_key: str | None = Field(None, description=(
+        "Key of the order in which an evaluator-track benchmark's candidates get their opaque names (`candidate-01` …): "
+        "keep it secret from research agents. Default: this service's own token."))

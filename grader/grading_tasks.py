@@ -42,7 +42,7 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
         return TaskRegistered(**task_status(grader, spec.task_id).model_dump())
     suite = get_suite(spec.suite.name)
     suite.check_params(spec.suite.params)
-    for system in (spec.initial_system, spec.reference_system):
+    for system in (spec.initial_system, spec.reference_system, *spec.candidates.values()):
         if system and system.harness:
             check_harness(system.harness)
     # baselines may use the suites' own code harnesses only (a run's archive belongs to the run)
@@ -58,6 +58,8 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
     warning = splits.enumerable_warning(spec, splits.item_space(spec))
     if warning:
         log.warning("enumerable task", task_id=spec.task_id, warning=warning)
+    if spec.target is not None:
+        return _register_target(grader, spec, validation, test)
     with grader.db.session() as s:
         task = repository.add_task(s, spec, validation)
         baseline = {"run_id": None, "split": "test", "items_total": len(test)}
@@ -72,6 +74,28 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
     for eval_id in queued:
         grader.enqueue(eval_id)
     return TaskRegistered(**task_status(grader, spec.task_id).model_dump(), warnings=[warning] if warning else [])
+
+
+def _register_target(grader: Grader, spec: GradingSpec, validation: list[Item], test: list[Item]) -> TaskRegistered:
+    """Add an evaluator-track target and queue the grading of each of its candidates: on the validation split for a
+    development target (whose scores the run may see: a function of public items alone), on the hidden test split for a
+    sealed one. Not charged to any run."""
+    split, items = ("validation", validation) if spec.target == "development" else ("test", test)
+    with grader.db.session() as s:
+        repository.add_task(s, spec, validation)
+        queued = [repository.add_evaluation(s, spec, run_id=None, purpose="candidate", split=split, model=system.model, harness=harness_for(spec, system.harness),
+                                            items_total=len(items), candidate=name).id for name, system in spec.candidates.items()]
+    for eval_id in queued:
+        grader.enqueue(eval_id)
+    return TaskRegistered(**task_status(grader, spec.task_id).model_dump())
+
+
+def target_scores(grader: Grader, task_id: str) -> dict[str, Score | None]:
+    """A target's score of each candidate (``None`` until graded), by opaque name. A sealed target's never leave the
+    grader: only the evaluator's agreement with them does."""
+    with grader.db.session() as s:
+        return {ev.candidate: Score(**ev.score) if ev.score and ev.status == "succeeded" else None
+                for ev in repository.candidate_evaluations(s, task_id) if ev.candidate}
 
 
 def task_status(grader: Grader, task_id: str) -> GradingTaskStatus:

@@ -48,7 +48,8 @@ class ValidationItem(Base):
 
 
 class Evaluation(JobColumns, Base):
-    """A system × split evaluation. ``purpose``: validation (a run's), submission, initial or reference (baselines)."""
+    """A system × split evaluation. ``purpose``: validation (a run's), submission, initial or reference (baselines), or
+    candidate (an evaluator-track target's grading of one candidate)."""
 
     __tablename__ = "evaluations"
 
@@ -60,6 +61,7 @@ class Evaluation(JobColumns, Base):
     model: Mapped[str] = mapped_column(String(100))
     harness: Mapped[dict[str, Any]] = mapped_column(JSON)
     harness_archive: Mapped[str | None] = mapped_column(String(40), nullable=True)  # a code harness (HarnessArchive.id); then `harness` is unused
+    candidate: Mapped[str | None] = mapped_column(String(20), nullable=True)  # purpose "candidate": the candidate's opaque name on a target
     status: Mapped[str] = mapped_column(String(20), index=True)
     items_total: Mapped[int] = mapped_column(Integer)
     items_done: Mapped[int] = mapped_column(Integer, default=0)

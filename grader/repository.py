@@ -71,13 +71,14 @@ def count_validation_items(s: Session, task_id: str) -> int:
 
 
 def add_evaluation(s: Session, spec: GradingSpec, *, run_id: str | None, purpose: str, split: str, model: str, harness: Harness,
-                   items_total: int, hold_id: str | None = None, eval_id: str | None = None, harness_archive: str | None = None) -> Evaluation:
+                   items_total: int, hold_id: str | None = None, eval_id: str | None = None, harness_archive: str | None = None,
+                   candidate: str | None = None) -> Evaluation:
     """Add a queued evaluation of ``model`` with ``harness`` (or the code harness ``harness_archive``) on ``items_total``
     items of the task's ``split``; returns its row (id ``eval_id``, or a new one). ``purpose``: validation (a run's),
-    submission, initial or reference (baselines)."""
+    submission, initial or reference (baselines), candidate (``candidate``'s grading on a target)."""
     ev = Evaluation(id=eval_id or new_id("eval"), run_id=run_id, task_id=spec.task_id, purpose=purpose, split=split, model=model,
                     harness=harness.model_dump(), harness_archive=harness_archive, status="queued", items_total=items_total, hold_id=hold_id,
-                    created_at=utcnow(), enqueued_at=utcnow())
+                    candidate=candidate, created_at=utcnow(), enqueued_at=utcnow())
     s.add(ev)
     s.flush()
     return ev
@@ -219,3 +220,8 @@ def usable_archive(s: Session, ctx: RunContext | None, harness_id: str) -> Harne
 def usable_archives(s: Session, run_id: str) -> list[HarnessArchive]:
     """The archives the run may use (its own and the suites'), oldest first (by creation time)."""
     return list(s.scalars(select(HarnessArchive).where(HarnessArchive.run_id.in_((run_id, PLATFORM_RUN))).order_by(HarnessArchive.created_at)))
+
+
+def candidate_evaluations(s: Session, task_id: str) -> list[Evaluation]:
+    """A target's gradings of its candidates (purpose ``candidate``), by candidate name."""
+    return list(s.scalars(select(Evaluation).where(Evaluation.task_id == task_id, Evaluation.purpose == "candidate").order_by(Evaluation.candidate)))

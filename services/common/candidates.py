@@ -20,17 +20,11 @@ import hashlib
 import hmac
 import json
 from collections.abc import Sequence
-from typing import Annotated
-
-from pydantic import Field
 
 from services.common.contracts import Harness, SystemSpec
 from services.common.harness import render_user
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ChatMessage
 
-CANDIDATE_NAME = r"^candidate-[0-9]{2}$"
-CandidateName = Annotated[str, Field(pattern=CANDIDATE_NAME, examples=["candidate-01"],
-                                     description="A candidate system's opaque name in an evaluator-track run.")]
 MAX_CANDIDATES = 99
 
 

@@ -267,6 +267,11 @@ class TaskCollectionOut(BaseModel):
     created_at: dt.datetime
 
 
+CANDIDATE_NAME = r"^candidate-[0-9]{2}$"
+CandidateName = Annotated[str, Field(pattern=CANDIDATE_NAME, examples=["candidate-01"],
+                                     description="A candidate system's opaque name in an evaluator-track run.")]
+
+
 class SplitSpec(BaseModel):
     model_config = ConfigDict(extra="forbid")
 
@@ -342,6 +347,17 @@ class GradingSpec(BaseModel):
     reference_score: float | None = Field(None, ge=0.0, le=1.0)
     evaluation: EvaluationSettings
     audit: AuditSettings = Field(default_factory=AuditSettings)
+    target: Literal["development", "sealed"] | None = Field(None, description=(
+        "An evaluator-track target: each of `candidates` is graded on it instead of the initial system, on its validation split "
+        "(development: the scores are shown to the run) or its hidden test split (sealed: they never leave the grader)."))
+    candidates: dict[CandidateName, SystemSpec] = Field(default_factory=dict, description="A target's candidate systems by opaque name.")
+
+    @field_validator("candidates")
+    @classmethod
+    def _target_has_candidates(cls, candidates: dict[str, SystemSpec], info: ValidationInfo) -> dict[str, SystemSpec]:
+        if (info.data.get("target") is None) != (not candidates):
+            raise PydanticCustomError("target_candidates", "a target needs candidates, and only a target has them")
+        return candidates
 
 
 class EvaluationCreate(_OneHarness):
@@ -619,7 +635,7 @@ class CandidateEvaluation(BaseModel):
     ``top_items_share`` (the largest share of a domain's score, or the score's, that its 3 most influential items
     carry). ``failure``: why it gave no score."""
 
-    candidate: str = Field(examples=["candidate-01"])
+    candidate: CandidateName
     score: float | None = Field(None, ge=0.0, le=1.0)
     domains: dict[str, float] = Field(default_factory=dict)
     items: int = Field(0, description="Item results it printed.")

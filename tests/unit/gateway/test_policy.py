@@ -148,6 +148,42 @@ def test_a_benchmark_has_one_task_or_a_tasks_list_never_both() -> None:
     assert exc.value.extra["field"] == "tasks.0.suite"
 
 
+def _evaluator_track() -> dict:
+    doc = {k: v for k, v in TEST_BENCHMARK.items() if k not in ("suite", "initial_system", "reference", "recipe")}
+    return {**doc, "track": "evaluator", "evaluator": {"calls": 50, "tokens": 20_000},
+            "candidates": [{"model": "smollm2-135m-instruct"}, {"model": "smollm2-135m-instruct", "harness": {"system_prompt": "Answer 0."}}],
+            "tasks": [{"name": "dev", "target": "development", "suite": TEST_BENCHMARK["suite"]},
+                      {"name": "hidden", "target": "sealed", "suite": TEST_BENCHMARK["suite"]}]}
+
+
+def test_an_evaluator_track_benchmark_has_candidates_and_targets_one_sealed() -> None:
+    spec = parse_benchmark(_evaluator_track())
+    assert (spec.editable, [t.target for t in spec.task_list()], spec.evaluator.calls) == (["evaluator"], ["development", "sealed"], 50)  # type: ignore[union-attr]
+    for mutate, says in [
+        (lambda d: d.pop("candidates"), "needs candidates"),
+        (lambda d: d["tasks"][1].update(target="development"), "at least one sealed"),
+        (lambda d: d["tasks"][0].pop("target"), "initial_system and reference"),
+        (lambda d: d["tasks"][0].update(initial_system={"model": "smollm2-135m-instruct"}), "a target has no initial_system"),
+        (lambda d: d["candidates"].append(dict(d["candidates"][0])), "different systems"),
+        (lambda d: d["candidates"].__setitem__(0, {"model": "smollm2-135m-instruct", "harness_archive": "har_01jd3k4m5n6p7q8r9s0t1v2w3x"}), "declarative"),
+        (lambda d: d.update(track="joint"), "belong to the evaluator track"),
+    ]:
+        doc = _evaluator_track()
+        mutate(doc)
+        with pytest.raises(Unprocessable, match=says):
+            parse_benchmark(doc)
+    with pytest.raises(Unprocessable, match="belong to the evaluator track"):
+        parse_benchmark({**TEST_BENCHMARK, "candidates": _evaluator_track()["candidates"]})
+
+
+def test_an_evaluator_track_candidate_is_a_served_model() -> None:
+    doc = _evaluator_track()
+    doc["candidates"][1]["model"] = "gemma3-270m"
+    with pytest.raises(Unprocessable) as exc:
+        asyncio.run(check_models(SimpleNamespace(inference=_Inference("smollm2-135m-instruct")), parse_benchmark(doc)))  # type: ignore[arg-type]
+    assert exc.value.extra["field"] == "candidates.1.model"
+
+
 def test_calls_name_a_task_when_the_benchmark_has_several() -> None:
     from gateway.service import for_task
 

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import random
+import re
 from collections.abc import Iterator
 from typing import Any
 
@@ -20,12 +21,15 @@ from inference_service.client import InferenceClient
 from grader import worker
 from grader.app import create_app
 from grader.evaluators import grade, parse_output, run_evaluator
+from grader.grading_tasks import register_task, target_scores
 from grader.harness_archives import inspect_archive
 from grader.model_endpoint import ModelEndpoint
+from grader.models import Evaluation
 from grader.rollouts import RolloutLimits
 from grader.sandboxes import get_sandbox
+from grader.service import Grader
 from grader.settings import GraderSettings
-from services.common.contracts import CandidateEvaluation, EvaluatorBudget, Harness, SystemSpec
+from services.common.contracts import CandidateEvaluation, EvaluatorBudget, GradingSpec, Harness, SystemSpec
 from tests.archives import archive
 from tests.unit.grader.test_routes import GATEWAY_TOKEN, GRADER_TOKEN, stand_in
 
@@ -33,12 +37,15 @@ SEEN: list[dict[str, Any]] = []  # every request inference was sent
 
 
 def candidate_model(request: httpx.Request) -> httpx.Response:
+    """A good system (its system prompt says so) answers sums right (42 to anything else), any other system 7."""
     body = json.loads(request.content)
     SEEN.append(body)
     good = any(m["role"] == "system" and "good" in m["content"] for m in body["messages"])
     truncated = body.get("max_tokens", 64) < 4
+    sum_ = re.search(r"problem: ([\d +-]+)=", body["messages"][-1]["content"])
+    content = ("42" if sum_ is None else str(eval(sum_.group(1)))) if good else "7"  # noqa: S307 - digits, spaces, + and - only
     return httpx.Response(200, json={"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
-                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": "42" if good else "7"},
+                                     "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                                                   "finish_reason": "length" if truncated else "stop"}],
                                      "usage": {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45}})
 
@@ -72,13 +79,23 @@ def evaluator(items: int = 5, max_tokens: int = 16) -> bytes:
 
 
 @pytest.fixture(scope="module")
-def endpoint(tmp_path_factory: pytest.TempPathFactory) -> Iterator[ModelEndpoint]:
+def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grader]:
     tmp = tmp_path_factory.mktemp("evaluators")
     settings = GraderSettings(data_dir=tmp, grader_test_seed=99, service_token=GRADER_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN})
     with TestClient(create_app(settings), base_url="http://grader") as http:
-        service = http.app.state.grader  # type: ignore[attr-defined]
-        service.inference = InferenceClient(stand_in("inference", candidate_model))
-        yield worker.model_endpoint(service)
+        grader: Grader = http.app.state.grader  # type: ignore[attr-defined]
+        grader.close()
+        grader.inference = InferenceClient(stand_in("inference", candidate_model))
+        grader.enqueue = QUEUE.append
+        yield grader
+
+
+QUEUE: list[str] = []
+
+
+@pytest.fixture(scope="module")
+def endpoint(service: Grader) -> ModelEndpoint:
+    return worker.model_endpoint(service)
 
 
 def run(endpoint: ModelEndpoint, data: bytes, system: SystemSpec, budget: EvaluatorBudget | None = None) -> tuple[CandidateEvaluation, Any]:
@@ -149,3 +166,29 @@ def test_an_evaluator_that_scores_at_random_scores_near_one_half_over_many_seeds
 def test_a_candidate_without_a_score_ranks_lowest_and_is_counted() -> None:
     got = grade(results({**SEALED, "candidate-01": None}), TARGETS, ["sealed-a"])
     assert got.failed == 1 and got.targets[0].pairwise_agreement == pytest.approx(10 / 15)  # candidate-01 now below all 5 others
+
+
+# --------------------------------------------------------------------------- targets
+
+
+def target(task_id: str, visibility: str) -> GradingSpec:
+    return GradingSpec(task_id=task_id, task=task_id, target=visibility, candidates={"candidate-01": BAD, "candidate-02": GOOD}, initial_system=BAD,
+                       suite={"name": "reasoning_gym", "params": {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
+                              "splits": {"train": {"seed": 1, "size": 10}, "validation": {"seed": 2, "size": 6}, "test": {"size": 5}}},
+                       evaluation={"max_tokens": 8})
+
+
+@pytest.mark.parametrize(("visibility", "split", "items"), [("development", "validation", 6), ("sealed", "test", 5)])
+def test_a_target_grades_each_candidate_on_its_split_and_not_an_initial_system(service: Grader, visibility: str, split: str, items: int) -> None:
+    QUEUE.clear()
+    status = register_task(service, target(f"bm_{visibility}", visibility))
+    assert (status.initial_status, status.reference_status) == (None, None)
+    assert target_scores(service, f"bm_{visibility}") == {"candidate-01": None, "candidate-02": None}
+    with service.db.session() as s:
+        queued = [s.get(Evaluation, eval_id) for eval_id in QUEUE]
+        assert sorted((ev.candidate, ev.split, ev.items_total, ev.run_id, ev.hold_id) for ev in queued) == [
+            ("candidate-01", split, items, None, None), ("candidate-02", split, items, None, None)]
+    for eval_id in list(QUEUE):
+        worker.run_evaluation(service, eval_id)
+    scores = target_scores(service, f"bm_{visibility}")
+    assert (scores["candidate-01"].value, scores["candidate-02"].value, scores["candidate-02"].n) == (0.0, 1.0, items)
