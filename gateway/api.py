@@ -21,7 +21,7 @@ from fastapi.responses import HTMLResponse, Response, StreamingResponse
 from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
-from gateway import benchmarks, finetuning, leaderboard, pages, reports, runs
+from gateway import benchmarks, evaluator, finetuning, leaderboard, pages, reports, runs
 from gateway.schemas import (
     BenchmarkOut,
     BudgetOut,
@@ -502,7 +502,10 @@ async def validate_grader(req: GraderValidateParams, caller: AgentDep) -> Grader
 
 @agent_router.get("/models", tags=["inference"], summary="List base models")
 async def list_models(gw: GatewayDep, caller: AgentDep) -> Page[ModelOut]:
-    """OpenAI-style model list of servable base models; checkpoints (``ckpt_…``) are served too."""
+    """OpenAI-style model list of servable base models; checkpoints (``ckpt_…``) are served too. On the evaluator
+    track: the run's candidates (``candidate-01`` …), and nothing else."""
+    if evaluator.on_track(caller):
+        return evaluator.models(gw, caller)
     return await gw.inference.list_models(ctx=caller.ctx)
 
 
@@ -530,7 +533,12 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: M
     """``model`` is a base model name or one of the run's ``ckpt_…``. Prompt and completion tokens are charged (the
     worst case is held first: 402 when the budget cannot cover it). Every OpenAI parameter is honoured or refused with
     a 422 naming it. ``stream: true`` answers with server-sent events; a client that disconnects pays for the tokens
-    generated until then."""
+    generated until then. On the evaluator track ``model`` is one of the run's candidates (``candidate-01`` …), answered by
+    its system and named in the answer, never the model behind it; any other model is a 422 naming ``model``."""
+    if evaluator.on_track(caller):
+        if req.stream:
+            return await relay(evaluator.chat_stream(gw, caller, req))  # type: ignore[return-value]
+        return await evaluator.chat(gw, caller, req)
     if req.stream:
         return await relay(gw.inference.chat_completions_stream(caller.ctx, req))  # type: ignore[return-value]
     return await gw.inference.chat_completions(caller.ctx, req)
@@ -540,7 +548,10 @@ async def chat_completions(req: ChatCompletionRequest, gw: GatewayDep, caller: M
                    responses=STREAMED | problem_responses(Unauthorized, RunExpired, Unprocessable, PaymentRequired))
 async def completions(req: CompletionRequest, gw: GatewayDep, caller: MutatingAgentDep) -> Completion:
     """The model continues ``prompt`` as given, without the chat template; ``echo`` with ``logprobs`` returns the
-    prompt tokens' log-probabilities (what log-likelihood evaluation tools read). Charged as chat completions."""
+    prompt tokens' log-probabilities (what log-likelihood evaluation tools read). Charged as chat completions. Refused
+    on the evaluator track (422 naming ``model``): its candidates are chat systems."""
+    if evaluator.on_track(caller):
+        evaluator.refuse_completions(req.model)
     if req.stream:
         return await relay(gw.inference.completions_stream(caller.ctx, req))  # type: ignore[return-value]
     return await gw.inference.completions(caller.ctx, req)

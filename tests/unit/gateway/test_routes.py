@@ -626,3 +626,50 @@ def test_mcp_answers_post_only_and_counts_each_request_once_against_the_keys_rat
         refused = http.post("/mcp", json=init, headers=key | accept)  # a JSON-RPC error the MCP client shows, not an opaque 429
         assert refused.status_code == 200 and refused.json()["error"]["message"].startswith("429 rate_limited")
         assert refused.json()["error"]["data"]["status"] == 429 and refused.json()["id"] == init["id"]
+
+
+# --------------------------------------------------------------------------- the evaluator track
+
+
+def evaluator_benchmark() -> dict[str, Any]:
+    doc = {k: v for k, v in TEST_BENCHMARK.items() if k not in ("suite", "initial_system", "reference", "recipe")}
+    return {**doc, "name": f"evaluator-{new_id('bm')[3:]}", "track": "evaluator",
+            "candidates": [{"model": MODEL, "harness": {"system_prompt": f"You are system {i}.", "max_tokens": 8}} for i in range(3)],
+            "tasks": [{"name": "dev", "target": "development", "suite": TEST_BENCHMARK["suite"]},
+                      {"name": "hidden", "target": "sealed", "suite": TEST_BENCHMARK["suite"]}]}
+
+
+def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_names(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    _, agent = served.new_run(evaluator_benchmark())
+    assert [m["id"] for m in served.http.get("/v1/models", headers=agent).json()["data"]] == ["candidate-01", "candidate-02", "candidate-03"]
+
+    def answer(request: httpx.Request) -> httpx.Response:
+        body = json.loads(request.content)
+        if body["messages"][-1]["content"] == "too long":
+            return httpx.Response(422, json=problem(422, "context_exceeded", f"the prompt does not fit {body['model']}'s context", field="messages"))
+        if body.get("stream"):
+            events = "".join(f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'created': 0, 'model': body['model'], 'choices': []})}\n\n"
+                             for _ in range(3))
+            async def chunks() -> Any:  # in pieces that split the events, as a network may
+                text = (events + "data: [DONE]\n\n").encode()
+                for i in range(0, len(text), 50):
+                    yield text[i:i + 50]
+
+            return httpx.Response(200, content=chunks(), headers={"content-type": "text/event-stream"})
+        return httpx.Response(200, json={**COMPLETION, "model": body["model"]})
+
+    calls = served.answering("inference", answer, monkeypatch)
+    ask = {"model": "candidate-02", "messages": [{"role": "user", "content": "1 + 1 ="}], "max_tokens": 64}
+    resp = served.http.post("/v1/chat/completions", json=ask, headers=agent)
+    assert resp.status_code == 200 and resp.json()["model"] == "candidate-02" and MODEL not in resp.text
+    sent = json.loads(calls[-1].content)
+    assert sent["model"] == MODEL and sent["messages"][0]["role"] == "system" and sent["max_tokens"] == 8  # the candidate's harness applied
+    stream = served.http.post("/v1/chat/completions", json={**ask, "stream": True}, headers=agent)
+    assert stream.status_code == 200 and stream.text.count('"model":"candidate-02"') == 3 and MODEL not in stream.text
+    refused = assert_problem(served.http.post("/v1/chat/completions", json={**ask, "messages": [{"role": "user", "content": "too long"}]}, headers=agent), 422)
+    assert "candidate-02" in refused["detail"] and MODEL not in json.dumps(refused)
+    for model in (MODEL, "candidate-04", "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"):
+        assert assert_problem(served.http.post("/v1/chat/completions", json={**ask, "model": model}, headers=agent), 422)["field"] == "model"
+    legacy = served.http.post("/v1/completions", json={"model": "candidate-02", "prompt": "1 + 1 ="}, headers=agent)
+    assert assert_problem(legacy, 422)["field"] == "model"
+    assert len(calls) == 3  # nothing refused reached inference

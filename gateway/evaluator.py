@@ -1,0 +1,108 @@
+"""The evaluator track at the gateway: a run reaches its benchmark's candidate systems only under their opaque names.
+
+On an evaluator-track run, inference serves exactly the candidates (``candidate-01`` …, :mod:`services.common.candidates`):
+
+- ``GET /v1/models`` lists them, and nothing else;
+- ``POST /v1/chat/completions`` with ``model: candidate-NN`` is answered by that candidate's system (its harness applied,
+  :func:`services.common.candidates.candidate_request`), metered as any call of the run, its answer, stream events and
+  errors naming the candidate, never the model behind it; any other ``model`` is a 422 naming ``model``;
+- legacy ``POST /v1/completions`` is refused (422 naming ``model``): a candidate is a chat system.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+from collections.abc import AsyncIterator
+from typing import Any
+
+from gateway.benchmarks import candidates_of
+from gateway.service import Caller, Gateway
+from services.common.candidates import candidate_request, renamed
+from services.common.contracts import Page, SystemSpec
+from services.common.errors import Unprocessable, UpstreamProblem
+from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ModelOut
+
+TRACK = "evaluator"
+
+
+def on_track(caller: Caller) -> bool:
+    """Whether ``caller``'s run is on the evaluator track."""
+    return caller.run.track == TRACK
+
+
+def candidates(gw: Gateway, caller: Caller) -> dict[str, SystemSpec]:
+    """The run's candidates by opaque name: the names its benchmark's targets were registered with
+    (:func:`gateway.benchmarks.candidates_of`)."""
+    return candidates_of(gw, caller.benchmark)
+
+
+def models(gw: Gateway, caller: Caller) -> Page[ModelOut]:
+    """The candidates as OpenAI models."""
+    return Page[ModelOut](data=[ModelOut(id=name) for name in candidates(gw, caller)])
+
+
+def _system(gw: Gateway, caller: Caller, model: str) -> SystemSpec:
+    served = candidates(gw, caller)
+    if model not in served:
+        raise Unprocessable(f"model {model!r}: an evaluator-track run calls its candidates only ({', '.join(served)})", field="model")
+    return served[model]
+
+
+def refuse_completions(model: str) -> None:
+    """Legacy completions on the evaluator track: always a 422 naming ``model``."""
+    raise Unprocessable(f"model {model!r}: a candidate is a chat system; call it with POST /v1/chat/completions", field="model")
+
+
+def _masked(value: Any, model: str, name: str) -> Any:
+    """``value`` (a problem or an event) with every mention of ``model`` replaced by ``name``."""
+    if isinstance(value, str):
+        return value.replace(model, name)
+    if isinstance(value, dict):
+        return {k: _masked(v, model, name) for k, v in value.items()}
+    if isinstance(value, list):
+        return [_masked(v, model, name) for v in value]
+    return value
+
+
+async def chat(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -> ChatCompletion:
+    """A non-streamed chat completion of the candidate ``req.model`` (see the module docstring)."""
+    system = _system(gw, caller, req.model)
+    try:
+        out = await gw.inference.chat_completions(caller.ctx, candidate_request(req, system))
+    except UpstreamProblem as exc:
+        raise UpstreamProblem(_masked(exc.problem, system.model, req.model)) from None
+    return renamed(out, req.model)
+
+
+@contextlib.asynccontextmanager
+async def chat_stream(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -> AsyncIterator[AsyncIterator[bytes]]:
+    """A streamed chat completion of the candidate ``req.model``: inference's server-sent events, each naming the
+    candidate. Opening it raises as :func:`chat` does."""
+    system = _system(gw, caller, req.model)
+    try:
+        async with gw.inference.chat_completions_stream(caller.ctx, candidate_request(req, system)) as chunks:
+            yield _renamed_events(chunks, system.model, req.model)
+    except UpstreamProblem as exc:
+        raise UpstreamProblem(_masked(exc.problem, system.model, req.model)) from None
+
+
+async def _renamed_events(chunks: AsyncIterator[bytes], model: str, name: str) -> AsyncIterator[bytes]:
+    """Server-sent events with ``model`` replaced by ``name`` in each ``data:`` event (events may span chunks)."""
+    pending = b""
+    async for chunk in chunks:
+        pending += chunk
+        *lines, pending = pending.split(b"\n")
+        yield b"".join(_renamed_line(line, model, name) + b"\n" for line in lines)
+    if pending:
+        yield _renamed_line(pending, model, name)
+
+
+def _renamed_line(line: bytes, model: str, name: str) -> bytes:
+    if not line.startswith(b"data: ") or line.strip() == b"data: [DONE]":
+        return line
+    try:
+        event = json.loads(line[6:])
+    except ValueError:
+        return line
+    return b"data: " + json.dumps(_masked(event, model, name), separators=(",", ":")).encode()
