@@ -261,7 +261,7 @@ async def upload_harness(gw: GatewayDep, caller: MutatingAgentDep,
     """Validated on upload (422 names the ``member``: absolute paths, ``..``, links out of the tree, device files,
     too many or too large members; or the ``harness.toml`` key), content-addressed and immutable. Needs the
     ``harness`` part editable. Use it with ``harness_archive`` in ``POST /v1/evaluations`` and ``/v1/submissions``."""
-    check_editable(caller, "harness", "uploading a harness archive")
+    check_editable(caller, evaluator.code_part(caller), "uploading a harness archive")
     limit = gw.settings.max_upload_bytes
     data = await file.read(limit + 1)
     if len(data) > limit:
@@ -572,7 +572,7 @@ async def create_evaluation(req: EvaluationCreate, gw: GatewayDep, caller: Mutat
     """
     caller = for_task(caller, task)
     if req.harness is not None or req.harness_archive is not None:
-        check_editable(caller, "harness", "evaluating with a custom harness")
+        check_editable(caller, evaluator.code_part(caller), "evaluating with a custom harness")
     return await gw.grader.create_evaluation(caller.ctx, req, limits=caller.benchmark.limits.evaluation_limits())
 
 
@@ -599,7 +599,7 @@ async def create_submission(req: SubmissionCreate, gw: GatewayDep, caller: Mutat
     ``final_submissions`` of the benchmark's limits is per task."""
     caller = for_task(caller, task)
     if req.harness is not None or req.harness_archive is not None:
-        check_editable(caller, "harness", "submitting a custom harness")
+        check_editable(caller, evaluator.code_part(caller), "submitting a custom harness")
     datasets = [DatasetDigest(id=d.id, sha256=d.sha256) for d in (await gw.trainer.list_datasets(caller.ctx)).data]  # what its audit reads
     return await gw.grader.create_submission(caller.ctx, req, max_submissions=caller.benchmark.limits.final_submissions, datasets=datasets)
 

@@ -13,10 +13,10 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import repository
 from gateway.models import Benchmark
-from gateway.schemas import BenchmarkFile, BenchmarkOut, TaskSpec
+from gateway.schemas import EVALUATOR_TASK, BenchmarkFile, BenchmarkOut, TaskSpec
 from gateway.service import Gateway
 from services.common.candidates import assign
-from services.common.contracts import BenchmarkBaselines, GradingSpec, SystemSpec
+from services.common.contracts import BenchmarkBaselines, EvaluatorBudget, EvaluatorTask, GradingSpec, SystemSpec, TargetRef
 from services.common.errors import Conflict, Unprocessable
 from services.common.ids import new_id
 
@@ -56,14 +56,20 @@ async def check_models(gw: Gateway, spec: BenchmarkFile) -> None:
             raise Unprocessable(f"{field}: {task.initial_system.model} has no thinking mode; leave it null or false", field=field)
 
 
-def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str, candidates: dict[str, SystemSpec] | None = None) -> GradingSpec:
-    """What the grader is told of one task of ``spec``, whose grader id is ``task_id``. A target's (the evaluator
-    track) carries the ``candidates`` by opaque name (default: named under an empty key, for checks that serve
-    none); its first candidate stands as its initial system, which is not graded."""
-    if task.target is not None:
+def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str, candidates: dict[str, SystemSpec] | None = None,
+                 task_ids: dict[str, str] | None = None) -> GradingSpec:
+    """What the grader is told of one task of ``spec``, whose grader id is ``task_id``. On the evaluator track a target's
+    and the track's own task carry the ``candidates`` by opaque name (default: named under an empty key, for checks that
+    serve none), whose first stands as the initial system, which is not graded; the own task also names its targets'
+    grader ids (``task_ids``, by task name)."""
+    if spec.track == "evaluator":
         candidates = candidates or assign(spec.candidates or [], "")
+        evaluator = None
+        if task.name == EVALUATOR_TASK:
+            targets = [TargetRef(name=t.name, task_id=(task_ids or {}).get(t.name, f"bm_{t.name}"), sealed=t.target == "sealed") for t in spec.tasks or []]
+            evaluator = EvaluatorTask(targets=targets, budget=spec.evaluator or EvaluatorBudget())
         return GradingSpec(task_id=task_id, task=task.name, suite=task.suite, initial_system=candidates["candidate-01"], evaluation=task.evaluation,
-                           audit=spec.audit, target=task.target, candidates=candidates)
+                           audit=spec.audit, target=task.target, candidates=candidates, evaluator=evaluator)
     assert task.initial_system is not None and task.reference is not None  # TaskSpec's rule
     return GradingSpec(task_id=task_id, task=task.name, suite=task.suite, initial_system=task.initial_system,
                        reference_system=task.reference.system, reference_score=task.reference.score, evaluation=task.evaluation, audit=spec.audit)
@@ -96,8 +102,8 @@ async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
     ids = {t.name: bm_id if spec.tasks is None else new_id("bm") for t in tasks}
     warnings: list[str] = []
     candidates = candidates_of(gw, spec)
-    for t in tasks:
-        warnings += (await gw.grader.register_task(grading_spec(spec, t, ids[t.name], candidates))).warnings
+    for t in sorted(tasks, key=lambda t: t.name == EVALUATOR_TASK):  # the evaluator track's own task after its targets
+        warnings += (await gw.grader.register_task(grading_spec(spec, t, ids[t.name], candidates, ids))).warnings
 
     def store() -> BenchmarkOut:
         with gw.db.session() as s:

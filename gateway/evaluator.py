@@ -37,6 +37,12 @@ def candidates(gw: Gateway, caller: Caller) -> dict[str, SystemSpec]:
     return candidates_of(gw, caller.benchmark)
 
 
+def code_part(caller: Caller) -> str:
+    """The editable part a code archive belongs to: the evaluator on the evaluator track (its archives are
+    evaluators), else the harness."""
+    return "evaluator" if on_track(caller) else "harness"
+
+
 def models(gw: Gateway, caller: Caller) -> Page[ModelOut]:
     """The candidates as OpenAI models."""
     return Page[ModelOut](data=[ModelOut(id=name) for name in candidates(gw, caller)])

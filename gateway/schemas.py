@@ -130,6 +130,7 @@ class TaskSpec(BaseModel):
         return suite
 
 
+EVALUATOR_TASK = "evaluator"  # the evaluator track's own task (suite `evaluator`), registered beside its targets
 SINGLE_TASK = "main"  # the task name of a benchmark written with top-level suite/initial_system/reference
 
 
@@ -192,6 +193,8 @@ class BenchmarkFile(BaseModel):
             raise ValueError("the evaluator track needs candidates and a tasks list of targets")
         if any(t.target is None for t in self.tasks) or not any(t.target == "sealed" for t in self.tasks):
             raise ValueError("on the evaluator track every task is a target (target: development or sealed), at least one sealed")
+        if any(t.name == EVALUATOR_TASK or t.suite.name == EVALUATOR_TASK for t in self.tasks):
+            raise ValueError(f"a target is not named {EVALUATOR_TASK!r} nor of that suite: that is the track's own task")
         if len({c.model_dump_json() for c in self.candidates}) != len(self.candidates):
             raise ValueError("candidates must be different systems")
         if any(c.harness_archive for c in self.candidates):
@@ -199,10 +202,24 @@ class BenchmarkFile(BaseModel):
         if self.evaluator is None:
             self.evaluator = EvaluatorBudget()
 
+    def evaluator_task(self) -> TaskSpec | None:
+        """The evaluator track's own task (suite ``evaluator``, one item per candidate; ``None`` off the track): the one a
+        run's evaluations and final submission are for."""
+        if self.track != "evaluator" or not self.candidates:
+            return None
+        n = len(self.candidates)
+        names = [f"candidate-{i:02d}" for i in range(1, n + 1)]
+        return TaskSpec(name=EVALUATOR_TASK, target=None, initial_system=self.candidates[0], reference=ReferenceSpec(score=1.0),
+                        suite=SuiteSpec(name="evaluator", params={"candidates": names},
+                                        splits={"train": {"size": n}, "validation": {"size": n}, "test": {"size": n}}),
+                        evaluation=self.evaluation)
+
     def task_list(self) -> list[TaskSpec]:
-        """The benchmark's tasks (one called ``main`` for a single-task file), each with its evaluation settings."""
+        """The benchmark's tasks (one called ``main`` for a single-task file), each with its evaluation settings; on the
+        evaluator track, its own task (:meth:`evaluator_task`) first, then the targets."""
         if self.tasks is not None:
-            return [t if t.evaluation else t.model_copy(update={"evaluation": self.evaluation}) for t in self.tasks]
+            own = self.evaluator_task()
+            return ([own] if own else []) + [t if t.evaluation else t.model_copy(update={"evaluation": self.evaluation}) for t in self.tasks]
         return [TaskSpec(name=SINGLE_TASK, suite=self.suite, initial_system=self.initial_system, reference=self.reference,  # type: ignore[arg-type]
                          evaluation=self.evaluation)]
 

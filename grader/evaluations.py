@@ -41,6 +41,40 @@ def check_model(grader: Grader, ctx: RunContext, model: str) -> str:
         raise
 
 
+EVALUATOR_MODEL = "evaluator"
+"""The ``model`` of an evaluation of the evaluator track's own task: what runs is the evaluator, on every candidate."""
+
+
+def evaluated_model(grader: Grader, ctx: RunContext, spec: GradingSpec, model: str | None, harness_archive: str | None) -> tuple[str, str | None]:
+    """``(model, base model)`` of the system a run evaluates or submits for ``spec``'s task (:func:`check_model`); for
+    the evaluator track's own task ``(EVALUATOR_MODEL, None)``: it takes an evaluator (``harness_archive``) and no model.
+    Raises ``Unprocessable`` naming ``model`` or ``harness_archive``."""
+    if spec.evaluator is not None:
+        if model is not None:
+            raise Unprocessable("model: the evaluator track's task runs your evaluator on every candidate; give harness_archive only", field="model")
+        if harness_archive is None:
+            raise Unprocessable("harness_archive: required here: the evaluator (an archive of POST /v1/harnesses) to run on the candidates",
+                                field="harness_archive")
+        return EVALUATOR_MODEL, None
+    if model is None:
+        raise Unprocessable("model: required: a base model name or one of the run's ckpt_…", field="model")
+    return model, check_model(grader, ctx, model)
+
+
+def evaluator_usage(grader: Grader, spec: GradingSpec, candidates: list[str]) -> list[UsageItem]:
+    """The worst case of an evaluator run on each of ``candidates``: its budget's tokens (at most all prompt, at most
+    ``calls × max_tokens`` completion) at the candidate's model's prices, and its wall seconds in the sandbox."""
+    assert spec.evaluator is not None
+    budget, caps = spec.evaluator.budget, RolloutLimits.from_settings(grader.settings)
+    usage = []
+    for name in candidates:
+        model = spec.candidates[name].model
+        usage += [UsageItem(kind=UsageKind.prefill_tokens, quantity=budget.tokens, model=model),
+                  UsageItem(kind=UsageKind.decode_tokens, quantity=min(budget.tokens, budget.calls * budget.max_tokens), model=model)]
+    usage.append(UsageItem(kind=UsageKind.sandbox_seconds, quantity=math.ceil(min(caps.wall_s, budget.wall_s)) * len(candidates)))
+    return usage
+
+
 def prompt_upper_bound(harness: Harness, question: str, tools: list[dict[str, Any]] | None = None) -> int:
     """Upper bound of a call's prompt tokens: bytes of the messages and of the ``tools`` as JSON (a BPE token is
     ≥ 1 byte; ASCII-escaped JSON is never shorter than the UTF-8 text inference renders) + template overhead."""
@@ -112,13 +146,15 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
         check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
     if req.harness is not None:
         check_harness(req.harness)
-    base = check_model(grader, ctx, req.model)  # its price is the evaluated model's, not the initial system's
+    model, base = evaluated_model(grader, ctx, spec, req.model, req.harness_archive)  # its price is the evaluated model's
     suite = get_suite(spec.suite.name)
     archive = code_harness_for(grader, ctx, suite, req.harness, req.harness_archive)
     harness = harness_for(spec, req.harness)
     items = items[: req.limit] if req.limit else items
     k = spec.evaluation.samples
-    if archive is None and suite_converse(suite) is None:
+    if spec.evaluator is not None:
+        usage = evaluator_usage(grader, spec, [it.id for it in items])
+    elif archive is None and suite_converse(suite) is None:
         prefill = sum(prompt_upper_bound(harness, it.question, suite_tools(suite, it)) for it in items) * k
         usage = [UsageItem(kind=UsageKind.prefill_tokens, quantity=prefill, model=base),
                  UsageItem(kind=UsageKind.decode_tokens, quantity=harness.max_tokens * len(items) * k, model=base)]
@@ -134,7 +170,7 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
         with grader.db.session() as s:
             serialize(s, f"evaluations:{ctx.run_id}")  # the re-check and the insert are one step per run
             check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
-            ev = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="validation", split="validation", model=req.model, harness=harness,
+            ev = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="validation", split="validation", model=model, harness=harness,
                                            items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id, harness_archive=archive)
             out = evaluation_out(s, ev)
     except Exception:

@@ -84,6 +84,13 @@ def parse_output(stdout: str) -> Output:
     return Output(score=score, domains=domains, items=items, error=error)
 
 
+def candidate_score(stdout: str) -> float | None:
+    """The score an evaluator's output gives its candidate: its final score, else the weighted mean of the items it
+    finished, else ``None``."""
+    out = parse_output(stdout)
+    return out.score if out.score is not None else _weighted_mean(out.items)
+
+
 def _weighted_mean(items: list[tuple[float, float, str | None]]) -> float | None:
     total = sum(w for _, w, _ in items)
     return None if total <= 0 else sum(s * w for s, w, _ in items) / total

@@ -50,16 +50,22 @@ def register_task(grader: Grader, spec: GradingSpec) -> TaskRegistered:
                 for system in (spec.initial_system, spec.reference_system)]
     validation = splits.validation_split(spec)
     seed, public = splits.test_seed(grader.settings.grader_test_seed, spec), validation + splits.training_pool(spec, validation)
-    if collection := spec.suite.splits.test.collection:
+    if spec.evaluator is not None:  # the evaluator track's own task: every split is every candidate (public names)
+        test = validation
+    elif collection := spec.suite.splits.test.collection:
         test = splits.collection_split(spec, seed, imports.collection_items(grader, collection, spec.suite.name), public)
     else:
         test = splits.test_split(spec, seed, public)
     grader.store.put_items(spec.task_id, test)
-    warning = splits.enumerable_warning(spec, splits.item_space(spec))
+    warning = None if spec.evaluator else splits.enumerable_warning(spec, splits.item_space(spec))
     if warning:
         log.warning("enumerable task", task_id=spec.task_id, warning=warning)
     if spec.target is not None:
         return _register_target(grader, spec, validation, test)
+    if spec.evaluator is not None:  # nothing to grade until a run submits an evaluator
+        with grader.db.session() as s:
+            repository.add_task(s, spec, validation)
+        return TaskRegistered(**task_status(grader, spec.task_id).model_dump())
     with grader.db.session() as s:
         task = repository.add_task(s, spec, validation)
         baseline = {"run_id": None, "split": "test", "items_total": len(test)}

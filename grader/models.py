@@ -66,6 +66,7 @@ class Evaluation(JobColumns, Base):
     items_total: Mapped[int] = mapped_column(Integer)
     items_done: Mapped[int] = mapped_column(Integer, default=0)
     score: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
+    grade: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # an evaluator's evaluation: its EvaluatorGrade
     hold_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     attempts: Mapped[int] = mapped_column(Integer, default=0)
     error: Mapped[str | None] = mapped_column(Text, nullable=True)

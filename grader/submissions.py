@@ -6,7 +6,7 @@ from __future__ import annotations
 from sqlalchemy.orm import Session
 
 from grader import repository
-from grader.evaluations import check_model
+from grader.evaluations import evaluated_model
 from grader.grading_tasks import harness_for
 from grader.harness_archives import code_harness_for
 from grader.models import AGENT, PLATFORM, Evaluation, Submission
@@ -70,9 +70,10 @@ def create_submission(grader: Grader, ctx: RunContext, req: SubmissionGrading, m
     """
     if req.harness is not None:
         check_harness(req.harness)
-    check_model(grader, ctx, req.model)
     with grader.db.session() as s:
-        suite = get_suite(repository.spec(s, ctx.task_id).suite.name)
+        spec = repository.spec(s, ctx.task_id)
+    model, _ = evaluated_model(grader, ctx, spec, req.model, req.harness_archive)
+    suite = get_suite(spec.suite.name)
     archive = code_harness_for(grader, ctx, suite, req.harness, req.harness_archive)
     with grader.db.session() as s:
         serialize(s, f"submissions:{ctx.run_id}")  # two submissions at once cannot both see one left
@@ -81,9 +82,10 @@ def create_submission(grader: Grader, ctx: RunContext, req: SubmissionGrading, m
             raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s) for task {spec.task!r} "
                                          "(a grading that failed by the platform's fault is given back)", limit=max_submissions)
         harness = harness_for(spec, req.harness)
-        eval_id = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="submission", split="test", model=req.model, harness=harness,
+        eval_id = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="submission", split="test", model=model, harness=harness,
                                             items_total=spec.suite.splits.test.size, harness_archive=archive).id
-        out = submission_out(s, repository.add_submission(s, ctx, req, harness=harness, harness_archive=archive, evaluation_id=eval_id))
+        out = submission_out(s, repository.add_submission(s, ctx, req.model_copy(update={"model": model}), harness=harness, harness_archive=archive,
+                                                          evaluation_id=eval_id))
     grader.enqueue(eval_id)
     return out
 

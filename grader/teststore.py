@@ -103,6 +103,12 @@ class TestStore:
             rows = s.execute(select(TestOutcome.item_id, TestOutcome.sample, TestOutcome.score).where(TestOutcome.evaluation_id == evaluation_id))
             return {(i, k): sc for i, k, sc in rows}
 
+    def answers(self, evaluation_id: str) -> dict[tuple[str, int], str | None]:
+        """Answers already recorded for the evaluation, by (item id, sample)."""
+        with self.db.session() as s:
+            rows = s.execute(select(TestOutcome.item_id, TestOutcome.sample, TestOutcome.answer).where(TestOutcome.evaluation_id == evaluation_id))
+            return {(i, k): a for i, k, a in rows}
+
     def record(self, evaluation_id: str, item_id: str, sample: int, completion: str, answer: str | None, score: float,
                score_error: str | None = None) -> None:
         """Store one sample's outcome; ``score_error``: why the scorer could not score ``answer`` (then ``score`` is 0)."""

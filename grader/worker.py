@@ -18,7 +18,8 @@ from sqlalchemy.orm import Session
 
 from grader import repository
 from grader.audit import audit
-from grader.grading_tasks import train_pool
+from grader.evaluators import grade, run_evaluator
+from grader.grading_tasks import target_scores, train_pool
 from grader.harness_archives import HarnessManifest, archive_bytes, owned_archive
 from grader.model_endpoint import Binding, Call, ModelEndpoint
 from grader.models import AGENT, PLATFORM, Evaluation
@@ -30,7 +31,7 @@ from grader.service import Grader
 from grader.suites import Item, Suite, TurnLimitReached, get_suite, suite_canonical, suite_converse, suite_environment, suite_tools
 from services.common import artifacts, jobs
 from services.common.auth import RunContext
-from services.common.contracts import GradingSpec, Harness, RolloutTrajectory
+from services.common.contracts import CandidateEvaluation, GradingSpec, Harness, RolloutTrajectory, Score
 from services.common.db import database_unavailable, utcnow
 from services.common.errors import UpstreamProblem, UpstreamUnavailable
 from services.common.harness import extract_answer, render_messages
@@ -91,10 +92,14 @@ def failure_of(exc: BaseException) -> tuple[str, str]:
     return PLATFORM, f"{exc.__class__.__name__}: {exc}"
 
 
+class TargetsNotGraded(Exception):
+    """An evaluator's evaluation ended before its targets had graded every candidate: it is graded once they have."""
+
+
 def _unavailable(exc: BaseException) -> bool:
-    """A service is away (unreachable, or it answered 503 because one it needs is), or the grader's own database is
-    (restarting): worth retrying later."""
-    return isinstance(exc, UpstreamUnavailable) or (isinstance(exc, UpstreamProblem) and exc.status == 503) or database_unavailable(exc)
+    """A service is away (unreachable, or it answered 503 because one it needs is), the grader's own database is
+    (restarting), or an evaluator's targets are still grading: worth retrying later."""
+    return isinstance(exc, UpstreamUnavailable | TargetsNotGraded) or (isinstance(exc, UpstreamProblem) and exc.status == 503) or database_unavailable(exc)
 
 
 def _with_retries(call: Callable[[], T], backoff_s: float, attempts: int = 6) -> T:
@@ -266,7 +271,39 @@ class _EvaluationRun:
         by_item: dict[str, list[float]] = {}
         for (item_id, _sample), score in sorted(results.items()):
             by_item.setdefault(item_id, []).append(score)
+        if self.spec.evaluator is not None:
+            return self.evaluator_grade(), len(by_item)
         return aggregate(by_item, self.spec.evaluation.metric, self.k), len(by_item)
+
+    def evaluator_grade(self) -> Score:
+        """An evaluator's evaluation (the evaluator track's own task): its runs on the candidates graded against the
+        targets (:func:`grader.evaluators.grade`), written to the row's ``grade``, and its ``Score``: the mean pairwise
+        agreement. A pilot (validation) is graded against the development targets alone (their scores are the run's to
+        see); a final submission (test) against the sealed ones, the ceiling over all. Raises :class:`TargetsNotGraded`
+        while a target has not graded every candidate (the evaluation is queued again, :func:`run_evaluation`)."""
+        assert self.spec.evaluator is not None
+        if self.split == "test":
+            answers = {item: a for (item, _), a in self.grader.store.answers(self.eval_id).items()}
+        else:
+            with self.grader.db.session() as s:
+                answers = {t.item_id: t.answer for t in repository.trajectories(s, self.eval_id)}
+        results = {name: CandidateEvaluation.model_validate_json(a) if a else CandidateEvaluation(candidate=name, failure="no result")
+                   for name, a in answers.items()}
+        refs = [t for t in self.spec.evaluator.targets if self.split == "test" or not t.sealed]
+        targets: dict[str, dict[str, float]] = {}
+        for ref in refs:
+            scores = target_scores(self.grader, ref.task_id)
+            if any(v is None for v in scores.values()):
+                raise TargetsNotGraded(f"target {ref.name!r} has not graded every candidate yet")
+            targets[ref.name] = {c: v.value for c, v in scores.items() if v is not None}
+        graded = [t.name for t in refs if t.sealed] if self.split == "test" else [t.name for t in refs]
+        result = grade(results, targets, graded)
+        with self.grader.db.session() as s:
+            self.lease.row(s).grade = result.model_dump(mode="json")
+        lows = [t.ci_low for t in result.targets if t.ci_low is not None]
+        highs = [t.ci_high for t in result.targets if t.ci_high is not None]
+        return Score(value=result.pairwise_agreement or 0.0, n=len(results), metric="pairwise_agreement", k=1,
+                     ci_low=sum(lows) / len(lows) if lows else None, ci_high=sum(highs) / len(highs) if highs else None)
 
     def _items_and_done(self) -> tuple[list[Item], dict[tuple[str, int], float]]:
         """The split's first ``total`` items, and the scores of the samples an earlier attempt already wrote."""
@@ -341,25 +378,39 @@ class _EvaluationRun:
         return item.id, sample, score
 
     def rollout(self, item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
-        """A code harness's rollout of one sample: ``(score, answer, outcome)``; its sandbox seconds charged."""
+        """A code harness's rollout of one sample: ``(score, answer, outcome)``; its sandbox seconds charged. On the
+        evaluator track's own task the harness is an evaluator, run on the item's candidate
+        (:func:`grader.evaluators.run_evaluator`), and the answer is its :class:`CandidateEvaluation` as JSON."""
         code, settings = self.code, self.grader.settings
         assert code is not None
         key = f"{self.eval_id}:{item.id}:{sample}"
+        caps = RolloutLimits.from_settings(settings)
+        if self.spec.evaluator is not None:
+            result, outcome = run_evaluator(code.sandbox, code.endpoint, archive=code.data, archive_id=code.id, manifest=code.manifest,
+                                            candidate=item.id, system=self.spec.candidates[item.id], budget=self.spec.evaluator.budget, caps=caps,
+                                            ctx=self.ctx, hold_id=self.charged, key=key, context_tokens=self.spec.evaluation.context_tokens,
+                                            check=self.lease.check)
+            self.charge_sandbox(key, outcome.sandbox_s)
+            return result.score or 0.0, result.model_dump_json(), outcome
         binding = Binding(model=self.model, ctx=self.ctx, hold_id=self.charged, key=key, context_tokens=self.spec.evaluation.context_tokens,
                           max_tokens=self.spec.evaluation.max_tokens, max_calls=self.spec.evaluation.max_turns)
         outcome = run_rollout(code.sandbox, code.endpoint, archive=code.data, archive_id=code.id, manifest=code.manifest,
                               instruction=item.question, binding=binding, environment=suite_environment(self.suite, item),
-                              caps=RolloutLimits.from_settings(settings), check=self.lease.check, unbind_wait_s=settings.inference_timeout_s)
-        if self.charged and outcome.sandbox_s:
-            charged = self.charged
-            _with_retries(lambda: self.grader.ledger.charge_hold(charged, HoldCharge(
-                usage=[UsageItem(kind=UsageKind.sandbox_seconds, quantity=outcome.sandbox_s)], idempotency_key=f"{key}:sandbox")),
-                settings.upstream_retry_backoff_s)
+                              caps=caps, check=self.lease.check, unbind_wait_s=settings.inference_timeout_s)
+        self.charge_sandbox(key, outcome.sandbox_s)
         if outcome.reward is not None:
             return outcome.reward, None, outcome
         answer = storable(outcome.answer.strip()) if outcome.answer else None
         with self.scoring:
             return score_item(self.suite, answer, item)[0], answer, outcome
+
+    def charge_sandbox(self, key: str, sandbox_s: int) -> None:
+        """Charge a rollout's sandbox seconds to the evaluation's hold (validation only), once per ``key``."""
+        if self.charged and sandbox_s:
+            charged = self.charged
+            _with_retries(lambda: self.grader.ledger.charge_hold(charged, HoldCharge(
+                usage=[UsageItem(kind=UsageKind.sandbox_seconds, quantity=sandbox_s)], idempotency_key=f"{key}:sandbox")),
+                self.grader.settings.upstream_retry_backoff_s)
 
     def conversation(self, item: Item, sample: int) -> tuple[float, str | None, RolloutOutcome]:
         """A conversation the suite drives (``converse``): ``(score, None, outcome)``, the outcome's failure saying why a

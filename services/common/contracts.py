@@ -334,6 +334,38 @@ class AuditSettings(BaseModel):
     min_overlap: float = Field(0.5, gt=0.0, le=1.0, description="A test item is flagged when this share of its n-grams occurs in one dataset row.")
 
 
+class TargetRef(BaseModel):
+    """One target of an evaluator-track benchmark as its evaluator task knows it."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    name: str
+    task_id: str = Field(description="The target's grading task.")
+    sealed: bool
+
+
+class EvaluatorBudget(BaseModel):
+    """What a frozen evaluator may spend on each candidate it scores (the benchmark sets it): model calls, tokens
+    (prompt and completion, over all its calls), completion tokens per call, and wall-clock seconds in its sandbox.
+    A call made once calls or tokens are spent is a 429; at ``wall_s`` the sandbox is ended."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    calls: int = Field(200, ge=1, le=100_000, description="Model calls per candidate.")
+    tokens: int = Field(200_000, ge=1, le=100_000_000, description="Prompt and completion tokens per candidate.")
+    max_tokens: int = Field(256, ge=1, le=4096, description="Completion tokens per call at most.")
+    wall_s: float = Field(600.0, gt=0, le=86_400, description="Seconds per candidate in the sandbox.")
+
+
+class EvaluatorTask(BaseModel):
+    """The evaluator track's own task: its targets (development and sealed) and the evaluator's budget per candidate."""
+
+    model_config = ConfigDict(extra="forbid")
+
+    targets: list[TargetRef] = Field(min_length=1)
+    budget: EvaluatorBudget = Field(default_factory=lambda: EvaluatorBudget())
+
+
 class GradingSpec(BaseModel):
     """What the grader needs to know about a benchmark (sent by the gateway when it is registered)."""
 
@@ -350,14 +382,19 @@ class GradingSpec(BaseModel):
     target: Literal["development", "sealed"] | None = Field(None, description=(
         "An evaluator-track target: each of `candidates` is graded on it instead of the initial system, on its validation split "
         "(development: the scores are shown to the run) or its hidden test split (sealed: they never leave the grader)."))
-    candidates: dict[CandidateName, SystemSpec] = Field(default_factory=dict, description="A target's candidate systems by opaque name.")
+    candidates: dict[CandidateName, SystemSpec] = Field(default_factory=dict, description=(
+        "The evaluator track's candidate systems by opaque name (a target's, and the evaluator task's)."))
+    evaluator: EvaluatorTask | None = Field(None, validate_default=True, description=(
+        "The evaluator track's own task (suite `evaluator`, one item per candidate): the targets its evaluators are graded "
+        "against and what an evaluator may spend per candidate."))
 
-    @field_validator("candidates")
+    @field_validator("evaluator")
     @classmethod
-    def _target_has_candidates(cls, candidates: dict[str, SystemSpec], info: ValidationInfo) -> dict[str, SystemSpec]:
-        if (info.data.get("target") is None) != (not candidates):
-            raise PydanticCustomError("target_candidates", "a target needs candidates, and only a target has them")
-        return candidates
+    def _track_has_candidates(cls, evaluator: EvaluatorTask | None, info: ValidationInfo) -> EvaluatorTask | None:
+        track = info.data.get("target") is not None or evaluator is not None
+        if track != bool(info.data.get("candidates")):
+            raise PydanticCustomError("target_candidates", "a target or an evaluator task needs candidates, and only they have them")
+        return evaluator
 
 
 class EvaluationCreate(_OneHarness):
@@ -365,7 +402,8 @@ class EvaluationCreate(_OneHarness):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x", "split": "validation"}})
 
-    model: ModelName = Field(description="Base model name or `ckpt_…`.")
+    model: ModelName | None = Field(None, description="Base model name or `ckpt_…` (required, except for the evaluator track's own task, "
+                                                      "whose `harness_archive` is an evaluator run on the candidates).")
     harness: Harness | None = Field(None, description="A declarative harness; omit both harness fields for the suite's default.")
     harness_archive: HarnessArchiveId | None = Field(None, description="A code harness (`har_…`, `POST /v1/harnesses`) instead of `harness`.")
     split: Literal["validation"] = "validation"
@@ -500,7 +538,8 @@ class SubmissionCreate(_OneHarness):
 
     model_config = ConfigDict(extra="forbid", json_schema_extra={"example": {"model": "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"}})
 
-    model: ModelName
+    model: ModelName | None = Field(None, description="Base model name or `ckpt_…` (required, except for the evaluator track's own task, "
+                                                      "whose `harness_archive` is the evaluator to freeze).")
     harness: Harness | None = None
     harness_archive: HarnessArchiveId | None = Field(None, description="A code harness (`har_…`) instead of `harness`.")
     note: str | None = Field(None, max_length=2000)
@@ -613,19 +652,6 @@ class BenchmarkBaselines(BaseModel):
 
 
 # ----------------------------------------------------------------- the evaluator track
-
-
-class EvaluatorBudget(BaseModel):
-    """What a frozen evaluator may spend on each candidate it scores (the benchmark sets it): model calls, tokens
-    (prompt and completion, over all its calls), completion tokens per call, and wall-clock seconds in its sandbox.
-    A call made once calls or tokens are spent is a 429; at ``wall_s`` the sandbox is ended."""
-
-    model_config = ConfigDict(extra="forbid")
-
-    calls: int = Field(200, ge=1, le=100_000, description="Model calls per candidate.")
-    tokens: int = Field(200_000, ge=1, le=100_000_000, description="Prompt and completion tokens per candidate.")
-    max_tokens: int = Field(256, ge=1, le=4096, description="Completion tokens per call at most.")
-    wall_s: float = Field(600.0, gt=0, le=86_400, description="Seconds per candidate in the sandbox.")
 
 
 class CandidateEvaluation(BaseModel):

@@ -158,7 +158,10 @@ def _evaluator_track() -> dict:
 
 def test_an_evaluator_track_benchmark_has_candidates_and_targets_one_sealed() -> None:
     spec = parse_benchmark(_evaluator_track())
-    assert (spec.editable, [t.target for t in spec.task_list()], spec.evaluator.calls) == (["evaluator"], ["development", "sealed"], 50)  # type: ignore[union-attr]
+    assert (spec.editable, [(t.name, t.target) for t in spec.task_list()], spec.evaluator.calls) == (  # type: ignore[union-attr]
+        ["evaluator"], [("evaluator", None), ("dev", "development"), ("hidden", "sealed")], 50)
+    own = spec.task_list()[0]
+    assert (own.suite.name, own.suite.params, own.suite.splits.test.size) == ("evaluator", {"candidates": ["candidate-01", "candidate-02"]}, 2)
     for mutate, says in [
         (lambda d: d.pop("candidates"), "needs candidates"),
         (lambda d: d["tasks"][1].update(target="development"), "at least one sealed"),
@@ -167,6 +170,7 @@ def test_an_evaluator_track_benchmark_has_candidates_and_targets_one_sealed() ->
         (lambda d: d["candidates"].append(dict(d["candidates"][0])), "different systems"),
         (lambda d: d["candidates"].__setitem__(0, {"model": "smollm2-135m-instruct", "harness_archive": "har_01jd3k4m5n6p7q8r9s0t1v2w3x"}), "declarative"),
         (lambda d: d.update(track="joint"), "belong to the evaluator track"),
+        (lambda d: d["tasks"][0].update(name="evaluator"), "the track's own task"),
     ]:
         doc = _evaluator_track()
         mutate(doc)

@@ -22,14 +22,18 @@ from grader import worker
 from grader.app import create_app
 from grader.evaluators import grade, parse_output, run_evaluator
 from grader.grading_tasks import register_task, target_scores
-from grader.harness_archives import inspect_archive
+from grader.harness_archives import inspect_archive, store_archive
 from grader.model_endpoint import ModelEndpoint
 from grader.models import Evaluation
 from grader.rollouts import RolloutLimits
 from grader.sandboxes import get_sandbox
+from grader.schemas import SubmissionGrading
 from grader.service import Grader
 from grader.settings import GraderSettings
+from grader.submissions import create_submission
+from services.common.auth import RunContext
 from services.common.contracts import CandidateEvaluation, EvaluatorBudget, GradingSpec, Harness, SystemSpec
+from services.common.errors import Unprocessable
 from tests.archives import archive
 from tests.unit.grader.test_routes import GATEWAY_TOKEN, GRADER_TOKEN, stand_in
 
@@ -192,3 +196,70 @@ def test_a_target_grades_each_candidate_on_its_split_and_not_an_initial_system(s
         worker.run_evaluation(service, eval_id)
     scores = target_scores(service, f"bm_{visibility}")
     assert (scores["candidate-01"].value, scores["candidate-02"].value, scores["candidate-02"].n) == (0.0, 1.0, items)
+
+
+# --------------------------------------------------------------------------- an evaluator's final submission
+
+
+def evaluator_task(task_id: str, targets: dict[str, tuple[str, bool]]) -> GradingSpec:
+    return GradingSpec(task_id=task_id, task="evaluator", candidates={"candidate-01": BAD, "candidate-02": GOOD}, initial_system=BAD,
+                       suite={"name": "evaluator", "params": {"candidates": ["candidate-01", "candidate-02"]},
+                              "splits": {"train": {"size": 2}, "validation": {"size": 2}, "test": {"size": 2}}},
+                       evaluation={"max_tokens": 16}, evaluator={"targets": [{"name": n, "task_id": t, "sealed": sealed} for n, (t, sealed) in targets.items()],
+                                                                 "budget": {"calls": 10, "tokens": 10_000, "max_tokens": 16, "wall_s": 30}})
+
+
+def graded_targets(service: Grader, prefix: str, run: bool = True) -> dict[str, tuple[str, bool]]:
+    QUEUE.clear()
+    register_task(service, target(f"{prefix}_dev", "development"))
+    register_task(service, target(f"{prefix}_sealed", "sealed"))
+    for eval_id in list(QUEUE) if run else []:
+        worker.run_evaluation(service, eval_id)
+    return {"dev": (f"{prefix}_dev", False), "hidden": (f"{prefix}_sealed", True)}
+
+
+def submit(service: Grader, task_id: str, data: bytes, **req: Any) -> Any:
+    ctx = RunContext(run_id="run_evaluator", task_id=task_id)
+    archive_id = store_archive(service, ctx.run_id, data).id
+    return create_submission(service, ctx, SubmissionGrading(harness_archive=archive_id, **req), max_submissions=5)
+
+
+def test_a_frozen_evaluator_is_run_on_every_candidate_and_graded_against_the_sealed_targets(service: Grader) -> None:
+    status = register_task(service, evaluator_task("bm_evaluator", graded_targets(service, "bm_final")))
+    assert (status.validation_items, status.test_items, status.initial_status) == (2, 2, None)
+    sub = submit(service, "bm_evaluator", evaluator())
+    worker.run_evaluation(service, QUEUE[-1])
+    with service.db.session() as s:
+        ev = s.get(Evaluation, QUEUE[-1])
+        assert (ev.status, ev.model, ev.score["value"], ev.score["metric"], ev.score["n"]) == ("succeeded", "evaluator", 1.0, "pairwise_agreement", 2)
+        grade_ = ev.grade
+    assert [t["target"] for t in grade_["targets"]] == ["hidden"] and grade_["targets"][0]["ceiling"] == 1.0  # the dev target agrees
+    assert (grade_["candidates"], grade_["model_calls"], grade_["failed"], sub.model) == (2, 10, 0, "evaluator")
+    answers = service.store.answers(QUEUE[-1])
+    assert json.loads(answers[("candidate-02", 0)])["score"] == 1.0 and "smollm2" not in json.dumps(list(answers.values()))
+
+
+def test_an_evaluator_takes_an_archive_and_no_model(service: Grader) -> None:
+    register_task(service, evaluator_task("bm_evaluator_fields", graded_targets(service, "bm_fields")))
+    ctx = RunContext(run_id="run_evaluator", task_id="bm_evaluator_fields")
+    for req, field in (({"model": "smollm2-135m-instruct"}, "model"), ({}, "harness_archive")):
+        with pytest.raises(Unprocessable) as exc:
+            create_submission(service, ctx, SubmissionGrading(**req), max_submissions=5)
+        assert exc.value.extra["field"] == field
+
+
+def test_an_evaluator_finished_before_its_targets_is_graded_once_they_are(service: Grader) -> None:
+    targets = graded_targets(service, "bm_later", run=False)
+    target_evals = list(QUEUE)
+    register_task(service, evaluator_task("bm_evaluator_later", targets))
+    submit(service, "bm_evaluator_later", evaluator(items=2))
+    eval_id = QUEUE[-1]
+    worker.run_evaluation(service, eval_id)
+    with service.db.session() as s:
+        assert s.get(Evaluation, eval_id).status == "queued"  # its candidates' runs are kept; only the grade waits
+    for target_eval in target_evals:
+        worker.run_evaluation(service, target_eval)
+    worker.run_evaluation(service, eval_id)
+    with service.db.session() as s:
+        ev = s.get(Evaluation, eval_id)
+        assert (ev.status, ev.score["value"], ev.grade["model_calls"]) == ("succeeded", 1.0, 4)  # each candidate's run once
