@@ -65,6 +65,7 @@ from services.common.app import problem_json, validation_problem
 from services.common.contracts import (
     COLLECTION_NAME,
     BenchmarkBaselines,
+    CandidateScore,
     CheckpointOut,
     DatasetOut,
     EvaluationCreate,
@@ -293,6 +294,15 @@ async def train_sample(gw: GatewayDep, caller: AgentDep, offset: int = Query(0, 
     """Question/answer pairs of the task's public training pool, drawn from its train seed without the validation
     items; a function of the benchmark file alone (the hidden test split is drawn around it, never the reverse)."""
     return await gw.grader.train_sample(for_task(caller, task).ctx, offset=offset, limit=limit)
+
+
+@agent_router.get("/suite/candidate-scores", tags=["suite"], summary="A development target's score of each candidate (evaluator track)",
+                  responses=problem_responses(Unauthorized, NotFound))
+async def candidate_scores(gw: GatewayDep, caller: AgentDep, task: str | None = TaskQuery) -> Page[CandidateScore]:
+    """On the evaluator track: a development target's (``task``) score of each candidate on its validation split, to compare
+    an evaluator's scores with (``null`` until graded). A sealed target's are never shown: 404 for one, as for any task
+    that is not a development target."""
+    return await gw.grader.candidate_scores(for_task(caller, task).ctx)
 
 
 @agent_router.get("/suite/validation", tags=["suite"], summary="The visible validation items")

@@ -175,6 +175,11 @@ class Tools:
                            task: Task = None) -> Any:
         return (await self.call(ctx, "GET", "/v1/suite/train-sample", params=_params(offset=offset, limit=limit, task=task)))["data"]
 
+    @tool("Evaluator track: a development target's (`task`) score of each candidate, to compare your evaluator's scores with. Free. "
+          "A sealed target's scores are never shown (404).", read_only=True)
+    async def candidate_scores(self, ctx: Context, task: Task = None) -> Any:
+        return (await self.call(ctx, "GET", "/v1/suite/candidate-scores", params=_params(task=task)))["data"]
+
     @tool("The task's visible validation items (questions and answers). Free. The hidden test split is never shown.", read_only=True)
     async def validation_items(self, ctx: Context, task: Task = None) -> Any:
         return (await self.call(ctx, "GET", "/v1/suite/validation", params=_params(task=task)))["data"]
@@ -270,10 +275,12 @@ class Tools:
     @tool("Evaluate `model` on the validation split, with a declarative `harness` (prompt template, sampling …) or a code harness "
           "`harness_archive` (neither: the suite's default); `limit` grades only the first items. Runs in the background: poll "
           "evaluation. Costs inference tokens (and sandbox seconds for code harnesses), held first. Refused: 429 past the "
-          "evaluation rate limits (retry_after_s), 403 past the failed-evaluation limit or a harness the track locks, 402 over budget.")
-    async def create_evaluation(self, ctx: Context, model: str, harness: JsonObject | None = None, harness_archive: str | None = None,
+          "evaluation rate limits (retry_after_s), 403 past the failed-evaluation limit or a harness the track locks, 402 over budget. "
+          "Evaluator track: give only `harness_archive` (your evaluator), no `model`: it runs on each candidate (the first `limit`) and "
+          "is scored by its agreement with the development targets.")
+    async def create_evaluation(self, ctx: Context, model: str | None = None, harness: JsonObject | None = None, harness_archive: str | None = None,
                                 limit: Annotated[int | None, Field(ge=1)] = None, task: Task = None) -> Any:
-        body = {"model": model, "split": "validation"} | _params(harness=harness, harness_archive=harness_archive, limit=limit)
+        body = {"split": "validation"} | _params(model=model, harness=harness, harness_archive=harness_archive, limit=limit)
         return await self.call(ctx, "POST", "/v1/evaluations", json=body, params=_params(task=task))
 
     @tool("A validation evaluation's status, items graded so far and score (with its interval once done). Free.", read_only=True)
@@ -294,10 +301,11 @@ class Tools:
     # ------------------------------------------------------------------ submissions
 
     @tool("Submit the final system (`model`, optional `harness` or `harness_archive`) for grading on the task's hidden test split. "
-          "Not charged; only the aggregate score is returned. Refused: 403 once the benchmark's final submissions are used up.")
-    async def submit(self, ctx: Context, model: str, harness: JsonObject | None = None, harness_archive: str | None = None,
+          "Not charged; only the aggregate score is returned. Refused: 403 once the benchmark's final submissions are used up. "
+          "Evaluator track: give only `harness_archive` (the evaluator to freeze), no `model`.")
+    async def submit(self, ctx: Context, model: str | None = None, harness: JsonObject | None = None, harness_archive: str | None = None,
                      note: str | None = None, task: Task = None) -> Any:
-        body = {"model": model} | _params(harness=harness, harness_archive=harness_archive, note=note)
+        body = _params(model=model, harness=harness, harness_archive=harness_archive, note=note)
         return await self.call(ctx, "POST", "/v1/submissions", json=body, params=_params(task=task))
 
     @tool("A submission's status and, once graded, its hidden-test score. Free.", read_only=True)

@@ -105,12 +105,21 @@ async def run_card(gw: Gateway, caller: Caller) -> RunCard:
     spec = caller.benchmark
     subs = (await gw.grader.list_submissions(ctx=caller.ctx)).data
     tasks = []
+    evaluator_track = spec.track == "evaluator"
     for t in spec.task_list():
-        grading = await gw.grader.task_status(caller.tasks[t.name])
-        tasks.append({"name": t.name, "suite": t.suite.name, "params": t.suite.params, "validation_items": t.suite.splits.validation.size,
-                      "test_items": t.suite.splits.test.size, "initial_system": grading.initial_system.model_dump(mode="json"),
-                      "reference": t.reference.model_dump(exclude={"system"}) if t.reference else None, "evaluation": t.evaluation.model_dump()})
+        task: dict[str, Any] = {"name": t.name, "suite": t.suite.name, "params": t.suite.params, "validation_items": t.suite.splits.validation.size,
+                                "test_items": t.suite.splits.test.size, "evaluation": t.evaluation.model_dump() if t.evaluation else None}
+        if evaluator_track:  # a candidate's system is never shown: only its opaque name
+            task["target"] = t.target
+        else:
+            grading = await gw.grader.task_status(caller.tasks[t.name])
+            task |= {"initial_system": grading.initial_system.model_dump(mode="json"),
+                     "reference": t.reference.model_dump(exclude={"system"}) if t.reference else None}
+        tasks.append(task)
     benchmark = {"id": caller.run.benchmark_id, "name": spec.name, "description": spec.description, "tasks": tasks}
+    if evaluator_track:
+        benchmark |= {"candidates": [f"candidate-{i:02d}" for i in range(1, len(spec.candidates or []) + 1)],
+                      "evaluator": spec.evaluator.model_dump() if spec.evaluator else None}
     if len(tasks) == 1:
         benchmark |= {k: v for k, v in tasks[0].items() if k != "name"}
     left = int((caller.run.deadline_at - utcnow()).total_seconds())

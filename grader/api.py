@@ -17,6 +17,7 @@ from grader.service import Grader
 from services.common.auth import RunCaller, ServiceCaller, only_callers
 from services.common.contracts import (
     COLLECTION_NAME,
+    CandidateScore,
     EvaluationCreate,
     EvaluationLimits,
     EvaluationOut,
@@ -81,6 +82,11 @@ def task_status(task_id: str, grader: GraderDep, _caller: ServiceCaller) -> Grad
 @router.get("/suite/train-sample", summary="Items of the training pool")
 def train_sample(grader: GraderDep, ctx: RunCaller, offset: int = Query(0, ge=0, le=2**31), limit: int = Query(100, ge=1, le=10_000)) -> Page[SuiteItemOut]:
     return Page[SuiteItemOut](data=grading_tasks.train_sample(grader, ctx, offset, limit))
+
+
+@router.get("/suite/candidate-scores", summary="A development target's score of each candidate", responses=problem_responses(NotFound))
+def candidate_scores(grader: GraderDep, ctx: RunCaller) -> Page[CandidateScore]:
+    return Page[CandidateScore](data=grading_tasks.development_scores(grader, ctx))
 
 
 @router.get("/suite/validation", summary="The visible validation items")

@@ -14,6 +14,7 @@ from typing import Any
 from grader.schemas import DatasetDigest, LeaderboardEntry, SubmissionGrading, TaskRegistered
 from services.common.auth import RunContext
 from services.common.contracts import (
+    CandidateScore,
     EvaluationCreate,
     EvaluationLimits,
     EvaluationOut,
@@ -72,6 +73,10 @@ class GraderClient(ServiceAPI):
     def train_sample(self, ctx: RunContext, *, offset: int = 0, limit: int = 100) -> Page[SuiteItemOut]:
         """Items ``[offset, offset + limit)`` of the run's task's training pool."""
         return self._call("GET", "/internal/suite/train-sample", Page[SuiteItemOut], ctx=ctx, params={"offset": offset, "limit": limit})
+
+    def candidate_scores(self, ctx: RunContext) -> Page[CandidateScore]:
+        """The run's task's score of each candidate, the task being a development target of the evaluator track (404 otherwise)."""
+        return self._call("GET", "/internal/suite/candidate-scores", Page[CandidateScore], ctx=ctx)
 
     def validation(self, ctx: RunContext) -> Page[SuiteItemOut]:
         """Every visible validation item of the run's task."""

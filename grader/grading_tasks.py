@@ -15,7 +15,8 @@ from grader.schemas import TaskRegistered
 from grader.service import Grader
 from grader.suites import Item, get_suite
 from services.common.auth import RunContext
-from services.common.contracts import GradingSpec, GradingTaskStatus, Harness, Score, SuiteItemOut, SystemSpec
+from services.common.contracts import CandidateScore, GradingSpec, GradingTaskStatus, Harness, Score, SuiteItemOut, SystemSpec
+from services.common.errors import NotFound
 from services.common.harness import apply_settings, check_harness
 
 log = structlog.get_logger("grader")
@@ -102,6 +103,16 @@ def target_scores(grader: Grader, task_id: str) -> dict[str, Score | None]:
     with grader.db.session() as s:
         return {ev.candidate: Score(**ev.score) if ev.score and ev.status == "succeeded" else None
                 for ev in repository.candidate_evaluations(s, task_id) if ev.candidate}
+
+
+def development_scores(grader: Grader, ctx: RunContext) -> list[CandidateScore]:
+    """The run's task's score of each candidate, when that task is a development target; ``NotFound`` for any other
+    task (a sealed target's scores never leave the grader)."""
+    with grader.db.session() as s:
+        spec = repository.spec(s, ctx.task_id)
+    if spec.target != "development":
+        raise NotFound(f"task {spec.task!r} is not a development target: only a development target's candidate scores are shown")
+    return [CandidateScore(candidate=name, score=score) for name, score in target_scores(grader, ctx.task_id).items()]
 
 
 def task_status(grader: Grader, task_id: str) -> GradingTaskStatus:

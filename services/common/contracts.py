@@ -676,6 +676,14 @@ class CandidateEvaluation(BaseModel):
     failure: str | None = None
 
 
+class CandidateScore(BaseModel):
+    """A development target's score of one candidate (``None`` until graded): what the run may compare its evaluator
+    with. A sealed target's never leave the grader."""
+
+    candidate: CandidateName
+    score: Score | None = None
+
+
 class TargetAgreement(BaseModel):
     """How an evaluator's scores of the candidates agree with one target's (:mod:`grader.agreement`): the share of
     candidate pairs ordered alike with its 95 % bootstrap interval over pairs, Kendall's τ-b, Lin's concordance, and

@@ -27,7 +27,7 @@ from tests.mcp_client import over_http, run_mcp
 pytestmark = pytest.mark.e2e
 
 MODEL = "smollm2-135m-instruct"
-TOOLS = {"run_card", "budget", "run_report", "list_models", "train_sample", "validation_items", "upload_dataset", "list_datasets",
+TOOLS = {"run_card", "budget", "run_report", "list_models", "train_sample", "candidate_scores", "validation_items", "upload_dataset", "list_datasets",
          "create_training_job", "training_job", "list_training_jobs", "cancel_training_job", "chat", "list_harnesses", "download_harness",
          "upload_harness", "create_evaluation", "evaluation", "list_evaluations", "trajectories", "submit", "submission", "list_submissions", "note"}
 

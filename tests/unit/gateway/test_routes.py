@@ -33,6 +33,7 @@ from gateway.settings import GatewaySettings
 from grader.schemas import ContaminationReport, LeaderboardEntry, TaskRegistered
 from services.common.auth import RunContext
 from services.common.contracts import (
+    CandidateScore,
     EvaluationCreate,
     EvaluationLimits,
     EvaluationOut,
@@ -128,6 +129,12 @@ class Grader:
             reference_status="declared" if declared else "queued",
             initial_system=SystemSpec(model=spec.initial_system.model, harness=Harness(max_tokens=spec.evaluation.max_tokens)),
         )
+
+    async def candidate_scores(self, ctx: RunContext) -> Page[CandidateScore]:
+        spec = self.tasks[ctx.task_id]
+        if spec.target != "development":
+            raise UpstreamProblem(problem(404, "not_found", f"task {spec.task!r} is not a development target"))
+        return Page[CandidateScore](data=[CandidateScore(candidate=name) for name in spec.candidates])
 
     async def validation(self, ctx: RunContext) -> Page[SuiteItemOut]:
         spec = self.tasks[ctx.task_id]
@@ -642,6 +649,14 @@ def evaluator_benchmark() -> dict[str, Any]:
 def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_names(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     _, agent = served.new_run(evaluator_benchmark())
     assert [m["id"] for m in served.http.get("/v1/models", headers=agent).json()["data"]] == ["candidate-01", "candidate-02", "candidate-03"]
+    card = served.http.get("/v1/run", headers=agent)
+    assert card.status_code == 200 and MODEL not in card.text and "You are system" not in card.text
+    benchmark = card.json()["benchmark"]
+    assert benchmark["candidates"] == ["candidate-01", "candidate-02", "candidate-03"]
+    assert [(t["name"], t["target"]) for t in benchmark["tasks"]] == [("evaluator", None), ("dev", "development"), ("hidden", "sealed")]
+    dev = served.http.get("/v1/suite/candidate-scores", params={"task": "dev"}, headers=agent)
+    assert [c["candidate"] for c in dev.json()["data"]] == ["candidate-01", "candidate-02", "candidate-03"] and MODEL not in dev.text
+    assert_problem(served.http.get("/v1/suite/candidate-scores", params={"task": "hidden"}, headers=agent), 404)
 
     def answer(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)

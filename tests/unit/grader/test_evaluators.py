@@ -21,7 +21,7 @@ from inference_service.client import InferenceClient
 from grader import worker
 from grader.app import create_app
 from grader.evaluators import grade, parse_output, run_evaluator
-from grader.grading_tasks import register_task, target_scores
+from grader.grading_tasks import development_scores, register_task, target_scores
 from grader.harness_archives import inspect_archive, store_archive
 from grader.model_endpoint import ModelEndpoint
 from grader.models import Evaluation
@@ -33,7 +33,7 @@ from grader.settings import GraderSettings
 from grader.submissions import create_submission
 from services.common.auth import RunContext
 from services.common.contracts import CandidateEvaluation, EvaluatorBudget, GradingSpec, Harness, SystemSpec
-from services.common.errors import Unprocessable
+from services.common.errors import NotFound, Unprocessable
 from tests.archives import archive
 from tests.unit.grader.test_routes import GATEWAY_TOKEN, GRADER_TOKEN, stand_in
 
@@ -263,3 +263,13 @@ def test_an_evaluator_finished_before_its_targets_is_graded_once_they_are(servic
     with service.db.session() as s:
         ev = s.get(Evaluation, eval_id)
         assert (ev.status, ev.score["value"], ev.grade["model_calls"]) == ("succeeded", 1.0, 4)  # each candidate's run once
+
+
+def test_a_run_reads_a_development_targets_candidate_scores_and_never_a_sealed_ones(service: Grader) -> None:
+    targets = graded_targets(service, "bm_visible")
+    register_task(service, evaluator_task("bm_evaluator_visible", targets))
+    dev = development_scores(service, RunContext(run_id="run_evaluator", task_id=targets["dev"][0]))
+    assert [(c.candidate, c.score.value) for c in dev] == [("candidate-01", 0.0), ("candidate-02", 1.0)]  # type: ignore[union-attr]
+    for task_id in (targets["hidden"][0], "bm_evaluator_visible"):
+        with pytest.raises(NotFound, match="not a development target"):
+            development_scores(service, RunContext(run_id="run_evaluator", task_id=task_id))
