@@ -10,7 +10,7 @@ from starlette.concurrency import run_in_threadpool
 
 from gateway import repository
 from gateway.models import Benchmark, Run
-from gateway.schemas import LeaderboardRow, TaskScore
+from gateway.schemas import EVALUATOR_TASK, LeaderboardRow, TaskScore
 from gateway.service import Gateway
 from grader.schemas import LeaderboardEntry
 from services.common.contracts import GradingTaskStatus
@@ -24,7 +24,8 @@ async def leaderboard(gw: Gateway) -> list[LeaderboardRow]:
     was; until one is graded, the latest one shows its status; the grader picks it).
     Gap closed = (final − initial) / (reference − initial), with initial and reference scored by the grader on
     the same hidden split (or the reference score the benchmark declares). Over tasks: Avg = mean of the finals, gap closed = mean of the tasks' gaps, RSI-Index = mean of
-    (final − initial) / (1 − initial) (RSIGym's definition).
+    (final − initial) / (1 − initial) (RSIGym's definition). On the evaluator track a row is its frozen evaluator's
+    (the track's own task): final = mean pairwise agreement with the sealed targets, and its grade in ``evaluator``.
     """
     entries = (await gw.grader.leaderboard()).data
 
@@ -44,7 +45,10 @@ async def leaderboard(gw: Gateway) -> list[LeaderboardRow]:
             continue
         bm = benchmarks[run.benchmark_id]
         tasks = []
+        evaluator_track = bm.spec.get("track") == "evaluator"
         for name, task_id in bm.task_ids().items():
+            if evaluator_track and name != EVALUATOR_TASK:
+                continue  # targets take no submission: the row is the evaluator's
             if task_id not in baselines:
                 baselines[task_id] = await gw.grader.task_status(task_id)
             tasks.append(_task_score(name, baselines[task_id], by_task.get(task_id)))
@@ -66,6 +70,7 @@ async def leaderboard(gw: Gateway) -> list[LeaderboardRow]:
             validation_evaluations=max(e.validation_evaluations for e in by_task.values()),
             spent_usd=(await gw.ledger.get_balance(run.id)).spent_usd_micros / 1_000_000,
             elapsed_hours=(end - run.created_at).total_seconds() / 3600,
+            evaluator=next((e.grade for e in by_task.values() if e.grade), None) if evaluator_track else None,
         ))
     for name in {r.benchmark for r in rows}:
         ranked = sorted((r for r in rows if r.benchmark == name and r.final_score is not None), key=lambda r: -r.final_score)  # type: ignore[operator]

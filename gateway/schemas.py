@@ -15,6 +15,7 @@ from services.common.contracts import (
     EvaluationLimits,
     EvaluationSettings,
     EvaluatorBudget,
+    EvaluatorGrade,
     Recipe,
     SuiteSpec,
     SystemSpec,
@@ -375,6 +376,10 @@ class LeaderboardRow(BaseModel):
     validation_evaluations: int
     spent_usd: float
     elapsed_hours: float
+    evaluator: EvaluatorGrade | None = Field(None, description=(
+        "The evaluator track: the frozen evaluator's grade (its final score is the mean pairwise agreement with the sealed targets): per "
+        "sealed target the agreement with its 95% interval over candidate pairs, Kendall's tau, concordance and ceiling; its cost; its "
+        "failure modes (budget exhausted, answers truncated, a few items carrying a score)."))
 
 
 # --------------------------------------------------------------------------- the run report (gateway.reports)

@@ -24,6 +24,7 @@ from fastapi import APIRouter, Body, Depends, Header, Path, Request, Response
 from pydantic import BaseModel, ConfigDict, Field
 from trainer_service.schemas import LiveModelCreate, LoraSpec, SamplerCreate, SamplerSnapshot, SessionCreate
 
+from gateway import evaluator
 from gateway.api import GatewayDep
 from gateway.service import Caller, admit, apply_recipe_policy, check_deadline, check_editable
 from services.common.contracts import Recipe
@@ -170,7 +171,8 @@ async def finish_session(session_id: Annotated[str, Path(max_length=40)], gw: Ga
 
 @router.get("/get_server_capabilities", summary="The base models a training client may use")
 async def server_capabilities(gw: GatewayDep, caller: TinkerCaller) -> dict[str, Any]:
-    models = (await gw.inference.list_models(ctx=caller.ctx)).data
+    """None on the evaluator track, which trains nothing (and whose base models would hint at its candidates)."""
+    models = [] if evaluator.on_track(caller) else (await gw.inference.list_models(ctx=caller.ctx)).data
     return {"supported_models": [{"model_name": m.id, "trainable": True, "sampleable": True} for m in models if not m.id.startswith("ckpt_")]}
 
 

@@ -8,7 +8,7 @@ from typing import Literal
 
 from pydantic import BaseModel, Field
 
-from services.common.contracts import GradingTaskStatus, Score, SubmissionCreate
+from services.common.contracts import EvaluatorGrade, GradingTaskStatus, Score, SubmissionCreate
 from services.common.openai_protocol import ModelOut
 
 
@@ -59,6 +59,7 @@ class LeaderboardEntry(BaseModel):
     graded_at: dt.datetime | None = None
     validation_evaluations: int = Field(description="Validation evaluations the run has started, over all its tasks.")
     contamination: ContaminationReport | None = Field(None, description="The audit's counts (never which items); null until audited.")
+    grade: EvaluatorGrade | None = Field(None, description="An evaluator's final submission (the evaluator track): its grade.")
 
 
 class RolloutModels(BaseModel):

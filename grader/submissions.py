@@ -14,7 +14,7 @@ from grader.schemas import ContaminationReport, LeaderboardEntry, SubmissionGrad
 from grader.service import Grader
 from grader.suites import get_suite
 from services.common.auth import RunContext
-from services.common.contracts import Harness, Score, SubmissionOut
+from services.common.contracts import EvaluatorGrade, Harness, Score, SubmissionOut
 from services.common.db import serialize
 from services.common.errors import SubmissionLimitReached
 from services.common.harness import check_harness
@@ -116,9 +116,10 @@ def leaderboard_entries(grader: Grader) -> list[LeaderboardEntry]:
             if key not in counting or ev.status == "succeeded" or counting[key][1].status != "succeeded":
                 counting[key] = (sub, ev)
         out = []
-        for sub, _ev in counting.values():
+        for sub, ev in counting.values():
             o = submission_out(s, sub)
             out.append(LeaderboardEntry(submission_id=sub.id, run_id=sub.run_id, task_id=sub.task_id, status=o.status, score=o.score,
                                         graded_at=o.graded_at, validation_evaluations=repository.count_validation_evaluations(s, sub.run_id),
-                                        contamination=ContaminationReport(**sub.contamination) if sub.contamination else None))
+                                        contamination=ContaminationReport(**sub.contamination) if sub.contamination else None,
+                                        grade=EvaluatorGrade(**ev.grade) if ev.grade and o.status == "graded" else None))
         return out

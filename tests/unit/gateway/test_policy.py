@@ -241,6 +241,26 @@ def test_the_leaderboard_page_renders_tasks_rsi_index_intervals_and_contaminatio
     assert "&nbsp;&nbsp;main" not in html  # a one-task benchmark has no task lines
 
 
+def test_the_leaderboard_page_shows_an_evaluators_agreement_with_each_sealed_target_and_its_failure_modes() -> None:
+    from gateway.api import templates
+    from gateway.schemas import LeaderboardRow, TaskScore
+    from services.common.contracts import EvaluatorGrade, TargetAgreement
+
+    grade = EvaluatorGrade(pairwise_agreement=0.75, kendall_tau=0.5, concordance=0.4, ceiling=0.9, candidates=6, model_calls=120, prompt_tokens=9000,
+                           completion_tokens=1000, sandbox_s=40, exhausted=2, partial=2, failed=0, truncated_share=0.25, top_items_share=0.8,
+                           targets=[TargetAgreement(target="sums", pairwise_agreement=0.8, ci_low=0.6, ci_high=0.95, kendall_tau=0.6, concordance=0.5,
+                                                    ceiling=0.93),
+                                    TargetAgreement(target="tools", pairwise_agreement=0.7, kendall_tau=0.4, concordance=0.3, ceiling=0.87)])
+    task = TaskScore(task="evaluator", submission_id="sub_e", status="graded", initial_score=None, final_score=0.75, reference_score=None,
+                     gap_closed=None, n=6)
+    rows = [LeaderboardRow(rank=1, run_id="run_e", benchmark="evalresearch-mini", agent_name="agent-e", status="graded", tasks=[task],
+                           submission_id="sub_e", initial_score=None, final_score=0.75, reference_score=None, gap_closed=None, n=6,
+                           validation_evaluations=2, spent_usd=0.1, elapsed_hours=0.5, evaluator=grade)]
+    html = templates.env.get_template("leaderboard.html").render(rows=rows)
+    assert "sealed target" in html and "80.0%" in html and "60.0–95.0%" in html and "93.0%" in html and "0.60" in html
+    assert "budget out on 2" in html and "25.0% of answers cut" in html and "80.0% of a score on 3 items" in html
+
+
 def test_a_chunked_body_over_the_limit_is_refused_before_the_app_reads_it() -> None:
     from fastapi import Body
     from fastapi.testclient import TestClient
