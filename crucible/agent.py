@@ -12,6 +12,9 @@ job: its own loop of ``forward_backward`` (``cross_entropy`` on the answers' tok
 unmodified ``tinker`` SDK against the gateway's Tinker API, saving sampler weights (ordinary checkpoints of the run)
 where a job would checkpoint (:meth:`BaselineAgent.train_with_primitives`).
 
+On the evaluator track the agent builds an evaluator instead (:mod:`crucible.evaluator_agent`): a sample of the targets'
+public items and an exact-match grader, piloted on the candidates and frozen.
+
 A task whose system is a code harness (the terminal suite's) is improved through the harness instead, where the
 harness is editable: the agent downloads the suite's harness archive, edits its system prompt (:func:`edit_harness`),
 uploads the edited archive, evaluates it, and keeps whichever harness scores higher. Such a task's training pool has
@@ -31,6 +34,7 @@ import jinja2
 from rich.console import Console
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
+from crucible.evaluator_agent import evaluator_archive, sample_items
 from crucible.sdk import CrucibleAPIError, CrucibleClient
 
 DEFAULT_MAX_SEQ_LEN = 256  # the trainer's default recipe.max_seq_len (tokens)
@@ -66,6 +70,8 @@ class AgentConfig:
     evaluate_while_training: bool = True
     # "job": a recipe job of the trainer; "tinker": the agent's own SFT loop through Tinker's primitives (the tinker SDK)
     loop: str = "job"
+    # the evaluator track: public validation items per target its evaluator asks each candidate (fewer where the budget's calls are fewer)
+    evaluator_items: int = 12
 
     @classmethod
     def for_steps(cls, steps: int, method: str = "sft", adapter: str = "lora") -> AgentConfig:
@@ -329,10 +335,33 @@ class BaselineAgent:
                   f"{', '.join(t['name'] for t in card['benchmark']['tasks'])}); budget left {_usd(card['budget']['remaining_usd_micros'])}, "
                   f"{card['seconds_left'] / 3600:.2f} h left")
         several = len(card["benchmark"]["tasks"]) > 1
-        results = [self.run_task(t, card, t["name"] if several else None) for t in card["benchmark"]["tasks"]]
+        if card["track"] == "evaluator":
+            results = [self.run_evaluator(card)]
+        else:
+            results = [self.run_task(t, card, t["name"] if several else None) for t in card["benchmark"]["tasks"]]
         budget = c.budget()
         self.step(f"done: spent {_usd(budget['spent_usd_micros'])} of {_usd(budget['budget_usd_micros'])}")
         return AgentResult(tasks=results)
+
+    def run_evaluator(self, card: dict[str, Any]) -> TaskResult:
+        """The evaluator track (:mod:`crucible.evaluator_agent`): build a sample-and-exact-match evaluator from every
+        target's public validation items, pilot it on the candidates (agreement with the development targets), freeze it."""
+        c, bm = self.client, card["benchmark"]
+        targets = [t["name"] for t in bm["tasks"] if t.get("target")]
+        development = [t["name"] for t in bm["tasks"] if t.get("target") == "development"]
+        for name in development:
+            scores = {s["candidate"]: s["score"]["value"] if s["score"] else None for s in c.candidate_scores(task=name)}
+            self.step(f"[{name}] development target: " + ", ".join(f"{k} {_pct(v)}" for k, v in scores.items()))
+        budget = bm["evaluator"]
+        per_target = max(1, min(self.config.evaluator_items, budget["calls"] // max(1, len(targets))))
+        items = sample_items(c, targets, per_target)
+        archive = c.upload_harness(evaluator_archive(items, budget["max_tokens"]), name="sample-evaluator")
+        self.step(f"evaluator {archive['id']}: {len(items)} public items ({per_target} per target), exact match on the first number")
+        pilot = self.evaluate(None, None, f"evaluator {archive['id']} on {len(bm['candidates'])} candidates (agreement with development targets)",  # type: ignore[arg-type]
+                              "evaluator", harness_archive=archive["id"])
+        sub = self.submit_and_wait(None, "[evaluator] ", "evaluator", harness_archive=archive["id"])  # type: ignore[arg-type]
+        return TaskResult(task="evaluator", initial_validation=pilot, best_model="evaluator", best_validation=pilot, submission=sub,
+                          best_harness=archive["id"])
 
     def improve_harness(self, base: str, archive_id: str, label: str, task: str | None) -> tuple[str, float] | None:
         """Download the code harness ``archive_id``, edit it (:func:`edit_harness`), upload and evaluate it: ``(new archive

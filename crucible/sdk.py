@@ -75,6 +75,10 @@ class CrucibleClient(_GatewayClient):
     def validation_items(self, task: str | None = None) -> list[dict[str, Any]]:
         return self._call("GET", "/v1/suite/validation", params=_task({}, task))["data"]
 
+    def candidate_scores(self, task: str) -> list[dict[str, Any]]:
+        """Evaluator track: a development target's score of each candidate (``{"candidate", "score"}``)."""
+        return self._call("GET", "/v1/suite/candidate-scores", params=_task({}, task))["data"]
+
     # datasets
     def upload_dataset(self, data: bytes | Path, name: str = "dataset.jsonl") -> dict[str, Any]:
         """Upload JSONL bytes (or a file path) as a dataset."""
@@ -150,11 +154,12 @@ class CrucibleClient(_GatewayClient):
 
     # ------------------------------------------------------------------ evaluations
 
-    def create_evaluation(self, model: str, harness: dict[str, Any] | None = None, limit: int | None = None, task: str | None = None,
+    def create_evaluation(self, model: str | None, harness: dict[str, Any] | None = None, limit: int | None = None, task: str | None = None,
                           harness_archive: str | None = None) -> dict[str, Any]:
         """Evaluate ``model`` on validation with a declarative ``harness`` or the code harness ``harness_archive``
-        (neither: the suite's default)."""
-        body: dict[str, Any] = {"model": model, "split": "validation"}
+        (neither: the suite's default). On the evaluator track's own task: ``model`` ``None`` and the evaluator as
+        ``harness_archive``."""
+        body: dict[str, Any] = {"split": "validation"} | ({"model": model} if model is not None else {})
         if harness is not None:
             body["harness"] = harness
         if harness_archive is not None:
@@ -183,9 +188,10 @@ class CrucibleClient(_GatewayClient):
             time.sleep(poll_s)
 
     # submissions
-    def submit(self, model: str, harness: dict[str, Any] | None = None, note: str | None = None, task: str | None = None,
+    def submit(self, model: str | None, harness: dict[str, Any] | None = None, note: str | None = None, task: str | None = None,
                harness_archive: str | None = None) -> dict[str, Any]:
-        body: dict[str, Any] = {"model": model}
+        """Submit the final system (on the evaluator track's own task: ``model`` ``None``, the evaluator as ``harness_archive``)."""
+        body: dict[str, Any] = {"model": model} if model is not None else {}
         if harness is not None:
             body["harness"] = harness
         if harness_archive is not None:

@@ -16,8 +16,9 @@ from gateway.models import Benchmark
 from gateway.schemas import EVALUATOR_TASK, BenchmarkFile, BenchmarkOut, TaskSpec
 from gateway.service import Gateway
 from services.common.candidates import assign
-from services.common.contracts import BenchmarkBaselines, EvaluatorBudget, EvaluatorTask, GradingSpec, SystemSpec, TargetRef
+from services.common.contracts import BenchmarkBaselines, EvaluatorBudget, EvaluatorTask, GradingSpec, Harness, SystemSpec, TargetRef
 from services.common.errors import Conflict, Unprocessable
+from services.common.harness import apply_settings
 from services.common.ids import new_id
 
 
@@ -63,7 +64,7 @@ def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str, candidates: 
     serve none), whose first stands as the initial system, which is not graded; the own task also names its targets'
     grader ids (``task_ids``, by task name)."""
     if spec.track == "evaluator":
-        candidates = candidates or assign(spec.candidates or [], "")
+        candidates = candidates or named_candidates(spec, "")
         evaluator = None
         if task.name == EVALUATOR_TASK:
             targets = [TargetRef(name=t.name, task_id=(task_ids or {}).get(t.name, f"bm_{t.name}"), sealed=t.target == "sealed") for t in spec.tasks or []]
@@ -78,7 +79,15 @@ def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str, candidates: 
 def candidates_of(gw: Gateway, spec: BenchmarkFile) -> dict[str, SystemSpec]:
     """The benchmark's candidates by opaque name (:func:`services.common.candidates.assign` under the deployment's
     ``candidate_key``); empty off the evaluator track."""
-    return assign(spec.candidates, gw.settings.candidate_key or gw.settings.service_token) if spec.candidates else {}
+    return named_candidates(spec, gw.settings.candidate_key or gw.settings.service_token)
+
+
+def named_candidates(spec: BenchmarkFile, key: str) -> dict[str, SystemSpec]:
+    """``spec``'s candidates named under ``key``, each as evaluated: its harness (the default declarative harness when it
+    gives none, not a suite's: a candidate is one system on every target) with the benchmark's evaluation settings
+    applied, so the run's chat calls and the targets' gradings meet the same system."""
+    systems = [SystemSpec(model=c.model, harness=apply_settings(c.harness or Harness(), spec.evaluation)) for c in spec.candidates or []]
+    return assign(systems, key) if systems else {}
 
 
 async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:

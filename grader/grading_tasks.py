@@ -125,9 +125,13 @@ def task_status(grader: Grader, task_id: str) -> GradingTaskStatus:
         reference = repository.evaluation(s, task.reference_evaluation_id) if task.reference_evaluation_id else None
         declared = (Score(value=spec.reference_score, n=0, metric=spec.evaluation.metric, k=spec.evaluation.samples)
                     if spec.reference_score is not None else None)
+        initial_status = initial.status if initial else None
+        if spec.target is not None:  # a target's baselines are its gradings of the candidates: their state summed up
+            states = {ev.status for ev in repository.candidate_evaluations(s, task_id)}
+            initial_status = next((x for x in ("failed", "cancelled", "running", "queued") if x in states), "succeeded")
         return GradingTaskStatus(
             task_id=task_id, validation_items=repository.count_validation_items(s, task_id), test_items=spec.suite.splits.test.size,
-            initial=initial.score if initial else None, initial_status=initial.status if initial else None,  # type: ignore[arg-type]
+            initial=initial.score if initial else None, initial_status=initial_status,  # type: ignore[arg-type]
             reference=reference.score if reference else declared,  # type: ignore[arg-type]
             reference_status=reference.status if reference else ("declared" if declared else None),  # type: ignore[arg-type]
             initial_system=SystemSpec(model=spec.initial_system.model, harness_archive=archive,

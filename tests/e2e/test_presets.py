@@ -10,6 +10,7 @@ the embedded stack runs the main loop in ``tests/e2e/test_flows.py``.
 from __future__ import annotations
 
 import copy
+import json
 import uuid
 
 import httpx
@@ -103,4 +104,44 @@ def test_an_rsigym_run_on_another_track_gets_that_tracks_editable_space(stack, a
         client.validation_items()
     assert exc.value.status == 422 and exc.value.problem["field"] == "task"
     assert len(client.validation_items(task="tools")) == 4
+    client.close()
+
+
+def test_the_evaluator_preset_runs_end_to_end_and_never_shows_a_candidates_identity(stack, admin) -> None:  # noqa: ANN001
+    """evalresearch-mini at test scale (6 validation and 8 test items per target, 3 public items per target in the
+    evaluator): the targets grade the six candidates, the reference agent pilots a sample-and-exact-match evaluator and
+    freezes it, and the leaderboard shows its agreement with each sealed target. Nothing the run reads names a model."""
+    shipped = yaml.safe_load((ROOT / "benchmarks" / "evalresearch-mini.yaml").read_text())
+    doc = copy.deepcopy(shipped)
+    doc["name"] = f"evalresearch-mini-{uuid.uuid4().hex[:6]}"
+    for task in doc["tasks"]:
+        task["suite"]["splits"].update(train={"seed": task["suite"]["splits"]["train"]["seed"], "size": 8}, validation={
+            "seed": task["suite"]["splits"]["validation"]["seed"], "size": 6}, test={"size": 8})
+    bench = admin.load_benchmark(doc)
+    assert admin.wait_baselines(bench["name"], poll_s=0.5)["initial_status"] == "succeeded"  # every target graded every candidate
+
+    run = admin.create_run(bench["name"], "reference-evaluator")
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
+    card = client.run()
+    assert card["track"] == "evaluator" and card["benchmark"]["candidates"] == [f"candidate-{i:02d}" for i in range(1, 7)]
+    result = BaselineAgent(client, AgentConfig(evaluator_items=3, poll_s=0.5), Console(quiet=True)).run()
+    [task] = result.tasks
+    sub = task.submission
+    assert sub["status"] == "graded" and sub["score"]["metric"] == "pairwise_agreement" and sub["score"]["n"] == 6
+    assert 0.0 <= task.best_validation <= 1.0  # the pilot's agreement with the development targets
+
+    seen = [card, client._call("GET", "/v1/models"), client.evaluations(), client._call("GET", "/v1/submissions"), client.budget(), client.report()]
+    seen += [client.trajectories(e["id"]) for e in client.evaluations()]
+    seen += [client.candidate_scores(task=t["name"]) for t in card["benchmark"]["tasks"] if t.get("target") == "development"]
+    text = json.dumps(seen)
+    assert "smollm2" not in text and "Whatever you are asked" not in text  # no candidate's model or harness, anywhere
+    with pytest.raises(CrucibleAPIError) as exc:
+        client.candidate_scores(task="longer-sums")  # a sealed target
+    assert exc.value.status == 404
+
+    row = next(r for r in httpx.get(f"{stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
+    grade = row["evaluator"]
+    assert row["status"] == "graded" and [t["task"] for t in row["tasks"]] == ["evaluator"] and row["final_score"] == sub["score"]["value"]
+    assert [t["target"] for t in grade["targets"]] == ["longer-sums", "differences"] and grade["candidates"] == 6
+    assert grade["model_calls"] > 0 and all(t["ceiling"] is not None for t in grade["targets"])
     client.close()

@@ -21,7 +21,7 @@ from inference_service.client import InferenceClient
 from grader import worker
 from grader.app import create_app
 from grader.evaluators import grade, parse_output, run_evaluator
-from grader.grading_tasks import development_scores, register_task, target_scores
+from grader.grading_tasks import development_scores, register_task, target_scores, task_status
 from grader.harness_archives import inspect_archive, store_archive
 from grader.model_endpoint import ModelEndpoint
 from grader.models import Evaluation
@@ -186,7 +186,7 @@ def target(task_id: str, visibility: str) -> GradingSpec:
 def test_a_target_grades_each_candidate_on_its_split_and_not_an_initial_system(service: Grader, visibility: str, split: str, items: int) -> None:
     QUEUE.clear()
     status = register_task(service, target(f"bm_{visibility}", visibility))
-    assert (status.initial_status, status.reference_status) == (None, None)
+    assert (status.initial_status, status.reference_status) == ("queued", None)  # the candidates' gradings
     assert target_scores(service, f"bm_{visibility}") == {"candidate-01": None, "candidate-02": None}
     with service.db.session() as s:
         queued = [s.get(Evaluation, eval_id) for eval_id in QUEUE]
@@ -196,6 +196,7 @@ def test_a_target_grades_each_candidate_on_its_split_and_not_an_initial_system(s
         worker.run_evaluation(service, eval_id)
     scores = target_scores(service, f"bm_{visibility}")
     assert (scores["candidate-01"].value, scores["candidate-02"].value, scores["candidate-02"].n) == (0.0, 1.0, items)
+    assert task_status(service, f"bm_{visibility}").initial_status == "succeeded"
 
 
 # --------------------------------------------------------------------------- an evaluator's final submission
