@@ -18,6 +18,7 @@ from gateway.service import Caller, Gateway
 from services.common.auth import hash_secret, new_secret
 from services.common.contracts import EvaluationUsage
 from services.common.db import utcnow
+from services.common.errors import Unprocessable
 from services.common.ids import new_id
 from services.ledger.schemas import AccountCreate, Entry, Refund, RefundCreate
 
@@ -40,6 +41,9 @@ async def create_run(gw: Gateway, req: RunCreate) -> RunCreated:
             return b, BenchmarkFile.model_validate(b.spec)
 
     b, spec = await run_in_threadpool(find)
+    if req.track is not None and "evaluator" in (req.track, spec.track) and req.track != spec.track:
+        raise Unprocessable(f"track: a run of {spec.name!r} ({spec.track} track) cannot be on the {req.track} track: the evaluator track's "
+                            "benchmarks have candidates and targets, the others tasks to improve", field="track")
     budget = round(req.budget_usd * 1_000_000) if req.budget_usd else spec.budget.usd_micros
     hours = req.wall_clock_hours or spec.budget.wall_clock_hours
     run_id = new_id("run")

@@ -244,9 +244,9 @@ class RunCreate(BaseModel):
     agent_name: str = Field(min_length=1, max_length=200)
     budget_usd: float | None = Field(None, ge=0.000001, le=1_000_000, description="Override the benchmark's budget (USD, at least one micro-USD).")
     wall_clock_hours: float | None = Field(None, gt=0, le=24 * 365, description="Override the benchmark's wall-clock limit (hours).")
-    track: Literal["data", "trainer", "harness", "joint"] | None = Field(
+    track: Literal["data", "trainer", "harness", "joint", "evaluator"] | None = Field(
         None, description="Run the benchmark on another track than its file's (RSIGym runs the same tasks as Data, Harness and Joint); "
-                          "the editable space is then that track's preset.")
+                          "the editable space is then that track's preset. An evaluator-track benchmark runs on that track only (422).")
 
 
 class RefundRequest(BaseModel):

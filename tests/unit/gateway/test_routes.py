@@ -688,3 +688,7 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
     legacy = served.http.post("/v1/completions", json={"model": "candidate-02", "prompt": "1 + 1 ="}, headers=agent)
     assert assert_problem(legacy, 422)["field"] == "model"
     assert len(calls) == 3  # nothing refused reached inference
+    bm = served.load(evaluator_benchmark())
+    for benchmark, track in ((bm["id"], "joint"), (served.load({**TEST_BENCHMARK, "name": f"plain-{new_id('bm')[3:]}"})["id"], "evaluator")):
+        refused = served.http.post("/admin/runs", json={"benchmark": benchmark, "agent_name": "a", "track": track}, headers=ADMIN)
+        assert assert_problem(refused, 422)["field"] == "track"
