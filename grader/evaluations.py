@@ -48,7 +48,11 @@ EVALUATOR_MODEL = "evaluator"
 def evaluated_model(grader: Grader, ctx: RunContext, spec: GradingSpec, model: str | None, harness_archive: str | None) -> tuple[str, str | None]:
     """``(model, base model)`` of the system a run evaluates or submits for ``spec``'s task (:func:`check_model`); for
     the evaluator track's own task ``(EVALUATOR_MODEL, None)``: it takes an evaluator (``harness_archive``) and no model.
-    Raises ``Unprocessable`` naming ``model`` or ``harness_archive``."""
+    Raises ``Unprocessable`` naming ``model`` or ``harness_archive``, and naming ``task`` for an evaluator-track target
+    (it grades the candidates; a system graded on a sealed one would tell the run what it may not know)."""
+    if spec.target is not None:
+        raise Unprocessable(f"task: {spec.task!r} is a target of the evaluator track: it takes no evaluation or submission; evaluate and "
+                            "submit your evaluator on the task 'evaluator'", field="task")
     if spec.evaluator is not None:
         if model is not None:
             raise Unprocessable("model: the evaluator track's task runs your evaluator on every candidate; give harness_archive only", field="model")

@@ -92,7 +92,8 @@ def prepare_tiny_model() -> Path:
 
 
 # A stack's processes compute on every CPU, as `crucible up`'s do (whatever this process's own setting below).
-STACK_ENV = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0)))}
+STACK_ENV = {"OMP_NUM_THREADS": str(len(os.sched_getaffinity(0))),
+             "CRUCIBLE_CANDIDATE_KEY": "test-candidate-key"}  # the evaluator track's candidate names: alike in every test deployment
 
 if os.environ.get("PYTEST_XDIST_WORKER"):
     # Two workers on two cores: each computes on one thread. Two processes each running torch's default (a thread per

@@ -40,7 +40,7 @@ SEEDS = (1111, 2222)
 # What a final grade is made of (a submission's score; a leaderboard row's scores, intervals, audit result and the rank
 # they give), and the run's elapsed hours (a clock)
 GRADES = frozenset({"score", "initial_score", "final_score", "reference_score", "gap_closed", "rsi_index", "ci_low", "ci_high", "n",
-                    "final_ci", "contaminated", "contaminated_items", "contamination", "rank", "elapsed_hours"})
+                    "final_ci", "contaminated", "contaminated_items", "contamination", "rank", "elapsed_hours", "evaluator"})
 _ID = re.compile(r"\b(?:run|ds|job|ckpt|eval|sub|bm|crk|req|chatcmpl|ent|hold|har)[_-][0-9A-Za-z_-]{6,}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
 
@@ -50,8 +50,12 @@ def scaled(doc: dict) -> dict:
     outputs, its initial systems on the test-only model; training pools as shipped."""
     doc = copy.deepcopy(doc)
     doc["name"] = f"{doc['name']}-differential"
+    for i, candidate in enumerate(doc.get("candidates") or []):  # the evaluator track: greedy candidates, kept distinct
+        candidate["model"] = TINY_MODEL
+        candidate.setdefault("harness", {}).update(temperature=0.0, system_prompt=f"{candidate['harness'].get('system_prompt', '')} ({i})")
     for task in doc.get("tasks") or [doc]:
-        task["initial_system"]["model"] = TINY_MODEL
+        if "initial_system" in task:
+            task["initial_system"]["model"] = TINY_MODEL
         splits = task["suite"]["splits"]
         sandboxed = task["suite"]["name"] in ("terminal", "swe")  # each graded item a rollout of a code harness in a sandbox
         splits["test"]["size"] = 3 if sandboxed else 6
@@ -204,15 +208,20 @@ def _session(stack: Any, doc: dict) -> Transcript:
                                                                        "messages": [{"role": "user", "content": question}]}))
         # one item: the transformers engine pads the prompts it batches together, and in fp32 on a CPU a near tie between
         # two tokens can go either way with the padding, so which items share a batch (a matter of timing) must not vary
-        eval_id = log.add(f"POST evaluation {task}", http.post("/v1/evaluations", params=params, json={"model": TINY_MODEL, "limit": 1}))["id"]
-        client.wait_evaluation(eval_id, 0.5)
-        log.add(f"GET evaluation {task}", http.get(f"/v1/evaluations/{eval_id}"))
-        log.add(f"GET trajectories {task}", http.get(f"/v1/evaluations/{eval_id}/trajectories"))
+        ev = log.add(f"POST evaluation {task}", http.post("/v1/evaluations", params=params, json={"model": TINY_MODEL, "limit": 1}))
+        if "id" in ev:  # the evaluator track's tasks refuse a model (422, recorded): its evaluator is walked below
+            eval_id = ev["id"]
+            client.wait_evaluation(eval_id, 0.5)
+            log.add(f"GET evaluation {task}", http.get(f"/v1/evaluations/{eval_id}"))
+            log.add(f"GET trajectories {task}", http.get(f"/v1/evaluations/{eval_id}/trajectories"))
         log.add(f"POST bad evaluation {task}", http.post("/v1/evaluations", params=params, json={"model": "no-such-model"}))
         log.add(f"GET train-sample past the end {task}", http.get("/v1/suite/train-sample", params={**params, "offset": 10**6}))
         sub = log.add(f"POST submission {task}", http.post("/v1/submissions", params=params, json={"model": TINY_MODEL}), grades=True)
-        client.wait_submission(sub["id"], 0.5)
-        log.add(f"POST second submission {task}", http.post("/v1/submissions", params=params, json={"model": TINY_MODEL}), grades=True)
+        if "id" in sub:
+            client.wait_submission(sub["id"], 0.5)
+            log.add(f"POST second submission {task}", http.post("/v1/submissions", params=params, json={"model": TINY_MODEL}), grades=True)
+    if doc.get("track") == "evaluator":  # an evaluator piloted on the candidates, then frozen
+        eval_id, sub = _evaluator_session(client, http, log, [t["name"] for t in doc["tasks"] if t.get("target")])
     for path in ("/v1/run", "/v1/budget", "/v1/evaluations"):
         log.add(f"GET {path} at the end", http.get(path))
     ids = {"eval_id": eval_id, "sub_id": sub["id"]}  # the last task's
@@ -225,6 +234,25 @@ def _session(stack: Any, doc: dict) -> Transcript:
     log.add("leaderboard row", httpx.Response(200, json=row), grades=True)
     client.close()
     return log
+
+
+def _evaluator_session(client: CrucibleClient, http: Any, log: Transcript, targets: list[str]) -> tuple[str, dict]:
+    """The evaluator track's own calls: the development targets' candidate scores, a sealed target's (404), the reference
+    agent's evaluator piloted (its agreement with the development targets and each candidate's run) and frozen."""
+    from crucible.evaluator_agent import evaluator_archive, sample_items
+
+    for target in targets:
+        log.add(f"GET candidate-scores {target}", http.get("/v1/suite/candidate-scores", params={"task": target}))
+    archive = client.upload_harness(evaluator_archive(sample_items(client, targets, 1), max_tokens=4), name="evaluator")["id"]
+    params = {"task": "evaluator"}
+    eval_id = log.add("POST evaluator pilot", http.post("/v1/evaluations", params=params, json={"harness_archive": archive}))["id"]
+    client.wait_evaluation(eval_id, 0.5)
+    log.add("GET evaluator pilot", http.get(f"/v1/evaluations/{eval_id}"))
+    log.add("GET evaluator pilot trajectories", http.get(f"/v1/evaluations/{eval_id}/trajectories"))
+    sub = log.add("POST evaluator submission", http.post("/v1/submissions", params=params, json={"harness_archive": archive}), grades=True)
+    client.wait_submission(sub["id"], 0.5)
+    log.add("GET evaluator submission", http.get(f"/v1/submissions/{sub['id']}"), grades=True)
+    return eval_id, sub
 
 
 def _hidden_questions(stack: Any, name: str) -> set[str]:

@@ -240,13 +240,19 @@ def test_a_frozen_evaluator_is_run_on_every_candidate_and_graded_against_the_sea
     assert json.loads(answers[("candidate-02", 0)])["score"] == 1.0 and "smollm2" not in json.dumps(list(answers.values()))
 
 
-def test_an_evaluator_takes_an_archive_and_no_model(service: Grader) -> None:
-    register_task(service, evaluator_task("bm_evaluator_fields", graded_targets(service, "bm_fields")))
+def test_an_evaluator_takes_an_archive_and_no_model_and_a_target_takes_nothing(service: Grader) -> None:
+    targets = graded_targets(service, "bm_fields")
+    register_task(service, evaluator_task("bm_evaluator_fields", targets))
     ctx = RunContext(run_id="run_evaluator", task_id="bm_evaluator_fields")
     for req, field in (({"model": "smollm2-135m-instruct"}, "model"), ({}, "harness_archive")):
         with pytest.raises(Unprocessable) as exc:
             create_submission(service, ctx, SubmissionGrading(**req), max_submissions=5)
         assert exc.value.extra["field"] == field
+    for task_id, _ in targets.values():  # a system graded on a sealed target would tell the run what it may not know
+        with pytest.raises(Unprocessable) as exc:
+            create_submission(service, RunContext(run_id="run_evaluator", task_id=task_id), SubmissionGrading(model="smollm2-135m-instruct"),
+                              max_submissions=5)
+        assert exc.value.extra["field"] == "task"
 
 
 def test_an_evaluator_finished_before_its_targets_is_graded_once_they_are(service: Grader) -> None:
