@@ -84,11 +84,15 @@ def test_split(spec: GradingSpec, seed: int, public: list[Item]) -> list[Item]:
     suite = get_suite(spec.suite.name)
     size = spec.suite.splits.test.size
     questions, keys = frozenset(it.question for it in public), {item_key(suite, it) for it in public}
-    want = size
+    want, before = size, -1
     while True:  # draw more until enough are left once the reworded public items are out
         kept = [it for it in suite.generate(spec.suite.params, seed, want, split="test", exclude=questions) if item_key(suite, it) not in keys]
         if len(kept) >= size:
             return kept[:size]
+        if len(kept) <= before:  # drawing more gave nothing new: the task has no more items outside the public ones
+            raise Unprocessable(f"{spec.task}: only {len(kept)} test items exist outside the public splits; the test split asks for {size}",
+                                field="suite.splits.test.size")
+        before = len(kept)
         want += 2 * (size - len(kept))
 
 
@@ -160,6 +164,11 @@ def split_report(spec: GradingSpec) -> SplitReport:
     public = validation + training_pool(spec, validation)
     keys = {item_key(suite, it) for it in public}
     space = item_space(spec)
+    if spec.evaluator is not None:
+        return SplitReport(task=spec.task, suite=spec.suite.name, item_space=space, split_items=_split_items(spec), enumerable=False,
+                           public_items=len(keys), public_share_of_draws=1.0,
+                           warnings=[f"task {spec.task!r}: the evaluator track's own task; its items are the candidates' opaque names, public by "
+                                     "design: what stays hidden is the sealed targets' scores"])
     if collection := spec.suite.splits.test.collection:
         return SplitReport(task=spec.task, suite=spec.suite.name, item_space=space, split_items=_split_items(spec), enumerable=False,
                            public_items=len(keys), public_share_of_draws=0.0,

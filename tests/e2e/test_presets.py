@@ -108,7 +108,7 @@ def test_an_rsigym_run_on_another_track_gets_that_tracks_editable_space(stack, a
 
 
 def test_the_evaluator_preset_runs_end_to_end_and_never_shows_a_candidates_identity(stack, admin) -> None:  # noqa: ANN001
-    """evalresearch-mini at test scale (6 validation and 8 test items per target, 3 public items per target in the
+    """evalresearch-mini at test scale (4 validation and 4 test items per target, 2 public items per target in the
     evaluator): the targets grade the six candidates, the reference agent pilots a sample-and-exact-match evaluator and
     freezes it, and the leaderboard shows its agreement with each sealed target. Nothing the run reads names a model."""
     shipped = yaml.safe_load((ROOT / "benchmarks" / "evalresearch-mini.yaml").read_text())
@@ -116,7 +116,7 @@ def test_the_evaluator_preset_runs_end_to_end_and_never_shows_a_candidates_ident
     doc["name"] = f"evalresearch-mini-{uuid.uuid4().hex[:6]}"
     for task in doc["tasks"]:
         task["suite"]["splits"].update(train={"seed": task["suite"]["splits"]["train"]["seed"], "size": 8}, validation={
-            "seed": task["suite"]["splits"]["validation"]["seed"], "size": 6}, test={"size": 8})
+            "seed": task["suite"]["splits"]["validation"]["seed"], "size": 4}, test={"size": 4})
     bench = admin.load_benchmark(doc)
     assert admin.wait_baselines(bench["name"], poll_s=0.5)["initial_status"] == "succeeded"  # every target graded every candidate
 
@@ -124,7 +124,7 @@ def test_the_evaluator_preset_runs_end_to_end_and_never_shows_a_candidates_ident
     client = CrucibleClient(stack.gateway_url, run["api_key"])
     card = client.run()
     assert card["track"] == "evaluator" and card["benchmark"]["candidates"] == [f"candidate-{i:02d}" for i in range(1, 7)]
-    result = BaselineAgent(client, AgentConfig(evaluator_items=3, poll_s=0.5), Console(quiet=True)).run()
+    result = BaselineAgent(client, AgentConfig(evaluator_items=2, poll_s=0.5), Console(quiet=True)).run()
     [task] = result.tasks
     sub = task.submission
     assert sub["status"] == "graded" and sub["score"]["metric"] == "pairwise_agreement" and sub["score"]["n"] == 6

@@ -43,10 +43,13 @@ def _task(params: dict, sizes: tuple[int, int, int], suite: str = "reasoning_gym
 CHAIN = {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2}
 
 
-@pytest.mark.parametrize("preset", [pytest.param(p, marks=pytest.mark.slow) if p == "swe-mini" else p for p in PRESETS])  # swe-mini: its
-# splits' bugs are verified as drawn (about 250 pytest runs): in `make test-slow`
+@pytest.mark.parametrize("preset", [p for p in PRESETS if p != "swe-mini"])  # swe-mini's splits verify about 250 bugs as they are drawn
+# (88 s alone, past 900 s beside the slow suites): the differential test draws them under two seeds and compares every route,
+# and test_suite_swe.py checks that a public bug is never a test item however its issue is worded
 def test_the_hidden_split_is_drawn_around_the_public_ones_and_the_public_ones_ignore_it(preset: str) -> None:
     for spec in _specs(preset):
+        if spec.evaluator is not None:  # the evaluator track's own task: every split is every candidate, by design (public names)
+            continue
         suite = get_suite(spec.suite.name)
         validation = splits.validation_split(spec)
         pool = splits.training_pool(spec, validation)
