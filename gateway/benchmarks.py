@@ -6,6 +6,7 @@ task has the benchmark's id, the tasks of a ``tasks`` list get fresh ones (``Ben
 
 from __future__ import annotations
 
+import secrets
 from typing import Any
 
 from pydantic import ValidationError
@@ -76,12 +77,6 @@ def grading_spec(spec: BenchmarkFile, task: TaskSpec, task_id: str, candidates: 
                        reference_system=task.reference.system, reference_score=task.reference.score, evaluation=task.evaluation, audit=spec.audit)
 
 
-def candidates_of(gw: Gateway, spec: BenchmarkFile) -> dict[str, SystemSpec]:
-    """The benchmark's candidates by opaque name (:func:`services.common.candidates.assign` under the deployment's
-    ``candidate_key``); empty off the evaluator track."""
-    return named_candidates(spec, gw.settings.candidate_key or gw.settings.service_token)
-
-
 def named_candidates(spec: BenchmarkFile, key: str) -> dict[str, SystemSpec]:
     """``spec``'s candidates named under ``key``, each as evaluated: its harness (the default declarative harness when it
     gives none, not a suite's: a candidate is one system on every target) with the benchmark's evaluation settings
@@ -110,13 +105,14 @@ async def load_benchmark(gw: Gateway, doc: Any) -> BenchmarkOut:
     tasks = spec.task_list()
     ids = {t.name: bm_id if spec.tasks is None else new_id("bm") for t in tasks}
     warnings: list[str] = []
-    candidates = candidates_of(gw, spec)
+    key = (gw.settings.candidate_key or secrets.token_hex(32)) if spec.track == "evaluator" else None
+    candidates = named_candidates(spec, key) if key else {}
     for t in sorted(tasks, key=lambda t: t.name == EVALUATOR_TASK):  # the evaluator track's own task after its targets
         warnings += (await gw.grader.register_task(grading_spec(spec, t, ids[t.name], candidates, ids))).warnings
 
     def store() -> BenchmarkOut:
         with gw.db.session() as s:
-            return benchmark_out(repository.add_benchmark(s, bm_id, spec.name, spec.model_dump(mode="json"), ids), warnings)
+            return benchmark_out(repository.add_benchmark(s, bm_id, spec.name, spec.model_dump(mode="json"), ids, candidate_key=key), warnings)
 
     return await run_in_threadpool(store)
 

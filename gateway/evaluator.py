@@ -16,7 +16,7 @@ import json
 from collections.abc import AsyncIterator
 from typing import Any
 
-from gateway.benchmarks import candidates_of
+from gateway.benchmarks import named_candidates
 from gateway.service import Caller, Gateway
 from services.common.candidates import candidate_request, renamed
 from services.common.contracts import Page, SystemSpec
@@ -32,9 +32,9 @@ def on_track(caller: Caller) -> bool:
 
 
 def candidates(gw: Gateway, caller: Caller) -> dict[str, SystemSpec]:
-    """The run's candidates by opaque name: the names its benchmark's targets were registered with
-    (:func:`gateway.benchmarks.candidates_of`)."""
-    return candidates_of(gw, caller.benchmark)
+    """The run's candidates by opaque name: the names its benchmark's targets were registered with (under the key kept
+    with the benchmark, :func:`gateway.benchmarks.named_candidates`)."""
+    return named_candidates(caller.benchmark, caller.candidate_key or "")
 
 
 def code_part(caller: Caller) -> str:

@@ -24,6 +24,9 @@ class Benchmark(Base):
     name: Mapped[str] = mapped_column(String(200), unique=True)
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     tasks: Mapped[dict[str, str] | None] = mapped_column(JSON, nullable=True)  # task name -> the grader's benchmark id of that task
+    # the evaluator track: the key its candidates were named under when it was loaded (services.common.candidates.assign),
+    # kept with it so that a later change of CRUCIBLE_CANDIDATE_KEY renames nothing its targets graded
+    candidate_key: Mapped[str | None] = mapped_column(String(64), nullable=True)
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
 
     def task_ids(self) -> dict[str, str]:

@@ -41,9 +41,10 @@ def benchmarks(s: Session) -> list[Benchmark]:
     return list(s.scalars(select(Benchmark).order_by(Benchmark.id)))
 
 
-def add_benchmark(s: Session, benchmark_id: str, name: str, spec: dict[str, Any], tasks: dict[str, str]) -> Benchmark:
-    """Add a benchmark (``spec``: its validated document; ``tasks``: task name → the grader's id), flushed; returns its row."""
-    b = Benchmark(id=benchmark_id, name=name, spec=spec, tasks=tasks, created_at=utcnow())
+def add_benchmark(s: Session, benchmark_id: str, name: str, spec: dict[str, Any], tasks: dict[str, str], candidate_key: str | None = None) -> Benchmark:
+    """Add a benchmark (``spec``: its validated document; ``tasks``: task name → the grader's id; ``candidate_key``: the
+    evaluator track's key of its candidates' names), flushed; returns its row."""
+    b = Benchmark(id=benchmark_id, name=name, spec=spec, tasks=tasks, candidate_key=candidate_key, created_at=utcnow())
     s.add(b)
     s.flush()
     return b

@@ -84,6 +84,7 @@ class Caller:
     benchmark: BenchmarkFile
     ctx: RunContext
     tasks: dict[str, str]
+    candidate_key: str | None = None  # the evaluator track: the key its candidates were named under (Benchmark.candidate_key)
 
 
 # --------------------------------------------------------------------------- agent authorization
@@ -131,7 +132,7 @@ def _caller(s: Session, run: Run) -> Caller:
     spec, tasks = BenchmarkFile.model_validate(bm.spec), bm.task_ids()  # type: ignore[union-attr]
     editable = list(spec.editable or []) if run.track == spec.track else list(TRACKS[run.track])  # a run on another track than the file's
     ctx = RunContext(run_id=run.id, task_id=next(iter(tasks.values())), track=run.track, editable=editable)
-    return Caller(run=run, benchmark=spec, ctx=ctx, tasks=tasks)
+    return Caller(run=run, benchmark=spec, ctx=ctx, tasks=tasks, candidate_key=bm.candidate_key)  # type: ignore[union-attr]
 
 
 def for_task(caller: Caller, task: str | None) -> Caller:

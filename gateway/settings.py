@@ -21,4 +21,5 @@ class GatewaySettings(ServiceSettings):
     )
     candidate_key: str | None = Field(None, description=(
         "Key of the order in which an evaluator-track benchmark's candidates get their opaque names (`candidate-01` …): "
-        "keep it secret from research agents. Default: this service's own token."))
+        "keep it secret from research agents. Default: a random key per benchmark. Either is kept with the benchmark when it is "
+        "loaded, so changing this later renames nothing."))

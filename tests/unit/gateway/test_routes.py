@@ -679,6 +679,10 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
     assert resp.status_code == 200 and resp.json()["model"] == "candidate-02" and MODEL not in resp.text
     sent = json.loads(calls[-1].content)
     assert sent["model"] == MODEL and sent["messages"][0]["role"] == "system" and sent["max_tokens"] == 8  # the candidate's harness applied
+    monkeypatch.setattr(served.gateway.settings, "candidate_key", "a-key-set-after-the-benchmark-was-loaded")
+    served.http.post("/v1/chat/completions", json=ask, headers=agent)
+    assert json.loads(calls[-1].content)["messages"][0] == sent["messages"][0]  # the names the targets graded stay as they were
+    calls.pop()
     stream = served.http.post("/v1/chat/completions", json={**ask, "stream": True}, headers=agent)
     assert stream.status_code == 200 and stream.text.count('"model":"candidate-02"') == 3 and MODEL not in stream.text
     refused = assert_problem(served.http.post("/v1/chat/completions", json={**ask, "messages": [{"role": "user", "content": "too long"}]}, headers=agent), 422)
