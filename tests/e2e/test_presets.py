@@ -29,15 +29,16 @@ SANDBOXED = ("terminal", "swe")  # suites run by a code harness: their training 
 
 
 def scaled(doc: dict) -> dict:
-    """The preset at test scale: 4 validation and 4 test items per task (and 4 training items for a sandboxed suite),
-    short outputs, at most 2 samples and 3 model turns per item, 2 steps."""
+    """The preset at test scale: 4 validation and 4 test items per task (2, 2 and 4 training items for a sandboxed suite,
+    whose every item is a rollout in a sandbox), short outputs, at most 2 samples and 3 model turns per item, 2 steps."""
     doc = copy.deepcopy(doc)
     doc["name"] = f"{doc['name']}-{uuid.uuid4().hex[:6]}"
     tasks = doc.get("tasks") or [doc]
     for task in tasks:
         splits = task["suite"]["splits"]
-        splits["train"]["size"] = min(splits["train"]["size"], 4 if task["suite"]["name"] in SANDBOXED else 48)
-        splits["validation"]["size"], splits["test"]["size"] = 4, 4
+        sandboxed = task["suite"]["name"] in SANDBOXED
+        splits["train"]["size"] = min(splits["train"]["size"], 4 if sandboxed else 48)
+        splits["validation"]["size"] = splits["test"]["size"] = 2 if sandboxed else 4
         for settings in filter(None, [task.get("evaluation"), doc.get("evaluation") if task is tasks[0] else None]):
             settings["max_tokens"] = min(settings["max_tokens"], 24)
             settings["samples"] = min(settings["samples"], 2)
@@ -67,7 +68,8 @@ def test_preset_runs_end_to_end_with_the_reference_agent(stack, admin, preset: s
                          loop="tinker" if preset == "rsigym-mini" else "job")  # RSIGym's trainer is Tinker's primitives: so is the agent's here
     result = BaselineAgent(client, config, Console(quiet=True)).run()
     assert [r.task for r in result.tasks] == tasks
-    assert all(r.submission["status"] == "graded" and r.submission["score"]["n"] == 4 for r in result.tasks)
+    items = {t["name"]: t["suite"]["splits"]["test"]["size"] for t in bench["spec"].get("tasks") or [{"name": "main", **bench["spec"]}]}
+    assert all(r.submission["status"] == "graded" and r.submission["score"]["n"] == items[r.task] for r in result.tasks)
 
     jobs = client.training_jobs()
     coded = {t["name"]: t["initial_system"]["harness_archive"] for t in card["benchmark"]["tasks"]
@@ -87,7 +89,7 @@ def test_preset_runs_end_to_end_with_the_reference_agent(stack, admin, preset: s
     assert row["final_score"] == pytest.approx(sum(finals) / len(finals))
     terms = [(t["final_score"] - t["initial_score"]) / (1 - t["initial_score"]) for t in row["tasks"]]
     assert row["rsi_index"] == pytest.approx(sum(terms) / len(terms))
-    assert row["contaminated"] is False and row["n"] == 4 * len(tasks)
+    assert row["contaminated"] is False and row["n"] == sum(items.values())
     client.close()
 
 

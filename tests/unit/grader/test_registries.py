@@ -146,4 +146,4 @@ def test_unknown_suite_or_mode_is_a_422_naming_the_field() -> None:
     assert client.get("/suites/math").json() == {"name": "math"}
     response = client.get("/suites/nope")
     assert (response.status_code, response.json()["field"]) == (422, "suite.name")
-    assert response.json()["detail"] == "unknown suite 'nope'; available: bfcl, bfcl_multi_turn, humaneval, math, reasoning_gym, swe, terminal"
+    assert response.json()["detail"] == "unknown suite 'nope'; available: bfcl, bfcl_multi_turn, evaluator, humaneval, math, reasoning_gym, swe, terminal"
