@@ -19,6 +19,7 @@ lines short, or print only the final line.
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
 from collections.abc import Callable, Mapping
@@ -108,18 +109,18 @@ def _top_items_share(items: list[tuple[float, float, str | None]]) -> float | No
 
 def run_evaluator(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, archive_id: str, manifest: HarnessManifest,
                   candidate: str, system: SystemSpec, budget: EvaluatorBudget, caps: RolloutLimits, ctx: RunContext | None,
-                  hold_id: str | None, key: str, context_tokens: int | None = None,
-                  check: Callable[[], None] = lambda: None) -> tuple[CandidateEvaluation, Any]:
+                  hold_id: str | None, key: str, context_tokens: int | None = None, check: Callable[[], None] = lambda: None,
+                  unbind_wait_s: float = 1800.0) -> tuple[CandidateEvaluation, Any]:
     """Run the evaluator once on ``candidate`` (whose system is ``system``; the evaluator sees only the name):
     ``(its result, the rollout's outcome)``. Its model calls are charged against ``hold_id`` under idempotency keys
-    ``<key>:<call>`` (``None``: not charged); ``caps`` bound the sandbox, and ``budget.wall_s`` lowers its wall time.
+    ``<key>:<call>`` (``None``: not charged); ``caps`` bound the sandbox, and ``budget.wall_s`` lowers its wall time;
+    ``unbind_wait_s``: how long calls still in flight when it ends are waited for (their charges).
     Raises what :func:`grader.rollouts.run_rollout` raises (``SandboxUnavailable``)."""
     binding = Binding(model=system.model, ctx=ctx, hold_id=hold_id, key=key, context_tokens=context_tokens, max_tokens=budget.max_tokens,
                       max_calls=budget.calls, candidate=(candidate, system), max_total_tokens=budget.tokens)
-    limited = RolloutLimits(wall_s=min(caps.wall_s, budget.wall_s), memory_mb=caps.memory_mb, processes=caps.processes,
-                            disk_mb=caps.disk_mb, verifier_wall_s=caps.verifier_wall_s)
     outcome = run_rollout(sandbox, endpoint, archive=archive, archive_id=archive_id, manifest=manifest,
-                          instruction=json.dumps({"candidate": candidate}) + "\n", binding=binding, environment=None, caps=limited, check=check)
+                          instruction=json.dumps({"candidate": candidate}) + "\n", binding=binding, environment=None,
+                          caps=dataclasses.replace(caps, wall_s=min(caps.wall_s, budget.wall_s)), check=check, unbind_wait_s=unbind_wait_s)
     trajectory = outcome.trajectory
     ran = trajectory.harness_run
     out = parse_output(ran.stdout if ran else "")

@@ -389,7 +389,7 @@ class _EvaluationRun:
             result, outcome = run_evaluator(code.sandbox, code.endpoint, archive=code.data, archive_id=code.id, manifest=code.manifest,
                                             candidate=item.id, system=self.spec.candidates[item.id], budget=self.spec.evaluator.budget, caps=caps,
                                             ctx=self.ctx, hold_id=self.charged, key=key, context_tokens=self.spec.evaluation.context_tokens,
-                                            check=self.lease.check)
+                                            check=self.lease.check, unbind_wait_s=settings.inference_timeout_s)
             self.charge_sandbox(key, outcome.sandbox_s)
             return result.score or 0.0, result.model_dump_json(), outcome
         binding = Binding(model=self.model, ctx=self.ctx, hold_id=self.charged, key=key, context_tokens=self.spec.evaluation.context_tokens,
