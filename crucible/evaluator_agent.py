@@ -12,6 +12,7 @@ when its budget runs out (a 429).
 
 from __future__ import annotations
 
+import gzip
 import io
 import json
 import tarfile
@@ -56,11 +57,12 @@ print(json.dumps({"score": sum(domains.values()) / len(domains) if domains else 
 
 def evaluator_archive(items: list[dict[str, Any]], max_tokens: int) -> bytes:
     """The evaluator as a harness archive (.tar.gz): ``harness.toml``, ``evaluate.py`` and ``items.json`` (``items``:
-    ``{"id", "question", "answer", "domain"}``); each call asks for at most ``max_tokens`` tokens."""
+    ``{"id", "question", "answer", "domain"}``); each call asks for at most ``max_tokens`` tokens. The same arguments give
+    the same bytes (no time stamps), so the same evaluator is one archive."""
     files = {"harness.toml": 'name = "sample-evaluator"\nentry = "python3 /harness/evaluate.py"\n',
              "evaluate.py": EVALUATOR.replace("MAX_TOKENS", str(max_tokens)), "items.json": json.dumps(items)}
     buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+    with gzip.GzipFile(fileobj=buf, mode="wb", mtime=0) as gz, tarfile.open(fileobj=gz, mode="w") as tar:  # the same items, the same bytes
         for name, text in files.items():
             data = text.encode()
             info = tarfile.TarInfo(name)

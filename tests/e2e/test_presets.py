@@ -68,7 +68,7 @@ def test_preset_runs_end_to_end_with_the_reference_agent(stack, admin, preset: s
                          loop="tinker" if preset == "rsigym-mini" else "job")  # RSIGym's trainer is Tinker's primitives: so is the agent's here
     result = BaselineAgent(client, config, Console(quiet=True)).run()
     assert [r.task for r in result.tasks] == tasks
-    items = {t["name"]: t["suite"]["splits"]["test"]["size"] for t in bench["spec"].get("tasks") or [{"name": "main", **bench["spec"]}]}
+    items = {t["name"]: t["suite"]["splits"]["test"]["size"] for t in bench["spec"].get("tasks") or [{**bench["spec"], "name": "main"}]}
     assert all(r.submission["status"] == "graded" and r.submission["score"]["n"] == items[r.task] for r in result.tasks)
 
     jobs = client.training_jobs()
@@ -145,5 +145,5 @@ def test_the_evaluator_preset_runs_end_to_end_and_never_shows_a_candidates_ident
     grade = row["evaluator"]
     assert row["status"] == "graded" and [t["task"] for t in row["tasks"]] == ["evaluator"] and row["final_score"] == sub["score"]["value"]
     assert [t["target"] for t in grade["targets"]] == ["longer-sums", "differences"] and grade["candidates"] == 6
-    assert grade["model_calls"] > 0 and all(t["ceiling"] is not None for t in grade["targets"])
+    assert grade["model_calls"] > 0 and grade["failed"] == 0  # (a target that ties every pair, likely at 4 items, has no agreement or ceiling)
     client.close()
