@@ -515,7 +515,7 @@ async def list_models(gw: GatewayDep, caller: AgentDep) -> Page[ModelOut]:
     """OpenAI-style model list of servable base models; checkpoints (``ckpt_…``) are served too. On the evaluator
     track: the run's candidates (``candidate-01`` …), and nothing else."""
     if evaluator.on_track(caller):
-        return evaluator.models(gw, caller)
+        return evaluator.models(caller)
     return await gw.inference.list_models(ctx=caller.ctx)
 
 

@@ -31,7 +31,7 @@ def on_track(caller: Caller) -> bool:
     return caller.run.track == TRACK
 
 
-def candidates(gw: Gateway, caller: Caller) -> dict[str, SystemSpec]:
+def candidates(caller: Caller) -> dict[str, SystemSpec]:
     """The run's candidates by opaque name: the names its benchmark's targets were registered with (under the key kept
     with the benchmark, :func:`gateway.benchmarks.named_candidates`)."""
     return named_candidates(caller.benchmark, caller.candidate_key or "")
@@ -43,13 +43,13 @@ def code_part(caller: Caller) -> str:
     return "evaluator" if on_track(caller) else "harness"
 
 
-def models(gw: Gateway, caller: Caller) -> Page[ModelOut]:
+def models(caller: Caller) -> Page[ModelOut]:
     """The candidates as OpenAI models."""
-    return Page[ModelOut](data=[ModelOut(id=name) for name in candidates(gw, caller)])
+    return Page[ModelOut](data=[ModelOut(id=name) for name in candidates(caller)])
 
 
-def _system(gw: Gateway, caller: Caller, model: str) -> SystemSpec:
-    served = candidates(gw, caller)
+def _system(caller: Caller, model: str) -> SystemSpec:
+    served = candidates(caller)
     if model not in served:
         raise Unprocessable(f"model {model!r}: an evaluator-track run calls its candidates only ({', '.join(served)})", field="model")
     return served[model]
@@ -73,7 +73,7 @@ def _masked(value: Any, model: str, name: str) -> Any:
 
 async def chat(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -> ChatCompletion:
     """A non-streamed chat completion of the candidate ``req.model`` (see the module docstring)."""
-    system = _system(gw, caller, req.model)
+    system = _system(caller, req.model)
     try:
         out = await gw.inference.chat_completions(caller.ctx, candidate_request(req, system))
     except UpstreamProblem as exc:
@@ -85,7 +85,7 @@ async def chat(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -> ChatC
 async def chat_stream(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -> AsyncIterator[AsyncIterator[bytes]]:
     """A streamed chat completion of the candidate ``req.model``: inference's server-sent events, each naming the
     candidate. Opening it raises as :func:`chat` does."""
-    system = _system(gw, caller, req.model)
+    system = _system(caller, req.model)
     try:
         async with gw.inference.chat_completions_stream(caller.ctx, candidate_request(req, system)) as chunks:
             yield _renamed_events(chunks, system.model, req.model)
