@@ -276,11 +276,11 @@ class Tools:
           "`harness_archive` (neither: the suite's default); `limit` grades only the first items. Runs in the background: poll "
           "evaluation. Costs inference tokens (and sandbox seconds for code harnesses), held first. Refused: 429 past the "
           "evaluation rate limits (retry_after_s), 403 past the failed-evaluation limit or a harness the track locks, 402 over budget. "
-          "Evaluator track: give only `harness_archive` (your evaluator), no `model`: it runs on each candidate (the first `limit`) and "
-          "is scored by its agreement with the development targets.")
+          "Evaluator track: give only `harness_archive` (your evaluator), no `model`: it runs on each candidate (or on the "
+          "`candidates` you name, two or more: a pilot) and is scored by its agreement with the development targets.")
     async def create_evaluation(self, ctx: Context, model: str | None = None, harness: JsonObject | None = None, harness_archive: str | None = None,
-                                limit: Annotated[int | None, Field(ge=1)] = None, task: Task = None) -> Any:
-        body = {"split": "validation"} | _params(model=model, harness=harness, harness_archive=harness_archive, limit=limit)
+                                limit: Annotated[int | None, Field(ge=1)] = None, candidates: list[str] | None = None, task: Task = None) -> Any:
+        body = {"split": "validation"} | _params(model=model, harness=harness, harness_archive=harness_archive, limit=limit, candidates=candidates)
         return await self.call(ctx, "POST", "/v1/evaluations", json=body, params=_params(task=task))
 
     @tool("A validation evaluation's status, items graded so far and score (with its interval once done). Free.", read_only=True)

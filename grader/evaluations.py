@@ -17,6 +17,7 @@ from grader.models import PLATFORM, Evaluation
 from grader.rollouts import RolloutLimits
 from grader.service import Grader
 from grader.suites import get_suite, suite_converse, suite_tools
+from grader.suites.base import Item
 from services.common.auth import RunContext
 from services.common.contracts import EvaluationCreate, EvaluationLimits, EvaluationOut, EvaluationUsage, GradingSpec, Harness, Score, TrajectoryOut
 from services.common.db import serialize, utcnow
@@ -154,7 +155,7 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
     suite = get_suite(spec.suite.name)
     archive = code_harness_for(grader, ctx, suite, req.harness, req.harness_archive)
     harness = harness_for(spec, req.harness)
-    items = items[: req.limit] if req.limit else items
+    items, item_ids = chosen_items(spec, items, req)
     k = spec.evaluation.samples
     if spec.evaluator is not None:
         usage = evaluator_usage(grader, spec, [it.id for it in items])
@@ -175,13 +176,33 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
             serialize(s, f"evaluations:{ctx.run_id}")  # the re-check and the insert are one step per run
             check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
             ev = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="validation", split="validation", model=model, harness=harness,
-                                           items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id, harness_archive=archive)
+                                           items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id, harness_archive=archive,
+                                           item_ids=item_ids)
             out = evaluation_out(s, ev)
     except Exception:
         grader.ledger.release_hold(hold.hold_id, HoldRelease(idempotency_key=f"release:{eval_id}"))
         raise
     grader.enqueue(eval_id)
     return out
+
+
+def chosen_items(spec: GradingSpec, items: list[Item], req: EvaluationCreate) -> tuple[list[Item], list[str] | None]:
+    """The validation items ``req`` evaluates and, where they are not the split's first ones, their ids: the first
+    ``limit`` items, or on the evaluator track the ``candidates`` chosen for a pilot (in the split's order). Raises
+    ``Unprocessable`` (field ``candidates``) where a task other than an evaluator's is given candidates, with ``limit``,
+    or with a name that is not one of its candidates."""
+    if req.candidates is None:
+        return (items[: req.limit] if req.limit else items), None
+    if spec.evaluator is None:
+        raise Unprocessable("candidates: only the evaluator track's task `evaluator` takes candidates", field="candidates")
+    if req.limit is not None:
+        raise Unprocessable("candidates: give candidates or limit, not both", field="candidates")
+    unknown = sorted(set(req.candidates) - {it.id for it in items})
+    if unknown:
+        raise Unprocessable(f"candidates: {', '.join(unknown)} is not a candidate of this benchmark (GET /v1/models lists them)",
+                            field="candidates")
+    chosen = [it for it in items if it.id in set(req.candidates)]
+    return chosen, [it.id for it in chosen]
 
 
 def evaluation_out(s: Session, ev: Evaluation) -> EvaluationOut:

@@ -64,6 +64,7 @@ class Evaluation(JobColumns, Base):
     candidate: Mapped[str | None] = mapped_column(String(20), nullable=True)  # purpose "candidate": the candidate's opaque name on a target
     status: Mapped[str] = mapped_column(String(20), index=True)
     items_total: Mapped[int] = mapped_column(Integer)
+    item_ids: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # the items it covers, where not the split's first items_total
     items_done: Mapped[int] = mapped_column(Integer, default=0)
     score: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)
     grade: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # an evaluator's evaluation: its EvaluatorGrade

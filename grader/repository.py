@@ -72,13 +72,14 @@ def count_validation_items(s: Session, task_id: str) -> int:
 
 def add_evaluation(s: Session, spec: GradingSpec, *, run_id: str | None, purpose: str, split: str, model: str, harness: Harness,
                    items_total: int, hold_id: str | None = None, eval_id: str | None = None, harness_archive: str | None = None,
-                   candidate: str | None = None) -> Evaluation:
+                   candidate: str | None = None, item_ids: list[str] | None = None) -> Evaluation:
     """Add a queued evaluation of ``model`` with ``harness`` (or the code harness ``harness_archive``) on ``items_total``
-    items of the task's ``split``; returns its row (id ``eval_id``, or a new one). ``purpose``: validation (a run's),
-    submission, initial or reference (baselines), candidate (``candidate``'s grading on a target)."""
+    items of the task's ``split`` (its first ones, or those of ``item_ids``); returns its row (id ``eval_id``, or a new
+    one). ``purpose``: validation (a run's), submission, initial or reference (baselines), candidate (``candidate``'s
+    grading on a target)."""
     ev = Evaluation(id=eval_id or new_id("eval"), run_id=run_id, task_id=spec.task_id, purpose=purpose, split=split, model=model,
                     harness=harness.model_dump(), harness_archive=harness_archive, status="queued", items_total=items_total, hold_id=hold_id,
-                    candidate=candidate, created_at=utcnow(), enqueued_at=utcnow())
+                    candidate=candidate, item_ids=item_ids, created_at=utcnow(), enqueued_at=utcnow())
     s.add(ev)
     s.flush()
     return ev

@@ -228,6 +228,7 @@ class _EvaluationRun:
     charged: str | None
     ctx: RunContext | None
     total: int
+    item_ids: list[str] | None
     suite: Suite
     code: _CodeHarness | None
     converse: Callable[[Item, Harness, Any], float] | None
@@ -240,13 +241,13 @@ class _EvaluationRun:
             ev = repository.evaluation(s, eval_id)
             spec = repository.spec(s, ev.task_id)
             split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total
-            archive_id = ev.harness_archive
+            archive_id, item_ids = ev.harness_archive, ev.item_ids
         ctx = RunContext(run_id=run_id, task_id=spec.task_id) if run_id else None
         suite = get_suite(spec.suite.name)
         code = _CodeHarness.load(grader, ctx, archive_id) if archive_id else None
         return cls(grader=grader, eval_id=eval_id, lease=lease, spec=spec, split=split, model=model, harness=harness,
                    charged=hold_id if split == "validation" else None,  # test grading is not charged
-                   ctx=ctx, total=total, suite=suite, code=code, converse=suite_converse(suite) if code is None else None,
+                   ctx=ctx, total=total, item_ids=item_ids, suite=suite, code=code, converse=suite_converse(suite) if code is None else None,
                    scoring=threading.BoundedSemaphore(grader.settings.scoring_concurrency))
 
     @property
@@ -295,7 +296,7 @@ class _EvaluationRun:
             scores = target_scores(self.grader, ref.task_id)
             if any(v is None for v in scores.values()):
                 raise TargetsNotGraded(f"target {ref.name!r} has not graded every candidate yet")
-            targets[ref.name] = {c: v.value for c, v in scores.items() if v is not None}
+            targets[ref.name] = {c: v.value for c, v in scores.items() if v is not None and c in results}  # a pilot: its candidates
         graded = [t.name for t in refs if t.sealed] if self.split == "test" else [t.name for t in refs]
         result = grade(results, targets, graded)
         with self.grader.db.session() as s:
@@ -306,13 +307,15 @@ class _EvaluationRun:
                      ci_low=sum(lows) / len(lows) if lows else None, ci_high=sum(highs) / len(highs) if highs else None)
 
     def _items_and_done(self) -> tuple[list[Item], dict[tuple[str, int], float]]:
-        """The split's first ``total`` items, and the scores of the samples an earlier attempt already wrote."""
+        """The split's first ``total`` items (or those of ``item_ids``), and the scores of the samples an earlier attempt
+        already wrote."""
         if self.split == "test":
             return self.grader.store.items(self.spec.task_id)[:self.total], self.grader.store.done(self.eval_id)
         with self.grader.db.session() as s:
-            items = repository.validation_items(s, self.spec.task_id)[:self.total]
+            items = repository.validation_items(s, self.spec.task_id)
             done = {(t.item_id, t.sample): t.score for t in repository.trajectories(s, self.eval_id)}
-        return items, done
+        chosen = set(self.item_ids) if self.item_ids is not None else None
+        return [it for it in items if it.id in chosen] if chosen is not None else items[:self.total], done
 
     def _one(self, task: tuple[Item, int]) -> tuple[str, int, float]:
         """Answer, score and record one sample: ``(item id, sample, score)``."""

@@ -408,6 +408,17 @@ class EvaluationCreate(_OneHarness):
     harness_archive: HarnessArchiveId | None = Field(None, description="A code harness (`har_…`, `POST /v1/harnesses`) instead of `harness`.")
     split: Literal["validation"] = "validation"
     limit: int | None = Field(None, ge=1, description="Evaluate only the first `limit` validation items.")
+    candidates: list[CandidateName] | None = Field(
+        None, min_length=2, max_length=99,
+        description="The evaluator track's pilot on chosen candidates: run the evaluator on these (two or more, distinct) and grade it on "
+                    "their pairs; default every candidate. Only the task `evaluator` takes it, and not with `limit`.")
+
+    @field_validator("candidates")
+    @classmethod
+    def _distinct(cls, value: list[str] | None) -> list[str] | None:
+        if value is not None and len(set(value)) != len(value):
+            raise ValueError("each candidate at most once")
+        return value
 
 
 class EvaluationLimits(BaseModel):

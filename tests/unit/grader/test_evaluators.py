@@ -17,9 +17,11 @@ import httpx
 import pytest
 from fastapi.testclient import TestClient
 from inference_service.client import InferenceClient
+from pydantic import ValidationError
 
-from grader import worker
+from grader import repository, worker
 from grader.app import create_app
+from grader.evaluations import create_evaluation
 from grader.evaluators import grade, parse_output, run_evaluator
 from grader.grading_tasks import development_scores, register_task, target_scores, task_status
 from grader.harness_archives import inspect_archive, store_archive
@@ -32,10 +34,15 @@ from grader.service import Grader
 from grader.settings import GraderSettings
 from grader.submissions import create_submission
 from services.common.auth import RunContext
-from services.common.contracts import CandidateEvaluation, EvaluatorBudget, GradingSpec, Harness, SystemSpec
+from services.common.contracts import CandidateEvaluation, EvaluationCreate, EvaluatorBudget, GradingSpec, Harness, SystemSpec
 from services.common.errors import NotFound, Unprocessable
+from services.ledger.app import create_app as create_ledger_app
+from services.ledger.client import LedgerClient
+from services.ledger.schemas import AccountCreate, HoldStatus
+from services.ledger.settings import LedgerSettings
 from tests.archives import archive
 from tests.unit.grader.test_routes import GATEWAY_TOKEN, GRADER_TOKEN, stand_in
+from tests.unit.inprocess import in_process
 
 SEEN: list[dict[str, Any]] = []  # every request inference was sent
 
@@ -86,9 +93,11 @@ def evaluator(items: int = 5, max_tokens: int = 16) -> bytes:
 def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grader]:
     tmp = tmp_path_factory.mktemp("evaluators")
     settings = GraderSettings(data_dir=tmp, grader_test_seed=99, service_token=GRADER_TOKEN, trusted_tokens={"gateway": GATEWAY_TOKEN})
-    with TestClient(create_app(settings), base_url="http://grader") as http:
+    ledger_app = create_ledger_app(LedgerSettings(data_dir=tmp / "ledger", service_token="ledger-token", trusted_tokens={"grader": GRADER_TOKEN}))
+    with TestClient(ledger_app, base_url="http://ledger") as ledger_http, TestClient(create_app(settings), base_url="http://grader") as http:
         grader: Grader = http.app.state.grader  # type: ignore[attr-defined]
         grader.close()
+        grader.ledger = LedgerClient(in_process(ledger_http, GRADER_TOKEN, "ledger"))  # a pilot is metered: the real ledger in process
         grader.inference = InferenceClient(stand_in("inference", candidate_model))
         grader.enqueue = QUEUE.append
         yield grader
@@ -175,8 +184,11 @@ def test_a_candidate_without_a_score_ranks_lowest_and_is_counted() -> None:
 # --------------------------------------------------------------------------- targets
 
 
-def target(task_id: str, visibility: str) -> GradingSpec:
-    return GradingSpec(task_id=task_id, task=task_id, target=visibility, candidates={"candidate-01": BAD, "candidate-02": GOOD}, initial_system=BAD,
+TWO = {"candidate-01": BAD, "candidate-02": GOOD}
+
+
+def target(task_id: str, visibility: str, candidates: dict[str, SystemSpec] = TWO) -> GradingSpec:
+    return GradingSpec(task_id=task_id, task=task_id, target=visibility, candidates=candidates, initial_system=BAD,
                        suite={"name": "reasoning_gym", "params": {"task": "chain_sum", "min_terms": 2, "max_terms": 3, "min_digits": 1, "max_digits": 2},
                               "splits": {"train": {"seed": 1, "size": 10}, "validation": {"seed": 2, "size": 6}, "test": {"size": 5}}},
                        evaluation={"max_tokens": 8})
@@ -202,18 +214,19 @@ def test_a_target_grades_each_candidate_on_its_split_and_not_an_initial_system(s
 # --------------------------------------------------------------------------- an evaluator's final submission
 
 
-def evaluator_task(task_id: str, targets: dict[str, tuple[str, bool]]) -> GradingSpec:
-    return GradingSpec(task_id=task_id, task="evaluator", candidates={"candidate-01": BAD, "candidate-02": GOOD}, initial_system=BAD,
-                       suite={"name": "evaluator", "params": {"candidates": ["candidate-01", "candidate-02"]},
-                              "splits": {"train": {"size": 2}, "validation": {"size": 2}, "test": {"size": 2}}},
+def evaluator_task(task_id: str, targets: dict[str, tuple[str, bool]], candidates: dict[str, SystemSpec] = TWO) -> GradingSpec:
+    n = len(candidates)
+    return GradingSpec(task_id=task_id, task="evaluator", candidates=candidates, initial_system=BAD,
+                       suite={"name": "evaluator", "params": {"candidates": sorted(candidates)},
+                              "splits": {"train": {"size": n}, "validation": {"size": n}, "test": {"size": n}}},
                        evaluation={"max_tokens": 16}, evaluator={"targets": [{"name": n, "task_id": t, "sealed": sealed} for n, (t, sealed) in targets.items()],
                                                                  "budget": {"calls": 10, "tokens": 10_000, "max_tokens": 16, "wall_s": 30}})
 
 
-def graded_targets(service: Grader, prefix: str, run: bool = True) -> dict[str, tuple[str, bool]]:
+def graded_targets(service: Grader, prefix: str, run: bool = True, candidates: dict[str, SystemSpec] = TWO) -> dict[str, tuple[str, bool]]:
     QUEUE.clear()
-    register_task(service, target(f"{prefix}_dev", "development"))
-    register_task(service, target(f"{prefix}_sealed", "sealed"))
+    register_task(service, target(f"{prefix}_dev", "development", candidates))
+    register_task(service, target(f"{prefix}_sealed", "sealed", candidates))
     for eval_id in list(QUEUE) if run else []:
         worker.run_evaluation(service, eval_id)
     return {"dev": (f"{prefix}_dev", False), "hidden": (f"{prefix}_sealed", True)}
@@ -280,3 +293,36 @@ def test_a_run_reads_a_development_targets_candidate_scores_and_never_a_sealed_o
     for task_id in (targets["hidden"][0], "bm_evaluator_visible"):
         with pytest.raises(NotFound, match="not a development target"):
             development_scores(service, RunContext(run_id="run_evaluator", task_id=task_id))
+
+
+# --------------------------------------------------------------------------- a pilot
+
+
+THREE = TWO | {"candidate-03": SystemSpec(model="smollm2-135m-instruct", harness=Harness(system_prompt="You are good at sums."))}
+
+
+def test_a_pilot_on_chosen_candidates_runs_on_them_alone_is_metered_and_graded_on_their_pairs(service: Grader) -> None:
+    register_task(service, evaluator_task("bm_evaluator_pilot", graded_targets(service, "bm_pilot", candidates=THREE), THREE))
+    ctx = RunContext(run_id="run_pilot", task_id="bm_evaluator_pilot")
+    service.ledger.open_account(AccountCreate(account_id=ctx.run_id, budget_usd_micros=1_000_000))
+    archive_id = store_archive(service, ctx.run_id, evaluator(items=2)).id
+    ev = create_evaluation(service, ctx, EvaluationCreate(harness_archive=archive_id, candidates=["candidate-03", "candidate-01"]))
+    assert ev.items_total == 2
+    worker.run_evaluation(service, QUEUE[-1])
+    with service.db.session() as s:
+        row = s.get(Evaluation, ev.id)
+        assert (row.status, row.score["value"], row.grade["candidates"], row.grade["model_calls"]) == ("succeeded", 1.0, 2, 4)
+        assert [t["target"] for t in row.grade["targets"]] == ["dev"]  # a pilot sees the development target alone
+        assert sorted(t.item_id for t in repository.trajectories(s, ev.id)) == ["candidate-01", "candidate-03"]
+    spent = service.ledger.get_balance(ctx.run_id).spent_usd_micros
+    assert spent > 0 and not service.ledger.list_holds(ctx.run_id, status=HoldStatus.open)
+
+    for req, message in (({"candidates": ["candidate-01", "candidate-09"]}, "candidate-09 is not a candidate"),
+                         ({"candidates": ["candidate-01", "candidate-02"], "limit": 2}, "not both")):
+        with pytest.raises(Unprocessable, match=message) as exc:
+            create_evaluation(service, ctx, EvaluationCreate(harness_archive=archive_id, **req))
+        assert exc.value.extra["field"] == "candidates"
+    for bad in (["candidate-01"], ["candidate-01", "candidate-01"], ["gpt-4o", "candidate-01"]):
+        with pytest.raises(ValidationError):
+            EvaluationCreate(harness_archive=archive_id, candidates=bad)
+    assert service.ledger.get_balance(ctx.run_id).spent_usd_micros == spent  # nothing refused was charged
