@@ -38,6 +38,7 @@ import yaml
 from crucible.sdk import AdminClient, CrucibleClient
 from grader.suites import get_suite
 from tests.archives import archive, code_harness, oracle_archive
+from tests.netns import SANDBOX_NETWORK_PROBE, Outside, outside_hosts
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(2400)]  # a test waits on real training and grading
 
@@ -46,7 +47,6 @@ OPERATORS = (ROOT / "docs" / "operators.md").read_text()
 PROJECT = os.environ.get("CRUCIBLE_COMPOSE_PROJECT", "crucible-compose-test")
 HTTP_PORTS = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 8003, "grader": 8004}
 DATA_PORTS = {"postgres": 5432, "teststore-db": 5432, "redis": 6379}
-OUTSIDE = ("pypi.org", 443)  # a host the machine itself reaches (a package registry)
 IMAGES = {  # what `make compose-images` built; the published defaults elsewhere
     "CRUCIBLE_BASE_IMAGE": os.environ.get("CRUCIBLE_BASE_IMAGE", "python:3.11-slim"),
     "CRUCIBLE_POSTGRES_IMAGE": os.environ.get("CRUCIBLE_POSTGRES_IMAGE", "postgres:16"),
@@ -248,17 +248,27 @@ def _probe(deployment: Deployment, service: str, host: str, port: int) -> tuple[
     return proc.returncode == 0, what.replace("bash: line 1: ", "")
 
 
-def test_each_container_reaches_only_the_peers_of_its_networks(deployment: Deployment) -> None:
-    """From every container, a TCP connection to every service's port and to the outside: it connects exactly when
-    the two share a network of the compose file (internal networks have no route out; only the gateway is on
-    ``edge``). The teststore database is reached only from the grader and its worker."""
+@pytest.fixture(scope="module")
+def outside() -> Iterator[Outside]:
+    """Hosts of the test's own past the deployment's networks (:func:`tests.netns.outside_hosts`), which the host reaches:
+    a container with a route out reaches them and none without; no probe leaves this machine."""
+    with outside_hosts() as hosts:
+        hosts.check_reachable()
+        yield hosts
+
+
+def test_each_container_reaches_only_the_peers_of_its_networks(deployment: Deployment, outside: Outside) -> None:
+    """From every container, a TCP connection to every service's port and to the outside (a host in a network namespace
+    of the test's own): it connects exactly when the two share a network of the compose file (internal networks have no
+    route out; only the gateway is on ``edge``). The teststore database is reached only from the grader and its worker."""
     config = deployment.config()
     networks = {name: set(svc.get("networks", {})) for name, svc in config["services"].items() if name in deployment.services()}
     internal = {name for name, net in config["networks"].items() if net.get("internal")}
     targets = {**HTTP_PORTS, **DATA_PORTS}
     probes = [(source, f"{target}:{port}", target, port, bool(networks[source] & networks[target]))
               for source in deployment.services() for target, port in targets.items() if target != source]
-    probes += [(source, f"{OUTSIDE[0]}:{OUTSIDE[1]} (outside)", *OUTSIDE, bool(networks[source] - internal)) for source in deployment.services()]
+    there = (outside.outside.address, outside.outside.port)
+    probes += [(source, f"{there[0]}:{there[1]} (outside)", *there, bool(networks[source] - internal)) for source in deployment.services()]
     with ThreadPoolExecutor(max_workers=8) as pool:  # an unreachable peer costs the probe's 3 s: all at once
         results = list(pool.map(lambda p: _probe(deployment, p[0], p[2], p[3]), probes))
     wrong = []
@@ -392,6 +402,13 @@ def test_code_harnesses_run_in_sandbox_containers_and_their_verifiers_score_them
     assert baselines["initial_status"] == "succeeded"
 
 
+def _network_gateways(deployment: Deployment) -> list[str]:
+    """The host's address on each of the deployment's Docker networks (their gateways; internal ones have none)."""
+    names = {net for service in deployment.services() for net in deployment.inspect(service)["NetworkSettings"]["Networks"]}
+    out = json.loads(subprocess.run(["docker", "network", "inspect", *sorted(names)], capture_output=True, text=True, check=True).stdout)
+    return sorted({conf["Gateway"] for net in out for conf in (net.get("IPAM", {}).get("Config") or []) if conf.get("Gateway")})
+
+
 def _container_ips(deployment: Deployment) -> dict[str, str]:
     ips = {}
     for service in deployment.services():
@@ -400,20 +417,21 @@ def _container_ips(deployment: Deployment) -> dict[str, str]:
     return ips
 
 
-def test_a_hostile_harness_reaches_nothing_and_changes_nothing_outside_its_workspace(deployment: Deployment) -> None:
+def test_a_hostile_harness_reaches_nothing_and_changes_nothing_outside_its_workspace(deployment: Deployment, outside: Outside) -> None:
     """A harness that tries every container of the deployment at its service port (by address: a sandbox has no DNS),
-    the host (the docker bridge's gateway, the published port), the outside, the daemon's socket, the shared sandbox
-    directory, the artifacts and the grader's code, and to mount, remount and write outside /app: everything fails,
-    it has no capability, and every attempt is in its trajectory."""
+    the host (on each of the deployment's networks, at the published port and PostgreSQL's), hosts of the test's own
+    outside them, the daemon's socket, the shared sandbox directory, the artifacts and the grader's code, and to mount,
+    remount and write outside /app: everything fails, it has no capability, no interface but ``lo`` and no route, and
+    every attempt is in its trajectory."""
     client = _sandbox_run(deployment)
     ports = {**HTTP_PORTS, **DATA_PORTS}
     targets = [(f"{name}:{ports[name.split('@')[0]]}", ip, ports[name.split("@")[0]]) for name, ip in _container_ips(deployment).items()
                if name.split("@")[0] in ports and ip]
-    addresses = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True, check=True).stdout
-    for host_ip in sorted({line.split()[3].split("/")[0] for line in addresses.splitlines()}):  # the host on each of its networks (docker's bridges too)
+    for host_ip in _network_gateways(deployment):  # the host on each of the deployment's networks
         targets += [(f"host:published-gateway-port@{host_ip}", host_ip, deployment.port), (f"host:postgres@{host_ip}", host_ip, 5432)]
-    targets += [("outside", "pypi.org", 443)]
-    probe = ("import os, socket, subprocess\n"
+    targets += [(f"outside:{name}", host, port) for name, (host, port) in zip(("namespace", "host-end"), outside.targets, strict=True)]
+    seen = outside.connections()
+    probe = (SANDBOX_NETWORK_PROBE + "import os, socket, subprocess\n"
              f"for name, host, port in {targets!r}:\n"
              "    try:\n        socket.create_connection((host, port), timeout=3); print('REACHED', name, host, port)\n"
              "    except OSError as e:\n        print('refused', name, host, port, type(e).__name__)\n"
@@ -430,6 +448,8 @@ def test_a_hostile_harness_reaches_nothing_and_changes_nothing_outside_its_works
     print("\n" + "\n".join(f"[sandbox probe] {line}" for line in stdout.splitlines()))
     assert not [line for line in stdout.splitlines() if line.split()[0] in ("REACHED", "SEEN", "WROTE", "MOUNTED")], stdout
     assert stdout.count("refused") == len(targets) + 4 + 3 and "CapEff:\t0000000000000000" in stdout
+    network = json.loads(stdout.splitlines()[0].removeprefix("NETWORK "))
+    assert network == {"interfaces": ["lo"], "routes": [], "routes6": []} and outside.connections() == seen, network
 
 
 @pytest.mark.parametrize(("script", "limits", "limit"), [

@@ -45,6 +45,7 @@ from services.ledger.client import LedgerClient
 from services.ledger.schemas import AccountCreate, HoldStatus
 from services.ledger.settings import LedgerSettings
 from tests.archives import archive, code_harness, oracle_archive
+from tests.netns import SANDBOX_NETWORK_PROBE, outside_hosts
 from tests.unit.grader.test_routes import GATEWAY_TOKEN, GRADER_TOKEN, stand_in
 from tests.unit.inprocess import in_process
 
@@ -276,34 +277,37 @@ def test_an_edited_harness_is_evaluated_and_submitted(served: Served) -> None:
 
 
 @pytest.fixture(scope="module")
-def listeners() -> Iterator[dict[str, int]]:
-    """TCP servers on the host standing in for the grader, the ledger and the test store (loopback), and one on
-    the host's outward address: a sandbox must reach none of them."""
+def listeners() -> Iterator[dict[str, Any]]:
+    """TCP servers standing in for the grader, the ledger and the test store (loopback), and hosts of the test's own
+    (:func:`tests.netns.outside_hosts`: one behind a network namespace's veth pair, one on the host's end of it): a
+    sandbox must reach none of them, though the host does."""
     servers, ports = [], {}
-    outward = socket.gethostbyname(socket.gethostname())
-    for name, host in (("grader", "127.0.0.1"), ("ledger", "127.0.0.1"), ("teststore", "127.0.0.1"), ("host", outward)):
-        s = socket.socket()
-        s.bind((host, 0))
-        s.listen()
+    for name in ("grader", "ledger", "teststore"):
+        s = socket.create_server(("127.0.0.1", 0))
         servers.append(s)
         ports[name] = s.getsockname()[1]
         threading.Thread(target=lambda srv=s: [c.close() for c, _ in iter(srv.accept, None)], daemon=True).start()
-    ports["outward"] = outward  # type: ignore[assignment]
-    yield ports
+    with outside_hosts() as outside:
+        outside.check_reachable()
+        yield {"ports": ports, "outside": outside}
     for s in servers:
         s.close()
 
 
 def test_a_harness_cannot_open_a_socket_to_any_service_or_the_outside(endpoint: ModelEndpoint, backend: str, listeners: dict[str, Any]) -> None:
-    targets = [("127.0.0.1", listeners["grader"]), ("127.0.0.1", listeners["ledger"]), ("127.0.0.1", listeners["teststore"]),
-               (listeners["outward"], listeners["host"]), ("1.1.1.1", 53), ("8.8.8.8", 443)]
-    probe = "import socket\n" + "".join(
+    outside = listeners["outside"]
+    seen = outside.connections()
+    targets = [("127.0.0.1", port) for port in listeners["ports"].values()] + outside.targets
+    probe = SANDBOX_NETWORK_PROBE + "import socket\n" + "".join(
         f"try:\n    socket.create_connection(({h!r}, {p}), timeout=3); print('REACHED {h}:{p}')\nexcept OSError as e:\n    print('refused {h}:{p}', e)\n"
         for h, p in targets)
     out = rollout(endpoint, backend, archive({"probe.py": probe}, 'name = "probe"\nentry = "python3 /harness/probe.py"\n'))
-    assert "REACHED" not in out.trajectory.harness_run.stdout, out.trajectory.harness_run.stdout  # type: ignore[union-attr]
-    assert [line.split()[0] for line in out.trajectory.harness_run.stdout.splitlines()] == ["refused"] * len(targets)  # type: ignore[union-attr]
-    assert out.reward == 0.0
+    stdout = out.trajectory.harness_run.stdout  # type: ignore[union-attr]
+    assert "REACHED" not in stdout, stdout
+    network, *lines = stdout.splitlines()
+    assert json.loads(network.removeprefix("NETWORK ")) == {"interfaces": ["lo"], "routes": [], "routes6": []}, network
+    assert [line.split()[0] for line in lines] == ["refused"] * len(targets), stdout
+    assert outside.connections() == seen and out.reward == 0.0
 
 
 def test_a_harness_cannot_read_or_write_outside_its_workspace(served: Served, endpoint: ModelEndpoint, backend: str) -> None:

@@ -30,6 +30,7 @@ from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, owner, rea
 from grader.sandboxes.docker import DockerSandbox
 from services.common.processes import owner_alive
 from tests.conftest import ROOT
+from tests.netns import SANDBOX_NETWORK_PROBE, outside_hosts
 
 
 @pytest.fixture(params=["bwrap", pytest.param("docker", marks=pytest.mark.docker)])
@@ -58,18 +59,10 @@ def processes_with(token: str) -> list[str]:
     return found
 
 
-def host_addresses() -> list[str]:
-    """The host's IPv4 addresses other than loopback."""
-    out = subprocess.run(["ip", "-4", "-o", "addr", "show", "scope", "global"], capture_output=True, text=True).stdout
-    addresses = [line.split()[3].split("/")[0] for line in out.splitlines() if len(line.split()) > 3]
-    assert addresses, "the host has no non-loopback IPv4 address to test against"
-    return addresses
-
-
 @contextlib.contextmanager
 def tcp_server() -> Iterator[tuple[int, list[tuple[str, int]]]]:
-    """A TCP server on every host address (``0.0.0.0``): its port, and the peers that connected."""
-    server = socket.create_server(("0.0.0.0", 0))
+    """A TCP server on loopback: its port, and the peers that connected."""
+    server = socket.create_server(("127.0.0.1", 0))
     peers: list[tuple[str, int]] = []
 
     def accept() -> None:
@@ -203,23 +196,28 @@ def test_a_sandbox_sees_only_what_is_mounted_and_cannot_write_what_is_read_only(
     assert seen["write_app"] == "written" and seen["write_tmp"] == "written"
 
 
-def test_a_sandbox_cannot_reach_the_host_or_the_internet(sandbox: Sandbox) -> None:
-    with tcp_server() as (port, peers):
-        targets = [("1.1.1.1", 53), ("127.0.0.1", port)] + [(address, port) for address in host_addresses()]
-        result = python(sandbox, """
-            import json, socket, sys
-            outcome = {}
-            for target in json.loads(sys.argv[1]):
-                try:
-                    socket.create_connection(tuple(target), timeout=3).close()
-                    outcome[f"{target[0]}:{target[1]}"] = "connected"
-                except OSError as exc:
-                    outcome[f"{target[0]}:{target[1]}"] = exc.__class__.__name__ + ": " + str(exc)
-            print(json.dumps(outcome))
-        """, json.dumps(targets))
+def test_a_sandbox_has_no_network_and_reaches_no_host_the_test_owns(sandbox: Sandbox) -> None:
+    """Only ``lo`` and no route inside; and no connection to hosts this test made (a listener on loopback, one in a
+    network namespace of its own behind a veth pair, one on the host's end of that pair), which the host itself reaches."""
+    with tcp_server() as (port, peers), outside_hosts() as outside:
+        outside.check_reachable()
+        targets = [("127.0.0.1", port), *outside.targets]
+        result = python(sandbox, SANDBOX_NETWORK_PROBE + """
+import json, socket, sys
+outcome = {}
+for target in json.loads(sys.argv[1]):
+    try:
+        socket.create_connection(tuple(target), timeout=3).close()
+        outcome[f"{target[0]}:{target[1]}"] = "connected"
+    except OSError as exc:
+        outcome[f"{target[0]}:{target[1]}"] = exc.__class__.__name__ + ": " + str(exc)
+print(json.dumps(outcome))
+""", json.dumps(targets))
         time.sleep(0.2)
+        assert outside.connections() == 2  # the host's own check, no more
     assert result.ok, result
-    outcome = json.loads(result.stdout)
+    network, outcome = (json.loads(line.removeprefix("NETWORK ")) for line in result.stdout.splitlines())
+    assert network == {"interfaces": ["lo"], "routes": [], "routes6": []}, network
     assert len(outcome) == len(targets)
     assert not [target for target, how in outcome.items() if how == "connected"], outcome
     assert peers == []
