@@ -19,7 +19,8 @@ rollout (:class:`Binding`) for as long as it runs and is useless after:
 - ``stream: true`` is refused (422 naming ``stream``): a harness reads whole answers;
 - every call is recorded (request messages, the answer, token counts) for the rollout's trajectory.
 
-Routes: ``GET /v1/models`` (the bound model), ``POST /v1/chat/completions``. Errors are problem+json with OpenAI's
+Routes: ``GET /v1/models`` (the bound model), ``POST /v1/chat/completions``, and no other (no docs, health or metrics:
+a 404). Errors are problem+json with OpenAI's
 ``message``/``param``, as on the gateway, so an unmodified ``openai`` client reads them.
 """
 
@@ -50,6 +51,9 @@ from services.common.openai_protocol import ChatCompletion, ChatCompletionReques
 from services.common.processes import process_tag
 
 log = structlog.get_logger("grader")
+
+MAX_BODY_BYTES = 8 * 1024 * 1024
+"""The largest request body a harness may send (bytes); larger is a 413."""
 
 MAX_INFLIGHT = 2
 """Model calls one rollout may have in flight at once (a 429 ``calls_in_flight`` beyond)."""
@@ -178,10 +182,9 @@ class ModelEndpoint:
 
     def app(self):  # noqa: ANN201 - a FastAPI app
         """The endpoint's FastAPI app."""
-        app = create_service_app("rollout-model", title="Crucible rollout model endpoint", max_body_bytes=8 * 1024 * 1024,
+        app = create_service_app("rollout-model", title="Crucible rollout model endpoint", max_body_bytes=MAX_BODY_BYTES, service_routes=False,
                                  description="The OpenAI-compatible endpoint a harness's sandbox reaches: one model, one rollout.")
-        app.state.endpoint = self
-        app.openapi_url = app.docs_url = app.redoc_url = None  # a harness has nothing to learn here that this module does not say
+        app.state.endpoint = self  # its two routes and nothing else: no docs, health or metrics (the worker's, other rollouts' included)
 
         @app.get("/v1/models", summary="The rollout's model", responses=problem_responses(Unauthorized))
         def list_models(binding: RolloutDep) -> RolloutModels:

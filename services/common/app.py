@@ -107,6 +107,7 @@ def create_service_app(
     health: Callable[[], dict[str, Any]] | None = None,
     docs_auth: Callable[[Request], Any] | None = None,
     metrics_auth: Callable[[Request], Any] | None = None,
+    service_routes: bool = True,
 ) -> FastAPI:
     """Build a service app with the shared error handlers, ``GET /healthz``, ``GET /metrics`` and a body limit.
 
@@ -118,17 +119,21 @@ def create_service_app(
     ``GET /openapi.json`` and ``GET /docs`` then answer only callers it accepts (401 problem+json otherwise),
     so an internal API's shape is not served to whoever reaches its port. ``None``: public docs (the gateway).
     ``metrics_auth(request)``: who may read ``GET /metrics`` (default: ``docs_auth``; the gateway: its operators).
+    ``service_routes=False``: the app serves its own routes and nothing else (no health, metrics or docs, its requests
+    not counted in the process's metrics): the rollout model endpoint, which a sandboxed harness reaches.
     """
     log = configure_logging(name, log_level)
     if lifespan is None and (migrations or on_startup or background):
         lifespan = _lifespan(migrations, on_startup, background)
-    docs = {"openapi_url": None, "docs_url": None, "redoc_url": None} if docs_auth else {}
+    docs = {"openapi_url": None, "docs_url": None, "redoc_url": None} if docs_auth or not service_routes else {}
     app = FastAPI(title=title, description=description, version=version, lifespan=lifespan, **docs)
-    if docs_auth:
+    if docs_auth and service_routes:
         _guarded_docs(app, docs_auth)
 
     _add_error_handlers(app, log)
     app.add_middleware(BodyLimit, max_bytes=max_body_bytes)
+    if not service_routes:
+        return app
 
     instrument(app, name, metrics_auth or docs_auth)
 

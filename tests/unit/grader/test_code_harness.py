@@ -377,6 +377,21 @@ def test_the_model_endpoint_serves_only_the_rollouts_model_and_only_while_it_run
         assert client.get("http://rollout/v1/models", headers={"Authorization": "Bearer rk-guessed"}).status_code == 401
 
 
+def test_the_model_endpoint_answers_its_two_routes_and_nothing_else(endpoint: ModelEndpoint) -> None:
+    """No docs, schema, health or metrics (the worker's request counts would tell of other rollouts, a hidden split's
+    grading among them), with a rollout's token or without."""
+    token = endpoint.bind(Binding(model=BASE, ctx=None, hold_id=None, key="eval_test:routes:0", context_tokens=None, max_tokens=8, max_calls=1))
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(endpoint.socket_path)), base_url="http://rollout") as client:
+            assert client.get("/v1/models", headers={"Authorization": f"Bearer {token}"}).json()["data"][0]["id"] == BASE
+            for headers in ({}, {"Authorization": f"Bearer {token}"}):
+                for path in ("/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect", "/metrics", "/healthz", "/v1/completions", "/v1/embeddings"):
+                    response = client.request("POST" if path.startswith("/v1/") else "GET", path, headers=headers)
+                    assert response.status_code in (404, 405) and "rollout-model" not in response.text, (path, response.status_code, response.text[:200])
+    finally:
+        endpoint.unbind(token)
+
+
 def test_a_harness_cannot_take_the_model_endpoint_away_from_the_rollouts_after_it(endpoint: ModelEndpoint, backend: str) -> None:
     """The endpoint's socket is shared by every rollout of the worker, and the sandbox's root owns it as the grader does:
     a harness that chmods, removes or replaces it fails, and the next rollout reaches the model as before."""
