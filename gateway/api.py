@@ -18,7 +18,6 @@ from fastapi import APIRouter, Body, Cookie, Depends, FastAPI, File, Form, Heade
 from fastapi.concurrency import run_in_threadpool
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import HTMLResponse, Response, StreamingResponse
-from fastapi.routing import APIRoute
 from fastapi.templating import Jinja2Templates
 
 from gateway import benchmarks, evaluator, finetuning, leaderboard, pages, reports, runs
@@ -61,7 +60,7 @@ from gateway.service import (
     training_job,
 )
 from grader.schemas import DatasetDigest
-from services.common.app import problem_json, validation_problem
+from services.common.app import StrictBodyRoute, problem_json, validation_problem
 from services.common.contracts import (
     COLLECTION_NAME,
     BenchmarkBaselines,
@@ -178,10 +177,11 @@ HarnessId = Annotated[str, Path(pattern=ID_PATTERN, description="`har_…`")]
 
 AGENT_ERRORS = problem_responses(Unauthorized, TooManyRequests, UpstreamUnavailable)  # 503: a service is restarting; retry
 MUTATING_ERRORS = problem_responses(Unauthorized, RunExpired, PaymentRequired)
-agent_router = APIRouter(prefix="/v1", responses=AGENT_ERRORS)
+agent_router = APIRouter(prefix="/v1", responses=AGENT_ERRORS, route_class=StrictBodyRoute)
 TaskQuery = Query(None, min_length=1, max_length=64, examples=["math"],
                   description="The benchmark's task (see `GET /v1/run`); may be left out when the benchmark has one task.")
-admin_router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(admin)], responses=problem_responses(Unauthorized))
+admin_router = APIRouter(prefix="/admin", tags=["admin"], dependencies=[Depends(admin)], responses=problem_responses(Unauthorized),
+                         route_class=StrictBodyRoute)
 public_router = APIRouter(tags=["leaderboard"])
 
 # --------------------------------------------------------------------------- run
@@ -365,7 +365,7 @@ async def cancel_training_job(job_id: JobId, gw: GatewayDep, caller: MutatingAge
 # --------------------------------------------------------------------------- OpenAI's files and fine-tuning API (gateway.finetuning)
 
 
-class OpenAIRoute(APIRoute):
+class OpenAIRoute(StrictBodyRoute):
     """A route that answers a request it cannot validate with 400, as OpenAI's API does (its SDK raises
     ``BadRequestError``), instead of FastAPI's 422; the body is the same problem, naming the field."""
 

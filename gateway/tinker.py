@@ -27,6 +27,7 @@ from trainer_service.schemas import LiveModelCreate, LoraSpec, SamplerCreate, Sa
 from gateway import evaluator
 from gateway.api import GatewayDep
 from gateway.service import Caller, admit, apply_recipe_policy, check_deadline, check_editable
+from services.common.app import StrictBodyRoute
 from services.common.contracts import Recipe
 from services.common.errors import BadRequest, NotFound, OutsideEditableSpace, Unauthorized, problem_responses
 
@@ -122,7 +123,7 @@ class RequestRef(_Body):
 TinkerCaller = Annotated[Caller, Depends(tinker_caller)]
 TrainerCaller = Annotated[Caller, Depends(trainer_caller)]
 
-router = APIRouter(prefix="/api/v1", tags=["tinker"], responses=problem_responses(Unauthorized))
+router = APIRouter(prefix="/api/v1", tags=["tinker"], responses=problem_responses(Unauthorized), route_class=StrictBodyRoute)
 
 
 def _future(out: Any) -> dict[str, Any]:

@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import json
 from collections.abc import AsyncIterator, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request
+from fastapi import FastAPI, Request, params
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
+from fastapi.routing import APIRoute
+from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
 from services.common.db import migrate
@@ -79,7 +82,8 @@ def validation_problem(exc: RequestValidationError, status: int = 422) -> dict[s
     if first.get("type") == "json_invalid":
         return with_openai_error({"type": "urn:crucible:problem:invalid_input", "title": "Invalid input", "status": status, "code": "invalid_input",
                                   "detail": "the request body is not valid JSON", "field": "body"})
-    field = _field_path(first.get("loc", ()), exc.body) or None
+    loc = tuple(first.get("loc", ()))
+    field = _field_path(loc, exc.body) or (str(loc[0]) if loc else None)  # the whole body (an array where an object belongs): "body"
     detail = f"{field}: {first.get('msg', 'invalid')}" if field else str(first.get("msg", "invalid request"))
     return with_openai_error({
         "type": "urn:crucible:problem:invalid_input",
@@ -90,6 +94,38 @@ def validation_problem(exc: RequestValidationError, status: int = 422) -> dict[s
         "field": field,
         "errors": [{"field": ".".join(str(p) for p in e.get("loc", ())), "message": e.get("msg")} for e in errors],
     })
+
+
+class StrictBodyRoute(APIRoute):
+    """A route whose JSON body is validated in pydantic's strict JSON mode before FastAPI's own (lax) validation, so a
+    value of the wrong JSON type is refused, not coerced: ``"limit": "1"``, ``"stream": 1`` or ``"max_tokens": 8.5``
+    is a 422 naming the field (strict mode's conversion table: an integer field takes a JSON integer only, a boolean
+    ``true``/``false`` only, a number field an integer or a number, a string field a string; a string still reads as
+    an enum member or a date-time, which JSON has no other way to send). A body that is not JSON, or not an object
+    of a model, is left to FastAPI (its own 422, naming ``body``)."""
+
+    def get_route_handler(self):  # noqa: ANN201 - FastAPI's handler type
+        handler = super().get_route_handler()
+        annotation = self.body_field.field_info.annotation if self.body_field is not None else None
+        if (annotation is None or isinstance(self.body_field.field_info, params.Form)  # type: ignore[union-attr]
+                or not (isinstance(annotation, type) and issubclass(annotation, BaseModel))):
+            return handler
+        adapter = TypeAdapter(annotation)
+
+        async def strict(request: Request) -> Any:  # noqa: ANN401 - a Response
+            raw = await request.body()  # cached: FastAPI reads it again
+            try:
+                body = json.loads(raw) if raw else None
+            except ValueError:
+                body = None  # not JSON: FastAPI's own problem
+            if isinstance(body, dict):
+                try:
+                    adapter.validate_json(raw, strict=True)
+                except ValidationError as exc:
+                    raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)], body=body) from None
+            return await handler(request)
+
+        return strict
 
 
 def create_service_app(

@@ -337,6 +337,27 @@ def test_past_its_deadline_a_run_reads_but_changes_nothing(served: Served, monke
     assert served.http.get("/v1/budget", headers=agent).status_code == 200 and calls == []
 
 
+@pytest.mark.parametrize(("method", "path", "body", "status", "field"), [
+    ("POST", "/v1/evaluations", {"model": MODEL, "limit": "1"}, 422, "limit"),
+    ("POST", "/v1/evaluations", [{"model": MODEL}], 422, "body"),
+    ("POST", "/v1/training/jobs", {"model": MODEL, "datasets": [], "recipe": {"max_steps": "4"}}, 422, "recipe.max_steps"),
+    ("POST", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "2+2?"}], "max_tokens": "8"}, 422, "max_tokens"),
+    ("POST", "/v1/chat/completions", {"model": MODEL, "messages": [{"role": "user", "content": "2+2?"}], "stream": 1}, 422, "stream"),
+    ("POST", "/v1/completions", {"model": MODEL, "prompt": "2+2=", "logprobs": True}, 422, "logprobs"),
+    ("POST", "/v1/fine_tuning/jobs", {"model": MODEL, "training_file": "ds_01jd3k4m5n6p7q8r9s0t1v2w3x", "hyperparameters": {"n_epochs": "3"}}, 400, "hyperparameters.n_epochs"),
+    ("POST", "/v1/submissions", {"model": MODEL, "note": 7}, 422, "note"),
+])
+def test_an_agents_body_of_the_wrong_json_type_is_refused_naming_the_field_and_changes_nothing(
+        served: Served, monkeypatch: pytest.MonkeyPatch, method: str, path: str, body: object, status: int, field: str) -> None:
+    """Strict JSON types on every agent route (StrictBodyRoute): ``"1"`` is no integer, ``1`` no boolean, an array no
+    object; nothing reaches a service behind the gateway."""
+    calls = served.answering("inference", lambda _r: httpx.Response(200, json=COMPLETION), monkeypatch)
+    _run, agent = served.new_run()
+    response = served.http.request(method, path, json=body, headers=agent)
+    assert assert_problem(response, status)["field"] == field
+    assert calls == [] and served.http.get("/v1/budget", headers=agent).json()["spent_usd_micros"] == 0
+
+
 # --------------------------------------------------------------------------- benchmarks and runs (operators)
 
 
