@@ -70,18 +70,18 @@ def dataset_rows(datasets: list[Dataset], recipe: Recipe) -> TrainingRows:
 def training_examples(trainer: Trainer, base_model: str, rows: TrainingRows, recipe: Recipe) -> list[Any]:
     """The rows as ``recipe.method``'s examples (tokenized as training will), with ``base_model``'s tokenizer (loaded
     once per process). Raises ``Unprocessable`` (``field="datasets"`` with ``rows``, how many, and ``dataset`` and
-    ``line`` of the first) when rows have nothing left to train on after truncation at ``recipe.max_seq_len``."""
-    from trainer_service.examples import NoSupervisedTokens
+    ``line`` of the first) when rows would train on nothing after truncation at ``recipe.max_seq_len``
+    (:class:`~trainer_service.examples.UntrainableRows`: an answer cut away, a preference pair made identical)."""
+    from trainer_service.examples import UntrainableRows
 
     try:
         return method_of(recipe).examples(tokenizer(base_model, trainer.settings.models_dir), rows.rows, train_config(recipe))
-    except NoSupervisedTokens as exc:
+    except UntrainableRows as exc:
         source, line = rows.where[exc.indices[0]]
         first = f"item {line} of the training pool" if source == TRAINING_POOL else f"line {line} of dataset {source}"
         raise Unprocessable(
-            f"{len(exc.indices)} row(s) have no answer token left after truncation at recipe.max_seq_len={recipe.max_seq_len} tokens "
-            f"(the prompt alone fills it), so they would train on nothing; the first is {first}. "
-            "Shorten their prompts or raise max_seq_len.", field="datasets", rows=len(exc.indices), dataset=source, line=line) from None
+            f"{len(exc.indices)} row(s) {exc.why}, so they would train on nothing; the first is {first}. "
+            "Fix those rows, or raise max_seq_len.", field="datasets", rows=len(exc.indices), dataset=source, line=line) from None
 
 
 def tokenizer(base_model: str, models_dir: Path) -> Any:

@@ -4,7 +4,7 @@ tensors (:func:`collate`).
 
 Invariants: an example's prompt tokens are exactly those the model sees at inference after ``add_generation_prompt``;
 no example is longer than ``max_seq_len``; a row whose answer the cut removes entirely is refused
-(:class:`NoSupervisedTokens`), never trained with loss 0 and billed.
+(:class:`UntrainableRows`), never trained with loss 0 and billed.
 """
 
 from __future__ import annotations
@@ -48,13 +48,21 @@ def _render_pair(tokenizer: Any, prompt: list[dict[str, str]], answer: dict[str,
     return prefix, full[len(prefix) :]
 
 
-class NoSupervisedTokens(ValueError):
-    """Rows whose answer is cut away entirely at ``max_seq_len`` (their prompt fills it): such a row would train
-    with loss 0 while its tokens are billed. ``indices``: their 0-based positions in the rows given."""
+NO_ANSWER_LEFT = "have no answer token left after truncation at recipe.max_seq_len={max_seq_len} tokens (the prompt alone fills it)"
+IDENTICAL_PAIRS = ("have the same tokens as chosen and as rejected answer after truncation at recipe.max_seq_len={max_seq_len} tokens "
+                   "(their answers differ only past it, or not at all), so the pair orders nothing")
 
-    def __init__(self, indices: list[int], max_seq_len: int) -> None:
-        super().__init__(f"{len(indices)} row(s) have no supervised token left after truncation at {max_seq_len} tokens")
-        self.indices, self.max_seq_len = indices, max_seq_len
+
+class UntrainableRows(ValueError):
+    """Rows that would train on nothing while their tokens are billed: an answer cut away entirely at ``max_seq_len``
+    (its prompt fills it: loss 0), or a preference pair whose two answers are the same tokens once cut (DPO's loss is
+    then ln 2 whatever the weights, with no gradient that tells them apart). ``indices``: their 0-based positions in
+    the rows given; ``why``: what they have, a sentence ending after "N row(s) …" (:data:`NO_ANSWER_LEFT`,
+    :data:`IDENTICAL_PAIRS`)."""
+
+    def __init__(self, indices: list[int], max_seq_len: int, why: str = NO_ANSWER_LEFT) -> None:
+        self.indices, self.max_seq_len, self.why = indices, max_seq_len, why.format(max_seq_len=max_seq_len)
+        super().__init__(f"{len(indices)} row(s) {self.why}")
 
 
 def tokenize_turns(tokenizer: Any, prompt: list[dict[str, str]], answer: dict[str, str], max_seq_len: int) -> Example:
@@ -77,11 +85,11 @@ def tokenize_examples(tokenizer: Any, rows: Sequence[SFTRow], max_seq_len: int) 
     the answer and the earlier ones the prompt; a ``prompt_completion`` row is one user message and the answer)
     with :func:`tokenize_turns`.
 
-    Raises :class:`NoSupervisedTokens` if a row has no supervised token left after the cut.
+    Raises :class:`UntrainableRows` if a row has no supervised token left after the cut.
     """
     examples = [tokenize_turns(tokenizer, *row.sft_turns(), max_seq_len) for row in rows]
     if empty := [index for index, example in enumerate(examples) if example.num_supervised == 0]:
-        raise NoSupervisedTokens(empty, max_seq_len)
+        raise UntrainableRows(empty, max_seq_len)
     return examples
 
 

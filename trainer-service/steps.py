@@ -46,7 +46,7 @@ class Method(Protocol):
     spec: ClassVar[recipes.MethodSpec]
 
     def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[Any]:
-        """The rows as this method's examples, in order. Raises ``NoSupervisedTokens`` naming the rows that have
+        """The rows as this method's examples, in order. Raises ``UntrainableRows`` naming the rows that have
         nothing left to train on after truncation at ``config.max_seq_len``."""
         ...
 

@@ -46,7 +46,7 @@ def train(
     """Train by ``method`` on dataset ``rows``: the rows become the method's examples with the base model's tokenizer
     (``method.examples``, cut to ``config.max_seq_len``), then :func:`train_examples` runs the loop.
 
-    Raises :class:`~trainer_service.examples.NoSupervisedTokens` before any step if a row has nothing left to train on
+    Raises :class:`~trainer_service.examples.UntrainableRows` before any step if a row has nothing left to train on
     after the cut, and ``ValueError`` for no rows; ``kwargs`` and the rest as :func:`train_examples`.
     """
     from transformers import AutoTokenizer

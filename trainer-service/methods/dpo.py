@@ -15,7 +15,7 @@ from typing import Any
 
 import torch.nn.functional as F
 from trainer_service.config import TrainConfig
-from trainer_service.examples import Example, NoSupervisedTokens, collate, tokenize_turns
+from trainer_service.examples import IDENTICAL_PAIRS, Example, UntrainableRows, collate, tokenize_turns
 from trainer_service.logprobs import sequence_logprobs
 from trainer_service.metrics import TokenCounts
 from trainer_service.policy import Policy
@@ -34,15 +34,21 @@ class PreferencePair:
 class DPO:
     """DPO's sigmoid loss over preference pairs; the step's metrics are the implicit rewards' accuracy and margin."""
 
+    refuse_identical = True
+    """A pair whose two answers are the same tokens trains on nothing here (ORPO's NLL term still trains on it)."""
+
     def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[PreferencePair]:
-        """Each row as a :class:`PreferencePair`; ``NoSupervisedTokens`` for rows where either answer is cut away."""
+        """Each row as a :class:`PreferencePair`. ``UntrainableRows`` for rows where either answer is cut away, then
+        for rows whose chosen and rejected answers are the same tokens after the cut."""
         pairs, max_seq_len = [], config.max_seq_len
         for row in rows:
             prompt = row.prompt_messages()
             pairs.append(PreferencePair(tokenize_turns(tokenizer, prompt, {"role": "assistant", "content": row.chosen}, max_seq_len),
                                         tokenize_turns(tokenizer, prompt, {"role": "assistant", "content": row.rejected}, max_seq_len)))
         if empty := [i for i, p in enumerate(pairs) if p.chosen.num_supervised == 0 or p.rejected.num_supervised == 0]:
-            raise NoSupervisedTokens(empty, max_seq_len)
+            raise UntrainableRows(empty, max_seq_len)
+        if self.refuse_identical and (same := [i for i, p in enumerate(pairs) if p.chosen.input_ids == p.rejected.input_ids]):
+            raise UntrainableRows(same, max_seq_len, IDENTICAL_PAIRS)
         return pairs
 
     def batch_rows(self, config: TrainConfig) -> int:

@@ -30,7 +30,7 @@ from typing import Any
 
 import torch
 from trainer_service.config import TrainConfig
-from trainer_service.examples import IGNORE_INDEX, Example, NoSupervisedTokens, collate
+from trainer_service.examples import IGNORE_INDEX, Example, UntrainableRows, collate
 from trainer_service.metrics import TokenCounts
 from trainer_service.policy import Policy
 from trainer_service.steps import StepLoss, method_step
@@ -71,7 +71,7 @@ class GRPO:
     def examples(self, tokenizer: Any, rows: Sequence[Any], config: TrainConfig) -> list[PromptExample]:
         """Each row's prompt (``prompt_messages()``, ``item_id``) rendered with the chat template and its generation
         prompt; a rollout may use what ``config.max_seq_len`` leaves after the prompt, up to ``grpo_max_new_tokens``.
-        ``NoSupervisedTokens`` for rows whose prompt leaves no room for a single generated token."""
+        ``UntrainableRows`` for rows whose prompt leaves no room for a single generated token."""
         examples = []
         for row in rows:
             text = tokenizer.apply_chat_template(row.prompt_messages(), tokenize=False, add_generation_prompt=True)
@@ -79,7 +79,7 @@ class GRPO:
             room = min(config.grpo_max_new_tokens, config.max_seq_len - len(prompt_ids))
             examples.append(PromptExample(row.item_id, prompt_ids, config.grpo_group_size, max(room, 0), row.reference()))
         if empty := [i for i, e in enumerate(examples) if e.max_new_tokens == 0]:
-            raise NoSupervisedTokens(empty, config.max_seq_len)
+            raise UntrainableRows(empty, config.max_seq_len)
         return examples
 
     def batch_rows(self, config: TrainConfig) -> int:

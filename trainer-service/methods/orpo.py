@@ -37,6 +37,8 @@ class ORPO(DPO):
     ratio of the chosen over the rejected answer: the preference margin), ``reward_accuracy`` (share of pairs whose
     chosen answer has the higher odds)."""
 
+    refuse_identical = False  # a pair made identical by the cut still trains its NLL term on the chosen answer
+
     def loss(self, policy: Policy, batch: Sequence[PreferencePair], config: TrainConfig) -> StepLoss:
         """``L_SFT + λ · mean(L_OR)`` of the pairs; the chosen and rejected sequences run as one batch of ``2n`` rows."""
         n = len(batch)

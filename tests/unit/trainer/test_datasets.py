@@ -23,7 +23,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from trainer_service import service, worker
 from trainer_service.app import create_app
-from trainer_service.examples import IGNORE_INDEX, NoSupervisedTokens, _render_pair, tokenize_examples
+from trainer_service.examples import IGNORE_INDEX, UntrainableRows, _render_pair, tokenize_examples
 from trainer_service.models import Dataset
 from trainer_service.schemas import MAX_COLUMNS_BYTES, ChatRow, PreferenceRow, PromptOnlyRow, parse_dataset, parse_row
 
@@ -384,7 +384,7 @@ def test_the_answer_survives_truncation_exactly_while_max_seq_len_exceeds_the_pr
     prompt_len = len(tokenizer(prefix, add_special_tokens=False)["input_ids"])
     [example] = tokenize_examples(tokenizer, [row], max_seq_len=prompt_len + 1)
     assert example.num_supervised == 1
-    with pytest.raises(NoSupervisedTokens) as exc:
+    with pytest.raises(UntrainableRows) as exc:
         tokenize_examples(tokenizer, [row, parse_row(GOOD, 2), row], max_seq_len=prompt_len)
     assert exc.value.indices == [0, 1, 2]
 
@@ -416,6 +416,23 @@ def test_rows_truncated_to_nothing_are_refused_at_job_creation_with_nothing_held
     balance, _, holds = trainer.books(ctx)
     assert [h["status"] for h in holds] == ["open"] and balance["held_usd_micros"] > 0
     assert trainer.enqueued == [*queued_before, resp.json()["id"]]
+
+
+def test_preference_pairs_the_cut_makes_identical_are_refused_for_dpo_with_nothing_held(trainer: Trainer) -> None:
+    """Two answers that differ only after ~200 shared tokens, at max_seq_len 64: DPO would train at loss ln 2 with no
+    margin, write a checkpoint and be charged. Refused naming the rows; with room to differ, the job is created."""
+    ctx = trainer.new_run()
+    shared = " ".join(["the weather today is sunny and warm"] * 25)
+    rows = [{"prompt": "a", "chosen": "b", "rejected": "c"}, {"prompt": "Describe the day.", "chosen": shared + " yes", "rejected": shared + " no"},
+            {"prompt": "And tomorrow?", "chosen": shared + " rain", "rejected": shared + " snow"}]
+    ds = trainer.upload(ctx, jsonl(*rows)).json()
+    queued_before = list(trainer.enqueued)
+    problem = assert_refused(trainer.create_job(ctx, [ds["id"]], method="dpo", max_seq_len=64), "datasets", 2)
+    assert (problem["rows"], problem["dataset"]) == (2, ds["id"]) and "same tokens as chosen and as rejected" in problem["detail"]
+    balance, _, holds = trainer.books(ctx)
+    assert (balance["held_usd_micros"], holds, trainer.enqueued) == (0, [], queued_before)
+    assert trainer.create_job(ctx, [ds["id"]], method="dpo", max_seq_len=1024).status_code == 201
+    assert trainer.create_job(ctx, [ds["id"]], method="orpo", max_seq_len=64).status_code == 201  # its NLL term trains on the chosen answer
 
 
 def test_a_stored_dataset_that_breaks_the_rules_is_refused_at_job_creation_not_a_500(trainer: Trainer) -> None:
