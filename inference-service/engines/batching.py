@@ -3,8 +3,7 @@
 Concurrent requests are micro-batched: the first waiting request opens a window that stays open while requests keep
 arriving (each within ``max_wait_ms`` of the last, up to ``max_window_ms`` in all and ``max_batch_size`` rows; a
 request with ``n`` choices is ``n`` rows). The batch is split by model (the base, each adapter, each full checkpoint:
-requests for different models never share a group) and by seed (sampled requests of different seeds never share
-one), and each group with a request not cancelled yet runs as one :meth:`MicroBatcher._generate` call on one worker
+requests for different models never share a group), and each group with a request not cancelled yet runs as one :meth:`MicroBatcher._generate` call on one worker
 thread, one group at a time. The batcher lives on the event loop of its callers (a new loop gets a new batcher).
 Every request submitted is answered: ``_generate`` finishes or fails each request of its group, and
 :meth:`MicroBatcher.aclose` fails those not answered yet.
@@ -51,7 +50,7 @@ class MicroBatcher(abc.ABC):
 
     @abc.abstractmethod
     def _generate(self, group: list[Pending]) -> None:
-        """Answer ``group`` (one model, one seed; on the worker thread): finish or fail every request's generation."""
+        """Answer ``group`` (one model; on the worker thread): finish or fail every request's generation."""
 
     async def submit(self, request: GenerationRequest, adapter: Adapter | None = None) -> Generation:
         """Queue ``request`` for the next batch on the base model or the checkpoint ``adapter`` (LoRA or full);
@@ -119,10 +118,9 @@ class MicroBatcher(abc.ABC):
 
 
 def _groups(batch: list[Pending]) -> list[list[Pending]]:
-    """``batch`` split by model (the base, an adapter or a full checkpoint) and by the seed of sampled requests."""
-    groups: dict[tuple[tuple[str, str] | None, int | None], list[Pending]] = defaultdict(list)
+    """``batch`` split by model (the base, an adapter or a full checkpoint); seeds need no group of their own, each
+    sampled row drawing from its own generator (:func:`~inference_service.engines.decoding.row_generator`)."""
+    groups: dict[tuple[str, str] | None, list[Pending]] = defaultdict(list)
     for pending in batch:
-        seeded = pending.request.seed if pending.request.temperature > 0 else None
-        model = (pending.adapter.kind, pending.adapter.name) if pending.adapter else None
-        groups[(model, seeded)].append(pending)
+        groups[(pending.adapter.kind, pending.adapter.name) if pending.adapter else None].append(pending)
     return list(groups.values())

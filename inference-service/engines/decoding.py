@@ -11,13 +11,18 @@ Invariants: a row ends at an end-of-turn token (which has no text and no log-pro
 string, at the end of its JSON schema, at its limit (``length``) or when its request is cancelled (``stop``); a
 streamed row's deltas hold back a tail that may be the start of a stop string, and its last delta carries its finish
 reason. Greedy decoding (``temperature == 0``) is deterministic for a given batch; float rounding differs slightly
-between batch shapes, so in rare near-ties the same prompt may decode differently in a different batch. Sampling with
-a ``seed`` is reproducible for the same batch (the batcher groups seeded requests by seed).
+between batch shapes, so in rare near-ties the same prompt may decode differently in a different batch.
+
+Sampling draws each row's token from its own ``torch.Generator`` (:func:`row_generator`): seeded from the request's
+``seed`` (choice ``i`` from ``seed + i``, vLLM's rule), else from the operating system's entropy; ``generate`` then
+takes the one token left (greedy). No request touches torch's global generator, so a seeded request cannot make
+another's samples predictable, whichever run sent it.
 """
 
 from __future__ import annotations
 
 import logging
+import os
 import time
 from dataclasses import dataclass, field
 from typing import Any, Literal
@@ -72,10 +77,24 @@ class Row:
     matcher: Any = None
     counts: torch.Tensor | None = None  # occurrences of each token id so far (penalties)
     step_logprobs: torch.Tensor | None = None  # this step's raw log-probabilities (logprobs)
+    generator: torch.Generator | None = None  # a sampled row's own random stream (row_generator)
+
+    def __post_init__(self) -> None:
+        if self.request.temperature > 0 and self.generator is None:
+            self.generator = row_generator(self.request.seed, self.index)
 
     @property
     def done(self) -> bool:
         return self.finish_reason is not None
+
+
+def row_generator(seed: int | None, index: int) -> torch.Generator:
+    """The random stream of choice ``index`` of a sampled request: from ``seed + index`` (vLLM's rule for ``n`` choices
+    of a seeded request), else from 64 bits of the operating system's entropy. CPU generator: the draws are made on
+    the CPU, where the probabilities are moved (one row of ``vocab`` floats a step)."""
+    generator = torch.Generator()
+    generator.manual_seed(seed + index if seed is not None else int.from_bytes(os.urandom(8), "little"))
+    return generator
 
 
 def generate_rows(model: Any, rows: list[Row], *, pad: int, eos: set[int], vocab: int, logprobs: TokenLogprobs) -> None:
@@ -96,11 +115,8 @@ def generate_rows(model: Any, rows: list[Row], *, pad: int, eos: set[int], vocab
         input_ids[i, width - len(row.prompt) :] = torch.tensor(row.prompt)
         attention_mask[i, width - len(row.prompt) :] = 1
     control = RowControl(live, eos=eos, vocab=vocab, logprobs=logprobs)
-    seed = next((r.request.seed for r in live if r.request.temperature > 0 and r.request.seed is not None), None)
-    config = GenerationConfig(max_new_tokens=max(r.limit for r in live), do_sample=control.sampling, temperature=1.0, top_p=1.0, top_k=None,
-                              eos_token_id=sorted(eos), pad_token_id=pad)
-    if seed is not None:
-        torch.manual_seed(seed)
+    config = GenerationConfig(max_new_tokens=max(r.limit for r in live), do_sample=False, temperature=None, top_p=None, top_k=None,
+                              eos_token_id=sorted(eos), pad_token_id=pad)  # greedy over what the processor left: each sampled row's own draw
     started = time.perf_counter()
     with torch.inference_mode():
         model.generate(input_ids=input_ids, attention_mask=attention_mask, generation_config=config, streamer=control,
@@ -126,7 +142,6 @@ class RowControl:
         self._prompt_seen = False
         self._bitmask: torch.Tensor | None = None
         self.sampling = any(r.request.temperature > 0 for r in rows)
-        self._greedy = [i for i, r in enumerate(rows) if r.request.temperature <= 0]
         self._sampled = [i for i, r in enumerate(rows) if r.request.temperature > 0]
         self._temperatures = torch.tensor([[rows[i].request.temperature] for i in self._sampled])
         self._top_p = [i for i in self._sampled if rows[i].request.top_p < 1.0]
@@ -175,20 +190,24 @@ class RowControl:
             xgrammar.apply_token_bitmask_inplace(scores, self._bitmask, indices=indices)
 
     def _sample_per_row(self, scores: torch.Tensor) -> None:
-        """In a sampling batch: greedy rows keep only their best token, sampled rows take their temperature and top-p."""
-        if self._greedy:
-            greedy = torch.tensor(self._greedy)
-            best = scores[greedy].argmax(dim=-1)
-            scores[greedy] = float("-inf")
-            scores[greedy, best] = 0.0
-        if self._sampled:
-            sampled = torch.tensor(self._sampled)
-            scores[sampled] /= self._temperatures
+        """In a sampling batch, each sampled row's token is drawn here, from its temperature and top-p, with its own
+        generator (:func:`row_generator`), and left as the row's only token, so ``generate``'s argmax takes it."""
+        if not self._sampled:
+            return
+        sampled = torch.tensor(self._sampled)
+        scores[sampled] /= self._temperatures
         for i in self._top_p:
             ordered, order = torch.sort(scores[i], descending=True)
             probs = torch.softmax(ordered, dim=-1)
             cut = probs.cumsum(dim=-1) - probs >= self.rows[i].request.top_p  # keep the smallest set reaching top_p
             scores[i, order[cut]] = float("-inf")
+        for i in self._sampled:
+            row = self.rows[i]
+            if row.done:
+                continue
+            token = torch.multinomial(torch.softmax(scores[i], dim=-1), 1, generator=row.generator)
+            scores[i] = float("-inf")
+            scores[i, token] = 0.0
 
     def put(self, value: torch.Tensor) -> None:
         """Streamer: the prompt first, then each step's new token per row."""

@@ -4,7 +4,7 @@ feature of the seam.
 :class:`TransformersEngine` holds one float32 copy of the base model and the checkpoints loaded on it
 (:mod:`.adapters`: up to ``max_loaded_adapters`` PEFT LoRA adapters and ``max_loaded_full_checkpoints`` full-weight
 checkpoints, least recently used unloaded first). Concurrent requests are micro-batched (:mod:`.batching`: a window
-of requests split by model and seed), and each group runs as one ``model.generate`` call per ``max_batch_size`` rows
+of requests split by model), and each group runs as one ``model.generate`` call per ``max_batch_size`` rows
 on one worker thread (:mod:`.decoding`: per-row penalties, bias, JSON schemas (:mod:`.grammar`), temperature, top-p,
 stop strings, streaming), the same code whichever model it runs on; log-probabilities are :mod:`.logprobs`'. A request
 that cannot be prepared (a JSON schema xgrammar refuses) fails alone; a checkpoint that cannot be loaded fails the
@@ -83,7 +83,7 @@ class TransformersEngine(MicroBatcher):
     # ------------------------------------------------------------------ generation (worker thread)
 
     def _generate(self, group: list[Pending]) -> None:
-        """Answer ``group`` (one model: the base, an adapter or a full checkpoint; one seed) in runs of at most
+        """Answer ``group`` (one model: the base, an adapter or a full checkpoint) in runs of at most
         ``max_batch_size`` rows; every request's generation is finished or failed."""
         try:
             with self._lock, self.models.serving(group[0].adapter) as model:

@@ -111,6 +111,23 @@ def test_a_seed_makes_sampling_reproducible(engine: Engine) -> None:
     assert first == again
 
 
+def test_a_seeded_request_makes_no_other_request_predictable(engine: Engine) -> None:
+    """A ``seed`` once set torch's global generator, so an unseeded T = 1 request served next (another run's too) drew
+    the seeded answer. Each request draws from its own stream: unseeded ones sent right after a ``seed: 42`` one, or
+    in the same batch, differ from it and from each other, and the seeded one is the same alone or beside them."""
+    story = "Tell me a story."
+    seeded = generate(engine, chat(story, temperature=1.0, seed=42, max_tokens=24))[0].choices[0].text
+    after = []
+    for _ in range(3):
+        generate(engine, chat(story, temperature=1.0, seed=42, max_tokens=24))
+        after.append(generate(engine, chat(story, temperature=1.0, max_tokens=24))[0].choices[0].text)
+    batch = generate(engine, chat(story, temperature=1.0, seed=42, max_tokens=24), *[chat(story, temperature=1.0, max_tokens=24)] * 2)
+    beside = [r.choices[0].text for r in batch]
+    assert seeded not in after + beside[1:], (seeded, after, beside)
+    assert len(set(after)) > 1 and len(set(beside[1:])) == 2, (after, beside)  # 24 tokens at T = 1: draws do not repeat
+    assert beside[0] == seeded
+
+
 def test_a_tiny_top_p_is_greedy(engine: Engine) -> None:
     greedy = generate(engine, chat("Name a colour.", max_tokens=8))[0].choices[0].text
     nucleus = generate(engine, chat("Name a colour.", temperature=1.0, top_p=1e-6, max_tokens=8))[0].choices[0].text
