@@ -17,6 +17,7 @@ import json
 import time
 
 from inference_service.engines.base import Choice, Delta, GenerationResult, TokenLogprob
+from inference_service.engines.tokens import CharOffsets, shown
 from inference_service.tool_calls import ToolCallHoldback, answer_tool_calls, tool_mode
 from pydantic import BaseModel
 
@@ -134,17 +135,18 @@ def completion(req: CompletionRequest, call_id: str, results: list[GenerationRes
     return Completion(id=call_id, created=int(time.time()), model=req.model, choices=choices, usage=usage(results))
 
 
-def _completion_logprobs(entries: list[TokenLogprob | None], first_text: str = "", offset: int = 0) -> CompletionLogprobs:
-    """Per entry: token, log-probability, alternatives, character offset in the choice's text (the first entry's is
-    ``offset``). A missing entry (the first prompt token, which has no log-probability) shows ``first_text``."""
+def _completion_logprobs(entries: list[TokenLogprob | None], first: bytes = b"", offsets: CharOffsets | None = None) -> CompletionLogprobs:
+    """Per entry: token, log-probability, alternatives, character offset in the choice's text (:class:`CharOffsets`
+    over the tokens' own bytes, so an offset indexes the text even where tokens split a character; ``offsets`` carries
+    a stream's count across its deltas). A missing entry (the first prompt token, which has no log-probability) is
+    the token of bytes ``first``."""
     out = CompletionLogprobs()
+    offsets = offsets or CharOffsets()
     for entry in entries:
-        token = entry.token if entry else first_text
-        out.tokens.append(token)
+        out.tokens.append(entry.token if entry else shown(first))
         out.token_logprobs.append(entry.logprob if entry else None)
         out.top_logprobs.append({t: lp for t, lp, _ in entry.top} if entry else None)
-        out.text_offset.append(offset)
-        offset += len(token)
+        out.text_offset.append(offsets.add(entry.bytes if entry else first))
     return out
 
 
@@ -160,14 +162,15 @@ def _completion_choice(req: CompletionRequest, index: int, result: GenerationRes
         if req.echo:
             entries.extend(result.prompt_logprobs or [])
         entries.extend(choice.logprobs or [])
-        logprobs = _completion_logprobs(entries, _first_token_text(prefix, result) if req.echo else "")
+        logprobs = _completion_logprobs(entries, _first_token_bytes(prefix, result) if req.echo else b"")
     return CompletionChoice(index=index, text=prefix + choice.text, logprobs=logprobs, finish_reason=choice.finish_reason)
 
 
-def _first_token_text(prefix: str, result: GenerationResult) -> str:
-    """The echoed prompt's first token's text: what the other prompt tokens' texts leave of ``prefix``."""
-    rest = "".join(e.token for e in (result.prompt_logprobs or [])[1:] if e)
-    return prefix[: max(0, len(prefix) - len(rest))]
+def _first_token_bytes(prefix: str, result: GenerationResult) -> bytes:
+    """The echoed prompt's first token's bytes: what the other prompt tokens' bytes leave of ``prefix``'s."""
+    whole = prefix.encode("utf-8")
+    rest = sum(len(e.bytes) for e in (result.prompt_logprobs or [])[1:] if e)
+    return whole[: max(0, len(whole) - rest)]
 
 
 class CompletionStream:
@@ -175,7 +178,7 @@ class CompletionStream:
 
     def __init__(self, req: CompletionRequest, call_id: str) -> None:
         self.req, self.id, self.created = req, call_id, int(time.time())
-        self.offsets = [0] * req.n  # characters of each choice's text sent so far (``text_offset`` counts from its start)
+        self.offsets = [CharOffsets() for _ in range(req.n)]  # each choice's tokens so far (``text_offset`` counts from its start)
 
     def _event(self, choices: list[CompletionChoice], usage: Usage | None = None) -> Completion:
         return Completion(id=self.id, created=self.created, model=self.req.model, choices=choices, usage=usage)
@@ -186,8 +189,7 @@ class CompletionStream:
 
     def delta(self, delta: Delta) -> list[Completion]:
         """The new text, its log-probabilities and, on a choice's last delta, its ``finish_reason``."""
-        logprobs = _completion_logprobs(list(delta.logprobs), offset=self.offsets[delta.index]) if delta.logprobs else None
-        self.offsets[delta.index] += len(delta.text)
+        logprobs = _completion_logprobs(list(delta.logprobs), offsets=self.offsets[delta.index]) if delta.logprobs else None
         return [self._event([CompletionChoice(index=delta.index, text=delta.text, logprobs=logprobs, finish_reason=delta.finish_reason)])]
 
     def closing(self, result: GenerationResult) -> list[Completion]:

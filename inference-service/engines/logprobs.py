@@ -3,8 +3,8 @@ a token's text and UTF-8 bytes, its natural-log probability, its ``top`` most li
 and a prompt's per-token log-probabilities.
 
 Invariants: the values are the model's raw ones (a ``log_softmax`` of its logits, before penalties, bias, temperature and
-top-p); a token's text is its own decoding (a token holding part of a character shows the replacement character, its
-bytes are exact), cached per token.
+top-p); a token's bytes are its own and its text is theirs (``bytes:\\xNN…`` for a token holding part of a character:
+:mod:`.tokens`), cached per token.
 """
 
 from __future__ import annotations
@@ -13,21 +13,18 @@ from typing import Any
 
 import torch
 from inference_service.engines.base import TokenLogprob
+from inference_service.engines.tokens import TokenTexts
 
 
 class TokenLogprobs:
     """Log-probability entries of one tokenizer's tokens."""
 
     def __init__(self, tokenizer: Any) -> None:
-        self._tokenizer = tokenizer
-        self._texts: dict[int, tuple[str, list[int]]] = {}
+        self._texts = TokenTexts(tokenizer)
 
     def text(self, token: int) -> tuple[str, list[int]]:
-        """A token's text and UTF-8 bytes."""
-        if token not in self._texts:
-            text = self._tokenizer.decode([token])
-            self._texts[token] = (text, list(text.encode("utf-8", "surrogatepass")))
-        return self._texts[token]
+        """A token's text and its own bytes (:class:`~inference_service.engines.tokens.TokenTexts`)."""
+        return self._texts.of(token)
 
     def entry(self, logprobs: torch.Tensor, token: int, top: int) -> TokenLogprob:
         """``token``'s entry of a log-probability vector, with the ``top`` most likely alternatives."""

@@ -40,6 +40,7 @@ from inference_service.engines.base import (
     GenerationResult,
     TokenLogprob,
 )
+from inference_service.engines.tokens import TokenTexts
 
 if TYPE_CHECKING:
     from inference_service.settings import InferenceSettings
@@ -64,7 +65,7 @@ class UpstreamEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
         self._eos = end_of_turn_ids(model_dir, self.tokenizer)  # sent as stop_token_ids: a server need not read generation_config.json
-        self._eos_texts = {*self.tokenizer.convert_ids_to_tokens(self._eos), *(self.tokenizer.decode([i]) for i in self._eos)}
+        self._texts = TokenTexts(self.tokenizer)  # logprobs come back as token ids (return_tokens_as_token_ids): their own bytes
         self._context = int(AutoConfig.from_pretrained(model_dir).max_position_embeddings)
         self._vocab = len(self.tokenizer)
         self._base_url, self._api_key, self._timeout_s = base_url.rstrip("/"), api_key, timeout_s
@@ -159,6 +160,7 @@ class UpstreamEngine:
             body["seed"] = request.seed
         if request.logprobs is not None:
             body["logprobs"] = request.logprobs
+            body["return_tokens_as_token_ids"] = True  # "token_id:N": the token's own bytes are read here, not a lossy decoding
         if request.logit_bias:
             body["logit_bias"] = {str(k): v for k, v in request.logit_bias.items()}
         if request.json_schema is not None:
@@ -207,7 +209,7 @@ class UpstreamEngine:
                     state = choices[part["index"]]
                     state.tokens += len(part.get("token_ids") or [])
                     state.text += part.get("text", "")
-                    entries = [e for e in _token_logprobs(part.get("logprobs"), request.logprobs) if e.token not in self._eos_texts]
+                    entries = self._token_logprobs(part.get("logprobs"), request.logprobs)
                     state.logprobs.extend(entries)
                     if part.get("finish_reason") in ("stop", "length"):
                         state.finish_reason = part["finish_reason"]
@@ -224,12 +226,32 @@ class UpstreamEngine:
             raise UpstreamError(f"completions (prompt_logprobs): {resp.status_code} {resp.text[:500]}")
         entries = resp.json()["choices"][0]["prompt_logprobs"]
         out: list[TokenLogprob | None] = [None]
-        for token, entry in zip(prompt[1:], entries[1:], strict=True):
-            chosen = entry[str(token)]
-            alternatives = sorted(((v["decoded_token"], v["logprob"]) for k, v in entry.items()), key=lambda x: -x[1])[:top]
-            text = chosen.get("decoded_token") or self.tokenizer.decode([token])
-            out.append(TokenLogprob(token=text, logprob=chosen["logprob"], bytes=list(text.encode("utf-8", "surrogatepass")),
-                                    top=[(t, lp, list(t.encode("utf-8", "surrogatepass"))) for t, lp in alternatives]))
+        for token, entry in zip(prompt[1:], entries[1:], strict=True):  # keyed by token id
+            ranked = sorted(((int(k), v["logprob"]) for k, v in entry.items()), key=lambda x: -x[1])[:top]
+            out.append(self._entry(token, entry[str(token)]["logprob"], ranked))
+        return out
+
+    def _entry(self, token: int, logprob: float, ranked: list[tuple[int, float]]) -> TokenLogprob:
+        """``token``'s entry with its ``ranked`` alternatives (``(token id, logprob)``, most likely first)."""
+        text, raw = self._texts.of(token)
+        top = []
+        for alternative, alternative_logprob in ranked:
+            alternative_text, alternative_raw = self._texts.of(alternative)
+            top.append((alternative_text, alternative_logprob, alternative_raw))
+        return TokenLogprob(token=text, logprob=logprob, bytes=raw, top=top)
+
+    def _token_logprobs(self, logprobs: dict[str, Any] | None, top: int | None) -> list[TokenLogprob]:
+        """A completions ``logprobs`` object (tokens as ``token_id:N``, token_logprobs, top_logprobs) as
+        :class:`TokenLogprob` entries, the end-of-turn tokens left out (they have no text in the answer)."""
+        if not logprobs or top is None:
+            return []
+        out = []
+        for token, value, alternatives in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs.get("top_logprobs") or [], strict=False):
+            token_id = _token_id(token)
+            if token_id in self._eos:
+                continue
+            ranked = sorted(((_token_id(t), lp) for t, lp in (alternatives or {}).items()), key=lambda x: -x[1])[:top]
+            out.append(self._entry(token_id, value, ranked))
         return out
 
 
@@ -241,16 +263,9 @@ class _ChoiceState:
         self.finish_reason: Any = None
 
 
-def _token_logprobs(logprobs: dict[str, Any] | None, top: int | None) -> list[TokenLogprob]:
-    """A completions ``logprobs`` object (tokens, token_logprobs, top_logprobs) as :class:`TokenLogprob` entries."""
-    if not logprobs or top is None:
-        return []
-    out = []
-    for token, value, alternatives in zip(logprobs["tokens"], logprobs["token_logprobs"], logprobs.get("top_logprobs") or [], strict=False):
-        ranked = sorted((alternatives or {}).items(), key=lambda kv: -kv[1])[:top]
-        out.append(TokenLogprob(token=token, logprob=value, bytes=list(token.encode("utf-8", "surrogatepass")),
-                                top=[(t, lp, list(t.encode("utf-8", "surrogatepass"))) for t, lp in ranked]))
-    return out
+def _token_id(token: str) -> int:
+    """``token_id:N`` (vLLM's ``return_tokens_as_token_ids``) as ``N``."""
+    return int(token.removeprefix("token_id:"))
 
 
 async def _next_or_stop(lines: Any, stop: asyncio.Event) -> str | None:

@@ -61,6 +61,7 @@ from inference_service.engines.base import (  # noqa: E402
     GenerationResult,
     TokenLogprob,
 )
+from inference_service.engines.tokens import TokenTexts  # noqa: E402
 
 if TYPE_CHECKING:
     from inference_service.settings import InferenceSettings
@@ -138,7 +139,7 @@ class VLLMEngine:
         self.tokenizer = AutoTokenizer.from_pretrained(model_dir)
         self.renderer = ChatRenderer(self.tokenizer)
         self._eos = end_of_turn_ids(model_dir, self.tokenizer)  # vLLM is told them: its generation_config "vllm" reads none
-        self._token_texts: dict[int, tuple[str, list[int]]] = {}
+        self._token_texts = TokenTexts(self.tokenizer)
         self._engine_args: dict[str, Any] = {
             "model": str(model_dir), "dtype": dtype, "max_model_len": max_model_len, "kv_cache_memory_bytes": kv_cache_bytes,
             "enforce_eager": True, "distributed_executor_backend": "uni", "enable_prefix_caching": True,
@@ -423,11 +424,8 @@ class VLLMEngine:
         return TokenLogprob(token=text, logprob=float(entry[token].logprob), bytes=raw, top=alternatives)
 
     def _token_text(self, token: int) -> tuple[str, list[int]]:
-        """A token's text and UTF-8 bytes (as the transformers engine reports them)."""
-        if token not in self._token_texts:
-            text = self.tokenizer.decode([token])
-            self._token_texts[token] = (text, list(text.encode("utf-8", "surrogatepass")))
-        return self._token_texts[token]
+        """A token's text and its own bytes (as the transformers engine reports them: :mod:`.tokens`)."""
+        return self._token_texts.of(token)
 
 
 def _finish_reason(reason: str | None) -> Literal["stop", "length"] | None:

@@ -365,6 +365,39 @@ def test_echo_with_logprobs_scores_the_prompt(client: openai.OpenAI) -> None:
     assert alone.choices[0].text == prompt and alone.choices[0].logprobs.token_logprobs == pytest.approx(lp.token_logprobs[:-1], abs=1e-4)
 
 
+def _token_bytes(token: str) -> bytes:
+    """A token as the API shows it, back to its bytes: its text, or ``bytes:\\xNN…`` where it holds part of a character."""
+    return bytes.fromhex(token.removeprefix("bytes:").replace("\\x", "")) if token.startswith("bytes:") else token.encode()
+
+
+@pytest.mark.parametrize("prompt", ["a 日本", "naïve café — 猫が好き 🐱!", "€ 1"])
+def test_tokens_that_split_a_character_are_their_own_bytes_and_offsets_index_the_text(client: openai.OpenAI, prompt: str) -> None:
+    """``"a 日本"`` once echoed tokens ``["", " �", "�", "�", "本"]``, whose offsets no longer indexed the text. Each
+    token is its real bytes (shown ``bytes:\\xNN…`` where they are not whole characters); their bytes make up the
+    text, and each offset is the character where the token starts."""
+    out = client.completions.create(model=MODEL, prompt=prompt, max_tokens=0, echo=True, logprobs=1)
+    lp = out.choices[0].logprobs
+    text = out.choices[0].text
+    assert text == prompt and "\ufffd" not in "".join(lp.tokens)
+    assert b"".join(_token_bytes(t) for t in lp.tokens) == text.encode()
+    starts = [len(b"".join(_token_bytes(t) for t in lp.tokens[:i]).decode("utf-8", "ignore")) for i in range(len(lp.tokens))]
+    assert lp.text_offset == starts and all(0 <= o < len(text) for o in lp.text_offset)
+    assert any(t.startswith("bytes:") for t in lp.tokens) or prompt == "€ 1"
+
+
+def test_chat_logprob_bytes_are_each_tokens_own_and_make_up_the_answer(client: openai.OpenAI) -> None:
+    """An answer held by a JSON schema to ``"日本語"``, whose tokens split its characters: each entry's ``bytes`` are
+    its token's, not U+FFFD's, and together they are the answer's."""
+    schema = {"type": "json_schema", "json_schema": {"name": "word", "schema": {"type": "string", "enum": ["日本語"]}}}
+    out = client.chat.completions.create(model=MODEL, messages=[{"role": "user", "content": "Say something."}], max_tokens=16,
+                                         temperature=0, logprobs=True, top_logprobs=2, response_format=schema)  # type: ignore[arg-type]
+    entries = out.choices[0].logprobs.content
+    assert bytes(b for e in entries for b in e.bytes) == out.choices[0].message.content.encode()
+    assert [e.token for e in entries if e.token.startswith("bytes:")], [e.token for e in entries]  # the answer splits a character
+    for e in entries:
+        assert _token_bytes(e.token) == bytes(e.bytes) and all(_token_bytes(t.token) == bytes(t.bytes) for t in e.top_logprobs)
+
+
 def test_a_batch_of_prompts_gives_n_choices_each_in_order(client: openai.OpenAI) -> None:
     out = client.completions.create(model=MODEL, prompt=["1, 2, 3,", "a, b, c,"], max_tokens=3, n=2, temperature=0)
     assert [c.index for c in out.choices] == [0, 1, 2, 3]
