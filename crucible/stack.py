@@ -160,7 +160,8 @@ class Stack:
         return env
 
     def start(self, on_ready=None, timeout_s: float = 300.0) -> None:  # noqa: ANN001
-        """Start every process and wait until each service answers ``/healthz`` and each worker is alive.
+        """Start every process and wait until each service is ready (``/readyz``: the gateway's only once every service
+        behind it is) and each worker is alive.
 
         ``on_ready(name)`` is called as each becomes ready. Raises ``RuntimeError`` (with the log's tail)
         if a process exits or a service is not healthy within ``timeout_s`` seconds; everything started is
@@ -190,7 +191,7 @@ class Stack:
                 proc = self.procs[name]
                 if proc.poll() is not None:
                     raise RuntimeError(f"{name} exited with {proc.returncode}:\n{self.log_tail(name)}")
-                if spec.port is None or self._healthy(spec.port):
+                if spec.port is None or self._healthy(spec.port, "/readyz"):
                     del pending[name]
                     if on_ready:
                         on_ready(name)
@@ -269,9 +270,11 @@ class Stack:
         self._wait_ready([spec], None, timeout_s)
 
     @staticmethod
-    def _healthy(port: int) -> bool:
+    def _healthy(port: int, path: str = "/healthz") -> bool:
+        """Whether the service on ``port`` answers ``path`` with 200: ``/healthz`` (alive) or ``/readyz`` (it and what it
+        needs can serve)."""
         try:
-            return httpx.get(f"http://127.0.0.1:{port}/healthz", timeout=2).status_code == 200
+            return httpx.get(f"http://127.0.0.1:{port}{path}", timeout=3).status_code == 200
         except httpx.HTTPError:
             return False
 

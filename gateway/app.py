@@ -44,7 +44,7 @@ def create_app(settings: GatewaySettings | None = None) -> FastAPI:
         api.admin(request.app.state.gateway, request.headers.get("authorization"))
 
     app = create_service_app(
-        "gateway", title="Crucible", lifespan=lifespan, metrics_auth=metrics_auth,
+        "gateway", title="Crucible", lifespan=lifespan, metrics_auth=metrics_auth, ready=lambda app: app.state.gateway.unready(),
         description=(
             "The agent-facing API of Crucible. Research agents authenticate with their run's API key "
             "(`Authorization: Bearer crk_…`); operators use the admin key on `/admin`. Errors are RFC 9457 problem+json."

@@ -11,6 +11,7 @@ logs are at the end of this one.
 
 from __future__ import annotations
 
+import asyncio
 import dataclasses
 from dataclasses import dataclass
 from typing import Any
@@ -29,7 +30,7 @@ from grader.client import GraderClient
 from services.common.auth import RunContext, hash_secret
 from services.common.contracts import TRAINING_FIELDS, Recipe, TrainingJobCreate
 from services.common.db import Database, utcnow
-from services.common.errors import OutsideEditableSpace, RunExpired, Unauthorized, Unprocessable
+from services.common.errors import CrucibleError, OutsideEditableSpace, RunExpired, Unauthorized, Unprocessable, UpstreamProblem
 from services.common.http import AsyncServiceClient
 from services.ledger.client import LedgerClient
 
@@ -64,6 +65,23 @@ class Gateway:
             inference=InferenceClient.connect(settings, AsyncServiceClient),
             grader=GraderClient.connect(settings, AsyncServiceClient, timeout_s=GRADER_TIMEOUT_S),
         )
+
+    async def unready(self) -> dict[str, str]:
+        """What of the gateway and the services behind it cannot serve now (part → why; empty: ready): its database,
+        and each service's own ``GET /readyz`` (2 s each, asked at once), for the gateway's ``GET /readyz``."""
+        services = {"ledger": self.ledger, "trainer": self.trainer, "inference": self.inference, "grader": self.grader}
+
+        async def ask(client: Any) -> str | None:
+            try:
+                await client.readyz()
+            except UpstreamProblem as exc:
+                return str(exc.problem.get("detail") or exc.problem.get("code"))
+            except CrucibleError as exc:
+                return exc.detail
+            return None
+
+        answers = await asyncio.gather(asyncio.to_thread(self.db.unready), *(ask(c) for c in services.values()))
+        return {name: why for name, why in zip(("database", *services), answers, strict=True) if why}
 
     async def close(self) -> None:
         """Close every client's connections and the database's."""

@@ -15,7 +15,7 @@ from grader import worker
 from grader.api import graders_router, router, training_pool_router
 from grader.service import MIGRATIONS_DIR, Grader
 from grader.settings import GraderSettings
-from services.common.app import create_service_app
+from services.common.app import create_service_app, databases_ready
 from services.common.auth import service_caller
 from services.common.db import migrate
 from services.common.periodic import Periodic
@@ -43,6 +43,7 @@ def create_app(settings: GraderSettings | None = None, grader: Grader | None = N
     app = create_service_app(
         "grader", title="Crucible grader", lifespan=lifespan, log_level=(grader.settings if grader else settings or ServiceSettings()).log_level,
         description="Suites, the hidden test-set store, evaluations and submissions. Internal: reached through the gateway.",
+        ready=databases_ready(lambda app: ("database", app.state.grader.db), lambda app: ("test store", app.state.grader.store.db)),
         docs_auth=service_caller,
     )
     if grader is not None:

@@ -19,7 +19,7 @@ from inference_service.service import Inference
 from inference_service.settings import InferenceSettings
 from trainer_service.client import TrainerClient
 
-from services.common.app import create_service_app
+from services.common.app import create_service_app, databases_ready
 from services.common.auth import service_caller
 from services.common.db import Database, migrate
 from services.ledger.client import LedgerClient
@@ -55,6 +55,7 @@ def create_app(settings: InferenceSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         log_level=settings.log_level,
         health=health,
+        ready=databases_ready(lambda app: ("database", app.state.inference.db)),  # its engines are loaded before it answers
         docs_auth=service_caller,
     )
     app.state.settings = settings

@@ -15,7 +15,7 @@ from trainer_service import worker
 from trainer_service.api import router
 from trainer_service.service import MIGRATIONS_DIR, Trainer
 
-from services.common.app import create_service_app
+from services.common.app import create_service_app, databases_ready
 from services.common.auth import service_caller
 from services.common.db import migrate
 from services.common.periodic import Periodic
@@ -40,6 +40,7 @@ def create_app(settings: ServiceSettings | None = None) -> FastAPI:
     app = create_service_app(
         "trainer", title="Crucible trainer", lifespan=lifespan, log_level=settings.log_level,
         description="Datasets, training jobs, job events and checkpoints. Internal: reached through the gateway.",
+        ready=databases_ready(lambda app: ("database", app.state.trainer.db)),
         docs_auth=service_caller,
     )
     app.state.settings = settings

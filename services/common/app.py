@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+import asyncio
 import json
-from collections.abc import AsyncIterator, Callable
+from collections.abc import AsyncIterator, Awaitable, Callable
 from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
@@ -16,8 +17,8 @@ from fastapi.routing import APIRoute
 from pydantic import BaseModel, TypeAdapter, ValidationError
 from starlette.exceptions import HTTPException as StarletteHTTPException
 
-from services.common.db import migrate
-from services.common.errors import PROBLEM_JSON, CrucibleError, PayloadTooLarge, Unprocessable, with_openai_error
+from services.common.db import Database, migrate
+from services.common.errors import PROBLEM_JSON, CrucibleError, NotReady, PayloadTooLarge, Unprocessable, problem_responses, with_openai_error
 from services.common.logging import configure_logging
 from services.common.metrics import instrument
 from services.common.periodic import Periodic
@@ -96,6 +97,21 @@ def validation_problem(exc: RequestValidationError, status: int = 422) -> dict[s
     })
 
 
+def databases_ready(*get: Callable[[FastAPI], tuple[str, Database]]) -> Callable[[FastAPI], Awaitable[dict[str, str]]]:
+    """A ``ready`` check of ``create_service_app``: each ``get(app)`` gives ``(name, database)``, and a database that does
+    not answer ``SELECT 1`` (:meth:`Database.unready`, off the event loop) is named as not ready."""
+
+    async def ready(app: FastAPI) -> dict[str, str]:
+        unready = {}
+        for getter in get:
+            name, db = getter(app)
+            if why := await asyncio.to_thread(db.unready):
+                unready[name] = why
+        return unready
+
+    return ready
+
+
 class StrictBodyRoute(APIRoute):
     """A route whose JSON body is validated in pydantic's strict JSON mode before FastAPI's own (lax) validation, so a
     value of the wrong JSON type is refused, not coerced: ``"limit": "1"``, ``"stream": 1`` or ``"max_tokens": 8.5``
@@ -144,8 +160,10 @@ def create_service_app(
     docs_auth: Callable[[Request], Any] | None = None,
     metrics_auth: Callable[[Request], Any] | None = None,
     service_routes: bool = True,
+    ready: Callable[[FastAPI], Awaitable[dict[str, str]]] | None = None,
 ) -> FastAPI:
-    """Build a service app with the shared error handlers, ``GET /healthz``, ``GET /metrics`` and a body limit.
+    """Build a service app with the shared error handlers, ``GET /healthz`` (liveness), ``GET /readyz`` (readiness),
+    ``GET /metrics`` and a body limit.
 
     ``max_body_bytes`` (bytes) is enforced from ``Content-Length``, or while reading a chunked body (which is
     buffered up to the limit first); larger bodies get 413 problem+json (:class:`BodyLimit`).
@@ -155,6 +173,9 @@ def create_service_app(
     ``GET /openapi.json`` and ``GET /docs`` then answer only callers it accepts (401 problem+json otherwise),
     so an internal API's shape is not served to whoever reaches its port. ``None``: public docs (the gateway).
     ``metrics_auth(request)``: who may read ``GET /metrics`` (default: ``docs_auth``; the gateway: its operators).
+    ``ready(app)``: what of the service and what it needs cannot serve now (part → why; empty: ready), for
+    ``GET /readyz``; a service answers only once its start-up (migrations, models) is done, so ``None`` means ready
+    whenever it answers.
     ``service_routes=False``: the app serves its own routes and nothing else (no health, metrics or docs, its requests
     not counted in the process's metrics): the rollout model endpoint, which a sandboxed harness reaches.
     """
@@ -173,10 +194,22 @@ def create_service_app(
 
     instrument(app, name, metrics_auth or docs_auth)
 
-    @app.get("/healthz", summary="Liveness and readiness", tags=["health"])
+    @app.get("/healthz", summary="Liveness", tags=["health"])
     def healthz() -> dict[str, Any]:
-        """``{"status": "ok", "service": name, ...}`` once the service can answer requests."""
+        """``{"status": "ok", "service": name, ...}`` while the process answers: whether to restart it, not whether it
+        can serve (``GET /readyz``)."""
         return {"status": "ok", "service": name, **(health() if health else {})}
+
+    @app.get("/readyz", summary="Readiness", tags=["health"], responses=problem_responses(NotReady))
+    async def readyz() -> dict[str, Any]:
+        """``{"status": "ready", "service": name}`` once this service and what it needs can serve requests (its
+        database; the gateway: every service behind it, inference with its models loaded); else 503 problem+json
+        ``not_ready`` with ``Retry-After``, ``unready`` naming each part that is not. What ``crucible up``, compose's
+        healthchecks and Helm's readiness probes wait for."""
+        unready = await ready(app) if ready else {}
+        if unready:
+            raise NotReady(f"{name} is not ready: " + "; ".join(f"{k}: {v}" for k, v in sorted(unready.items())), unready=unready)
+        return {"status": "ready", "service": name}
 
     return app
 

@@ -124,6 +124,15 @@ class Database:
         with self.sessions() as session, session.begin():
             yield session
 
+    def unready(self) -> str | None:
+        """``None`` if the database answers ``SELECT 1`` now, else why not (readiness: ``GET /readyz``)."""
+        try:
+            with self.engine.connect() as conn:
+                conn.execute(text("SELECT 1"))
+        except Exception as exc:  # noqa: BLE001 - any failure means not ready; the reason is reported
+            return f"database: {type(exc).__name__}: {str(exc).splitlines()[0][:200] if str(exc) else ''}"
+        return None
+
 
 _MIGRATE_LOCK = threading.Lock()
 

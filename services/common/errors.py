@@ -145,6 +145,16 @@ class UpstreamUnavailable(CrucibleError):
         super().__init__(detail, retry_after_s=retry_after_s, **extra)
 
 
+class NotReady(CrucibleError):
+    """``GET /readyz``: this service, or one it needs, cannot serve yet (starting, warming up, or down); ``unready``
+    names each part that is not (part → why). Retry after ``retry_after_s`` seconds."""
+
+    status, code, title = 503, "not_ready", "Not ready"
+
+    def __init__(self, detail: str, unready: dict[str, str] | None = None, retry_after_s: int = 5) -> None:
+        super().__init__(detail, unready=unready or {"service": detail}, retry_after_s=retry_after_s)
+
+
 class UpstreamProblem(CrucibleError):
     """A problem+json answer from another service, passed through unchanged."""
 

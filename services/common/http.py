@@ -213,6 +213,11 @@ class ServiceAPI:
     def __init__(self, http: Transport) -> None:
         self.http = http
 
+    def readyz(self) -> Any:  # noqa: ANN401 - a dict, or its awaitable
+        """The service's readiness (``GET /readyz``, 2 s at most): ``{"status": "ready", …}``; ``UpstreamProblem`` (503
+        ``not_ready``, naming what is not) or ``UpstreamUnavailable`` (no answer) otherwise."""
+        return self._call("GET", "/readyz", timeout_s=2)
+
     def _call(self, method: str, path: str, out: Any = None, *, ctx: RunContext | None = None, body: Any = None,
               params: dict[str, Any] | None = None, content: bytes | None = None, headers: dict[str, str] | None = None,
               timeout_s: float | None = None, raw: bool = False) -> Any:

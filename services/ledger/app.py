@@ -14,7 +14,7 @@ from typing import Any
 
 from fastapi import FastAPI
 
-from services.common.app import create_service_app
+from services.common.app import create_service_app, databases_ready
 from services.common.auth import service_caller
 from services.common.db import Database, migrate
 from services.common.periodic import Periodic
@@ -60,6 +60,7 @@ def create_app(settings: LedgerSettings | None = None) -> FastAPI:
         lifespan=lifespan,
         log_level=settings.log_level,
         health=health,
+        ready=databases_ready(lambda app: ("database", app.state.ledger.db)),
         docs_auth=service_caller,
     )
     app.state.settings = settings

@@ -396,7 +396,7 @@ def test_services_are_health_checked_and_started_in_order() -> None:
             assert dep in SERVICES, (name, dep)
             assert cond == {"condition": "service_healthy"}, (name, dep)
     for name, port in HTTP_SERVICES.items():
-        assert f"127.0.0.1:{port}/healthz" in " ".join(SERVICES[name]["healthcheck"]["test"]), name
+        assert f"127.0.0.1:{port}/readyz" in " ".join(SERVICES[name]["healthcheck"]["test"]), name  # ready: it and what it needs serve
 
 
 ROLLOUT_CAPS = ("CRUCIBLE_ROLLOUT_WALL_S", "CRUCIBLE_ROLLOUT_MEMORY_MB", "CRUCIBLE_ROLLOUT_PROCESSES", "CRUCIBLE_ROLLOUT_DISK_MB",
@@ -620,8 +620,8 @@ def test_every_deployment_has_probes_and_runs_unprivileged(values_file: str) -> 
         if name in HTTP_SERVICES:
             (c,) = pod["containers"]
             assert c["ports"] == [{"name": "http", "containerPort": HTTP_SERVICES[name]}]
-            for probe in ("startupProbe", "readinessProbe", "livenessProbe"):
-                assert c[probe]["httpGet"] == {"path": "/healthz", "port": "http"}, (name, probe)
+            for probe, path in (("startupProbe", "/healthz"), ("readinessProbe", "/readyz"), ("livenessProbe", "/healthz")):
+                assert c[probe]["httpGet"] == {"path": path, "port": "http"}, (name, probe)
             assert pod["securityContext"]["runAsNonRoot"] is True
             assert c["image"].endswith(f"crucible/{name}:0.1.0")
 

@@ -316,8 +316,13 @@ def test_an_inference_outage_longer_than_the_retries_requeues_the_evaluation_ins
     ev = client.create_evaluation(BASE)
     wait_for(lambda: client.evaluation(ev["id"])["items_done"] >= 2, 300, "2 items scored")
     stack.kill("inference")
+    gateway = f"http://127.0.0.1:{stack.port_base}"
+    not_ready = httpx.get(f"{gateway}/readyz", timeout=10)  # alive, not ready: the operator's and the probes' view of the outage
+    assert (not_ready.status_code, list(not_ready.json()["unready"]), httpx.get(f"{gateway}/healthz").status_code) == (503, ["inference"], 200)
+    assert int(not_ready.headers["Retry-After"]) > 0
     time.sleep(GRADER_RETRIES_S + 5)  # longer than the grader's retries: every call in flight gives up
     stack.restart("inference")
+    assert httpx.get(f"{gateway}/readyz", timeout=10).status_code == 200
     done = wait_for(lambda: (e := client.evaluation(ev["id"]))["status"] in ("succeeded", "failed") and e, 400, "the evaluation to finish")
     assert done["status"] == "succeeded", done["error"]
     assert done["attempts"] >= 2 and done["score"]["n"] == done["items_total"]

@@ -113,6 +113,9 @@ class Grader:
     entries: list[LeaderboardEntry] = field(default_factory=list)
     submissions: dict[str, list[SubmissionOut]] = field(default_factory=dict)
 
+    async def readyz(self) -> dict[str, str]:
+        return {"status": "ready", "service": "grader"}
+
     async def register_task(self, body: GradingSpec) -> TaskRegistered:
         self.tasks.setdefault(body.task_id, body)
         return TaskRegistered(**(await self.task_status(body.task_id)).model_dump(), warnings=self.warnings)
@@ -283,6 +286,34 @@ def assert_problem(resp: httpx.Response, status: int, code: str | None = None) -
     body = resp.json()
     assert body["status"] == status and (code is None or body["code"] == code), body
     return body
+
+
+# --------------------------------------------------------------------------- liveness and readiness
+
+
+def test_the_gateway_is_ready_only_while_every_service_behind_it_is(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    """``/readyz`` asks each service's own; ``/healthz`` is liveness alone: a service still loading its model restarts
+    nothing, it only holds traffic back."""
+    ready = httpx.Response(200, json={"status": "ready", "service": "inference"})
+    served.answering("inference", lambda r: ready if r.url.path == "/readyz" else httpx.Response(404), monkeypatch)
+    assert served.http.get("/readyz").json() == {"status": "ready", "service": "gateway"}
+    loading = problem(503, "not_ready", "inference is not ready: engines: loading smollm2-135m-instruct", unready={"engines": "loading"})
+    served.answering("inference", lambda r: httpx.Response(503, json=loading, headers={"content-type": "application/problem+json"}), monkeypatch)
+    refused = served.http.get("/readyz")
+    body = assert_problem(refused, 503, "not_ready")
+    assert list(body["unready"]) == ["inference"] and "loading" in body["unready"]["inference"] and int(refused.headers["Retry-After"]) > 0
+    assert served.http.get("/healthz").status_code == 200
+
+
+def test_a_service_whose_database_does_not_answer_is_not_ready(tmp_path: Path) -> None:
+    from services.common.db import Database
+    from services.ledger.app import create_app as ledger_app
+
+    with TestClient(ledger_app(LedgerSettings(database_url=f"sqlite:///{tmp_path}/ledger.sqlite", service_token="t"))) as http:
+        assert http.get("/readyz").json() == {"status": "ready", "service": "ledger"}
+        http.app.state.ledger.db = Database("postgresql+psycopg://nobody@127.0.0.1:1/none?connect_timeout=1")  # type: ignore[attr-defined]
+        body = assert_problem(http.get("/readyz"), 503, "not_ready")
+        assert list(body["unready"]) == ["database"] and http.get("/healthz").status_code == 200
 
 
 # --------------------------------------------------------------------------- who may call

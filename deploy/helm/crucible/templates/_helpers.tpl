@@ -188,7 +188,9 @@ volumes:
 {{- default (printf "%s-artifacts" (include "crucible.fullname" .)) .Values.artifacts.existingClaim -}}
 {{- end -}}
 
-{{/* Probes of an HTTP service: (dict "startup" FAILURES) */}}
+{{/* Probes of an HTTP service: (dict "startup" FAILURES). Readiness: GET /readyz (the service and what it needs can
+    serve: traffic waits for it); start-up and liveness: GET /healthz (the process answers: a dependency still warming
+    up or down restarts nothing). */}}
 {{- define "crucible.httpProbes" -}}
 startupProbe:
   httpGet: {path: /healthz, port: http}
@@ -196,7 +198,7 @@ startupProbe:
   timeoutSeconds: 5
   failureThreshold: {{ .startup | int }}
 readinessProbe:
-  httpGet: {path: /healthz, port: http}
+  httpGet: {path: /readyz, port: http}
   periodSeconds: 10
   timeoutSeconds: 5
   failureThreshold: 3
