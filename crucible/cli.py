@@ -59,11 +59,15 @@ def _prepare(data_dir: Path, models_file: Path | None = None, names: tuple[str, 
 
 
 def _start(data_dir: Path, port_base: int):  # noqa: ANN202
-    from crucible.stack import Stack
+    from crucible.stack import PortTaken, Stack
 
     stack = Stack(data_dir, port_base)
-    with console.status("starting services and workers"):
-        stack.start(on_ready=lambda name: console.print(f"[green]✓[/] {name} ready"))
+    try:
+        with console.status("starting services and workers"):
+            stack.start(on_ready=lambda name: console.print(f"[green]✓[/] {name} ready"))
+    except PortTaken as exc:
+        console.print(f"[red]{exc}[/]")
+        raise typer.Exit(1) from exc
     return stack
 
 
@@ -115,6 +119,17 @@ def up(data_dir: DataDir = Path(".crucible"), port_base: PortBase = 8000, models
         with console.status("stopping"):
             stack.stop()
         console.print("stopped")
+
+
+@app.command()
+def down(data_dir: DataDir = Path(".crucible")) -> None:
+    """Stop the stack that `crucible up` (or `crucible demo`) started on DATA_DIR, from any shell: its starter first, then
+    any of its processes still running."""
+    from crucible.stack import stop_recorded
+
+    with console.status("stopping"):
+        stopped = stop_recorded(data_dir)
+    console.print(f"stopped: {', '.join(stopped)}" if stopped else f"no stack is running on {data_dir}")
 
 
 class _PeakMemory:

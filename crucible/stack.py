@@ -7,24 +7,109 @@ Each process's output goes to ``<data_dir>/logs/<name>.log``. :meth:`Stack.super
 that exits on its own (as compose's ``restart: unless-stopped`` and Kubernetes do), with a back-off, and gives
 up on one that keeps dying. :meth:`Stack.stop` ends every process group it started (SIGTERM, then SIGKILL
 after a grace period).
+
+A process's life is tied to the stack's: each is started under ``setpriv --pdeathsig TERM`` (util-linux), so the
+kernel ends it when the process that started it dies, however it dies (SIGKILL included). What runs is recorded in
+``<data_dir>/run/stack.json`` (the starting process and each child, with their start times), so :func:`stop_recorded`
+(``crucible down``) stops a stack started elsewhere. A port already taken is refused before anything starts, naming
+what holds it (:class:`PortTaken`).
 """
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import secrets
 import signal
+import socket
 import subprocess
 import sys
 import threading
 import time
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import httpx
+import psutil
 
 from services.common.auth import MAY_CALL, new_secret, trusted_callers
+
+DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "TERM", "--"]
+"""The prefix of every child's command line: the kernel sends it SIGTERM when its parent dies (``prctl`` ``PR_SET_PDEATHSIG``, kept
+across the ``exec`` of the real command)."""
+
+
+_SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stack-spawner")
+"""Every child is started from this one thread, which lives as long as the process: the kernel's parent-death signal
+follows the thread that started a child, so a child started from a thread that ends (a test starting two stacks at
+once, the supervisor's) would be sent SIGTERM with it."""
+
+
+class PortTaken(RuntimeError):
+    """A port the stack needs is held by another process (named in the message)."""
+
+
+def port_holder(port: int) -> str | None:
+    """Who listens on TCP ``port`` of this machine (``"pid 123: uvicorn gateway.app:app …"``), ``"an unknown process"``
+    where the port is taken but its owner cannot be read, ``None`` where it is free."""
+    with socket.socket() as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        try:
+            probe.bind(("127.0.0.1", port))
+            return None
+        except OSError:
+            pass
+    for conn in psutil.net_connections(kind="tcp"):
+        if conn.status == psutil.CONN_LISTEN and conn.laddr and conn.laddr.port == port and conn.pid:
+            try:
+                return f"pid {conn.pid}: {' '.join(psutil.Process(conn.pid).cmdline())[:200]}"
+            except psutil.Error:
+                return f"pid {conn.pid}"
+    return "an unknown process"
+
+
+def record_path(data_dir: Path) -> Path:
+    """Where a running stack records its processes."""
+    return data_dir / "run" / "stack.json"
+
+
+def stop_recorded(data_dir: Path, grace_s: float = 20.0) -> list[str]:
+    """Stop the stack recorded under ``data_dir`` by whichever process started it (``crucible down``): SIGTERM to its
+    starter (which stops its children in order), then, after ``grace_s`` seconds, SIGTERM and SIGKILL to each recorded
+    child's process group still running. A recorded process whose start time differs is another process that reused
+    the pid, and is left alone. Returns what was stopped (``["up pid 12", "gateway pid 34", …]``); empty: nothing ran."""
+    path = record_path(data_dir)
+    if not path.exists():
+        return []
+    record = json.loads(path.read_text())
+    stopped = []
+
+    def alive(entry: dict) -> psutil.Process | None:
+        try:
+            proc = psutil.Process(entry["pid"])
+            return proc if abs(proc.create_time() - entry["started"]) < 1.0 and proc.status() != psutil.STATUS_ZOMBIE else None
+        except psutil.Error:
+            return None
+
+    if (starter := alive(record["starter"])) is not None:
+        starter.send_signal(signal.SIGTERM)
+        stopped.append(f"starter pid {starter.pid}")
+        with contextlib.suppress(psutil.Error):
+            starter.wait(timeout=grace_s)
+    for name, entry in record["processes"].items():
+        if alive(entry) is None:
+            continue
+        stopped.append(f"{name} pid {entry['pid']}")
+        for sig, wait_s in ((signal.SIGTERM, grace_s / 2), (signal.SIGKILL, 5.0)):
+            with contextlib.suppress(ProcessLookupError, PermissionError):
+                os.killpg(entry["pid"], sig)
+            with contextlib.suppress(psutil.Error):
+                psutil.Process(entry["pid"]).wait(timeout=wait_s)
+                break
+    path.unlink(missing_ok=True)
+    return stopped
 
 
 @dataclass(frozen=True)
@@ -168,6 +253,9 @@ class Stack:
         stopped first.
         """
         specs = process_specs(self.port_base)
+        if taken := {spec.port: who for spec in specs if spec.port is not None and (who := port_holder(spec.port))}:
+            raise PortTaken("; ".join(f"port {port} is taken by {who}" for port, who in sorted(taken.items()))
+                            + f". Stop it (a Crucible stack: crucible down --data-dir <its data dir>) or choose another port base than {self.port_base}.")
         try:
             for spec in specs:
                 self._spawn(spec)
@@ -180,8 +268,25 @@ class Stack:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{spec.name}.log", "ab") as log:  # the child keeps its own descriptor
-            self.procs[spec.name] = subprocess.Popen(spec.argv, env=self.environment(spec), stdout=log, stderr=subprocess.STDOUT,
-                                                     stdin=subprocess.DEVNULL, start_new_session=True)
+            self.procs[spec.name] = _SPAWNER.submit(subprocess.Popen, [*DIE_WITH_PARENT, *spec.argv], env=self.environment(spec), stdout=log,
+                                                    stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True).result()
+        self._record()
+
+    def _record(self) -> None:
+        """Write which processes run (``record_path``): this one, which started them, and each child, with start times."""
+        def entry(pid: int) -> dict:
+            try:
+                return {"pid": pid, "started": psutil.Process(pid).create_time()}
+            except psutil.Error:
+                return {"pid": pid, "started": 0.0}
+
+        path = record_path(self.data_dir)
+        path.parent.mkdir(parents=True, exist_ok=True)
+        record = {"starter": entry(os.getpid()), "port_base": self.port_base,
+                  "processes": {name: entry(proc.pid) for name, proc in self.procs.items() if proc.poll() is None}}
+        tmp = path.with_suffix(f".{threading.get_ident()}.tmp")
+        tmp.write_text(json.dumps(record))
+        tmp.replace(path)
 
     def _wait_ready(self, specs: list[ProcessSpec], on_ready, timeout_s: float) -> None:  # noqa: ANN001
         pending = {s.name: s for s in specs}
@@ -309,3 +414,4 @@ class Stack:
                     pass
                 proc.wait()
         self.procs.clear()
+        record_path(self.data_dir).unlink(missing_ok=True)
