@@ -26,7 +26,7 @@ from __future__ import annotations
 from collections.abc import Callable, Iterable
 from typing import Any
 
-from grader.canonical import VIEWS, Canonical, occurrences, text_tokens
+from grader.canonical import VIEWS, Canonical, occurrences, public_forms, text_tokens
 from grader.schemas import ContaminationReport
 from grader.suites import Item
 from services.common.contracts import AuditSettings
@@ -73,11 +73,8 @@ def audit(test_items: list[Item], rows: Iterable[Any], settings: AuditSettings, 
         for n, grams in wanted.items():
             for gram in occurrences("text", toks, n):
                 grams.pop(gram, None)
-        for view, by_length in forms.items():
-            view_toks = toks if view == "text" else VIEWS[view](text)
-            for n, found in by_length.items():
-                for gram in occurrences(view, view_toks, n):
-                    found.pop(gram, None)
+    for form in public_forms((Canonical(view, gram) for view, by_length in forms.items() for found in by_length.values() for gram in found), public):
+        forms[form.view][len(form.tokens)].pop(form.tokens, None)
     sizes = [0] * len(units)
     for grams in wanted.values():
         for indexes in grams.values():

@@ -15,8 +15,11 @@ when the copy is read in the same view:
 The instruction text of a generated family is learned from the family itself (:func:`template_clauses`):
 the clauses that recur verbatim across many of its items. Canonical forms are used by the contamination audit
 (:mod:`grader.audit`) and by the operator's split report (:mod:`grader.splits`); a form too short to be
-evidence (fewer than two numbers or :data:`MIN_DIGITS` digits in the math view, fewer than
-:data:`MIN_TEXT_TOKENS` tokens in the text view) is no form at all (``None``).
+evidence is no form at all (``None``): in the math view, fewer than two numbers, or a list of numbers with no operator
+between them and fewer than :data:`MIN_DIGITS` digits ("4, 6" occurs by chance in many texts); in the text view,
+fewer than :data:`MIN_TEXT_TOKENS` tokens. An expression is evidence however short ("4 - 5 - 3"): it must occur as a
+whole expression, which no other text holds by chance; a copy whose own data holds it has the hidden item, whatever
+the instruction around it says.
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from collections import Counter
 from collections.abc import Callable, Iterable, Iterator
 from typing import NamedTuple
 
-MIN_DIGITS = 4  # "4 + 3" is no evidence of copying (every pool holds it); "760, 368" is
+MIN_DIGITS = 4  # a list of numbers "4, 6" is no evidence of copying (texts hold such pairs by chance); "760, 368" is
 MIN_TEXT_TOKENS = 6
 # An arithmetic expression of numbers and binary operators ("73 - 46 + 37") is one token, so that no n-gram ends inside
 # one: "73 - 46" cut from "... 73 - 46 + 37 =" is not the item "... 73 - 46 =". Else words and single punctuation marks.
@@ -93,6 +96,23 @@ def occurrences(view: str, toks: list[str], n: int) -> Iterator[tuple[str, ...]]
             yield gram
 
 
+def public_forms(forms: Iterable[Canonical], texts: Iterable[str]) -> set[Canonical]:
+    """Of ``forms``, those that occur in one of ``texts`` read in their view (:func:`occurrences`: in the math view, as a
+    whole expression, a bracketed one included: ``8 - 3`` occurs in ``-(8 - 3) * 9``). A form that public texts hold is
+    no evidence of copying: the hidden split holds no item of one (:func:`grader.splits.test_split`), and the audit
+    leaves it out. Cost: one pass over each text per view and form length."""
+    wanted: dict[str, dict[int, set[tuple[str, ...]]]] = {}
+    for form in forms:
+        wanted.setdefault(form.view, {}).setdefault(len(form.tokens), set()).add(form.tokens)
+    found: set[Canonical] = set()
+    for text in texts:
+        for view, by_length in wanted.items():
+            toks = VIEWS[view](text)
+            for n, grams in by_length.items():
+                found.update(Canonical(view, gram) for gram in occurrences(view, toks, n) if gram in grams)
+    return found
+
+
 def clauses(text: str) -> list[str]:
     """``text`` cut into clauses at sentence punctuation followed by white space, and at line breaks."""
     return [c.strip() for c in _CLAUSE_END.split(text) if c.strip()]
@@ -116,13 +136,15 @@ def statement(text: str, template: frozenset[str]) -> str:
 
 def canonical_statement(text: str, template: frozenset[str] = frozenset()) -> Canonical | None:
     """The canonical form of a generated task: its statement (``text`` minus ``template``) in the math view when
-    that holds an expression (two numbers or more; ``None`` if it has under ``MIN_DIGITS`` digits in all), else in
-    the text view when that is long enough to be evidence; ``None`` otherwise."""
+    that holds two numbers or more (an expression, with a binary operator, however short; a list of numbers only with
+    ``MIN_DIGITS`` digits or more: else ``None``), else in the text view when that is long enough to be evidence;
+    ``None`` otherwise."""
     body = statement(text, template)
     math = math_tokens(body)
     numbers = [t for t in math if _is_number(t)]
-    if len(numbers) >= 2:  # an expression: too short to be evidence, or its math
-        return Canonical("math", tuple(math)) if sum(c.isdigit() for t in numbers for c in t) >= MIN_DIGITS else None
+    if len(numbers) >= 2:  # numbers: an expression, a list long enough to be evidence, or nothing
+        expression = any(t in _BINARY for t in math)
+        return Canonical("math", tuple(math)) if expression or sum(c.isdigit() for t in numbers for c in t) >= MIN_DIGITS else None
     words = text_tokens(body)
     return Canonical("text", tuple(words)) if len(words) >= MIN_TEXT_TOKENS else None
 

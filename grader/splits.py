@@ -33,7 +33,7 @@ from collections.abc import Iterable
 
 from pydantic import BaseModel, Field
 
-from grader.canonical import canonical_key
+from grader.canonical import Canonical, canonical_key, public_forms
 from grader.suites import Item, Suite, get_suite, suite_canonical
 from services.common.contracts import GradingSpec
 from services.common.errors import Unprocessable
@@ -80,13 +80,28 @@ def item_key(suite: Suite, item: Item) -> str:
 
 def test_split(spec: GradingSpec, seed: int, public: list[Item]) -> list[Item]:
     """The hidden test items: drawn from ``seed``, without the ``public`` items (validation and training pool) up to
-    their wording. Raises ``Unprocessable`` (field ``suite.splits.test.size``) if the task has too few other items."""
+    their wording, nor an item whose canonical form a public text holds (``8 - 3 =`` where a public item asks for
+    ``-(8 - 3) * 9``: :func:`grader.canonical.public_forms`), so a reworded copy of any hidden item is evidence the
+    audit can flag. Raises ``Unprocessable`` (field ``suite.splits.test.size``) if the task has too few other items."""
     suite = get_suite(spec.suite.name)
     size = spec.suite.splits.test.size
     questions, keys = frozenset(it.question for it in public), {item_key(suite, it) for it in public}
+    texts = [t for it in public for t in (it.question, it.answer)]
+    checked: dict[Canonical, bool] = {}  # a drawn item's form -> whether a public text holds it
+
+    def hidden(item: Item) -> bool:
+        if item_key(suite, item) in keys:
+            return False
+        form = suite_canonical(suite, item)
+        return form is None or not checked[form]
+
     want, before = size, -1
     while True:  # draw more until enough are left once the reworded public items are out
-        kept = [it for it in suite.generate(spec.suite.params, seed, want, split="test", exclude=questions) if item_key(suite, it) not in keys]
+        drawn = suite.generate(spec.suite.params, seed, want, split="test", exclude=questions)
+        new = {f for it in drawn if (f := suite_canonical(suite, it)) is not None and f not in checked}
+        held = public_forms(new, texts) if new else set()
+        checked.update({f: f in held for f in new})
+        kept = [it for it in drawn if hidden(it)]
         if len(kept) >= size:
             return kept[:size]
         if len(kept) <= before:  # drawing more gave nothing new: the task has no more items outside the public ones

@@ -7,12 +7,15 @@ what the operator is told, and the audit catching reworded copies of hidden item
 
 from __future__ import annotations
 
+import functools
 import random
 import re
 from pathlib import Path
 
 import pytest
 import yaml
+from hypothesis import HealthCheck, Phase, given, settings
+from hypothesis import strategies as st
 from typer.testing import CliRunner
 
 from crucible.cli import app
@@ -20,7 +23,7 @@ from gateway.benchmarks import grading_spec, parse_benchmark
 from grader import splits
 from grader.audit import audit
 from grader.canonical import math_tokens, template_clauses
-from grader.suites import chao1, get_suite, suite_canonical
+from grader.suites import Item, chao1, get_suite, suite_canonical
 from services.common.contracts import AuditSettings, GradingSpec
 from tests.conftest import ROOT
 
@@ -173,3 +176,49 @@ def test_a_hidden_function_copied_with_a_reworded_docstring_is_flagged() -> None
                           {"role": "assistant", "content": f"def {it.entry['entry_point']}(*args):\n    return None\n"}]} for it in named]
     report = audit(test, honest + rows, AuditSettings(), public=public_texts, canonical=canonical)
     assert report.flagged_items == len(named)
+
+
+def _arithmetic_tasks() -> list[tuple[str, GradingSpec]]:
+    """Every task of the shipped presets on a suite of generated arithmetic (reasoning-gym's families, the math suite's)."""
+    return [(f"{preset}:{spec.task}", spec) for preset in PRESETS for spec in _specs(preset) if spec.suite.name in ("reasoning_gym", "math")]
+
+
+WORDS = ("compute", "what", "is", "the", "value", "of", "please", "evaluate", "answer", "result", "find", "tell", "me", "sum",
+         "solve", "quickly", "number", "only", "give", "q", "calculate", "work", "out", "and", "reply")
+
+
+@functools.cache
+def _public(task: str) -> tuple[GradingSpec, list[Item], list[str]]:
+    spec = dict(_arithmetic_tasks())[task]
+    validation = splits.validation_split(spec)
+    public = validation + splits.training_pool(spec, validation)
+    return spec, public, [t for it in public for t in (it.question, it.answer)]
+
+
+@pytest.mark.parametrize("task", [name for name, _ in _arithmetic_tasks()])
+@settings(max_examples=4, deadline=None, derandomize=True, database=None, phases=[Phase.explicit, Phase.generate],
+          suppress_health_check=[HealthCheck.too_slow])
+@given(data=st.data())
+def test_any_rewording_of_a_hidden_items_instruction_is_flagged(task: str, data: st.DataObject) -> None:
+    """A hidden item copied with its instruction replaced by any other words (``Compute 4 - 5 - 3.``, ``q: what is
+    4 - 5 - 3 ? reply``), its expression or numbers unchanged, is flagged (every shipped arithmetic task, hidden seeds
+    and wordings drawn by Hypothesis); the public pool uploaded as it is is not. The only items without a form are
+    lists of numbers too short to be evidence (``MIN_DIGITS``)."""
+    spec, public, public_texts = _public(task)
+    suite = get_suite(spec.suite.name)
+    test = splits.test_split(spec, data.draw(st.integers(0, 2**31), label="hidden seed"), public)[:40]
+    canonical = lambda item: suite_canonical(suite, item)  # noqa: E731
+    formless = [it for it in test if canonical(it) is None]
+    assert all(not any(t in "+-*/^%" for t in math_tokens(it.question)) for it in formless), [it.question for it in formless]
+    words = st.lists(st.sampled_from(WORDS), max_size=6).map(" ".join)
+    rows = []
+    for it in test:
+        form = canonical(it)
+        if form is None:
+            continue
+        body = " ".join(form.tokens) if form.view == "math" else it.question
+        text = data.draw(words) + data.draw(st.sampled_from([" ", ": ", "\n", ", "])) + body + data.draw(st.sampled_from(["", " =", " = ?", ".", "?"])) \
+            + " " + data.draw(words)
+        rows.append({"messages": [{"role": "user", "content": text}, {"role": "assistant", "content": it.answer}]})
+    report = audit(test, rows, AuditSettings(), public=public_texts, canonical=canonical)
+    assert report.flagged_items == len(test) - len(formless), (task, [r["messages"][0]["content"] for r in rows][:5])
