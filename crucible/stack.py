@@ -8,8 +8,8 @@ that exits on its own (as compose's ``restart: unless-stopped`` and Kubernetes d
 up on one that keeps dying. :meth:`Stack.stop` ends every process group it started (SIGTERM, then SIGKILL
 after a grace period).
 
-A process's life is tied to the stack's: each is started under ``setpriv --pdeathsig TERM`` (util-linux), so the
-kernel ends it when the process that started it dies, however it dies (SIGKILL included). What runs is recorded in
+A process's life is tied to the stack's: each is started under ``setpriv --pdeathsig`` (util-linux), so the kernel ends
+it when the process that started it dies, however it dies (SIGKILL included). What runs is recorded in
 ``<data_dir>/run/stack.json`` (the starting process and each child, with their start times), so :func:`stop_recorded`
 (``crucible down``) stops a stack started elsewhere. A port already taken is refused before anything starts, naming
 what holds it (:class:`PortTaken`).
@@ -36,9 +36,11 @@ import psutil
 
 from services.common.auth import MAY_CALL, new_secret, trusted_callers
 
-DIE_WITH_PARENT = ["setpriv", "--pdeathsig", "TERM", "--"]
-"""The prefix of every child's command line: the kernel sends it SIGTERM when its parent dies (``prctl`` ``PR_SET_PDEATHSIG``, kept
-across the ``exec`` of the real command)."""
+def die_with_parent(spec: ProcessSpec) -> list[str]:
+    """The prefix of a child's command line: the kernel signals it when its parent dies (``prctl`` ``PR_SET_PDEATHSIG``, kept
+    across the ``exec`` of the real command). A service gets SIGTERM (it stops at once); a worker SIGKILL, as Celery takes
+    SIGTERM for a warm shutdown that waits for its task, an evaluation of hours maybe: its job's lease brings it back."""
+    return ["setpriv", "--pdeathsig", "TERM" if spec.port is not None else "KILL", "--"]
 
 
 _SPAWNER = ThreadPoolExecutor(max_workers=1, thread_name_prefix="stack-spawner")
@@ -268,7 +270,7 @@ class Stack:
         logs = self.data_dir / "logs"
         logs.mkdir(parents=True, exist_ok=True)
         with open(logs / f"{spec.name}.log", "ab") as log:  # the child keeps its own descriptor
-            self.procs[spec.name] = _SPAWNER.submit(subprocess.Popen, [*DIE_WITH_PARENT, *spec.argv], env=self.environment(spec), stdout=log,
+            self.procs[spec.name] = _SPAWNER.submit(subprocess.Popen, [*die_with_parent(spec), *spec.argv], env=self.environment(spec), stdout=log,
                                                     stderr=subprocess.STDOUT, stdin=subprocess.DEVNULL, start_new_session=True).result()
         self._record()
 
