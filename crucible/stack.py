@@ -36,6 +36,7 @@ import psutil
 
 from services.common.auth import MAY_CALL, new_secret, trusted_callers
 
+
 def die_with_parent(spec: ProcessSpec) -> list[str]:
     """The prefix of a child's command line: the kernel signals it when its parent dies (``prctl`` ``PR_SET_PDEATHSIG``, kept
     across the ``exec`` of the real command). A service gets SIGTERM (it stops at once); a worker SIGKILL, as Celery takes
