@@ -313,9 +313,10 @@ def test_a_job_that_ends_while_the_ledger_is_down_is_charged_once_it_is_back(fau
 
 def test_an_inference_outage_longer_than_the_retries_requeues_the_evaluation_instead_of_failing_it(faulty, client) -> None:  # noqa: ANN001
     stack, _, _ = faulty
-    ev = client.create_evaluation(BASE)
-    wait_for(lambda: client.evaluation(ev["id"])["items_done"] >= 2, 300, "2 items scored")
+    ev = client.create_evaluation(BASE, limit=8)
+    wait_for(lambda: client.evaluation(ev["id"])["items_done"] >= 2, 300, "2 items scored", poll_s=0.05)
     stack.kill("inference")
+    assert client.evaluation(ev["id"])["status"] == "running"
     gateway = f"http://127.0.0.1:{stack.port_base}"
     not_ready = httpx.get(f"{gateway}/readyz", timeout=10)  # alive, not ready: the operator's and the probes' view of the outage
     assert (not_ready.status_code, list(not_ready.json()["unready"]), httpx.get(f"{gateway}/healthz").status_code) == (503, ["inference"], 200)
