@@ -173,6 +173,9 @@ class BaselineAgent:
             ev = self.client.wait_evaluation(ev["id"], self.config.poll_s, on_poll=lambda e: bar.update(task, completed=e["items_done"]))
         if ev["status"] != "succeeded":
             raise RuntimeError(f"evaluation {ev['id']} {ev['status']}: {ev.get('error')}")
+        if ev["score"] is None:  # an evaluator's pilot on candidates no development target orders
+            self.step(f"validation {label}: no score (no pair of its candidates is ordered by a development target)")
+            return 0.0
         trajectories = self.client.trajectories(ev["id"])
         wrong = [t for t in trajectories if t["score"] < 1.0][:1]
         if wrong and wrong[0].get("rollout"):
@@ -344,17 +347,17 @@ class BaselineAgent:
         return AgentResult(tasks=results)
 
     def run_evaluator(self, card: dict[str, Any]) -> TaskResult:
-        """The evaluator track (:mod:`crucible.evaluator_agent`): build a sample-and-exact-match evaluator from every
-        target's public validation items, pilot it on the candidates (agreement with the development targets), freeze it."""
+        """The evaluator track (:mod:`crucible.evaluator_agent`): build a sample-and-exact-match evaluator from the
+        development targets' public validation items (a sealed target's items are as hidden as its scores), pilot it on
+        the candidates (agreement with the development targets), freeze it."""
         c, bm = self.client, card["benchmark"]
-        targets = [t["name"] for t in bm["tasks"] if t.get("target")]
         development = [t["name"] for t in bm["tasks"] if t.get("target") == "development"]
         for name in development:
             scores = {s["candidate"]: s["score"]["value"] if s["score"] else None for s in c.candidate_scores(task=name)}
             self.step(f"[{name}] development target: " + ", ".join(f"{k} {_pct(v)}" for k, v in scores.items()))
         budget = bm["evaluator"]
-        per_target = max(1, min(self.config.evaluator_items, budget["calls"] // max(1, len(targets))))
-        items = sample_items(c, targets, per_target)
+        per_target = max(1, min(self.config.evaluator_items, budget["calls"] // max(1, len(development))))
+        items = sample_items(c, development, per_target)
         archive = c.upload_harness(evaluator_archive(items, budget["max_tokens"]), name="sample-evaluator")
         self.step(f"evaluator {archive['id']}: {len(items)} public items ({per_target} per target), exact match on the first number")
         pilot = self.evaluate(None, None, f"evaluator {archive['id']} on {len(bm['candidates'])} candidates (agreement with development targets)",  # type: ignore[arg-type]

@@ -1,7 +1,7 @@
 """The reference agent's loop on the evaluator track: a sample of public items and an exact-match grader.
 
-It builds the simplest evaluator the seed reports as a strong baseline: a sample of every target's public validation
-items (questions and answers, each target a domain), asked of the candidate one by one through the run's model
+It builds the simplest evaluator the seed reports as a strong baseline: a sample of the development targets' public
+validation items (questions and answers, each target a domain; a sealed target's items are not shown), asked of the candidate one by one through the run's model
 endpoint, an answer scored 1 when its first number equals the reference answer. It pilots the evaluator on the
 candidates (its agreement with the development targets), then freezes it as the final submission.
 
@@ -72,6 +72,7 @@ def evaluator_archive(items: list[dict[str, Any]], max_tokens: int) -> bytes:
 
 
 def sample_items(client: Any, targets: list[str], per_target: int) -> list[dict[str, Any]]:
-    """Up to ``per_target`` public validation items of each target, each tagged with its target as its domain."""
+    """Up to ``per_target`` public validation items of each of ``targets`` (the development ones: a sealed target's items
+    are not shown), each tagged with its target as its domain."""
     return [{"id": f"{t}/{it['id']}", "question": it["question"], "answer": it["answer"], "domain": t}
             for t in targets for it in client.validation_items(task=t)[:per_target]]

@@ -191,6 +191,8 @@ def chosen_items(spec: GradingSpec, items: list[Item], req: EvaluationCreate) ->
     ``limit`` items, or on the evaluator track the ``candidates`` chosen for a pilot (in the split's order). Raises
     ``Unprocessable`` (field ``candidates``) where a task other than an evaluator's is given candidates, with ``limit``,
     or with a name that is not one of its candidates."""
+    if spec.evaluator is not None and req.limit is not None and req.limit < 2:
+        raise Unprocessable("limit: an evaluator is graded on pairs of candidates; a pilot needs two or more", field="limit")
     if req.candidates is None:
         return (items[: req.limit] if req.limit else items), None
     if spec.evaluator is None:

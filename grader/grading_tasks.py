@@ -152,12 +152,26 @@ def train_pool(grader: Grader, task_id: str) -> list[Item]:
     return pool
 
 
+def check_public(grader: Grader, ctx: RunContext) -> GradingSpec:
+    """The run's task's spec, unless it is a sealed target of the evaluator track, whose items (every split of it) are
+    as hidden as its scores: ``NotFound`` then, as for its candidate scores (:func:`development_scores`). A run that saw
+    a sealed target's items could rebuild it and rank the candidates as it does."""
+    with grader.db.session() as s:
+        spec = repository.spec(s, ctx.task_id)
+    if spec.target == "sealed":
+        raise NotFound(f"task {spec.task!r} is a sealed target: neither its items nor its scores are shown")
+    return spec
+
+
 def train_sample(grader: Grader, ctx: RunContext, offset: int, limit: int) -> list[SuiteItemOut]:
-    """Items ``[offset, offset+limit)`` of the run's task's training pool (question + answer)."""
+    """Items ``[offset, offset+limit)`` of the run's task's training pool (question + answer); ``NotFound`` for a sealed
+    target (:func:`check_public`)."""
+    check_public(grader, ctx)
     return [SuiteItemOut(id=it.id, question=it.question, answer=it.answer) for it in train_pool(grader, ctx.task_id)[offset:offset + limit]]
 
 
 def validation_items(grader: Grader, ctx: RunContext) -> list[SuiteItemOut]:
-    """Every visible validation item of the run's task."""
+    """Every visible validation item of the run's task; ``NotFound`` for a sealed target (:func:`check_public`)."""
+    check_public(grader, ctx)
     with grader.db.session() as s:
         return [SuiteItemOut(id=it.id, question=it.question, answer=it.answer) for it in repository.validation_items(s, ctx.task_id)]

@@ -22,7 +22,7 @@ from __future__ import annotations
 from concurrent.futures import ThreadPoolExecutor
 
 from grader import repository
-from grader.grading_tasks import harness_for, train_pool
+from grader.grading_tasks import check_public, harness_for, train_pool
 from grader.sandboxes import SandboxUnavailable
 from grader.scoring import score_item
 from grader.service import Grader
@@ -81,6 +81,7 @@ def pool_prompts(grader: Grader, ctx: RunContext, req: PoolPromptsRequest) -> li
     """Every item of the run's task's training pool, in pool order, with the chat ``messages`` the harness renders
     for it (:func:`services.common.harness.render_messages`: the system prompt, if any, then the user message). Raises as
     :func:`resolve_harness`."""
+    check_public(grader, ctx)
     harness = resolve_harness(grader, ctx, req.harness)
     return [PoolPrompt(item_id=it.id, messages=render_messages(harness, it.question)) for it in train_pool(grader, ctx.task_id)]
 
@@ -96,6 +97,7 @@ def score_completions(grader: Grader, ctx: RunContext, req: RewardRequest) -> li
     :func:`resolve_harness`, and ``UpstreamUnavailable`` (503) when the suite runs answers as programs (HumanEval) and
     this process cannot start a sandbox. Nothing is charged.
     """
+    check_public(grader, ctx)
     spec = _spec(grader, ctx)
     suite = _single_completion_suite(spec)
     harness = _harness(spec, req.harness)

@@ -204,7 +204,7 @@ def _finish(grader: Grader, eval_id: str, outcome: tuple[str, Any]) -> None:
             return
         if outcome[0] == "succeeded":
             score, n = outcome[1]
-            ev.score, ev.items_done = score.model_dump(), n
+            ev.score, ev.items_done = (score.model_dump() if score is not None else None), n
         else:
             ev.failure_cause, ev.error = outcome[1]
         ev.status, ev.worker_id, ev.finished_at = outcome[0], None, utcnow()
@@ -276,11 +276,12 @@ class _EvaluationRun:
             return self.evaluator_grade(), len(by_item)
         return aggregate(by_item, self.spec.evaluation.metric, self.k), len(by_item)
 
-    def evaluator_grade(self) -> Score:
+    def evaluator_grade(self) -> Score | None:
         """An evaluator's evaluation (the evaluator track's own task): its runs on the candidates graded against the
         targets (:func:`grader.evaluators.grade`), written to the row's ``grade``, and its ``Score``: the mean pairwise
         agreement. A pilot (validation) is graded against the development targets alone (their scores are the run's to
-        see); a final submission (test) against the sealed ones, the ceiling over all. Raises :class:`TargetsNotGraded`
+        see), and has no score (``None``) where they order none of its candidates' pairs; a final submission (test)
+        against the sealed ones, the ceiling over all. Raises :class:`TargetsNotGraded`
         while a target has not graded every candidate (the evaluation is queued again, :func:`run_evaluation`)."""
         assert self.spec.evaluator is not None
         if self.split == "test":
@@ -301,6 +302,8 @@ class _EvaluationRun:
         result = grade(results, targets, graded)
         with self.grader.db.session() as s:
             self.lease.row(s).grade = result.model_dump(mode="json")
+        if result.pairwise_agreement is None and self.split == "validation":
+            return None  # no pair of these candidates is ordered by a target: a pilot with no result (the grade says why), not 0.0
         lows = [t.ci_low for t in result.targets if t.ci_low is not None]
         highs = [t.ci_high for t in result.targets if t.ci_high is not None]
         return Score(value=result.pairwise_agreement or 0.0, n=len(results), metric="pairwise_agreement", k=1,

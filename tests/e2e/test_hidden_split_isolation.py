@@ -188,6 +188,7 @@ def _session(stack: Any, doc: dict) -> Transcript:
 
     http = Paced()
     tasks = [t["name"] for t in doc.get("tasks", [])] or [None]
+    sealed_targets = {t["name"] for t in doc.get("tasks", []) if t.get("target") == "sealed"}
 
     spec = httpx.get(f"{stack.gateway_url}/openapi.json", timeout=30).json()
     for path, ops in sorted(spec["paths"].items()):
@@ -201,11 +202,15 @@ def _session(stack: Any, doc: dict) -> Transcript:
         offset = 0
         while True:  # the whole training pool, where hidden items used to be skipped
             page = log.add(f"GET train-sample {task} {offset}", http.get("/v1/suite/train-sample", params={**params, "offset": offset, "limit": 10_000}))
+            if sealed := task in sealed_targets:  # none of its items is shown: a 404, recorded
+                assert page["status"] == 404, page
+                break
             assert "data" in page, page
             if not page["data"]:
                 break
             offset += len(page["data"])
-        question = http.get("/v1/suite/validation", params=params).json()["data"][0]["question"]
+        shown = http.get("/v1/suite/validation", params=params).json()
+        question = "2 + 3 =" if sealed else shown["data"][0]["question"]
         log.add("POST chat", http.post("/v1/chat/completions", json={"model": TINY_MODEL, "max_tokens": 4, "temperature": 0,
                                                                        "messages": [{"role": "user", "content": question}]}))
         # one item: the transformers engine pads the prompts it batches together, and in fp32 on a CPU a near tie between
@@ -223,7 +228,7 @@ def _session(stack: Any, doc: dict) -> Transcript:
             client.wait_submission(sub["id"], 0.5)
             log.add(f"POST second submission {task}", http.post("/v1/submissions", params=params, json={"model": TINY_MODEL}), grades=True)
     if doc.get("track") == "evaluator":  # an evaluator piloted on the candidates, then frozen
-        eval_id, sub = _evaluator_session(http, log, [t["name"] for t in doc["tasks"] if t.get("target")])
+        eval_id, sub = _evaluator_session(http, log, [t["name"] for t in doc["tasks"] if t.get("target") == "development"], sorted(sealed_targets))
     for path in ("/v1/run", "/v1/budget", "/v1/evaluations"):
         log.add(f"GET {path} at the end", http.get(path))
     ids = {"eval_id": eval_id, "sub_id": sub["id"]}  # the last task's
@@ -238,8 +243,8 @@ def _session(stack: Any, doc: dict) -> Transcript:
     return log
 
 
-def _evaluator_session(http: Any, log: Transcript, targets: list[str]) -> tuple[str, dict]:
-    """The evaluator track's own calls: the development targets' candidate scores, a sealed target's (404), the reference
+def _evaluator_session(http: Any, log: Transcript, targets: list[str], sealed: list[str]) -> tuple[str, dict]:
+    """The evaluator track's own calls: the development targets' candidate scores, the sealed targets' (404), the reference
     agent's evaluator piloted (its agreement with the development targets and each candidate's run) and frozen."""
     from crucible.evaluator_agent import evaluator_archive
 
@@ -247,7 +252,7 @@ def _evaluator_session(http: Any, log: Transcript, targets: list[str]) -> tuple[
         while http.get(path).json()["status"] in ("queued", "running"):
             time.sleep(0.5)
 
-    for target in targets:
+    for target in targets + sealed:
         log.add(f"GET candidate-scores {target}", http.get("/v1/suite/candidate-scores", params={"task": target}))
     items = [{"id": f"{t}/{it['id']}", "question": it["question"], "answer": it["answer"], "domain": t}
              for t in targets for it in http.get("/v1/suite/validation", params={"task": t}).json()["data"][:1]]

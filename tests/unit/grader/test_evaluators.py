@@ -23,10 +23,11 @@ from grader import repository, worker
 from grader.app import create_app
 from grader.evaluations import create_evaluation
 from grader.evaluators import grade, parse_output, run_evaluator
-from grader.grading_tasks import development_scores, register_task, target_scores, task_status
+from grader.grading_tasks import development_scores, register_task, target_scores, task_status, train_sample, validation_items
 from grader.harness_archives import inspect_archive, store_archive
 from grader.model_endpoint import ModelEndpoint
 from grader.models import Evaluation
+from grader.rewards import pool_prompts, score_completions
 from grader.rollouts import RolloutLimits
 from grader.sandboxes import get_sandbox
 from grader.schemas import SubmissionGrading
@@ -34,7 +35,16 @@ from grader.service import Grader
 from grader.settings import GraderSettings
 from grader.submissions import create_submission
 from services.common.auth import RunContext
-from services.common.contracts import CandidateEvaluation, EvaluationCreate, EvaluatorBudget, GradingSpec, Harness, SystemSpec
+from services.common.contracts import (
+    CandidateEvaluation,
+    EvaluationCreate,
+    EvaluatorBudget,
+    GradingSpec,
+    Harness,
+    PoolPromptsRequest,
+    RewardRequest,
+    SystemSpec,
+)
 from services.common.errors import NotFound, Unprocessable
 from services.ledger.app import create_app as create_ledger_app
 from services.ledger.client import LedgerClient
@@ -293,6 +303,14 @@ def test_a_run_reads_a_development_targets_candidate_scores_and_never_a_sealed_o
     for task_id in (targets["hidden"][0], "bm_evaluator_visible"):
         with pytest.raises(NotFound, match="not a development target"):
             development_scores(service, RunContext(run_id="run_evaluator", task_id=task_id))
+    # a sealed target's items are as hidden as its scores: a run that read them could rebuild it and rank the candidates
+    dev, sealed = (RunContext(run_id="run_evaluator", task_id=targets[t][0]) for t in ("dev", "hidden"))
+    assert len(validation_items(service, dev)) == 6 and len(train_sample(service, dev, 0, 100)) == 10
+    for read in (lambda: validation_items(service, sealed), lambda: train_sample(service, sealed, 0, 100),
+                 lambda: pool_prompts(service, sealed, PoolPromptsRequest()),
+                 lambda: score_completions(service, sealed, RewardRequest(completions=[{"item_id": "train-00000", "completion": "7"}]))):
+        with pytest.raises(NotFound, match="sealed target"):
+            read()
 
 
 # --------------------------------------------------------------------------- a pilot
