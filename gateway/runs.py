@@ -132,7 +132,8 @@ async def run_card(gw: Gateway, caller: Caller) -> RunCard:
         run_id=caller.run.id, agent_name=caller.run.agent_name, benchmark=benchmark,
         track=caller.run.track, editable=caller.ctx.editable, recipe=spec.recipe, evaluation=spec.evaluation,
         deadline_at=caller.run.deadline_at, seconds_left=max(0, left), budget=await budget(gw, caller),
-        limits=_limits_left(spec, {t["name"]: sum(1 for x in subs if x.task == t["name"] and x.counted) for t in tasks}, usage),
+        limits=_limits_left(spec, {t["name"]: sum(1 for x in subs if x.task == t["name"] and x.counted) for t in tasks
+                                   if not t.get("target")}, usage),  # a target takes no submission
     )
 
 

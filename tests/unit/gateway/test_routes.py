@@ -706,6 +706,7 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
     benchmark = card.json()["benchmark"]
     assert benchmark["candidates"] == ["candidate-01", "candidate-02", "candidate-03"]
     assert [(t["name"], t["target"]) for t in benchmark["tasks"]] == [("evaluator", None), ("dev", "development"), ("hidden", "sealed")]
+    assert card.json()["limits"]["final_submissions"]["limit"] == 1 and "final_submissions_by_task" not in card.json()["limits"]  # targets take none
     dev = served.http.get("/v1/suite/candidate-scores", params={"task": "dev"}, headers=agent)
     assert [c["candidate"] for c in dev.json()["data"]] == ["candidate-01", "candidate-02", "candidate-03"] and MODEL not in dev.text
     assert_problem(served.http.get("/v1/suite/candidate-scores", params={"task": "hidden"}, headers=agent), 404)
