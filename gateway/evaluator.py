@@ -20,7 +20,7 @@ from gateway.benchmarks import named_candidates
 from gateway.service import Caller, Gateway
 from services.common.candidates import candidate_request, renamed
 from services.common.contracts import Page, SystemSpec
-from services.common.errors import Unprocessable, UpstreamProblem
+from services.common.errors import Unprocessable, UpstreamProblem, with_openai_error
 from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ModelOut
 
 TRACK = "evaluator"
@@ -60,8 +60,21 @@ def refuse_completions(model: str) -> None:
     raise Unprocessable(f"model {model!r}: a candidate is a chat system; call it with POST /v1/chat/completions", field="model")
 
 
+_CANDIDATE_PROBLEM = {"context_exceeded": "the messages and the candidate's own answer cap do not fit its context; send fewer or shorter messages"}
+_KEPT = ("type", "title", "status", "code", "field", "retry_after_s")
+
+
+def _candidate_problem(problem: dict[str, Any], name: str) -> dict[str, Any]:
+    """Inference's problem of a candidate call, as the run sees it: its type, status, code, field and retry delay, and a
+    detail that names the candidate and nothing of its system (inference's own detail may quote the candidate's
+    ``max_tokens``, its prompt's length with the system prompt, or its model)."""
+    code = str(problem.get("code", ""))
+    detail = f"{name}: {_CANDIDATE_PROBLEM.get(code, problem.get('title') or 'the candidate could not answer this request')}"
+    return with_openai_error({k: v for k, v in problem.items() if k in _KEPT} | {"detail": detail})
+
+
 def _masked(value: Any, model: str, name: str) -> Any:
-    """``value`` (a problem or an event) with every mention of ``model`` replaced by ``name``."""
+    """``value`` (an event) with every mention of ``model`` replaced by ``name``."""
     if isinstance(value, str):
         return value.replace(model, name)
     if isinstance(value, dict):
@@ -77,7 +90,7 @@ async def chat(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -> ChatC
     try:
         out = await gw.inference.chat_completions(caller.ctx, candidate_request(req, system))
     except UpstreamProblem as exc:
-        raise UpstreamProblem(_masked(exc.problem, system.model, req.model)) from None
+        raise UpstreamProblem(_candidate_problem(exc.problem, req.model)) from None
     return renamed(out, req.model)
 
 
@@ -90,7 +103,7 @@ async def chat_stream(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -
         async with gw.inference.chat_completions_stream(caller.ctx, candidate_request(req, system)) as chunks:
             yield _renamed_events(chunks, system.model, req.model)
     except UpstreamProblem as exc:
-        raise UpstreamProblem(_masked(exc.problem, system.model, req.model)) from None
+        raise UpstreamProblem(_candidate_problem(exc.problem, req.model)) from None
 
 
 async def _renamed_events(chunks: AsyncIterator[bytes], model: str, name: str) -> AsyncIterator[bytes]:

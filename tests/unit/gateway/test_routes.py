@@ -13,6 +13,7 @@ from __future__ import annotations
 import copy
 import datetime as dt
 import json
+import re
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -714,7 +715,8 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
     def answer(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
         if body["messages"][-1]["content"] == "too long":
-            return httpx.Response(422, json=problem(422, "context_exceeded", f"the prompt does not fit {body['model']}'s context", field="messages"))
+            return httpx.Response(422, json=problem(422, "context_exceeded", f"the prompt is 9022 tokens; with max_tokens 8 it exceeds "
+                                                                             f"{body['model']}'s context of 8192", field="messages", prompt_tokens=9022))
         if body.get("stream"):
             events = "".join(f"data: {json.dumps({'id': 'c', 'object': 'chat.completion.chunk', 'created': 0, 'model': body['model'], 'choices': []})}\n\n"
                              for _ in range(3))
@@ -739,7 +741,8 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
     stream = served.http.post("/v1/chat/completions", json={**ask, "stream": True}, headers=agent)
     assert stream.status_code == 200 and stream.text.count('"model":"candidate-02"') == 3 and MODEL not in stream.text
     refused = assert_problem(served.http.post("/v1/chat/completions", json={**ask, "messages": [{"role": "user", "content": "too long"}]}, headers=agent), 422)
-    assert "candidate-02" in refused["detail"] and MODEL not in json.dumps(refused)
+    assert "candidate-02" in refused["detail"] and MODEL not in json.dumps(refused) and refused["field"] == "messages"
+    assert not re.search(r"\d", refused["detail"].replace("candidate-02", "")) and "prompt_tokens" not in refused  # nothing of its system: no cap, no length
     for model in (MODEL, "candidate-04", "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"):
         assert assert_problem(served.http.post("/v1/chat/completions", json={**ask, "model": model}, headers=agent), 422)["field"] == "model"
     legacy = served.http.post("/v1/completions", json={"model": "candidate-02", "prompt": "1 + 1 ="}, headers=agent)
