@@ -88,7 +88,7 @@ async def chat(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -> ChatC
     """A non-streamed chat completion of the candidate ``req.model`` (see the module docstring)."""
     system = _system(caller, req.model)
     try:
-        out = await gw.inference.chat_completions(caller.ctx, candidate_request(req, system))
+        out = await gw.inference.chat_completions(caller.ctx, candidate_request(req, system), context_tokens=caller.benchmark.evaluation.context_tokens)
     except UpstreamProblem as exc:
         raise UpstreamProblem(_candidate_problem(exc.problem, req.model)) from None
     return renamed(out, req.model)
@@ -100,7 +100,8 @@ async def chat_stream(gw: Gateway, caller: Caller, req: ChatCompletionRequest) -
     candidate. Opening it raises as :func:`chat` does."""
     system = _system(caller, req.model)
     try:
-        async with gw.inference.chat_completions_stream(caller.ctx, candidate_request(req, system)) as chunks:
+        async with gw.inference.chat_completions_stream(caller.ctx, candidate_request(req, system),
+                                                        context_tokens=caller.benchmark.evaluation.context_tokens) as chunks:
             yield _renamed_events(chunks, system.model, req.model)
     except UpstreamProblem as exc:
         raise UpstreamProblem(_candidate_problem(exc.problem, req.model)) from None

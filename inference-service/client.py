@@ -67,11 +67,12 @@ class InferenceClient(ServiceAPI):
         return self._call("POST", "/internal/chat/completions", ChatCompletion, ctx=ctx, body=body,
                           headers=_metering(hold_id, unmetered, idempotency_key, context_tokens))
 
-    def chat_completions_stream(self, ctx: RunContext | None, body: ChatCompletionRequest) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
+    def chat_completions_stream(self, ctx: RunContext | None, body: ChatCompletionRequest, *,
+                                context_tokens: int | None = None) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """A streamed chat completion (``body.stream`` true; async transport): ``async with`` it for the server-sent
         events' bytes; errors as :meth:`chat_completions`, raised on entering. Leaving early stops the generation
-        (charged for the tokens generated until then)."""
-        return self._stream("POST", "/internal/chat/completions", ctx=ctx, body=body)
+        (charged for the tokens generated until then). ``context_tokens`` as for :meth:`chat_completions`."""
+        return self._stream("POST", "/internal/chat/completions", ctx=ctx, body=body, headers=_metering(None, False, None, context_tokens))
 
     def completions(self, ctx: RunContext | None, body: CompletionRequest, *, hold_id: str | None = None, unmetered: bool = False,
                     idempotency_key: str | None = None, context_tokens: int | None = None) -> Completion:

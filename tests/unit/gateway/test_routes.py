@@ -693,6 +693,7 @@ def test_mcp_answers_post_only_and_counts_each_request_once_against_the_keys_rat
 
 def evaluator_benchmark() -> dict[str, Any]:
     doc = {k: v for k, v in TEST_BENCHMARK.items() if k not in ("suite", "initial_system", "reference", "recipe")}
+    doc["evaluation"] = {**doc["evaluation"], "context_tokens": 1024}
     return {**doc, "name": f"evaluator-{new_id('bm')[3:]}", "track": "evaluator",
             "candidates": [{"model": MODEL, "harness": {"system_prompt": f"You are system {i}.", "max_tokens": 8}} for i in range(3)],
             "tasks": [{"name": "dev", "target": "development", "suite": TEST_BENCHMARK["suite"]},
@@ -734,6 +735,7 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
     assert resp.status_code == 200 and resp.json()["model"] == "candidate-02" and MODEL not in resp.text
     sent = json.loads(calls[-1].content)
     assert sent["model"] == MODEL and sent["messages"][0]["role"] == "system" and sent["max_tokens"] == 8  # the candidate's harness applied
+    assert calls[-1].headers["X-Crucible-Context-Tokens"] == "1024"  # and the benchmark's context, as in its target gradings
     monkeypatch.setattr(served.gateway.settings, "candidate_key", "a-key-set-after-the-benchmark-was-loaded")
     served.http.post("/v1/chat/completions", json=ask, headers=agent)
     assert json.loads(calls[-1].content)["messages"][0] == sent["messages"][0]  # the names the targets graded stay as they were
