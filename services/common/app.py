@@ -9,7 +9,9 @@ from contextlib import AbstractAsyncContextManager, asynccontextmanager
 from pathlib import Path
 from typing import Any
 
-from fastapi import FastAPI, Request, params
+from fastapi import Depends, FastAPI, Request, params
+from fastapi import routing as fastapi_routing
+from fastapi.dependencies.utils import get_parameterless_sub_dependant
 from fastapi.exceptions import RequestValidationError
 from fastapi.openapi.docs import get_swagger_ui_html
 from fastapi.responses import HTMLResponse, JSONResponse
@@ -113,35 +115,49 @@ def databases_ready(*get: Callable[[FastAPI], tuple[str, Database]]) -> Callable
 
 
 class StrictBodyRoute(APIRoute):
-    """A route whose JSON body is validated in pydantic's strict JSON mode before FastAPI's own (lax) validation, so a
+    """A route whose JSON body is validated in pydantic's strict JSON mode besides FastAPI's own (lax) validation, so a
     value of the wrong JSON type is refused, not coerced: ``"limit": "1"``, ``"stream": 1`` or ``"max_tokens": 8.5``
     is a 422 naming the field (strict mode's conversion table: an integer field takes a JSON integer only, a boolean
     ``true``/``false`` only, a number field an integer or a number, a string field a string; a string still reads as
-    an enum member or a date-time, which JSON has no other way to send). A body that is not JSON, or not an object
-    of a model, is left to FastAPI (its own 422, naming ``body``)."""
+    an enum member or a date-time, which JSON has no other way to send). The check is the route's last dependency, so
+    it runs after the caller is authenticated (a bad body without a key is still a 401). A body that is not JSON, or
+    not an object, is left to FastAPI (its own 422, naming ``body``), as is what pydantic's JSON parser refuses but
+    Python's reads (a lone surrogate escape), which the model's own validators name."""
 
     def get_route_handler(self):  # noqa: ANN201 - FastAPI's handler type
-        handler = super().get_route_handler()
+        # FastAPI builds a handler for the route itself and one per router that includes it, from that inclusion's own
+        # dependant (its private context variable tells which is being built): the check goes last in whichever it is.
+        context = fastapi_routing._effective_route_context_var.get()
+        dependant = context.dependant if context is not None and context.original_route is self else self.dependant
         annotation = self.body_field.field_info.annotation if self.body_field is not None else None
-        if (annotation is None or isinstance(self.body_field.field_info, params.Form)  # type: ignore[union-attr]
-                or not (isinstance(annotation, type) and issubclass(annotation, BaseModel))):
-            return handler
-        adapter = TypeAdapter(annotation)
+        if (annotation is not None and not isinstance(self.body_field.field_info, params.Form)  # type: ignore[union-attr]
+                and isinstance(annotation, type) and issubclass(annotation, BaseModel)
+                and not any(isinstance(getattr(d, "call", None), _StrictCheck) for d in dependant.dependencies)):
+            dependant.dependencies.append(get_parameterless_sub_dependant(depends=Depends(_StrictCheck(TypeAdapter(annotation))),
+                                                                          path=self.path_format))
+        return super().get_route_handler()
 
-        async def strict(request: Request) -> Any:  # noqa: ANN401 - a Response
-            raw = await request.body()  # cached: FastAPI reads it again
-            try:
-                body = json.loads(raw) if raw else None
-            except ValueError:
-                body = None  # not JSON: FastAPI's own problem
-            if isinstance(body, dict):
-                try:
-                    adapter.validate_json(raw, strict=True)
-                except ValidationError as exc:
-                    raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in exc.errors(include_url=False)], body=body) from None
-            return await handler(request)
 
-        return strict
+class _StrictCheck:
+    """The dependency :class:`StrictBodyRoute` adds: the request's JSON object validated strictly by ``adapter``."""
+
+    def __init__(self, adapter: TypeAdapter) -> None:
+        self.adapter = adapter
+
+    async def __call__(self, request: Request) -> None:
+        raw = await request.body()  # cached: FastAPI reads it again
+        try:
+            body = json.loads(raw) if raw else None
+        except ValueError:
+            return  # not JSON: FastAPI's own problem
+        if not isinstance(body, dict):
+            return
+        try:
+            self.adapter.validate_json(raw, strict=True)
+        except ValidationError as exc:
+            errors = exc.errors(include_url=False)
+            if any(e["type"] != "json_invalid" for e in errors):
+                raise RequestValidationError([{**e, "loc": ("body", *e["loc"])} for e in errors], body=body) from None
 
 
 def create_service_app(

@@ -83,6 +83,6 @@ def test_crucible_down_stops_a_stack_started_elsewhere(tmp_path: Path) -> None:
 def test_a_taken_port_is_refused_before_anything_starts_naming_its_holder(tmp_path: Path) -> None:
     with socket.create_server(("127.0.0.1", 0)) as held:
         port = held.getsockname()[1]
-        with pytest.raises(PortTaken, match=rf"port {port} is taken by pid {os.getpid()}: .*python"):
+        with pytest.raises(PortTaken, match=rf"port {port} is taken by pid {os.getpid()}: "):
             Stack(tmp_path, port).start(timeout_s=5)
     assert not record_path(tmp_path).exists() and not (tmp_path / "logs").exists()

@@ -388,6 +388,7 @@ def test_an_agents_body_of_the_wrong_json_type_is_refused_naming_the_field_and_c
     response = served.http.request(method, path, json=body, headers=agent)
     assert assert_problem(response, status)["field"] == field
     assert calls == [] and served.http.get("/v1/budget", headers=agent).json()["spent_usd_micros"] == 0
+    assert_problem(served.http.request(method, path, json=body), 401)  # without a key: who calls comes first, then what they sent
 
 
 # --------------------------------------------------------------------------- benchmarks and runs (operators)
