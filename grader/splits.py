@@ -88,20 +88,13 @@ def test_split(spec: GradingSpec, seed: int, public: list[Item]) -> list[Item]:
     questions, keys = frozenset(it.question for it in public), {item_key(suite, it) for it in public}
     texts = [t for it in public for t in (it.question, it.answer)]
     checked: dict[Canonical, bool] = {}  # a drawn item's form -> whether a public text holds it
-
-    def hidden(item: Item) -> bool:
-        if item_key(suite, item) in keys:
-            return False
-        form = suite_canonical(suite, item)
-        return form is None or not checked[form]
-
     want, before = size, -1
     while True:  # draw more until enough are left once the reworded public items are out
-        drawn = suite.generate(spec.suite.params, seed, want, split="test", exclude=questions)
-        new = {f for it in drawn if (f := suite_canonical(suite, it)) is not None and f not in checked}
+        drawn = [(it, suite_canonical(suite, it)) for it in suite.generate(spec.suite.params, seed, want, split="test", exclude=questions)]
+        new = {form for _, form in drawn if form is not None and form not in checked}
         held = public_forms(new, texts) if new else set()
-        checked.update({f: f in held for f in new})
-        kept = [it for it in drawn if hidden(it)]
+        checked.update({form: form in held for form in new})
+        kept = [it for it, form in drawn if canonical_key(form, it.question) not in keys and (form is None or not checked[form])]
         if len(kept) >= size:
             return kept[:size]
         if len(kept) <= before:  # drawing more gave nothing new: the task has no more items outside the public ones

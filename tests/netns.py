@@ -17,6 +17,7 @@ import socket
 import subprocess
 import sys
 import threading
+import time
 import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
@@ -67,7 +68,7 @@ class Outside:
             for _ in range(100):
                 if len(listener.peers) > seen:
                     break
-                threading.Event().wait(0.05)
+                time.sleep(0.05)
             assert len(listener.peers) > seen, f"the test's own listener {listener.address}:{listener.port} saw no connection from the host"
 
     def connections(self) -> int:
