@@ -1,9 +1,19 @@
 """The rollout model endpoint: the one network peer of a code harness's sandbox.
 
-Each eval worker process serves one small OpenAI-compatible HTTP app on a Unix socket (:class:`ModelEndpoint`); the
-sandbox backends bind that socket into each sandbox, where the sandbox's init forwards ``127.0.0.1:8000`` to it, and
-the harness gets ``OPENAI_BASE_URL=http://127.0.0.1:8000/v1`` and ``OPENAI_API_KEY=<token>``. A token is bound to one
-rollout (:class:`Binding`) for as long as it runs and is useless after:
+Each eval worker process serves one small OpenAI-compatible HTTP app (:class:`ModelEndpoint`), on a Unix socket of
+each rollout's own, opened when the rollout is bound and closed when it ends. The sandbox backends bind that socket
+into the rollout's sandbox, where the sandbox's init forwards ``127.0.0.1:8000`` to it, and the harness gets
+``OPENAI_BASE_URL=http://127.0.0.1:8000/v1`` and ``OPENAI_API_KEY=<token>``. What one rollout may take of the worker is
+capped on its socket, so a harness can exhaust only its own rollout (:class:`_CappedH11`):
+
+- at most :data:`MAX_CONNECTIONS` connections open at once; one more is closed as soon as it is accepted, before a
+  byte of it is read (a harness holding thousands of half-open connections holds that many of the worker's files);
+- a request's line, headers and body must all arrive within :data:`READ_TIMEOUT_S` seconds of the connection (or of
+  the last answer on it); headers of at most 16 KiB (uvicorn's h11 limit), a body of at most :data:`MAX_BODY_BYTES`
+  (413); a connection idle :data:`KEEP_ALIVE_S` seconds after an answer is closed.
+
+A token is bound to one rollout (:class:`Binding`) for as long as it runs, is accepted on that rollout's socket alone,
+and is useless after:
 
 - it serves exactly the rollout's model (the evaluated base model or checkpoint; for an evaluator's rollout, one
   candidate system under its opaque name, :mod:`services.common.candidates`); a request naming any other model is a
@@ -26,6 +36,7 @@ a 404). Errors are problem+json with OpenAI's
 
 from __future__ import annotations
 
+import asyncio
 import datetime as dt
 import secrets
 import tempfile
@@ -35,9 +46,11 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Annotated, Any
 
+import h11
 import structlog
 import uvicorn
 from fastapi import Depends, Header, Request
+from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from grader.sandboxes.base import MODEL_PORT, WORKSPACE_PREFIX
 from grader.schemas import RolloutModels
@@ -57,6 +70,72 @@ MAX_BODY_BYTES = 8 * 1024 * 1024
 
 MAX_INFLIGHT = 2
 """Model calls one rollout may have in flight at once (a 429 ``calls_in_flight`` beyond)."""
+
+MAX_CONNECTIONS = 16
+"""Connections one rollout may hold open to its socket at once; one more is closed on arrival."""
+
+READ_TIMEOUT_S = 30.0
+"""Seconds a connection has to send a whole request (line, headers and body), from its start or the last answer."""
+
+KEEP_ALIVE_S = 5.0
+"""Seconds an idle connection is kept after an answer."""
+
+SCOPE_KEY = "crucible.rollout_token"
+"""The ASGI scope key under which a rollout's socket names the one token it accepts."""
+
+
+class _CappedH11(H11Protocol):
+    """uvicorn's h11 protocol with the per-socket caps of the module docstring. uvicorn keeps the open connections of
+    one server (here: one rollout's socket) in ``self.connections``; a connection over :data:`MAX_CONNECTIONS` is
+    aborted in :meth:`connection_made`, and a timer closes one whose client has not finished its request
+    (h11's ``their_state`` still ``IDLE`` or ``SEND_BODY``) :data:`READ_TIMEOUT_S` after it opened or was last answered."""
+
+    _refused = False
+    _read_deadline: asyncio.TimerHandle | None = None
+
+    def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
+        if len(self.connections) >= MAX_CONNECTIONS:
+            self._refused = True
+            transport.abort()
+            return
+        super().connection_made(transport)
+        self._arm()
+
+    def connection_lost(self, exc: Exception | None) -> None:
+        self._disarm()
+        if not self._refused:
+            super().connection_lost(exc)
+
+    def data_received(self, data: bytes) -> None:
+        if not self._refused:
+            super().data_received(data)
+
+    def on_response_complete(self) -> None:
+        super().on_response_complete()
+        self._arm()
+
+    def _arm(self) -> None:
+        self._disarm()
+        self._read_deadline = asyncio.get_running_loop().call_later(READ_TIMEOUT_S, self._expire)
+
+    def _disarm(self) -> None:
+        if self._read_deadline is not None:
+            self._read_deadline.cancel()
+            self._read_deadline = None
+
+    def _expire(self) -> None:
+        self._read_deadline = None
+        if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+            self.transport.close()
+
+
+@dataclass(frozen=True)
+class Bound:
+    """A rollout bound to the endpoint: its ``token`` (``OPENAI_API_KEY``) and its own Unix ``socket`` (bind it into the
+    rollout's sandbox as ``model_socket``)."""
+
+    token: str
+    socket: Path
 
 
 @dataclass
@@ -111,66 +190,102 @@ class Binding:
 
 
 def rollout_binding(request: Request, authorization: Annotated[str | None, Header()] = None) -> Binding:
-    """The rollout the request's bearer token is bound to (401 otherwise)."""
-    return request.app.state.endpoint.binding((authorization or "").removeprefix("Bearer ").strip())
+    """The rollout the request's bearer token is bound to, when that rollout's socket received it (401 otherwise)."""
+    token = (authorization or "").removeprefix("Bearer ").strip()
+    if not secrets.compare_digest(token.encode(), str(request.scope.get(SCOPE_KEY, "")).encode()):
+        raise Unauthorized("this token is not bound to this rollout")
+    return request.app.state.endpoint.binding(token)
 
 
 RolloutDep = Annotated["Binding", Depends(rollout_binding)]
 
 
 class ModelEndpoint:
-    """The worker's rollout endpoint (see the module docstring): :meth:`bind` a rollout for a token, :meth:`unbind`
-    it when the rollout ends. The server starts on first use, in a daemon thread of this process."""
+    """The worker's rollout endpoint (see the module docstring): :meth:`bind` a rollout (a token and a socket of its
+    own), :meth:`unbind` it when the rollout ends. Sockets are served by uvicorn on one event loop, in a daemon thread
+    of this process started on first use."""
 
     def __init__(self, grader: Grader, socket_dir: Path | None = None) -> None:
         self.grader = grader
         # named for its owner: a dead worker's is removed with its workspaces (grader.sandboxes.base.reap_workspaces)
         self._dir = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX.format(owner=process_tag()) + "model-", dir=socket_dir))
-        self.socket_path = self._dir / "model.sock"
+        self._dir.chmod(0o755)  # the sockets' directory: a sandbox's init (root, no capabilities) must reach them
         self._bindings: dict[str, Binding] = {}
+        self._servers: dict[str, tuple[uvicorn.Server, Path]] = {}
         self._lock = threading.Lock()
-        self._server: uvicorn.Server | None = None
+        self._loop: asyncio.AbstractEventLoop | None = None
+        self._app = None
 
     @property
     def base_url(self) -> str:
-        """``OPENAI_BASE_URL`` inside a sandbox, where the sandbox's init forwards this port to :attr:`socket_path`."""
+        """``OPENAI_BASE_URL`` inside a sandbox, where the sandbox's init forwards this port to the rollout's socket."""
         return f"http://127.0.0.1:{MODEL_PORT}/v1"
 
     def start(self) -> None:
-        """Start serving on :attr:`socket_path` (idempotent); returns once the socket accepts connections."""
+        """Start the event loop the sockets are served on (idempotent)."""
         with self._lock:
-            if self._server is not None:
+            if self._loop is not None:
                 return
-            config = uvicorn.Config(self.app(), uds=str(self.socket_path), log_level="warning", lifespan="off", access_log=False)
-            self._server = uvicorn.Server(config)
-            threading.Thread(target=self._server.run, name="rollout-model-endpoint", daemon=True).start()
-            deadline = time.monotonic() + 30
-            while not self._server.started:
-                if time.monotonic() > deadline:
-                    raise RuntimeError("the rollout model endpoint did not start")
-                time.sleep(0.01)
+            self._app = self.app()
+            self._loop = asyncio.new_event_loop()
+            threading.Thread(target=self._loop.run_forever, name="rollout-model-endpoint", daemon=True).start()
 
     def stop(self) -> None:
-        if self._server is not None:
-            self._server.should_exit = True
+        """Close every rollout's socket and stop the loop."""
+        with self._lock:
+            servers, self._servers = list(self._servers.values()), {}
+        for server, path in servers:
+            server.should_exit = True
+            path.unlink(missing_ok=True)
+        if self._loop is not None:
+            self._loop.call_soon_threadsafe(self._loop.stop)
 
-    def bind(self, binding: Binding) -> str:
-        """A fresh token (URL-safe, 256 bits) for ``binding``."""
+    def bind(self, binding: Binding) -> Bound:
+        """A fresh token (URL-safe, 256 bits) for ``binding``, and a socket that accepts that token alone, listening
+        when this returns. Raises ``RuntimeError`` if the socket does not start within 30 s."""
         self.start()
+        assert self._loop is not None
         token = "rk-" + secrets.token_urlsafe(32)
+        path = self._dir / f"{secrets.token_hex(8)}.sock"
+        app = self._app
+
+        async def asgi(scope, receive, send):  # noqa: ANN001, ANN202 - the rollout's socket names its token
+            await app(scope if scope["type"] == "lifespan" else {**scope, SCOPE_KEY: token}, receive, send)
+
+        config = uvicorn.Config(asgi, uds=str(path), http=_CappedH11, lifespan="off", log_config=None, log_level="warning", access_log=False,
+                                timeout_keep_alive=int(KEEP_ALIVE_S), timeout_graceful_shutdown=5)
+        server = uvicorn.Server(config)
         with self._lock:
             self._bindings[token] = binding
-        return token
+            self._servers[token] = (server, path)
+        asyncio.run_coroutine_threadsafe(server.serve(), self._loop)
+        deadline = time.monotonic() + 30
+        while not server.started:
+            if time.monotonic() > deadline:
+                self.unbind(token, wait_s=0)
+                raise RuntimeError("the rollout's model socket did not start")
+            time.sleep(0.005)
+        return Bound(token=token, socket=path)
 
     def unbind(self, token: str, wait_s: float = 1800.0) -> Binding:
-        """End ``token``: later requests with it are 401. Calls still in flight (their harness gone) are waited for, up to
-        ``wait_s`` seconds, so that each is charged while the evaluation's hold is open and recorded. Returns the
-        binding with the calls it made."""
+        """End ``token``: later requests with it are 401 and its socket closes. Calls still in flight (their harness
+        gone) are waited for, up to ``wait_s`` seconds, so that each is charged while the evaluation's hold is open and
+        recorded. Returns the binding with the calls it made."""
         with self._lock:
             binding = self._bindings.pop(token)
+            served = self._servers.pop(token, None)
         with binding.idle:
             binding.idle.wait_for(lambda: binding.inflight == 0, timeout=wait_s)
+        if served is not None:
+            server, path = served
+            server.should_exit = True  # uvicorn closes the listener and the connections left
+            path.unlink(missing_ok=True)
         return binding
+
+    def open_sockets(self) -> int:
+        """How many rollouts' sockets are open (bound rollouts)."""
+        with self._lock:
+            return len(self._servers)
 
     def binding(self, token: str) -> Binding:
         """The binding of ``token``; ``Unauthorized`` for a token no running rollout holds."""

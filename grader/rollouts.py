@@ -163,14 +163,14 @@ def run_rollout(sandbox: Sandbox, endpoint: ModelEndpoint, *, archive: bytes, ar
                 if not setup.ok:
                     raise TaskSetupFailed(f"the task's set-up failed (exit {setup.exit_code}, limit {setup.limit}): {setup.stderr[-500:]}")
         check()
-        token = endpoint.bind(binding)
+        bound = endpoint.bind(binding)
         try:
-            env = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": token, "OPENAI_MODEL": binding.name,
+            env = {"OPENAI_BASE_URL": endpoint.base_url, "OPENAI_API_KEY": bound.token, "OPENAI_MODEL": binding.name,
                    "CRUCIBLE_MAX_TURNS": str(binding.max_calls), "CRUCIBLE_HARNESS_ENTRY": manifest.entry, "CRUCIBLE_HARNESS_INSTALL": manifest.install or ""}
             ran = sandbox.run(["bash", "-c", _HARNESS_SCRIPT], mounts=[Mount(app, APP_DIR, True), Mount(harness_dir, HARNESS_DIR, True), *extra],
-                              cwd=APP_DIR, env=env, limits=limits, stdin=instruction.encode(), model_socket=endpoint.socket_path)
+                              cwd=APP_DIR, env=env, limits=limits, stdin=instruction.encode(), model_socket=bound.socket)
         finally:
-            endpoint.unbind(token, wait_s=unbind_wait_s)
+            endpoint.unbind(bound.token, wait_s=unbind_wait_s)
         spent += ran.elapsed_s
         failure = f"the harness was stopped by its {ran.limit} limit" if ran.limit else None
         verifier, reward, answer = None, None, None

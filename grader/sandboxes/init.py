@@ -7,8 +7,8 @@ standard library only; this file is mounted read-only at ``/run/crucible/init.py
    so the kernel kills at the limit), ``RLIMIT_AS`` (``M`` MiB), ``RLIMIT_FSIZE`` (``F`` MiB per file written), no
    core files.
 2. With ``--socket``: listens on ``127.0.0.1:N`` inside the sandbox's own network namespace (loopback only) and
-   forwards each connection, byte for byte, to the Unix socket ``PATH`` — the rollout's model endpoint, bind-mounted
-   in by the backend. That is the sandbox's only way out, and it reaches that endpoint alone.
+   forwards each connection, byte for byte, to the Unix socket ``PATH`` — the rollout's own model-endpoint socket,
+   bind-mounted in by the backend (which caps the connections, request sizes and times of the rollout). That is the sandbox's only way out, and it reaches that endpoint alone.
 3. Runs ``ARGV`` with this process's stdin, stdout and stderr, waits for it, and exits with its status (``128 + n``
    when a signal ``n`` ended it), or with 137 after ``W`` seconds. When this process exits everything left in the
    sandbox ends (the PID namespace's init dies, or the container stops). The backend enforces the wall limit from
@@ -16,6 +16,7 @@ standard library only; this file is mounted read-only at ``/run/crucible/init.py
 """
 
 import argparse
+import asyncio
 import os
 import resource
 import socket
@@ -24,32 +25,35 @@ import sys
 import threading
 
 
-def _pump(src: socket.socket, dst: socket.socket) -> None:
+async def _forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str) -> None:
+    """Copy one connection to the Unix socket ``path`` and back, byte for byte, until either side closes."""
     try:
-        while data := src.recv(65536):
-            dst.sendall(data)
+        up_reader, up_writer = await asyncio.open_unix_connection(path)
     except OSError:
-        pass
-    finally:
-        for s in (src, dst):
-            try:
-                s.shutdown(socket.SHUT_RDWR)
-            except OSError:
-                pass
+        writer.close()
+        return
+
+    async def pump(src: asyncio.StreamReader, dst: asyncio.StreamWriter) -> None:
+        try:
+            while data := await src.read(65536):
+                dst.write(data)
+                await dst.drain()
+        except OSError:
+            pass
+        finally:
+            dst.close()
+
+    await asyncio.gather(pump(reader, up_writer), pump(up_reader, writer))
 
 
 def _serve(listener: socket.socket, path: str) -> None:
-    while True:
-        conn, _ = listener.accept()
-        upstream = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
-        try:
-            upstream.connect(path)
-        except OSError:
-            conn.close()
-            upstream.close()
-            continue
-        for a, b in ((conn, upstream), (upstream, conn)):
-            threading.Thread(target=_pump, args=(a, b), daemon=True).start()
+    """Forward every connection to ``listener`` to ``path``, on one thread (an event loop): connections cost no
+    threads, so a harness holding many counts against nothing but the endpoint's own cap on them."""
+    async def main() -> None:
+        server = await asyncio.start_server(lambda r, w: _forward(r, w, path), sock=listener)
+        await server.serve_forever()
+
+    asyncio.run(main())
 
 
 def main() -> int:

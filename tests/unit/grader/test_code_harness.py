@@ -10,6 +10,7 @@ from __future__ import annotations
 import hashlib
 import io
 import json
+import os
 import socket
 import tarfile
 import tempfile
@@ -26,7 +27,7 @@ import pytest
 from fastapi.testclient import TestClient
 from inference_service.client import InferenceClient
 
-from grader import worker
+from grader import model_endpoint, worker
 from grader.app import create_app
 from grader.client import GraderClient
 from grader.harness_archives import inspect_archive
@@ -372,34 +373,87 @@ def test_the_model_endpoint_serves_only_the_rollouts_model_and_only_while_it_run
     out = rollout(endpoint, backend, asking("ask(), ask('ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x'), ask('another-base-model'), ask(key='rk-guessed')"))
     assert out.trajectory.harness_run.stdout.split() == ["200", "404", "404", "401"], out.trajectory.harness_run  # type: ignore[union-attr]
     assert out.trajectory.model_calls == 1
-    # the token is gone with the rollout
-    with httpx.Client(transport=httpx.HTTPTransport(uds=str(endpoint.socket_path))) as client:
-        assert client.get("http://rollout/v1/models", headers={"Authorization": "Bearer rk-guessed"}).status_code == 401
+    # the token and the rollout's socket are gone with the rollout
+    assert endpoint.open_sockets() == 0 and not list(endpoint._dir.glob("*.sock"))
 
 
 def test_the_model_endpoint_answers_its_two_routes_and_nothing_else(endpoint: ModelEndpoint) -> None:
     """No docs, schema, health or metrics (the worker's request counts would tell of other rollouts, a hidden split's
     grading among them), with a rollout's token or without."""
-    token = endpoint.bind(Binding(model=BASE, ctx=None, hold_id=None, key="eval_test:routes:0", context_tokens=None, max_tokens=8, max_calls=1))
+    bound = endpoint.bind(Binding(model=BASE, ctx=None, hold_id=None, key="eval_test:routes:0", context_tokens=None, max_tokens=8, max_calls=1))
     try:
-        with httpx.Client(transport=httpx.HTTPTransport(uds=str(endpoint.socket_path)), base_url="http://rollout") as client:
-            assert client.get("/v1/models", headers={"Authorization": f"Bearer {token}"}).json()["data"][0]["id"] == BASE
-            for headers in ({}, {"Authorization": f"Bearer {token}"}):
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(bound.socket)), base_url="http://rollout") as client:
+            assert client.get("/v1/models", headers={"Authorization": f"Bearer {bound.token}"}).json()["data"][0]["id"] == BASE
+            for headers in ({}, {"Authorization": f"Bearer {bound.token}"}):
                 for path in ("/openapi.json", "/docs", "/redoc", "/docs/oauth2-redirect", "/metrics", "/healthz", "/v1/completions", "/v1/embeddings"):
                     response = client.request("POST" if path.startswith("/v1/") else "GET", path, headers=headers)
                     assert response.status_code in (404, 405) and "rollout-model" not in response.text, (path, response.status_code, response.text[:200])
     finally:
-        endpoint.unbind(token)
+        endpoint.unbind(bound.token)
+
+
+def _binding(key: str) -> Binding:
+    return Binding(model=BASE, ctx=None, hold_id=None, key=key, context_tokens=None, max_tokens=8, max_calls=1)
+
+
+def _open(path: Path, n: int) -> list[socket.socket]:
+    conns = []
+    for _ in range(n):
+        s = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        s.connect(str(path))
+        conns.append(s)
+    return conns
+
+
+def _closed(s: socket.socket, timeout_s: float) -> bool:
+    s.settimeout(timeout_s)
+    try:
+        return s.recv(1) == b""
+    except TimeoutError:
+        return False
+    except OSError:
+        return True
+
+
+def test_a_rollout_holding_thousands_of_connections_exhausts_only_itself(endpoint: ModelEndpoint, monkeypatch: pytest.MonkeyPatch) -> None:
+    """Each rollout has its own socket with a cap on open connections and on the time to send a request: 2,000 idle
+    connections to one rollout's socket leave at most MAX_CONNECTIONS open in the worker, another rollout is answered
+    at once, a token is accepted on its own rollout's socket alone, and a request sent too slowly is cut off."""
+    monkeypatch.setattr(model_endpoint, "READ_TIMEOUT_S", 2.0)
+    greedy, other = endpoint.bind(_binding("eval_test:greedy:0")), endpoint.bind(_binding("eval_test:other:0"))
+    fds_before = len(os.listdir("/proc/self/fd"))
+    conns = _open(greedy.socket, 2000)
+    try:
+        time.sleep(0.5)
+        open_now = [c for c in conns if not _closed(c, 0.001)]
+        assert len(open_now) <= model_endpoint.MAX_CONNECTIONS, len(open_now)
+        # the test's own 2,000 client sockets are counted here too: the worker's side holds at most the cap
+        assert len(os.listdir("/proc/self/fd")) - fds_before <= len(conns) + model_endpoint.MAX_CONNECTIONS + 8
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(other.socket)), base_url="http://rollout", timeout=10) as client:
+            assert client.get("/v1/models", headers={"Authorization": f"Bearer {other.token}"}).status_code == 200
+            assert client.get("/v1/models", headers={"Authorization": f"Bearer {greedy.token}"}).status_code == 401  # not this socket's
+        # the idle ones it kept are closed once they have sent no request for READ_TIMEOUT_S, as is one sending headers slowly
+        assert all(_closed(c, 5.0) for c in open_now)
+        slow = _open(greedy.socket, 1)[0]
+        slow.sendall(b"GET /v1/models HTTP/1.1\r\nHost: rollout\r\n")
+        assert _closed(slow, 5.0)
+        slow.close()
+    finally:
+        for c in conns:
+            c.close()
+        endpoint.unbind(greedy.token)
+        endpoint.unbind(other.token)
+    with pytest.raises(FileNotFoundError):
+        _open(greedy.socket, 1)
 
 
 def test_a_harness_cannot_take_the_model_endpoint_away_from_the_rollouts_after_it(endpoint: ModelEndpoint, backend: str) -> None:
-    """The endpoint's socket is shared by every rollout of the worker, and the sandbox's root owns it as the grader does:
-    a harness that chmods, removes or replaces it fails, and the next rollout reaches the model as before."""
+    """A harness that chmods, removes or replaces its rollout's socket fails (it is bound in read-only), and the next
+    rollout reaches the model as before."""
     script = ("chmod 000 /run/crucible/model.sock && echo CHMODDED; rm -f /run/crucible/model.sock && echo REMOVED; "
               "python3 -c \"import socket; s = socket.socket(socket.AF_UNIX); s.bind('/run/crucible/model.sock')\" 2>/dev/null && echo REPLACED\n")
     out = rollout(endpoint, backend, code_harness(script))
     assert not [w for w in ("CHMODDED", "REMOVED", "REPLACED") if w in out.trajectory.harness_run.stdout], out.trajectory.harness_run  # type: ignore[union-attr]
-    assert endpoint.socket_path.stat().st_mode & 0o777 == (endpoint.socket_path.stat().st_mode & 0o777) | 0o600
     out = rollout(endpoint, backend, asking("ask()"))
     assert out.trajectory.harness_run.stdout.split() == ["200"], out.trajectory.harness_run  # type: ignore[union-attr]
 
