@@ -9,8 +9,14 @@ A sandbox runs one untrusted command (a harness, a task's set-up, a verifier) wi
   every rollout of the worker shares),
   the rollout's model endpoint (:mod:`grader.model_endpoint`); nothing else is reachable: not the grader, the ledger,
   the test store, nor the internet.
-- **No privileges.** Root of the sandbox without capabilities, ``no_new_privs`` set (a task's verifier keeps setuid
-  and setgid only, to run the agent's code as an unprivileged user).
+- **No privileges.** Where the grader is root, every command but a task's verifier runs as the unprivileged
+  :data:`AGENT_UID` (the sandbox's init, root, switches to it before the command starts), and what it may write (the
+  writable mounts) is made that uid's first, so a setuid file it leaves is the agent user's, and its writes to the
+  kernel's interfaces (``/proc/sys``) are refused. A verifier runs as root of the sandbox without capabilities but
+  setuid and setgid (to run the agent's code through :data:`AS_AGENT_TARGET`), over mounts made root's, so agent code
+  cannot write its reward. ``no_new_privs`` is set, and a seccomp filter refuses what Docker's default profile refuses
+  a container without capabilities (:mod:`grader.sandboxes.seccomp`: no mounts, no new namespaces, no kernel keyring,
+  modules, BPF or ``perf_event_open``); ``/proc/sys`` and the kernel's other writable ``/proc`` files are read-only.
 - **Only what is mounted.** The sandbox image's userland read-only (``/usr``; for bubblewrap the host's, for Docker
   the image's), a read-only root, a fresh ``/tmp`` of ``disk_mb`` MiB, the mounts given (e.g. the workspace at
   ``/app``), nothing else of the host.
@@ -49,6 +55,7 @@ AS_AGENT_SCRIPT = Path(__file__).with_name("as_agent.sh")
 AS_AGENT_TARGET = "/run/crucible/as-agent"
 """In a run with ``agent_user``: ``/run/crucible/as-agent COMMAND…`` runs COMMAND as the unprivileged agent user."""
 AGENT_UID = 65534
+"""The unprivileged uid (and gid) harnesses, set-ups, programs and agent code run as, where the grader is root."""
 SOCKET_TARGET = "/run/crucible/model.sock"
 MODEL_PORT = 8000
 """The port the model endpoint answers on inside a sandbox: ``OPENAI_BASE_URL=http://127.0.0.1:8000/v1``."""
@@ -122,9 +129,10 @@ class Sandbox(Protocol):
         environment ``env`` only (plus ``PATH``, ``HOME=/tmp`` and ``LANG`` where not given, and ``PWD``), ``stdin`` as
         its input, and ``model_socket`` (a Unix socket on the host) reachable as ``127.0.0.1:MODEL_PORT`` inside.
 
-        The command runs as root of the sandbox with no capabilities at all; with ``agent_user`` (a task's verifier) it
-        keeps only setuid and setgid, for :data:`AS_AGENT_TARGET` to run what the agent wrote as uid
-        :data:`AGENT_UID`, which cannot write what root owns (the verifier's reward). Never raises for anything the
+        The command runs as :data:`AGENT_UID` (:func:`run_uid`) with no capabilities; with ``agent_user`` (a task's
+        verifier) as root of the sandbox keeping only setuid and setgid, for :data:`AS_AGENT_TARGET` to run what the
+        agent wrote as uid :data:`AGENT_UID`, which cannot write what root owns (the verifier's reward). The writable
+        mounts are made the run's user's first (:func:`give_mounts`). Never raises for anything the
         command does; raises ``SandboxUnavailable`` when the backend cannot start a sandbox at all."""
 
 
@@ -148,13 +156,43 @@ def tail(data: bytes) -> str:
     return data[-TAIL_BYTES:].decode("utf-8", errors="replace")
 
 
-def init_argv(argv: Sequence[str], limits: Limits, model_socket: Path | None) -> list[str]:
-    """The command a backend runs in the sandbox: the init (:mod:`grader.sandboxes.init`) wrapping ``argv``."""
+def run_uid(agent_user: bool) -> int | None:
+    """The uid a run's command runs as: ``0`` for a verifier (``agent_user``), :data:`AGENT_UID` for any other, where
+    the grader is root; ``None`` (the grader's own uid, already unprivileged) elsewhere."""
+    if os.geteuid() != 0:
+        return None
+    return 0 if agent_user else AGENT_UID
+
+
+def give_mounts(mounts: Sequence[Mount], uid: int | None) -> None:
+    """Make the writable mounts' sources, and everything under them, ``uid``'s (owner and group; symbolic links
+    themselves, never what they point to), so the run's user may write them and no other run's user may (a verifier's
+    mounts are root's again: agent code it runs cannot write there). Nothing to do for ``None``."""
+    if uid is None:
+        return
+    for m in mounts:
+        if m.writable:
+            subprocess.run(["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--", str(m.source)], capture_output=True)
+
+
+def init_argv(argv: Sequence[str], limits: Limits, model_socket: Path | None, uid: int | None,
+              stages: Sequence[tuple[str, str]] = (), status: str | None = None) -> list[str]:
+    """The command a backend runs in the sandbox: the init (:mod:`grader.sandboxes.init`) wrapping ``argv``, switching
+    to ``uid`` (:func:`run_uid`) for it. With ``stages`` (``(staged source, target)`` sandbox paths) the init copies
+    each in and back out, writes how the run ended to ``status``, and ends the command itself at the wall limit (so
+    the copy back still happens); otherwise its own wall limit is a little longer than the backend's."""
     head = [SANDBOX_PYTHON, "-I", "-B", INIT_TARGET]
     if model_socket is not None:
         head += ["--socket", SOCKET_TARGET, "--port", str(MODEL_PORT)]
+    if uid:
+        head += ["--user", str(uid)]
+    for source, target in stages:
+        head += ["--stage", source, target]
+    if status is not None:
+        head += ["--status", status]
+    wall_s = limits.wall_s if stages else limits.wall_s + INIT_GRACE_S
     return head + ["--cpu-s", repr(limits.cpu_s), "--memory-mb", str(limits.memory_mb), "--fsize-mb", str(limits.file_mb),
-                   "--wall-s", repr(limits.wall_s + INIT_GRACE_S), "--", *argv]
+                   "--wall-s", repr(wall_s), "--", *argv]
 
 
 def sandbox_env(env: Mapping[str, str]) -> dict[str, str]:

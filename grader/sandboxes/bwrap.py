@@ -48,10 +48,13 @@ from grader.sandboxes.base import (
     Mount,
     SandboxUnavailable,
     disk_full,
+    give_mounts,
     init_argv,
+    run_uid,
     sandbox_env,
     tail,
 )
+from grader.sandboxes.seccomp import filter_fd
 from services.common.processes import process_tag, tag_alive
 
 log = structlog.get_logger("sandbox")
@@ -194,7 +197,24 @@ def _system_binds() -> list[str]:
         elif os.path.isdir(top):
             argv += ["--ro-bind", top, top]
     if os.path.isdir("/etc/alternatives"):  # Debian's command links (awk -> gawk, …) go through it
-        argv += ["--ro-bind", "/etc/alternatives", "/etc/alternatives"]
+        argv += ["--perms", "0755", "--dir", "/etc", "--ro-bind", "/etc/alternatives", "/etc/alternatives"]  # /etc searchable: git looks for /etc/gitconfig
+    return argv
+
+
+_PROC_READ_ONLY = ("sys", "sysrq-trigger", "irq", "bus", "fs")
+_PROC_HIDDEN = ("kcore", "keys", "timer_list", "sched_debug", "latency_stats")
+
+
+def _proc_covers() -> list[str]:
+    """Over the sandbox's fresh ``/proc``: the kernel's settings and triggers read-only (``/proc/sys`` is the host's,
+    bound read-only: bubblewrap binds sources from the host, so its network settings read as the host's), and what
+    tells of the host's kernel memory, keys and timers hidden (``/dev/null``), as Docker's runtime does."""
+    argv: list[str] = []
+    for name in _PROC_READ_ONLY:
+        argv += ["--ro-bind-try", f"/proc/{name}", f"/proc/{name}"]
+    for name in _PROC_HIDDEN:
+        if os.path.exists(f"/proc/{name}"):
+            argv += ["--ro-bind", "/dev/null", f"/proc/{name}"]
     return argv
 
 
@@ -238,7 +258,9 @@ class BubblewrapSandbox:
         if bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `make sandbox` installs it")
         size = str(limits.disk_mb * 1024 * 1024)
-        args = [bwrap, *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
+        uid = run_uid(agent_user)
+        give_mounts(mounts, uid)
+        args = [bwrap, *_system_binds(), "--proc", "/proc", *_proc_covers(), "--dev", "/dev", "--perms", "1777", "--size", size, "--tmpfs", "/dev/shm",
                 "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
                 "--dir", "/run/crucible", "--ro-bind", str(INIT_SCRIPT), INIT_TARGET]
         if model_socket is not None:
@@ -249,13 +271,15 @@ class BubblewrapSandbox:
             args += ["--bind" if m.writable else "--ro-bind", str(m.source), m.target]
         if agent_user:
             args += ["--ro-bind", str(AS_AGENT_SCRIPT), AS_AGENT_TARGET]
-        # bubblewrap run by root keeps every capability unless told otherwise: drop them all (setuid/setgid stay for as-agent)
-        args += ["--cap-drop", "ALL", *(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if agent_user else [])]
+        # bubblewrap run by root keeps every capability unless told otherwise: drop them all but setuid/setgid, which the
+        # init needs to become the run's user (and a verifier, root, to run agent code through as-agent)
+        args += ["--cap-drop", "ALL", *(["--cap-add", "CAP_SETUID", "--cap-add", "CAP_SETGID"] if uid is not None else [])]
         args += ["--remount-ro", "/", "--remount-ro", "/dev", "--chdir", cwd, "--unshare-net", "--unshare-pid", "--unshare-ipc", "--unshare-uts", "--unshare-cgroup-try",
                  "--die-with-parent", "--new-session", "--clearenv"]
         for key, value in sandbox_env(env).items():
             args += ["--setenv", key, value]
-        args += ["--", *init_argv(argv, limits, model_socket)]
+        seccomp_fd = filter_fd()
+        args += ["--seccomp", str(seccomp_fd), "--", *init_argv(argv, limits, model_socket, uid)]
         cgroups = _Cgroups.create(limits)
         if cgroups is None:
             _warn_without_cgroups()
@@ -264,22 +288,28 @@ class BubblewrapSandbox:
             args = ["/bin/sh", "-c", 'n=$1; shift; i=0; while [ $i -lt "$n" ]; do echo $$ > "$1" || exit 125; shift; i=$((i+1)); done; exec "$@"',
                     "sh", str(len(files)), *files, *args]
         try:
-            return self._supervise(args, stdin, limits, cgroups, mounts)
+            return self._supervise(args, stdin, limits, cgroups, mounts, pass_fds=(seccomp_fd,))
         finally:
+            os.close(seccomp_fd)
             if cgroups is not None:
                 cgroups.remove()
 
-    def _supervise(self, args: list[str], stdin: bytes, limits: Limits, cgroups: _Cgroups | None, mounts: Sequence[Mount]) -> ExecResult:
+    def _supervise(self, args: list[str], stdin: bytes, limits: Limits, cgroups: _Cgroups | None, mounts: Sequence[Mount],
+                   pass_fds: Sequence[int]) -> ExecResult:
         with tempfile.TemporaryFile() as out, tempfile.TemporaryFile() as err, tempfile.TemporaryFile() as inp:
             inp.write(stdin)
             inp.seek(0)
             started = time.monotonic()
             try:
-                proc = subprocess.Popen(args, stdin=inp, stdout=out, stderr=err, start_new_session=True, env={"PATH": "/usr/bin:/bin"})
+                proc = subprocess.Popen(args, stdin=inp, stdout=out, stderr=err, start_new_session=True, env={"PATH": "/usr/bin:/bin"},
+                                        pass_fds=pass_fds)
             except OSError as exc:
                 raise SandboxUnavailable(f"bubblewrap cannot start: {exc}") from exc
             killed: LimitHit | None = None
+            writable = [m.source for m in mounts if m.writable]
+            filled = False  # a workspace seen full while the run went on (files held open and unlinked are freed at its end)
             while proc.poll() is None:
+                filled = filled or any(disk_full(p) for p in writable)
                 if time.monotonic() - started > limits.wall_s:
                     killed = "wall"
                 elif cgroups is not None and cgroups.cpu_used_s() > limits.cpu_s:
@@ -296,7 +326,7 @@ class BubblewrapSandbox:
             status = proc.wait()
             elapsed = time.monotonic() - started
             hit = cgroups.hit() if cgroups is not None else None
-            if hit is None and any(m.writable and disk_full(m.source) for m in mounts):
+            if hit is None and (filled or any(disk_full(p) for p in writable)):
                 hit = "disk"
             limit = hit or killed or ("cpu" if status in _CPU_SIGNALS else "disk" if status in _FSIZE_SIGNALS else None)
             out.seek(0)

@@ -13,9 +13,10 @@ Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
   ``grader-worker``); on the daemon's own host nothing needs arranging.
 - File system: the image's userland with the root file system read-only, a tmpfs ``/tmp`` of ``disk_mb`` MiB
   (executable, as bubblewrap's is), the init script read-only, and the mounts given as bind mounts (read-only unless
-  writable); nothing else of the host. No capabilities (``cap_drop=ALL``), ``no-new-privileges``, the daemon's default
-  seccomp profile. The command runs as the grader's own uid and gid, as under bubblewrap, so the workspace it writes
-  is the grader's to read and remove (as root, without capabilities, it cannot read what the grader keeps private).
+  writable); nothing else of the host. No capabilities (``cap_drop=ALL``; the init keeps setuid and setgid to become
+  the run's user, :func:`~grader.sandboxes.base.run_uid`), ``no-new-privileges``, the daemon's default seccomp profile,
+  and its read-only and hidden ``/proc`` files. The command runs as :data:`~grader.sandboxes.base.AGENT_UID` (a
+  verifier as root without capabilities), as under bubblewrap, over writable mounts made that user's first.
 - Stdin: written to a file that is bind-mounted read-only at :data:`STDIN_TARGET`; ``/bin/sh`` opens it as the
   command's standard input and ``exec`` s the init, so the init is still the container's first process. (Attaching to
   the container's stdin would also work, but a socket's half-close through the daemon is fragile; a file is exact.)
@@ -42,16 +43,17 @@ Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
 from __future__ import annotations
 
 import datetime as dt
+import json
 import os
 import shlex
 import shutil
 import signal
-import subprocess
 import tempfile
 import threading
 import time
 import uuid
 from collections.abc import Mapping, Sequence
+from functools import lru_cache
 from pathlib import Path
 
 import docker
@@ -74,8 +76,10 @@ from grader.sandboxes.base import (
     Mount,
     SandboxUnavailable,
     disk_full,
+    give_mounts,
     init_argv,
     owner,
+    run_uid,
     sandbox_env,
     tail,
 )
@@ -94,32 +98,28 @@ _ADDED_ENV = ("HOSTNAME",)
 """Variables the daemon adds to every container's environment; removed unless given."""
 STALE_AFTER_S = 600.0
 """A sandbox container stopped this long ago is removed by any worker's :meth:`DockerSandbox.reap`."""
-DISK_POLL_S = 0.5
-"""How often the disk a run's writable mounts hold is measured, where no file system bounds it."""
+STAGE_TARGET = "/run/crucible/stage"
+"""Where a run's writable mounts are staged inside the container (a directory only root enters)."""
+STAGE_GRACE_S = 60.0
+"""Seconds past the wall limit a staged run has to copy its workspace back before the container is killed."""
 _CPU_STATUSES = frozenset({128 + signal.SIGKILL, 128 + signal.SIGXCPU})
 _HOW_TO_BUILD = "run deploy/images/ensure-dockerd.sh (starts the daemon) and deploy/images/debootstrap.sh sandbox (builds the image)"
 
 
 class _Watch:
     """The container's stats stream, read in a thread: kills the container when its processes together pass ``cpu_s``
-    CPU seconds, and notes whether it was ever seen at its process limit. A second thread measures ``unbounded``
-    (writable mounts no file system bounds to ``disk_mb``) and kills the container once they hold more."""
+    CPU seconds, and notes whether it was ever seen at its process limit."""
 
-    def __init__(self, container: Container, limits: Limits, unbounded: Sequence[Path] = ()) -> None:
+    def __init__(self, container: Container, limits: Limits) -> None:
         self.container = container
         self.limits = limits
-        self.unbounded = list(unbounded)
         self.cpu_exceeded = False
-        self.disk_exceeded = False
         self.at_process_limit = False
         self._stop = threading.Event()
-        self._threads = [threading.Thread(target=self._run, name=f"sandbox-stats-{container.short_id}", daemon=True)]
-        if self.unbounded:
-            self._threads.append(threading.Thread(target=self._measure_disk, name=f"sandbox-disk-{container.short_id}", daemon=True))
+        self._thread = threading.Thread(target=self._run, name=f"sandbox-stats-{container.short_id}", daemon=True)
 
     def start(self) -> None:
-        for thread in self._threads:
-            thread.start()
+        self._thread.start()
 
     def stop(self) -> None:
         self._stop.set()
@@ -140,27 +140,10 @@ class _Watch:
         except (docker.errors.DockerException, requests.exceptions.RequestException, ValueError):
             return  # the container is gone: the run is over
 
-    def _measure_disk(self) -> None:
-        while not self._stop.wait(DISK_POLL_S):
-            if sum(_bytes_under(p) for p in self.unbounded) > self.limits.disk_mb * 1024 * 1024:
-                self.disk_exceeded = True
-                _kill(self.container)
-                return
 
-
-def _bytes_under(path: Path) -> int:
-    """Bytes of disk the files under ``path`` take (``du``, this file system only); 0 when it cannot be read."""
-    try:
-        done = subprocess.run(["du", "-s", "-x", "-B1", "--", str(path)], capture_output=True, text=True, timeout=60)
-        return int(done.stdout.split()[0]) if done.stdout else 0
-    except (subprocess.TimeoutExpired, ValueError, OSError):
-        return 0
-
-
-def _unbounded(mounts: Sequence[Mount], disk_mb: int) -> list[Path]:
-    """The writable mounts whose file system is larger than ``disk_mb`` (the outermost of nested ones)."""
-    big = [m.source for m in mounts if m.writable and m.source.exists() and shutil.disk_usage(m.source).total > disk_mb * 1024 * 1024 * 1.25]
-    return [p for p in big if not any(p != q and p.is_relative_to(q) for q in big)]
+@lru_cache(maxsize=1)
+def _warn_unstaged() -> None:
+    log.warning("the grader is not root: Docker sandboxes run as its uid over its workspaces as they are (no disk limit but the per-file one)")
 
 
 def _host_visible(path: Path) -> bool:
@@ -263,19 +246,38 @@ class DockerSandbox:
             binds.append(docker.types.Mount(AS_AGENT_TARGET, str(visible(AS_AGENT_SCRIPT)), type="bind", read_only=True))
         if model_socket is not None:
             binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind", read_only=True))  # no chmod of the shared socket
-        binds += [docker.types.Mount(m.target, str(m.source if m.writable else visible(m.source)), type="bind", read_only=not m.writable) for m in mounts]
+        uid = run_uid(agent_user)
+        give_mounts(mounts, uid)
+        tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=1777"}
+        stages: list[tuple[str, str]] = []
+        status = None
+        if uid is None:  # a grader that is not root cannot make the workspace the run's user's: bound in as it is
+            _warn_unstaged()
+            binds += [docker.types.Mount(m.target, str(m.source if m.writable else visible(m.source)), type="bind", read_only=not m.writable) for m in mounts]
+        else:  # writable mounts: staged into tmpfs of disk_mb (the kernel's limit) under a directory only root enters
+            stage_dir = run_dir / "stage"
+            stage_dir.mkdir(mode=0o700)
+            binds.append(docker.types.Mount(STAGE_TARGET, str(stage_dir), type="bind"))
+            for i, m in enumerate(mounts):
+                if m.writable:
+                    stages.append((f"{STAGE_TARGET}/{i}", m.target))
+                    binds.append(docker.types.Mount(f"{STAGE_TARGET}/{i}", str(m.source), type="bind"))
+                    tmpfs[m.target] = f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=0755,uid={uid},gid={uid}"
+                else:
+                    binds.append(docker.types.Mount(m.target, str(visible(m.source)), type="bind", read_only=True))
+            status = f"{STAGE_TARGET}/status.json"
         environment = sandbox_env(env)
         unset = " ".join(name for name in _ADDED_ENV if name not in environment)
         prelude = f"unset {unset}; " if unset else ""
-        command = ["/bin/sh", "-c", f'{prelude}exec "$@" <{shlex.quote(STDIN_TARGET)}', "sh", *init_argv(argv, limits, model_socket)]
+        command = ["/bin/sh", "-c", f'{prelude}exec "$@" <{shlex.quote(STDIN_TARGET)}', "sh", *init_argv(argv, limits, model_socket, uid, stages, status)]
         try:
             container = client.containers.create(
                 self.image, command, name=f"crucible-sandbox-{uuid.uuid4().hex[:12]}", labels={LABEL: "1", OWNER_LABEL: owner()},
                 entrypoint=[], environment=environment, working_dir=cwd, hostname="sandbox",
-                user="0:0" if agent_user else f"{os.getuid()}:{os.getgid()}",  # as-agent needs root to drop to the agent user
+                user=f"{os.getuid()}:{os.getgid()}" if uid is None else "0:0",  # the init, root, switches to the run's user
                 network_mode="none", mounts=binds, read_only=True,
-                tmpfs={"/tmp": f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=1777"},
-                cap_drop=["ALL"], cap_add=["SETUID", "SETGID"] if agent_user else None, security_opt=["no-new-privileges"],
+                tmpfs=tmpfs,
+                cap_drop=["ALL"], cap_add=None if uid is None else ["SETUID", "SETGID"], security_opt=["no-new-privileges"],
                 mem_limit=limits.memory_mb * 1024 * 1024, memswap_limit=limits.memory_mb * 1024 * 1024,
                 pids_limit=limits.processes, nano_cpus=1_000_000_000,
                 log_config=docker.types.LogConfig(type=docker.types.LogConfig.types.JSON, config=LOG_MAX),
@@ -289,7 +291,7 @@ class DockerSandbox:
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxUnavailable(f"the Docker daemon cannot create a container: {exc}") from exc
         try:
-            return self._supervise(container, limits, mounts)
+            return self._supervise(container, limits, mounts, run_dir / "stage" / "status.json" if stages else None)
         finally:
             try:
                 container.remove(force=True)
@@ -303,7 +305,7 @@ class DockerSandbox:
         return ExecResult(exit_code=125, limit=None, stdout="", stderr=f"crucible sandbox: the run cannot start: {exc.explanation or exc}",
                           elapsed_s=elapsed_s, backend=self.name)
 
-    def _supervise(self, container: Container, limits: Limits, mounts: Sequence[Mount]) -> ExecResult:
+    def _supervise(self, container: Container, limits: Limits, mounts: Sequence[Mount], status_file: Path | None) -> ExecResult:
         started = time.monotonic()
         try:
             container.start()
@@ -311,14 +313,15 @@ class DockerSandbox:
             return self._refused(exc, time.monotonic() - started)
         except (docker.errors.DockerException, requests.exceptions.RequestException) as exc:
             raise SandboxUnavailable(f"the Docker daemon cannot start a container: {exc}") from exc
-        watch = _Watch(container, limits, _unbounded(mounts, limits.disk_mb))
+        watch = _Watch(container, limits)
         watch.start()
         killed: LimitHit | None = None
+        wall_s = limits.wall_s + (STAGE_GRACE_S if status_file else 0.0)  # a staged run's init ends it at wall_s and copies back
         try:
             try:
-                status = container.wait(timeout=max(limits.wall_s - (time.monotonic() - started), 0.001))["StatusCode"]
+                status = container.wait(timeout=max(wall_s - (time.monotonic() - started), 0.001))["StatusCode"]
             except requests.exceptions.RequestException:
-                if time.monotonic() - started < limits.wall_s:  # not the wait timing out: the daemon went away
+                if time.monotonic() - started < wall_s:  # not the wait timing out: the daemon went away
                     raise
                 killed = "wall"
                 _kill(container)
@@ -330,18 +333,28 @@ class DockerSandbox:
         watch.stop()
         if killed is None and watch.cpu_exceeded:
             killed = "cpu"
-        elif killed is None and watch.disk_exceeded:
-            killed = "disk"
+        staged = _staged_limit(status_file) if status_file and killed is None else None
+        if staged == "wall":
+            killed = "wall"
         container.reload()
         hit: LimitHit | None = None
         if container.attrs["State"].get("OOMKilled"):
             hit = "memory"
         elif watch.at_process_limit:
             hit = "processes"
-        elif any(m.writable and disk_full(m.source) for m in mounts):
+        elif staged == "disk" or (status_file is None and any(m.writable and disk_full(m.source) for m in mounts)):
             hit = "disk"
         limit = hit or killed or ("cpu" if status in _CPU_STATUSES else None)
         stdout = container.logs(stdout=True, stderr=False)
         stderr = container.logs(stdout=False, stderr=True)
         return ExecResult(exit_code=-signal.SIGKILL if killed else status, limit=limit, stdout=tail(stdout), stderr=tail(stderr),
                           elapsed_s=elapsed, backend=self.name)
+
+
+def _staged_limit(path: Path) -> LimitHit | None:
+    """The limit a staged run's init recorded (``wall`` or ``disk``), if any."""
+    try:
+        limit = json.loads(path.read_text()).get("limit")
+    except (OSError, ValueError, AttributeError):
+        return None
+    return limit if limit in ("wall", "disk") else None

@@ -1,7 +1,15 @@
 """The sandbox's init: the first program every sandbox runs, with the sandbox's own Python (``/usr/bin/python3``,
 standard library only; this file is mounted read-only at ``/run/crucible/init.py``).
 
-``python3 -I -B init.py [--socket PATH --port N] --cpu-s S --memory-mb M --fsize-mb F [--wall-s W] -- ARGV...``
+``python3 -I -B init.py [--socket PATH --port N] [--user UID] [--stage SRC DST]... [--status FILE] --cpu-s S --memory-mb M
+--fsize-mb F [--wall-s W] -- ARGV...``
+
+0. With ``--stage`` (the Docker backend's writable mounts): copies each directory ``SRC`` (a bind mount of the host's
+   workspace, under a directory only root may enter) into ``DST`` (a tmpfs of the run's disk size, the kernel's limit),
+   as ``UID``, before anything else runs; after the command (and every process it left, killed) it copies ``DST`` back
+   over ``SRC``, as ``UID`` again, and writes ``{"limit": "wall" | "disk" | null}`` to ``FILE``. The copies go through
+   a descriptor of ``SRC`` that only this process and its copier hold: the command can neither see ``SRC`` nor grow it
+   past ``DST``'s size (files it unlinked while holding them open count against the tmpfs and are not copied).
 
 1. Sets the per-process resource limits every later process inherits: ``RLIMIT_CPU`` (``S`` seconds, soft = hard,
    so the kernel kills at the limit), ``RLIMIT_AS`` (``M`` MiB), ``RLIMIT_FSIZE`` (``F`` MiB per file written), no
@@ -9,7 +17,8 @@ standard library only; this file is mounted read-only at ``/run/crucible/init.py
 2. With ``--socket``: listens on ``127.0.0.1:N`` inside the sandbox's own network namespace (loopback only) and
    forwards each connection, byte for byte, to the Unix socket ``PATH`` — the rollout's own model-endpoint socket,
    bind-mounted in by the backend (which caps the connections, request sizes and times of the rollout). That is the sandbox's only way out, and it reaches that endpoint alone.
-3. Runs ``ARGV`` with this process's stdin, stdout and stderr, waits for it, and exits with its status (``128 + n``
+3. Runs ``ARGV`` with this process's stdin, stdout and stderr, as ``UID`` (group ``UID``, no supplementary groups;
+   the kernel clears every capability on the switch from root) when ``--user`` is given, waits for it, and exits with its status (``128 + n``
    when a signal ``n`` ended it), or with 137 after ``W`` seconds. When this process exits everything left in the
    sandbox ends (the PID namespace's init dies, or the container stops). The backend enforces the wall limit from
    outside; this one (a little longer) bounds a sandbox whose grader died.
@@ -17,12 +26,15 @@ standard library only; this file is mounted read-only at ``/run/crucible/init.py
 
 import argparse
 import asyncio
+import json
 import os
 import resource
+import signal
 import socket
 import subprocess
 import sys
 import threading
+import time
 
 
 async def _forward(reader: asyncio.StreamReader, writer: asyncio.StreamWriter, path: str) -> None:
@@ -56,10 +68,58 @@ def _serve(listener: socket.socket, path: str) -> None:
     asyncio.run(main())
 
 
+def _as(uid: int | None, argv: list[str], pass_fds: tuple[int, ...] = ()) -> int:
+    """Run ``argv`` as ``uid`` (as this process when ``None``); its exit status."""
+    as_user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+    return subprocess.run(argv, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, **as_user).returncode
+
+
+def _copy(uid: int | None, src: str, dst: str, fd: int, inward: bool) -> None:
+    """Copy the tree of ``src`` into ``dst`` (``inward``), or of ``dst`` over ``src``, through ``fd`` (an open
+    descriptor of ``src``): as ``uid``, so every copied file is that user's, with set-user-ID bits cleared (GNU ``cp``
+    clears them when it cannot keep the owner); links are copied as links, never followed."""
+    staged = f"/proc/self/fd/{fd}"
+    if inward:
+        _as(uid, ["cp", "-a", "--no-preserve=ownership", "--", f"{staged}/.", dst], (fd,))
+    else:
+        _as(uid, ["find", f"{staged}/", "-mindepth", "1", "-delete"], (fd,))
+        _as(uid, ["cp", "-a", "--no-preserve=ownership", "--", f"{dst}/.", f"{staged}/"], (fd,))
+
+
+def _kill_all(uids: set[int | None]) -> None:
+    """Kill every process of the sandbox but this one, as each of ``uids`` (``kill(-1)`` reaches the caller's own
+    processes; this init has no capability to signal other users')."""
+    for uid in uids:
+        if uid is None or uid == os.geteuid():
+            try:
+                os.kill(-1, signal.SIGKILL)
+            except OSError:
+                pass
+        else:
+            pid = os.fork()
+            if pid == 0:
+                try:
+                    os.setgroups([])
+                    os.setgid(uid)
+                    os.setuid(uid)
+                    os.kill(-1, signal.SIGKILL)
+                finally:
+                    os._exit(0)
+            os.waitpid(pid, 0)
+
+
+def _full(path: str) -> bool:
+    stat = os.statvfs(path)
+    return stat.f_bavail * stat.f_frsize < 64 * 1024
+
+
 def main() -> int:
     parser = argparse.ArgumentParser()
     parser.add_argument("--socket")
     parser.add_argument("--port", type=int, default=8000)
+    parser.add_argument("--user", type=int)
+    parser.add_argument("--stage", nargs=2, action="append", default=[], metavar=("SRC", "DST"))
+    parser.add_argument("--status")
     parser.add_argument("--cpu-s", type=float, required=True)
     parser.add_argument("--memory-mb", type=int, required=True)
     parser.add_argument("--fsize-mb", type=int, required=True)
@@ -67,6 +127,9 @@ def main() -> int:
     parser.add_argument("argv", nargs=argparse.REMAINDER)
     args = parser.parse_args()
     argv = args.argv[1:] if args.argv[:1] == ["--"] else args.argv
+    stages = [(src, dst, os.open(src, os.O_RDONLY | os.O_DIRECTORY)) for src, dst in args.stage]
+    for src, dst, fd in stages:
+        _copy(args.user, src, dst, fd, inward=True)
     if args.socket:  # listen before the limits: the forwarder is the platform's, not the harness's
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
@@ -78,15 +141,32 @@ def main() -> int:
                          (resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, cpu)):
         resource.setrlimit(limit, (value, value))
     try:
-        proc = subprocess.Popen(argv, close_fds=True)
+        as_user = {"user": args.user, "group": args.user, "extra_groups": []} if args.user is not None else {}
+        proc = subprocess.Popen(argv, close_fds=True, **as_user)
     except OSError as exc:
         print(f"crucible sandbox: cannot start {argv[:1]}: {exc}", file=sys.stderr)
         return 127
-    try:
-        status = proc.wait(timeout=args.wall_s)
-    except subprocess.TimeoutExpired:
-        return 137
-    return 128 - status if status < 0 else status
+    limit, filled = None, False
+    deadline = time.monotonic() + args.wall_s if args.wall_s else None
+    while (status := proc.poll()) is None:  # a staged workspace seen full while the run goes on is the disk limit
+        if deadline is not None and time.monotonic() > deadline:  # (files held open and unlinked are freed at its end)
+            break
+        filled = filled or any(_full(dst) for _, dst, _ in stages)
+        time.sleep(0.05)
+    if status is None:
+        limit, code = "wall", 137
+    else:
+        code = 128 - status if status < 0 else status
+    if stages:
+        _kill_all({args.user, 65534})  # the command's processes, and any it ran as the agent user
+        if limit is None and (filled or any(_full(dst) for _, dst, _ in stages)):
+            limit = "disk"
+        for src, dst, fd in stages:
+            _copy(args.user, src, dst, fd, inward=False)
+    if args.status:
+        with open(args.status, "w") as out:
+            json.dump({"limit": limit}, out)
+    return code
 
 
 if __name__ == "__main__":

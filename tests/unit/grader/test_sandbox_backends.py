@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from grader.sandboxes import BACKENDS
-from grader.sandboxes.base import ExecResult, Limits, Mount, Sandbox, owner, reap_workspaces, workspace
+from grader.sandboxes.base import AGENT_UID, SANDBOX_PYTHON, ExecResult, Limits, Mount, Sandbox, owner, reap_workspaces, workspace
 from grader.sandboxes.docker import DockerSandbox
 from services.common.processes import owner_alive
 from tests.conftest import ROOT
@@ -168,7 +168,7 @@ def test_a_sandbox_sees_only_what_is_mounted_and_cannot_write_what_is_read_only(
                 print(json.dumps({
                     "hostname": read("/etc/hostname"),
                     "home_marker": os.path.exists(home_marker),
-                    "root": sorted(os.listdir("/root")) if os.path.isdir("/root") else None,
+                    "root": sorted(os.listdir("/root")) if os.access("/root", os.R_OK | os.X_OK) else None,  # the image's is 0700
                     "repo": [os.path.exists(os.path.join(repo, p)) for p in ("pyproject.toml", "grader", "tests")],
                     "given": read("/data/data.txt"),
                     "write_given": write("/data/new.txt"),
@@ -194,6 +194,59 @@ def test_a_sandbox_sees_only_what_is_mounted_and_cannot_write_what_is_read_only(
     assert not stray.exists()  # the sandbox's root is its own (bubblewrap: a fresh tmpfs; Docker: the image, read-only)
     assert seen["write_init"] != "written", seen
     assert seen["write_app"] == "written" and seen["write_tmp"] == "written"
+
+
+PRIVILEGE_PROBE = """
+import ctypes, errno, json, os
+libc = ctypes.CDLL(None, use_errno=True)
+def opened(path):
+    try:
+        open(path, "w").close()
+        return "opened"
+    except OSError as exc:
+        return errno.errorcode[exc.errno]
+def call(name, *args):
+    return "allowed" if getattr(libc, name)(*args) == 0 else errno.errorcode[ctypes.get_errno()]
+status = dict(line.split(":\\t", 1) for line in open("/proc/self/status").read().splitlines() if ":\\t" in line)
+open("/app/suid", "w").close()
+os.chmod("/app/suid", 0o4755)
+print(json.dumps({
+    "uid": os.getuid(), "euid": os.geteuid(), "groups": os.getgroups(), "cap_eff": status["CapEff"].strip(),
+    "no_new_privs": status["NoNewPrivs"].strip(), "seccomp": status["Seccomp"].strip(),
+    "writes": {p: opened(p) for p in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/vm/swappiness")},
+    "unshare_user": call("unshare", 0x10000000), "unshare_mount": call("unshare", 0x00020000),
+    "mount": call("mount", b"none", b"/tmp", b"tmpfs", 0, None), "keyctl": call("syscall", {"x86_64": 250, "aarch64": 219}[os.uname().machine], 0, 0, 0, 0, 0),
+    "setuid_root": call("setuid", 0),
+}))
+"""
+
+
+def test_a_command_runs_unprivileged_and_cannot_write_the_kernels_settings(sandbox: Sandbox) -> None:
+    """A harness runs as the unprivileged agent user with no capabilities, under a seccomp filter: it cannot open
+    ``/proc/sys`` files for writing, create namespaces (``unshare -r``), mount, use the kernel keyring or become root;
+    a setuid file it leaves in its workspace is the agent user's, not root's. A verifier (``agent_user``) is root of the
+    sandbox under the same filter and read-only ``/proc/sys``."""
+    with workspace(disk_mb=16) as ws:
+        result = python(sandbox, PRIVILEGE_PROBE, mounts=[Mount(ws, "/app", writable=True)], cwd="/app")
+        assert result.ok, result
+        seen = json.loads(result.stdout)
+        suid = (ws / "suid").stat()
+        assert (suid.st_uid, suid.st_mode & 0o4000) == (AGENT_UID, 0o4000)  # setuid, but to the agent user alone
+        assert (seen["uid"], seen["euid"]) == (AGENT_UID, AGENT_UID) and seen["groups"] in ([], [AGENT_UID]), seen
+        assert (seen["cap_eff"], seen["no_new_privs"], seen["seccomp"]) == ("0000000000000000", "1", "2"), seen
+        assert set(seen["writes"].values()) <= {"EROFS", "EACCES"}, seen
+        assert {seen[k] for k in ("unshare_user", "unshare_mount", "mount", "keyctl", "setuid_root")} <= {"EPERM", "EACCES"}, seen
+        verifier = sandbox.run([SANDBOX_PYTHON, "-I", "-c", PRIVILEGE_PROBE], mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={},
+                               limits=Limits(wall_s=60), agent_user=True)
+        assert verifier.ok, verifier
+        root = json.loads(verifier.stdout)
+        assert root["uid"] == 0 and (ws / "suid").stat().st_uid == 0  # the verifier's mounts are root's: agent code cannot write them
+        assert set(root["writes"].values()) == {"EROFS"}, root
+        assert {root[k] for k in ("unshare_user", "unshare_mount", "mount", "keyctl")} == {"EPERM"}, root
+    with workspace(disk_mb=16) as ws:
+        shell = sandbox.run(["bash", "-c", "unshare -r id; unshare -n true; echo done"], mounts=[Mount(ws, "/app", writable=True)], cwd="/app",
+                            env={}, limits=Limits(wall_s=60))
+        assert shell.stdout.strip() == "done" and shell.stderr.count("Operation not permitted") == 2, shell
 
 
 def test_a_sandbox_has_no_network_and_reaches_no_host_the_test_owns(sandbox: Sandbox) -> None:
@@ -387,16 +440,66 @@ def test_docker_mounts_only_what_is_under_the_graders_temporary_directory(tmp_pa
     assert list(shared.iterdir()) == []
 
 
+UNLINKED_FILL = """
+import errno, os, time
+held = []
+written = 0
+try:
+    for i in range(8):  # files unlinked while held open: no du of the workspace would see them
+        f = open(f"/app/hidden{i}", "wb")
+        os.unlink(f"/app/hidden{i}")
+        held.append(f)
+        for _ in range(8):
+            f.write(b"x" * (1 << 20))
+            f.flush()
+            written += 1
+except OSError as exc:
+    print(errno.errorcode[exc.errno], written, flush=True)
+    time.sleep(2)  # still holding them: the backend sees its workspace full
+    raise SystemExit(1)
+print("wrote", written)
+"""
+
+
+def test_files_unlinked_while_held_open_count_against_the_disk_limit(sandbox: Sandbox) -> None:
+    """The workspace is a file system whose size the kernel enforces: 64 MiB written to files the harness unlinked while
+    holding them open end in "no space left" at 16 MiB."""
+    with workspace(disk_mb=16) as ws:
+        result = python(sandbox, UNLINKED_FILL, mounts=[Mount(ws, "/app", writable=True)], limits=Limits(wall_s=60, disk_mb=16, file_mb=64))
+    assert result.stdout.split()[0] == errno.errorcode[errno.ENOSPC] and int(result.stdout.split()[1]) <= 16, result
+    assert (result.exit_code, result.limit) == (1, "disk"), result
+
+
 @pytest.mark.docker
-def test_docker_a_workspace_no_file_system_bounds_is_measured_and_stopped_at_its_disk_limit(tmp_path: Path) -> None:
-    """Where the grader may not mount a tmpfs (in a container), the workspace is a plain directory on a large disk: the
-    backend measures it and stops the run once it holds more than ``disk_mb``."""
+def test_docker_a_workspace_on_a_large_disk_is_still_held_to_its_disk_limit(tmp_path: Path) -> None:
+    """Where the grader's workspace is a plain directory on a large disk (a grader that may not mount a tmpfs, as in a
+    container), the run's writable mounts are staged into a tmpfs of ``disk_mb`` inside the container: writing past it
+    ends in "no space left", and what the run wrote comes back to the host, owned by the agent user (a set-user-ID file
+    it made makes no one root)."""
     ws = tmp_path / "ws"
     ws.mkdir()
-    result = DockerSandbox().run(["bash", "-c", "for i in $(seq 40); do head -c 4000000 /dev/zero > /app/f$i || exit; done; sleep 10"],
-                                 mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={}, limits=Limits(wall_s=60, disk_mb=16))
-    assert (result.exit_code, result.limit) == (-9, "disk"), result
-    assert result.elapsed_s < 10, result
+    (ws / "given.txt").write_text("from the host")
+    script = ("cat /app/given.txt > /app/seen.txt && ln -s /etc/passwd /app/link && touch /app/suid && chmod 4755 /app/suid && "
+              "mkdir -p /app/deep/er && for i in $(seq 40); do head -c 4000000 /dev/zero > /app/deep/er/f$i || exit 3; done")
+    result = DockerSandbox().run(["bash", "-c", script], mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={}, limits=Limits(wall_s=60, disk_mb=16))
+    assert (result.exit_code, result.limit) == (3, "disk"), result
+    assert "No space left" in result.stderr, result
+    assert (ws / "seen.txt").read_text() == "from the host" and os.readlink(ws / "link") == "/etc/passwd"
+    assert (ws / "suid").stat().st_uid == AGENT_UID  # set-user-ID to the agent user at most, never to root
+    assert sum(p.stat().st_size for p in ws.rglob("*") if p.is_file() and not p.is_symlink()) <= 16 << 20
+    unlinked = DockerSandbox().run([SANDBOX_PYTHON, "-I", "-c", UNLINKED_FILL], mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={},
+                                   limits=Limits(wall_s=60, disk_mb=16, file_mb=64))
+    assert unlinked.stdout.split()[0] == errno.errorcode[errno.ENOSPC] and unlinked.limit == "disk", unlinked
+
+
+@pytest.mark.docker
+def test_docker_a_staged_run_past_its_wall_limit_still_brings_its_workspace_back(tmp_path: Path) -> None:
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    result = DockerSandbox().run(["bash", "-c", "echo before > /app/out.txt; sleep 60 & sleep 60"], mounts=[Mount(ws, "/app", writable=True)], cwd="/app",
+                                 env={}, limits=Limits(wall_s=3))
+    assert (result.exit_code, result.limit) == (-9, "wall") and result.elapsed_s < 20, result
+    assert (ws / "out.txt").read_text() == "before\n"
 
 
 @pytest.mark.docker
