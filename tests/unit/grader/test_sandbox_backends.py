@@ -249,6 +249,25 @@ def test_a_command_runs_unprivileged_and_cannot_write_the_kernels_settings(sandb
         assert shell.stdout.strip() == "done" and shell.stderr.count("Operation not permitted") == 2, shell
 
 
+def test_a_host_where_bubblewrap_cannot_make_namespaces_raises_unavailable_instead_of_failing_the_command() -> None:
+    """A grader process that may not create namespaces (here: under the sandbox's own seccomp filter, as a container
+    under a runtime's default profile is) gets ``SandboxUnavailable`` with bubblewrap's reason, so a python grader or
+    a rollout is a 503 or a retry, never a score of 0 for a command that never ran."""
+    code = textwrap.dedent("""
+        import sys
+        from grader.sandboxes import seccomp
+        seccomp._build().load()
+        from grader.sandboxes.base import Limits, SandboxUnavailable
+        from grader.sandboxes.bwrap import BubblewrapSandbox
+        try:
+            print(BubblewrapSandbox().run(["true"], mounts=[], cwd="/", env={}, limits=Limits(wall_s=30)))
+        except SandboxUnavailable as exc:
+            print("unavailable:", exc)
+    """)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120, cwd=ROOT)
+    assert done.stdout.startswith("unavailable: bubblewrap cannot make sandboxes here:") and "Operation not permitted" in done.stdout, done
+
+
 def test_a_sandbox_has_no_network_and_reaches_no_host_the_test_owns(sandbox: Sandbox) -> None:
     """Only ``lo`` and no route inside; and no connection to hosts this test made (a listener on loopback, one in a
     network namespace of its own behind a veth pair, one on the host's end of that pair), which the host itself reaches."""
