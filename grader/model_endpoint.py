@@ -50,6 +50,7 @@ import h11
 import structlog
 import uvicorn
 from fastapi import Depends, Header, Request
+from prometheus_client import Counter, Gauge, Histogram
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from grader.sandboxes.base import MODEL_PORT, WORKSPACE_PREFIX
@@ -80,6 +81,14 @@ READ_TIMEOUT_S = 30.0
 KEEP_ALIVE_S = 5.0
 """Seconds an idle connection is kept after an answer."""
 
+CALLS = Counter("crucible_rollout_model_calls_total", "Chat completions rollouts asked of this worker's model endpoint, by HTTP status", ["status"])
+CALL_SECONDS = Histogram("crucible_rollout_model_call_seconds", "Seconds a rollout's chat completion took at the model endpoint")
+SOCKETS = Gauge("crucible_rollout_sockets_open", "Rollouts bound to this worker's model endpoint (a socket each)")
+REFUSED = Counter("crucible_rollout_connections_refused_total", "Connections closed on arrival: their rollout held its cap")
+CUT_OFF = Counter("crucible_rollout_connections_cut_off_total", "Connections closed for not sending a whole request in time")
+"""The worker's own metrics of the endpoint (aggregates, no rollout named), served by the worker's metrics port
+(``worker_metrics_port``), never by the endpoint."""
+
 SCOPE_KEY = "crucible.rollout_token"
 """The ASGI scope key under which a rollout's socket names the one token it accepts."""
 
@@ -96,6 +105,7 @@ class _CappedH11(H11Protocol):
     def connection_made(self, transport: asyncio.Transport) -> None:  # type: ignore[override]
         if len(self.connections) >= MAX_CONNECTIONS:
             self._refused = True
+            REFUSED.inc()
             transport.abort()
             return
         super().connection_made(transport)
@@ -126,6 +136,7 @@ class _CappedH11(H11Protocol):
     def _expire(self) -> None:
         self._read_deadline = None
         if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
+            CUT_OFF.inc()
             self.transport.close()
 
 
@@ -258,6 +269,7 @@ class ModelEndpoint:
         with self._lock:
             self._bindings[token] = binding
             self._servers[token] = (server, path)
+            SOCKETS.set(len(self._servers))
         asyncio.run_coroutine_threadsafe(server.serve(), self._loop)
         deadline = time.monotonic() + 30
         while not server.started:
@@ -274,6 +286,7 @@ class ModelEndpoint:
         with self._lock:
             binding = self._bindings.pop(token)
             served = self._servers.pop(token, None)
+            SOCKETS.set(len(self._servers))
         with binding.idle:
             binding.idle.wait_for(lambda: binding.inflight == 0, timeout=wait_s)
         if served is not None:
@@ -310,7 +323,15 @@ class ModelEndpoint:
                   responses=problem_responses(Unauthorized, NotFound, Unprocessable, TooManyRequests))
         def chat_completions(body: ChatCompletionRequest, binding: RolloutDep) -> ChatCompletion:
             """OpenAI's chat completion, non-streamed; see the module docstring for what is refused."""
-            return self._complete(binding, body)
+            started, status = time.perf_counter(), 200
+            try:
+                return self._complete(binding, body)
+            except Exception as exc:
+                status = getattr(exc, "status", 500)
+                raise
+            finally:
+                CALLS.labels(str(status)).inc()
+                CALL_SECONDS.observe(time.perf_counter() - started)
 
         return app
 

@@ -12,8 +12,12 @@ Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
   container beside the host's daemon is given a ``TMPDIR`` at the same path in both (docker-compose.yml's
   ``grader-worker``); on the daemon's own host nothing needs arranging.
 - File system: the image's userland with the root file system read-only, a tmpfs ``/tmp`` of ``disk_mb`` MiB
-  (executable, as bubblewrap's is), the init script read-only, and the mounts given as bind mounts (read-only unless
-  writable); nothing else of the host. No capabilities (``cap_drop=ALL``; the init keeps setuid and setgid to become
+  (executable, as bubblewrap's is), the init script read-only, the read-only mounts given as bind mounts, and each
+  writable mount **staged**: its host directory is bound under :data:`STAGE_TARGET` (a directory only root enters) and
+  the sandbox sees a tmpfs of ``disk_mb`` MiB at its target, owned by the run's user, which the init fills from the
+  host directory before the command and copies back after it (:mod:`grader.sandboxes.init`), so the kernel holds the
+  run to its disk limit whatever file system the workspace is on (files unlinked while held open included); nothing
+  else of the host. No capabilities (``cap_drop=ALL``; the init keeps setuid and setgid to become
   the run's user, :func:`~grader.sandboxes.base.run_uid`), ``no-new-privileges``, the daemon's default seccomp profile,
   and its read-only and hidden ``/proc`` files. The command runs as :data:`~grader.sandboxes.base.AGENT_UID` (a
   verifier as root without capabilities), as under bubblewrap, over writable mounts made that user's first.
@@ -27,17 +31,17 @@ Guarantees of :mod:`grader.sandboxes.base`, and how this backend keeps them:
   container's PID namespace. The container is removed after its output is read, however the run ended.
 - Limits: per process ``RLIMIT_CPU``/``RLIMIT_AS``/``RLIMIT_FSIZE`` (the init sets them); for the whole container
   ``mem_limit`` = ``memswap_limit`` = ``memory_mb`` (no swap), ``pids_limit`` = ``processes``, one CPU
-  (``nano_cpus``), wall time (the backend kills the container), and the CPU seconds of all its processes together,
-  read from the daemon's stats stream (one sample a second, so a run may overshoot ``cpu_s`` by about a second). The
-  disk: a writable mount on a file system of at most ``disk_mb`` (a tmpfs workspace) fills up and refuses more; one on
-  a larger file system (a grader that may not mount a tmpfs, as in a container) is measured every
-  :data:`DISK_POLL_S` seconds (``du``) and the container killed once the writable mounts together hold more than
-  ``disk_mb`` (so a run may overshoot by what it writes in that time). The logs the daemon keeps are capped
-  (:data:`LOG_MAX`), so a flood of output cannot fill the host's disk.
+  (``nano_cpus``), wall time (a staged run's init ends the command at ``wall_s`` and copies back; the backend kills
+  the container :data:`STAGE_GRACE_S` later at the latest), and the CPU seconds of all its processes together, read
+  from the daemon's stats stream (one sample a second, so a run may overshoot ``cpu_s`` by about a second). The disk:
+  each writable mount's tmpfs of ``disk_mb`` (above). A grader that is not root cannot make the workspace the run's
+  user's: its runs bind writable mounts as they are and run as its uid, with no disk limit but the per-file one (a
+  warning is logged once). The logs the daemon keeps are capped (:data:`LOG_MAX`), so a flood of output cannot fill
+  the host's disk.
 - How a run ended: ``"wall"``/``"cpu"`` when the backend killed it (``exit_code`` -9), ``"memory"`` when the kernel's
   out-of-memory killer acted in the container (``State.OOMKilled``), ``"processes"`` when a stats sample found the
-  container at ``pids_limit`` (best effort: a fork refused between two samples goes unseen), ``"disk"`` when a writable
-  mount is full or the backend killed the container for the disk it used, ``"cpu"`` when the command died of ``SIGKILL``/``SIGXCPU`` (what ``RLIMIT_CPU`` sends).
+  container at ``pids_limit`` (best effort: a fork refused between two samples goes unseen), ``"disk"`` when the init saw a
+  staged mount full, ``"cpu"`` when the command died of ``SIGKILL``/``SIGXCPU`` (what ``RLIMIT_CPU`` sends).
 """
 
 from __future__ import annotations

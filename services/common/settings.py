@@ -41,6 +41,10 @@ class ServiceSettings(BaseSettings):
     ledger_timeout_s: float = Field(
         10.0, gt=0, description="Seconds a call to the ledger may take in all: retries while it is unreachable, then 503.")
     job_heartbeat_s: float = Field(10.0, gt=0, description="Seconds between a worker's heartbeats on the job it runs.")
+    worker_metrics_port: int | None = Field(None, ge=1, le=65535, description=(
+        "A Celery worker of this service serves its Prometheus metrics (e.g. the rollout model endpoint's calls, sockets and "
+        "refused connections) on this port, at worker_metrics_host; unset: not served. Sandboxes have no network to reach it."))
+    worker_metrics_host: str = Field("127.0.0.1", description="The address a worker's metrics port listens on (0.0.0.0 for a scraper on another host).")
     job_lease_s: float = Field(60.0, gt=0, description="A running job whose heartbeat is older than this (seconds) lost its worker.")
     job_resend_after_s: float = Field(120.0, gt=0, description="Seconds a job may stay queued before its message is sent again (doubling each time).")
     job_max_attempts: int = Field(5, ge=1, description="A job whose worker was lost this many times fails.")

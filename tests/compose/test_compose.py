@@ -21,7 +21,6 @@ import os
 import re
 import secrets
 import shutil
-import socket
 import subprocess
 import tarfile
 import time
@@ -35,137 +34,27 @@ import httpx
 import pytest
 import yaml
 
-from crucible.sdk import AdminClient, CrucibleClient
+from crucible.sdk import CrucibleClient
 from grader.suites import get_suite
 from tests.archives import archive, code_harness, oracle_archive
+from tests.compose.deployment import (
+    DATA_PORTS,
+    HTTP_PORTS,
+    PROJECT,
+    ROOT,
+    SANDBOX_DIR,
+    SECRET_NAMES,
+    Deployment,
+    load_demo_benchmark,
+    wait_for,
+)
 from tests.netns import SANDBOX_NETWORK_PROBE, Outside, outside_hosts
 
 pytestmark = [pytest.mark.compose, pytest.mark.timeout(2400)]  # a test waits on real training and grading
 
-ROOT = Path(__file__).resolve().parents[2]
 OPERATORS = (ROOT / "docs" / "operators.md").read_text()
-PROJECT = os.environ.get("CRUCIBLE_COMPOSE_PROJECT", "crucible-compose-test")
-HTTP_PORTS = {"gateway": 8000, "ledger": 8001, "trainer": 8002, "inference": 8003, "grader": 8004}
-DATA_PORTS = {"postgres": 5432, "teststore-db": 5432, "redis": 6379}
-IMAGES = {  # what `make compose-images` built; the published defaults elsewhere
-    "CRUCIBLE_BASE_IMAGE": os.environ.get("CRUCIBLE_BASE_IMAGE", "python:3.11-slim"),
-    "CRUCIBLE_POSTGRES_IMAGE": os.environ.get("CRUCIBLE_POSTGRES_IMAGE", "postgres:16"),
-    "CRUCIBLE_REDIS_IMAGE": os.environ.get("CRUCIBLE_REDIS_IMAGE", "redis:7"),
-}
 AGENT_STEPS = int(os.environ.get("CRUCIBLE_COMPOSE_AGENT_STEPS", "12"))
-DEMO_TEST_ITEMS = 32  # the demo benchmark's hidden split here (the file's: 300)
 STATE: dict[str, Any] = {}  # what one test leaves for the next (the graded run, its key)
-SANDBOX_DIR = f"/var/lib/crucible/sandboxes-{PROJECT}-{secrets.token_hex(4)}"  # this deployment's CRUCIBLE_SANDBOX_DIR: what an
-# earlier deployment on this host left in the shared one (deploy/.env.example's) is not counted as this one's leftover
-
-
-def wait_for(pred: Callable[[], Any], timeout_s: float, what: str, poll_s: float = 1.0) -> Any:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        with_value = pred()
-        if with_value:
-            return with_value
-        time.sleep(poll_s)
-    raise AssertionError(f"timed out after {timeout_s:.0f} s waiting for {what}")
-
-
-def free_port() -> int:
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        return s.getsockname()[1]
-
-
-class Deployment:
-    """One compose project driven as an operator drives it, from a directory of its own holding ``deploy/.env``."""
-
-    def __init__(self, workdir: Path, env: dict[str, str]) -> None:
-        self.workdir = workdir
-        self.env = env
-        self.port = int(env["CRUCIBLE_GATEWAY_PORT"])
-        self.gateway_url = f"http://127.0.0.1:{self.port}"
-        self.shell_env = {**os.environ, "COMPOSE_FILE": str(ROOT / "docker-compose.yml"), "COMPOSE_PROJECT_NAME": PROJECT, "COLUMNS": "200"}
-        self.write_env()
-
-    def write_env(self) -> None:
-        (self.workdir / "deploy").mkdir(exist_ok=True)
-        (self.workdir / "deploy" / ".env").write_text("".join(f"{k}={v}\n" for k, v in self.env.items()))
-
-    def sh(self, script: str, timeout_s: float = 900, check: bool = True, trace: str = "") -> subprocess.CompletedProcess:
-        """Run ``script`` with bash in the operator's directory (``set -euo pipefail``). ``trace``: a label; each
-        command of the script is printed under it with the second of the script it started at (``set -x``)."""
-        prologue = "set -euo pipefail\n" + ("PS4='+ [${SECONDS} s] '\nset -x\n" if trace else "")
-        proc = subprocess.run(["bash", "-c", prologue + script], cwd=self.workdir, env=self.shell_env, capture_output=True,
-                              text=True, timeout=timeout_s)
-        if trace:
-            print("".join(f"\n[{trace}] {line}" for line in proc.stderr.splitlines() if line.startswith("+ [")))
-        if check and proc.returncode:
-            raise AssertionError(f"exit {proc.returncode}: {script}\n{proc.stdout[-4000:]}\n{proc.stderr[-4000:]}")
-        return proc
-
-    def compose(self, args: str, timeout_s: float = 900, check: bool = True) -> subprocess.CompletedProcess:
-        return self.sh(f"docker compose --env-file deploy/.env {args}", timeout_s, check)
-
-    def container(self, service: str) -> str:
-        ids = self.compose(f"ps -q {service}").stdout.split()
-        assert len(ids) == 1, f"{service}: containers {ids}"
-        return ids[0]
-
-    def services(self) -> list[str]:
-        return sorted(self.compose("ps --services").stdout.split())
-
-    def inspect(self, service: str) -> dict:
-        return json.loads(subprocess.run(["docker", "inspect", self.container(service)], capture_output=True, text=True, check=True).stdout)[0]
-
-    def docker_exec(self, service: str, *cmd: str, timeout_s: float = 60) -> subprocess.CompletedProcess:
-        return subprocess.run(["docker", "exec", self.container(service), *cmd], capture_output=True, text=True, timeout=timeout_s)
-
-    def config(self) -> dict:
-        return json.loads(self.compose("config --format json").stdout)
-
-    def admin(self) -> AdminClient:
-        return AdminClient(self.gateway_url, self.env["CRUCIBLE_ADMIN_KEY"])
-
-    def healthy(self) -> bool:
-        rows = [json.loads(line) for line in self.compose("ps --format json").stdout.splitlines() if line.strip()]
-        return bool(rows) and all(r["State"] == "running" and r.get("Health", "") in ("", "healthy") for r in rows)
-
-
-def fresh_env() -> dict[str, str]:
-    """A ``deploy/.env`` as docs/operators.md asks for: every secret set, each different, URL- and JSON-safe."""
-    example = [line.split("=", 1) for line in (ROOT / "deploy" / ".env.example").read_text().splitlines() if line and not line.startswith("#")]
-    env = {k: v for k, v in example}
-    for key in env:
-        if key.endswith(("_TOKEN", "_PASSWORD", "_ADMIN_KEY")):
-            env[key] = secrets.token_hex(16)
-    env["CRUCIBLE_GRADER_TEST_SEED"] = str(secrets.randbelow(10**12) + 10**11)
-    env["CRUCIBLE_GATEWAY_PORT"] = str(free_port())
-    env["CRUCIBLE_SANDBOX_DIR"] = SANDBOX_DIR
-    env |= IMAGES
-    return env
-
-
-SECRET_NAMES = ("GATEWAY_SERVICE_TOKEN", "LEDGER_SERVICE_TOKEN", "TRAINER_SERVICE_TOKEN", "INFERENCE_SERVICE_TOKEN", "GRADER_SERVICE_TOKEN",
-                "CRUCIBLE_ADMIN_KEY", "POSTGRES_PASSWORD", "GATEWAY_DB_PASSWORD", "LEDGER_DB_PASSWORD", "TRAINER_DB_PASSWORD",
-                "INFERENCE_DB_PASSWORD", "GRADER_DB_PASSWORD", "TESTSTORE_DB_PASSWORD", "CRUCIBLE_GRADER_TEST_SEED")
-
-
-@pytest.fixture(scope="module")
-def deployment(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Deployment]:
-    d = Deployment(tmp_path_factory.mktemp("operator"), fresh_env())
-    d.compose("down -v --remove-orphans", timeout_s=300)  # what a cut-off earlier run left
-    started = time.monotonic()
-    up = d.compose("up -d --wait --wait-timeout 900", timeout_s=1000, check=False)
-    print(f"\n[compose] up -d --wait: exit {up.returncode} in {time.monotonic() - started:.0f} s; gateway at {d.gateway_url}")
-    if up.returncode:
-        print(d.compose("ps -a", check=False).stdout, d.compose("logs --tail 40", check=False).stdout[-8000:])
-    assert up.returncode == 0, up.stderr[-4000:]
-    try:
-        yield d
-    finally:
-        if os.environ.get("CRUCIBLE_COMPOSE_KEEP") != "1":
-            d.compose("down -v --remove-orphans", timeout_s=300, check=False)
-            shutil.rmtree(SANDBOX_DIR, ignore_errors=True)
-
 
 def operators_block(after: str, nth: int = 0) -> str:
     """The ``nth`` bash block of docs/operators.md after the text ``after``."""
@@ -182,26 +71,11 @@ def test_every_container_is_up_and_healthy(deployment: Deployment) -> None:
     print("\n" + deployment.compose("ps --format 'table {{.Service}}\t{{.Image}}\t{{.Status}}'").stdout)
 
 
-def _load_demo_benchmark(deployment: Deployment) -> None:
-    """The operators page's ``crucible admin load-benchmark`` in the gateway's container, once per deployment, of the demo
-    benchmark with a hidden split of :data:`DEMO_TEST_ITEMS` items (the file's 300 are graded twice, the initial
-    system's baseline at load and the submission, on 2 CPU cores shared by every container): the file on the
-    command's standard input."""
-    if not STATE.get("benchmark_loaded"):
-        doc = yaml.safe_load((ROOT / "benchmarks" / "chain-sum-demo.yaml").read_text())
-        doc["suite"]["splits"]["test"]["size"] = DEMO_TEST_ITEMS
-        (deployment.workdir / "chain-sum-demo.yaml").write_text(yaml.safe_dump(doc))
-        loaded = deployment.sh("docker compose --env-file deploy/.env exec -T gateway crucible admin load-benchmark /dev/stdin < chain-sum-demo.yaml",
-                               timeout_s=600)
-        assert "chain-sum-demo" in loaded.stdout
-        STATE["benchmark_loaded"] = True
-
-
 def test_the_reference_agent_reaches_a_graded_leaderboard_row(deployment: Deployment) -> None:
     """The operators page's commands: load the demo benchmark and create a run in the gateway's container, then the reference
     agent on this machine against the published port, to a graded submission and its leaderboard row."""
     d = deployment
-    _load_demo_benchmark(d)
+    load_demo_benchmark(d)
     created = d.compose("exec -T gateway crucible admin create-run chain-sum-demo --agent compose-agent")
     key = re.search(r"API key \(shown once\): (\S+)", created.stdout).group(1)  # type: ignore[union-attr]
     run_id = re.search(r"run (run_\S+)", created.stdout).group(1)  # type: ignore[union-attr]
@@ -556,7 +430,7 @@ def read(get: Callable[[], dict]) -> dict:
 
 def _fault_run(deployment: Deployment) -> CrucibleClient:
     if "fault_key" not in STATE:
-        _load_demo_benchmark(deployment)  # where the agent's test did not run (-k)
+        load_demo_benchmark(deployment)  # where the agent's test did not run (-k)
         run = deployment.admin().create_run("chain-sum-demo", "compose-faults")
         STATE.update(fault_key=run["api_key"], fault_run=run["id"])
     return CrucibleClient(deployment.gateway_url, STATE["fault_key"])

@@ -39,8 +39,10 @@ from grader.settings import GraderSettings
 from grader.suites import get_suite
 from grader.suites.terminal import TASKS_DIR, tasks
 from services.common.auth import RunContext, run_headers
+from services.common.celery_app import serve_worker_metrics
 from services.common.contracts import EvaluationCreate, EvaluationLimits, GradingSpec, SubmissionCreate
 from services.common.errors import UpstreamProblem
+from services.common.settings import ServiceSettings
 from services.ledger.app import create_app as create_ledger_app
 from services.ledger.client import LedgerClient
 from services.ledger.schemas import AccountCreate, HoldStatus
@@ -420,6 +422,7 @@ def test_a_rollout_holding_thousands_of_connections_exhausts_only_itself(endpoin
     connections to one rollout's socket leave at most MAX_CONNECTIONS open in the worker, another rollout is answered
     at once, a token is accepted on its own rollout's socket alone, and a request sent too slowly is cut off."""
     monkeypatch.setattr(model_endpoint, "READ_TIMEOUT_S", 2.0)
+    refused, cut_off = model_endpoint.REFUSED._value.get(), model_endpoint.CUT_OFF._value.get()
     greedy, other = endpoint.bind(_binding("eval_test:greedy:0")), endpoint.bind(_binding("eval_test:other:0"))
     fds_before = len(os.listdir("/proc/self/fd"))
     conns = _open(greedy.socket, 2000)
@@ -445,6 +448,22 @@ def test_a_rollout_holding_thousands_of_connections_exhausts_only_itself(endpoin
         endpoint.unbind(other.token)
     with pytest.raises(FileNotFoundError):
         _open(greedy.socket, 1)
+    # the worker's metrics count what its cap refused and cut off (served on the worker's metrics port, not here)
+    assert model_endpoint.REFUSED._value.get() - refused >= 2000 - model_endpoint.MAX_CONNECTIONS
+    assert model_endpoint.CUT_OFF._value.get() - cut_off >= len(open_now)
+
+
+def test_a_worker_serves_its_metrics_on_its_own_port_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``CRUCIBLE_WORKER_METRICS_PORT``: the process's Prometheus metrics (the rollout endpoint's among them) answer on
+    that port over HTTP."""
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    monkeypatch.setenv("CRUCIBLE_WORKER_METRICS_PORT", str(port))
+    serve_worker_metrics(ServiceSettings())  # what a worker whose settings name the port runs once ready (make_celery)
+    text = httpx.get(f"http://127.0.0.1:{port}/metrics", timeout=10).text
+    assert "crucible_rollout_sockets_open" in text and "crucible_rollout_connections_refused_total" in text
+    assert "crucible_http_requests_total" in text  # the process's whole registry
 
 
 def test_a_harness_cannot_take_the_model_endpoint_away_from_the_rollouts_after_it(endpoint: ModelEndpoint, backend: str) -> None:
