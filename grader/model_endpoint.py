@@ -38,7 +38,9 @@ from __future__ import annotations
 
 import asyncio
 import datetime as dt
+import itertools
 import secrets
+import socket
 import tempfile
 import threading
 import time
@@ -225,6 +227,7 @@ class ModelEndpoint:
         self._servers: dict[str, tuple[uvicorn.Server, Path]] = {}
         self._lock = threading.Lock()
         self._loop: asyncio.AbstractEventLoop | None = None
+        self._numbers = itertools.count(1)
         self._app = None
 
     @property
@@ -257,25 +260,32 @@ class ModelEndpoint:
         self.start()
         assert self._loop is not None
         token = "rk-" + secrets.token_urlsafe(32)
-        path = self._dir / f"{secrets.token_hex(8)}.sock"
+        path = self._dir / f"{next(self._numbers):x}.sock"  # short: a Unix socket's path is at most 107 bytes
         app = self._app
 
         async def asgi(scope, receive, send):  # noqa: ANN001, ANN202 - the rollout's socket names its token
             await app(scope if scope["type"] == "lifespan" else {**scope, SCOPE_KEY: token}, receive, send)
 
-        config = uvicorn.Config(asgi, uds=str(path), http=_CappedH11, lifespan="off", log_config=None, log_level="warning", access_log=False,
+        listener = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        try:
+            listener.bind(str(path))  # here, so a path the kernel refuses (longer than 107 bytes) raises to the rollout
+        except OSError:
+            listener.close()
+            raise
+        path.chmod(0o600)  # the sandbox's init connects, as its owner (root, or the grader's uid); the harness's user cannot
+        config = uvicorn.Config(asgi, http=_CappedH11, lifespan="off", log_config=None, log_level="warning", access_log=False,
                                 timeout_keep_alive=int(KEEP_ALIVE_S), timeout_graceful_shutdown=5)
         server = uvicorn.Server(config)
         with self._lock:
             self._bindings[token] = binding
             self._servers[token] = (server, path)
             SOCKETS.set(len(self._servers))
-        asyncio.run_coroutine_threadsafe(server.serve(), self._loop)
+        serving = asyncio.run_coroutine_threadsafe(server.serve(sockets=[listener]), self._loop)
         deadline = time.monotonic() + 30
         while not server.started:
-            if time.monotonic() > deadline:
+            if time.monotonic() > deadline or serving.done():
                 self.unbind(token, wait_s=0)
-                raise RuntimeError("the rollout's model socket did not start")
+                raise RuntimeError(f"the rollout's model socket {path} did not start: {serving.exception() if serving.done() else 'no answer in 30 s'!r}")
             time.sleep(0.005)
         return Bound(token=token, socket=path)
 

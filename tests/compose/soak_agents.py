@@ -109,7 +109,7 @@ class Researcher(_Agent):
 
     @task(1)
     def evaluate(self) -> None:
-        out = self.call("POST", "/v1/evaluations", "POST /v1/evaluations", expected={402}, json={"model": MODEL, "limit": 2})
+        out = self.call("POST", "/v1/evaluations", "POST /v1/evaluations", expected={402}, json={"model": MODEL, "split": "validation", "limit": 2})
         if out:
             self.evaluations.append(out["id"])
 
