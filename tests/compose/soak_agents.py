@@ -34,19 +34,26 @@ _lock = threading.Lock()
 EXPECTED_ANYWHERE = {429}  # a rate limit under load: the agent waits, nothing is wrong
 
 
+def _json(resp: Any) -> bool:
+    try:
+        return isinstance(resp.json(), dict)
+    except ValueError:
+        return False
+
+
 class _Agent(HttpUser):
     abstract = True
     expected: frozenset[int] = frozenset()
     refuses: bool = False  # every request of this agent must be refused (a 2xx is a failure)
 
     def call(self, method: str, path: str, name: str, expected: set[int] | frozenset[int] = frozenset(), **kwargs: Any) -> dict[str, Any] | None:
-        """One request; a status below 400, or one in ``expected`` or :data:`EXPECTED_ANYWHERE`, is a success. Returns
-        the JSON body of a 2xx answer."""
+        """One request; a 2xx or 3xx answer, or a status in ``expected`` or :data:`EXPECTED_ANYWHERE`, is a success
+        (a 5xx, an unexpected 4xx, or no answer at all is a failure). Returns the JSON body of a 2xx answer."""
         with self.client.request(method, path, name=name, catch_response=True, headers={"Authorization": f"Bearer {self.key}"}, **kwargs) as resp:
-            status = resp.status_code
-            if status < 400 and self.refuses:
+            status = resp.status_code  # 0: no answer at all (a refused or broken connection)
+            if 200 <= status < 400 and self.refuses:
                 resp.failure(f"{status}: bad input accepted")
-            elif status < 400:
+            elif 200 <= status < 400:
                 resp.success()
                 try:
                     return resp.json()
@@ -54,6 +61,8 @@ class _Agent(HttpUser):
                     return None
             if status in expected or status in self.expected or status in EXPECTED_ANYWHERE:
                 resp.success()
+                self.environment.events.request.fire(request_type="REFUSED", name=f"{status} {resp.json().get('code', '') if _json(resp) else ''}".strip(),
+                                                     response_time=0, response_length=0, exception=None, context={})
             else:
                 resp.failure(f"{status}: {resp.text[:300]}")
             return None
@@ -82,7 +91,7 @@ class Researcher(_Agent):
         self.call("GET", "/v1/budget", "GET /v1/budget")
 
     @task(4)
-    def run(self) -> None:
+    def own_run(self) -> None:
         self.call("GET", "/v1/run", "GET /v1/run")
 
     @task(4)
