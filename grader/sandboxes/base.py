@@ -4,11 +4,10 @@
 A sandbox runs one untrusted command (a harness, a task's set-up, a verifier) with:
 
 - **No way out but the model.** A network namespace of its own with loopback only. With ``model_socket``, the
-  sandbox's init (:mod:`grader.sandboxes.init`) forwards ``127.0.0.1:MODEL_PORT`` inside to that Unix socket outside
-  (bound in read-only: the sandbox's root, the socket's owner as the grader is, cannot chmod or remove the one socket
-  every rollout of the worker shares),
-  the rollout's model endpoint (:mod:`grader.model_endpoint`); nothing else is reachable: not the grader, the ledger,
-  the test store, nor the internet.
+  sandbox's init (:mod:`grader.sandboxes.init`) forwards ``127.0.0.1:MODEL_PORT`` inside to that Unix socket outside,
+  the rollout's own socket of the model endpoint (:mod:`grader.model_endpoint`), bound in read-only and connectable
+  by the init alone (mode 0600); nothing else is reachable: not the grader, the ledger, the test store, nor the
+  internet.
 - **No privileges.** Where the grader is root, every command but a task's verifier runs as the unprivileged
   :data:`AGENT_UID` (the sandbox's init, root, switches to it before the command starts), and what it may write (the
   writable mounts) is made that uid's first, so a setuid file it leaves is the agent user's, and its writes to the

@@ -277,7 +277,7 @@ class BubblewrapSandbox:
                 "--perms", "1777", "--size", size, "--tmpfs", "/tmp",
                 "--dir", "/run/crucible", "--ro-bind", str(INIT_SCRIPT), INIT_TARGET]
         if model_socket is not None:
-            args += ["--ro-bind", str(model_socket), SOCKET_TARGET]  # read-only: connectable, but no chmod or unlink of the shared socket
+            args += ["--ro-bind", str(model_socket), SOCKET_TARGET]  # read-only: connectable, but no chmod or unlink of it
         for m in mounts:
             for parent in reversed(PurePosixPath(m.target).parents[:-1]):  # bubblewrap would make a missing one 0700: the agent user could not reach the mount
                 args += ["--perms", "0755", "--dir", str(parent)]

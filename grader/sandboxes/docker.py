@@ -249,7 +249,7 @@ class DockerSandbox:
         if agent_user:
             binds.append(docker.types.Mount(AS_AGENT_TARGET, str(visible(AS_AGENT_SCRIPT)), type="bind", read_only=True))
         if model_socket is not None:
-            binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind", read_only=True))  # no chmod of the shared socket
+            binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind", read_only=True))  # read-only: no chmod or unlink of it
         uid = run_uid(agent_user)
         give_mounts(mounts, uid)
         tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=1777"}

@@ -16,10 +16,11 @@ standard library only; this file is mounted read-only at ``/run/crucible/init.py
    core files.
 2. With ``--socket``: listens on ``127.0.0.1:N`` inside the sandbox's own network namespace (loopback only) and
    forwards each connection, byte for byte, to the Unix socket ``PATH`` — the rollout's own model-endpoint socket,
-   bind-mounted in by the backend (which caps the connections, request sizes and times of the rollout). That is the sandbox's only way out, and it reaches that endpoint alone.
+   bind-mounted in by the backend (which caps the rollout's connections, request sizes and times), on one event loop.
+   That is the sandbox's only way out, and it reaches that endpoint alone.
 3. Runs ``ARGV`` with this process's stdin, stdout and stderr, as ``UID`` (group ``UID``, no supplementary groups;
-   the kernel clears every capability on the switch from root) when ``--user`` is given, waits for it, and exits with its status (``128 + n``
-   when a signal ``n`` ended it), or with 137 after ``W`` seconds. When this process exits everything left in the
+   the kernel clears every capability on the switch from root) when ``--user`` is given, waits for it, and exits with
+   its status (``128 + n`` when a signal ``n`` ended it), or with 137 after ``W`` seconds. When this process exits everything left in the
    sandbox ends (the PID namespace's init dies, or the container stops). The backend enforces the wall limit from
    outside; this one (a little longer) bounds a sandbox whose grader died.
 """
@@ -76,8 +77,8 @@ def _as(uid: int | None, argv: list[str], pass_fds: tuple[int, ...] = ()) -> int
 
 def _copy(uid: int | None, src: str, dst: str, fd: int, inward: bool) -> None:
     """Copy the tree of ``src`` into ``dst`` (``inward``), or of ``dst`` over ``src``, through ``fd`` (an open
-    descriptor of ``src``): as ``uid``, so every copied file is that user's, with set-user-ID bits cleared (GNU ``cp``
-    clears them when it cannot keep the owner); links are copied as links, never followed."""
+    descriptor of ``src``): as ``uid``, so every copied file is that user's (a set-user-ID bit makes no one else of
+    it); links are copied as links, never followed; what ``uid`` cannot read is left out."""
     staged = f"/proc/self/fd/{fd}"
     if inward:
         _as(uid, ["cp", "-a", "--no-preserve=ownership", "--", f"{staged}/.", dst], (fd,))
