@@ -10,7 +10,8 @@ capped on its socket, so a harness can exhaust only its own rollout (:class:`_Ca
   byte of it is read (a harness holding thousands of half-open connections holds that many of the worker's files);
 - a request's line, headers and body must all arrive within :data:`READ_TIMEOUT_S` seconds of the connection (or of
   the last answer on it); headers of at most 16 KiB (uvicorn's h11 limit), a body of at most :data:`MAX_BODY_BYTES`
-  (413); a connection idle :data:`KEEP_ALIVE_S` seconds after an answer is closed.
+  (413) and :data:`MAX_MESSAGES` messages (422); a connection idle :data:`KEEP_ALIVE_S` seconds after an answer is
+  closed, and any still open when the rollout ends is cut soon after.
 
 A token is bound to one rollout (:class:`Binding`) for as long as it runs, is accepted on that rollout's socket alone,
 and is useless after:
@@ -53,6 +54,7 @@ import structlog
 import uvicorn
 from fastapi import Depends, Header, Request
 from prometheus_client import Counter, Gauge, Histogram
+from pydantic import Field
 from uvicorn.protocols.http.h11_impl import H11Protocol
 
 from grader.sandboxes.base import MODEL_PORT, WORKSPACE_PREFIX
@@ -63,13 +65,18 @@ from services.common.auth import RunContext
 from services.common.candidates import candidate_request, renamed
 from services.common.contracts import SystemSpec
 from services.common.errors import NotFound, TooManyRequests, Unauthorized, Unprocessable, problem_responses
-from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ModelOut
+from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ChatMessage, ModelOut
 from services.common.processes import process_tag
 
 log = structlog.get_logger("grader")
 
-MAX_BODY_BYTES = 8 * 1024 * 1024
+MAX_BODY_BYTES = 2 * 1024 * 1024
 """The largest request body a harness may send (bytes); larger is a 413."""
+
+MAX_MESSAGES = 1024
+"""The most messages one chat request may carry (422 naming ``messages`` beyond), so that validating a body costs the
+worker little whatever it holds (a million empty messages were a million validation errors, gigabytes, on the loop
+every rollout shares)."""
 
 MAX_INFLIGHT = 2
 """Model calls one rollout may have in flight at once (a 429 ``calls_in_flight`` beyond)."""
@@ -140,6 +147,12 @@ class _CappedH11(H11Protocol):
         if self.conn.their_state in (h11.IDLE, h11.SEND_BODY) and not self.transport.is_closing():
             CUT_OFF.inc()
             self.transport.close()
+
+
+class RolloutChatRequest(ChatCompletionRequest):
+    """OpenAI's chat request as a rollout sends it: at most :data:`MAX_MESSAGES` messages."""
+
+    messages: list[ChatMessage] = Field(min_length=1, max_length=MAX_MESSAGES)
 
 
 @dataclass(frozen=True)
@@ -301,8 +314,10 @@ class ModelEndpoint:
             binding.idle.wait_for(lambda: binding.inflight == 0, timeout=wait_s)
         if served is not None:
             server, path = served
-            server.should_exit = True  # uvicorn closes the listener and the connections left
+            server.should_exit = True  # uvicorn closes the listener and the idle connections
             path.unlink(missing_ok=True)
+            if self._loop is not None:  # and what a harness still holds (an answer it never reads) is cut a little later
+                self._loop.call_soon_threadsafe(self._loop.call_later, KEEP_ALIVE_S + 1, _abort_all, server)
         return binding
 
     def open_sockets(self) -> int:
@@ -331,7 +346,7 @@ class ModelEndpoint:
 
         @app.post("/v1/chat/completions", summary="A chat completion of the rollout's model",
                   responses=problem_responses(Unauthorized, NotFound, Unprocessable, TooManyRequests))
-        def chat_completions(body: ChatCompletionRequest, binding: RolloutDep) -> ChatCompletion:
+        def chat_completions(body: RolloutChatRequest, binding: RolloutDep) -> ChatCompletion:
             """OpenAI's chat completion, non-streamed; see the module docstring for what is refused."""
             started, status = time.perf_counter(), 200
             try:
@@ -383,6 +398,13 @@ class ModelEndpoint:
                 binding.calls[number] = call
                 binding.inflight -= 1
                 binding.idle.notify_all()
+
+
+def _abort_all(server: uvicorn.Server) -> None:
+    for connection in list(server.server_state.connections):
+        transport = getattr(connection, "transport", None)
+        if transport is not None:
+            transport.abort()
 
 
 def _messages(body: ChatCompletionRequest) -> list[dict[str, Any]]:

@@ -165,21 +165,25 @@ def run_uid(agent_user: bool) -> int | None:
 
 def give_mounts(mounts: Sequence[Mount], uid: int | None) -> None:
     """Make the writable mounts' sources, and everything under them, ``uid``'s (owner and group; symbolic links
-    themselves, never what they point to), so the run's user may write them and no other run's user may (a verifier's
-    mounts are root's again: agent code it runs cannot write there). Nothing to do for ``None``."""
+    themselves, never what they point to), so the run's user may write them and no other run's user may. A verifier's
+    (``uid`` 0) are root's again with no group or other write permission and no set-user-ID or set-group-ID bit, so
+    agent code it runs cannot write there, whatever modes or ACLs the harness left. Nothing to do for ``None``."""
     if uid is None:
         return
     for m in mounts:
         if m.writable:
             subprocess.run(["chown", "-R", "-P", "-h", f"{uid}:{uid}", "--", str(m.source)], capture_output=True)
+            if uid == 0:  # what an earlier run made writable to all (or granted by an ACL, whose mask this lowers) is not
+                subprocess.run(["chmod", "-R", "go-w,ug-s", "--", str(m.source)], capture_output=True)
 
 
 def init_argv(argv: Sequence[str], limits: Limits, model_socket: Path | None, uid: int | None,
-              stages: Sequence[tuple[str, str]] = (), status: str | None = None) -> list[str]:
+              stages: Sequence[tuple[str, str]] = (), status: str | None = None, seccomp: str | None = None) -> list[str]:
     """The command a backend runs in the sandbox: the init (:mod:`grader.sandboxes.init`) wrapping ``argv``, switching
     to ``uid`` (:func:`run_uid`) for it. With ``stages`` (``(staged source, target)`` sandbox paths) the init copies
     each in and back out, writes how the run ended to ``status``, and ends the command itself at the wall limit (so
-    the copy back still happens); otherwise its own wall limit is a little longer than the backend's."""
+    the copy back still happens); otherwise its own wall limit is a little longer than the backend's. ``seccomp``: a
+    sandbox path of :func:`grader.sandboxes.seccomp.filter_bpf`'s program, which the init loads first."""
     head = [SANDBOX_PYTHON, "-I", "-B", INIT_TARGET]
     if model_socket is not None:
         head += ["--socket", SOCKET_TARGET, "--port", str(MODEL_PORT)]
@@ -189,6 +193,8 @@ def init_argv(argv: Sequence[str], limits: Limits, model_socket: Path | None, ui
         head += ["--stage", source, target]
     if status is not None:
         head += ["--status", status]
+    if seccomp is not None:
+        head += ["--seccomp", seccomp]
     wall_s = limits.wall_s if stages else limits.wall_s + INIT_GRACE_S
     return head + ["--cpu-s", repr(limits.cpu_s), "--memory-mb", str(limits.memory_mb), "--fsize-mb", str(limits.file_mb),
                    "--wall-s", repr(wall_s), "--", *argv]
@@ -216,7 +222,7 @@ def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
     path = Path(tempfile.mkdtemp(prefix=WORKSPACE_PREFIX.format(owner=process_tag()), dir=root))  # reap_workspaces() removes a dead owner's
     mounted = False
     if os.geteuid() == 0:
-        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,mode=0755,nosuid,nodev", "tmpfs", str(path)],
+        mounted = subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={disk_mb}m,nr_inodes={inodes(disk_mb)},mode=0755,nosuid,nodev", "tmpfs", str(path)],
                                  capture_output=True).returncode == 0
         if not mounted:
             log.warning("the workspace is not size-limited: tmpfs cannot be mounted here", path=str(path))
@@ -226,6 +232,13 @@ def workspace(disk_mb: int, root: Path | None = None) -> Iterator[Path]:
         if mounted:
             subprocess.run(["umount", "-l", str(path)], capture_output=True)
         remove_tree(path)
+
+
+def inodes(disk_mb: int) -> int:
+    """The files (inodes) a tmpfs of ``disk_mb`` MiB may hold: 256 per MiB, at least 4,096. A tmpfs does not count short
+    symbolic links, directory entries or extended attributes against its size, so without this a run could make
+    millions of them (kernel memory; and disk, once a Docker run's workspace is copied back)."""
+    return max(disk_mb * 256, 4096)
 
 
 def reap_workspaces(root: Path | None = None) -> int:

@@ -82,11 +82,13 @@ from grader.sandboxes.base import (
     disk_full,
     give_mounts,
     init_argv,
+    inodes,
     owner,
     run_uid,
     sandbox_env,
     tail,
 )
+from grader.sandboxes.seccomp import filter_bpf
 from services.common.processes import owner_alive, process_tag
 
 log = structlog.get_logger("sandbox")
@@ -104,6 +106,7 @@ STALE_AFTER_S = 600.0
 """A sandbox container stopped this long ago is removed by any worker's :meth:`DockerSandbox.reap`."""
 STAGE_TARGET = "/run/crucible/stage"
 """Where a run's writable mounts are staged inside the container (a directory only root enters)."""
+SECCOMP_TARGET = "/run/crucible/seccomp.bpf"
 STAGE_GRACE_S = 60.0
 """Seconds past the wall limit a staged run has to copy its workspace back before the container is killed."""
 _CPU_STATUSES = frozenset({128 + signal.SIGKILL, 128 + signal.SIGXCPU})
@@ -252,7 +255,7 @@ class DockerSandbox:
             binds.append(docker.types.Mount(SOCKET_TARGET, str(model_socket), type="bind", read_only=True))  # read-only: no chmod or unlink of it
         uid = run_uid(agent_user)
         give_mounts(mounts, uid)
-        tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=1777"}
+        tmpfs = {"/tmp": f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,nr_inodes={inodes(limits.disk_mb)},mode=1777"}
         stages: list[tuple[str, str]] = []
         status = None
         if uid is None:  # a grader that is not root cannot make the workspace the run's user's: bound in as it is
@@ -266,14 +269,18 @@ class DockerSandbox:
                 if m.writable:
                     stages.append((f"{STAGE_TARGET}/{i}", m.target))
                     binds.append(docker.types.Mount(f"{STAGE_TARGET}/{i}", str(m.source), type="bind"))
-                    tmpfs[m.target] = f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,mode=0755,uid={uid},gid={uid}"
+                    tmpfs[m.target] = f"rw,exec,nosuid,nodev,size={limits.disk_mb}m,nr_inodes={inodes(limits.disk_mb)},mode=0755,uid={uid},gid={uid}"
                 else:
                     binds.append(docker.types.Mount(m.target, str(visible(m.source)), type="bind", read_only=True))
             status = f"{STAGE_TARGET}/status.json"
+        seccomp_file = run_dir / "seccomp.bpf"  # this backend's filter on top of the daemon's profile (which lets io_uring through, say)
+        seccomp_file.write_bytes(filter_bpf())
+        seccomp_file.chmod(0o644)
+        binds.append(docker.types.Mount(SECCOMP_TARGET, str(seccomp_file), type="bind", read_only=True))
         environment = sandbox_env(env)
         unset = " ".join(name for name in _ADDED_ENV if name not in environment)
         prelude = f"unset {unset}; " if unset else ""
-        command = ["/bin/sh", "-c", f'{prelude}exec "$@" <{shlex.quote(STDIN_TARGET)}', "sh", *init_argv(argv, limits, model_socket, uid, stages, status)]
+        command = ["/bin/sh", "-c", f'{prelude}exec "$@" <{shlex.quote(STDIN_TARGET)}', "sh", *init_argv(argv, limits, model_socket, uid, stages, status, SECCOMP_TARGET)]
         try:
             container = client.containers.create(
                 self.image, command, name=f"crucible-sandbox-{uuid.uuid4().hex[:12]}", labels={LABEL: "1", OWNER_LABEL: owner()},
@@ -281,7 +288,7 @@ class DockerSandbox:
                 user=f"{os.getuid()}:{os.getgid()}" if uid is None else "0:0",  # the init, root, switches to the run's user
                 network_mode="none", mounts=binds, read_only=True,
                 tmpfs=tmpfs,
-                cap_drop=["ALL"], cap_add=None if uid is None else ["SETUID", "SETGID"], security_opt=["no-new-privileges"],
+                cap_drop=["ALL"], cap_add=None if uid is None else ["SETUID", "SETGID", "KILL"], shm_size=f"{limits.disk_mb}m", security_opt=["no-new-privileges"],
                 mem_limit=limits.memory_mb * 1024 * 1024, memswap_limit=limits.memory_mb * 1024 * 1024,
                 pids_limit=limits.processes, nano_cpus=1_000_000_000,
                 log_config=docker.types.LogConfig(type=docker.types.LogConfig.types.JSON, config=LOG_MAX),

@@ -4,14 +4,17 @@ standard library only; this file is mounted read-only at ``/run/crucible/init.py
 ``python3 -I -B init.py [--socket PATH --port N] [--user UID] [--stage SRC DST]... [--status FILE] --cpu-s S --memory-mb M
 --fsize-mb F [--wall-s W] -- ARGV...``
 
-0. With ``--stage`` (the Docker backend's writable mounts): copies each directory ``SRC`` (a bind mount of the host's
+0. With ``--seccomp FILE`` (the Docker backend): loads that BPF program as its seccomp filter, on top of the
+   runtime's, before anything else, so the calls :mod:`grader.sandboxes.seccomp` refuses are refused in both backends'
+   sandboxes (bubblewrap loads it itself).
+   With ``--stage`` (the Docker backend's writable mounts): copies each directory ``SRC`` (a bind mount of the host's
    workspace, under a directory only root may enter) into ``DST`` (a tmpfs of the run's disk size, the kernel's limit),
    as ``UID``, before anything else runs; after the command (and every process it left, killed) it copies ``DST`` back
    over ``SRC``, as ``UID`` again, and writes ``{"limit": "wall" | "disk" | null}`` to ``FILE``. The copies go through
    a descriptor of ``SRC`` that only this process and its copier hold: the command can neither see ``SRC`` nor grow it
    past ``DST``'s size (files it unlinked while holding them open count against the tmpfs and are not copied).
 
-1. Sets the per-process resource limits every later process inherits: ``RLIMIT_CPU`` (``S`` seconds, soft = hard,
+1. Sets, in the command's process, the resource limits everything it starts inherits: ``RLIMIT_CPU`` (``S`` seconds, soft = hard,
    so the kernel kills at the limit), ``RLIMIT_AS`` (``M`` MiB), ``RLIMIT_FSIZE`` (``F`` MiB per file written), no
    core files.
 2. With ``--socket``: listens on ``127.0.0.1:N`` inside the sandbox's own network namespace (loopback only) and
@@ -27,6 +30,7 @@ standard library only; this file is mounted read-only at ``/run/crucible/init.py
 
 import argparse
 import asyncio
+import ctypes
 import json
 import os
 import resource
@@ -87,26 +91,39 @@ def _copy(uid: int | None, src: str, dst: str, fd: int, inward: bool) -> None:
         _as(uid, ["cp", "-a", "--no-preserve=ownership", "--", f"{dst}/.", f"{staged}/"], (fd,))
 
 
-def _kill_all(uids: set[int | None]) -> None:
-    """Kill every process of the sandbox but this one, as each of ``uids`` (``kill(-1)`` reaches the caller's own
-    processes; this init has no capability to signal other users')."""
-    for uid in uids:
-        if uid is None or uid == os.geteuid():
-            try:
-                os.kill(-1, signal.SIGKILL)
-            except OSError:
+def _kill_all() -> None:
+    """Kill every process of the sandbox but this one (``kill(-1)`` from its first process; the Docker backend keeps
+    ``CAP_KILL`` for this init alone, to reach the run user's processes without starting one, which a run at its
+    process limit would refuse), until none is left."""
+    for _ in range(50):
+        try:
+            os.kill(-1, signal.SIGKILL)
+        except ProcessLookupError:
+            return
+        except OSError:
+            pass
+        try:
+            while os.waitpid(-1, os.WNOHANG)[0]:
                 pass
-        else:
-            pid = os.fork()
-            if pid == 0:
-                try:
-                    os.setgroups([])
-                    os.setgid(uid)
-                    os.setuid(uid)
-                    os.kill(-1, signal.SIGKILL)
-                finally:
-                    os._exit(0)
-            os.waitpid(pid, 0)
+        except ChildProcessError:
+            return
+        time.sleep(0.02)
+
+
+def _load_seccomp(path: str) -> None:
+    """Load the BPF program in ``path`` (:mod:`grader.sandboxes.seccomp`'s, built by the grader) as this process's
+    seccomp filter, inherited by everything it starts; on top of any filter already there (the container runtime's),
+    so a call either refuses is refused."""
+    with open(path, "rb") as handle:
+        program = handle.read()
+
+    class SockFprog(ctypes.Structure):
+        _fields_ = [("len", ctypes.c_ushort), ("filter", ctypes.c_char_p)]
+
+    fprog = SockFprog(len(program) // 8, program)
+    libc = ctypes.CDLL(None, use_errno=True)
+    if libc.prctl(22, 2, ctypes.byref(fprog), 0, 0) != 0:  # PR_SET_SECCOMP, SECCOMP_MODE_FILTER (no_new_privs is set)
+        raise OSError(ctypes.get_errno(), "the sandbox's seccomp filter could not be loaded")
 
 
 def _full(path: str) -> bool:
@@ -121,6 +138,7 @@ def main() -> int:
     parser.add_argument("--user", type=int)
     parser.add_argument("--stage", nargs=2, action="append", default=[], metavar=("SRC", "DST"))
     parser.add_argument("--status")
+    parser.add_argument("--seccomp")
     parser.add_argument("--cpu-s", type=float, required=True)
     parser.add_argument("--memory-mb", type=int, required=True)
     parser.add_argument("--fsize-mb", type=int, required=True)
@@ -131,19 +149,25 @@ def main() -> int:
     stages = [(src, dst, os.open(src, os.O_RDONLY | os.O_DIRECTORY)) for src, dst in args.stage]
     for src, dst, fd in stages:
         _copy(args.user, src, dst, fd, inward=True)
-    if args.socket:  # listen before the limits: the forwarder is the platform's, not the harness's
+    if args.seccomp:
+        _load_seccomp(args.seccomp)
+    if args.socket:
         listener = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
         listener.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         listener.bind(("127.0.0.1", args.port))
         listener.listen(64)
         threading.Thread(target=_serve, args=(listener, args.socket), daemon=True).start()
     cpu = int(args.cpu_s) + 1
-    for limit, value in ((resource.RLIMIT_AS, args.memory_mb * 1024 * 1024), (resource.RLIMIT_FSIZE, args.fsize_mb * 1024 * 1024),
-                         (resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, cpu)):
-        resource.setrlimit(limit, (value, value))
+    limits = ((resource.RLIMIT_AS, args.memory_mb * 1024 * 1024), (resource.RLIMIT_FSIZE, args.fsize_mb * 1024 * 1024),
+              (resource.RLIMIT_CORE, 0), (resource.RLIMIT_CPU, cpu))
+
+    def limited() -> None:  # the command's limits, set in its process alone: the copy back is the platform's work
+        for limit, value in limits:
+            resource.setrlimit(limit, (value, value))
+
     try:
         as_user = {"user": args.user, "group": args.user, "extra_groups": []} if args.user is not None else {}
-        proc = subprocess.Popen(argv, close_fds=True, **as_user)
+        proc = subprocess.Popen(argv, close_fds=True, preexec_fn=limited, **as_user)  # noqa: PLW1509 - only setrlimit
     except OSError as exc:
         print(f"crucible sandbox: cannot start {argv[:1]}: {exc}", file=sys.stderr)
         return 127
@@ -159,7 +183,7 @@ def main() -> int:
     else:
         code = 128 - status if status < 0 else status
     if stages:
-        _kill_all({args.user, 65534})  # the command's processes, and any it ran as the agent user
+        _kill_all()
         if limit is None and (filled or any(_full(dst) for _, dst, _ in stages)):
             limit = "disk"
         for src, dst, fd in stages:

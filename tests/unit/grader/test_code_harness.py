@@ -453,6 +453,28 @@ def test_a_rollout_holding_thousands_of_connections_exhausts_only_itself(endpoin
     assert model_endpoint.CUT_OFF._value.get() - cut_off >= len(open_now)
 
 
+def test_a_rollout_cannot_make_the_worker_validate_a_million_messages(endpoint: ModelEndpoint) -> None:
+    """A body of 100,000 empty messages is refused at once for its length (one error, naming ``messages``), not
+    validated message by message on the loop every rollout shares (a million were gigabytes of errors), and a larger
+    body is a 413, while another rollout is answered."""
+    greedy, other = endpoint.bind(_binding("eval_test:many:0")), endpoint.bind(_binding("eval_test:bystander:0"))
+    try:
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(greedy.socket)), base_url="http://rollout", timeout=30) as client:
+            body = b'{"model": "m", "messages": [' + b",".join([b"{}"] * 100_000) + b"]}"
+            started = time.monotonic()
+            refused = client.post("/v1/chat/completions", content=body, headers={"Authorization": f"Bearer {greedy.token}", "Content-Type": "application/json"})
+            assert refused.status_code == 422 and refused.json()["field"] == "messages" and len(refused.content) < 10_000, refused.text[:500]
+            assert time.monotonic() - started < 5
+            too_big = client.post("/v1/chat/completions", content=b" " * (model_endpoint.MAX_BODY_BYTES + 1),
+                                  headers={"Authorization": f"Bearer {greedy.token}", "Content-Type": "application/json"})
+            assert too_big.status_code == 413
+        with httpx.Client(transport=httpx.HTTPTransport(uds=str(other.socket)), base_url="http://rollout", timeout=10) as client:
+            assert client.get("/v1/models", headers={"Authorization": f"Bearer {other.token}"}).status_code == 200
+    finally:
+        endpoint.unbind(greedy.token)
+        endpoint.unbind(other.token)
+
+
 def test_a_worker_serves_its_metrics_on_its_own_port_when_told(monkeypatch: pytest.MonkeyPatch) -> None:
     """``CRUCIBLE_WORKER_METRICS_PORT``: the process's Prometheus metrics (the rollout endpoint's among them) answer on
     that port over HTTP."""

@@ -26,7 +26,7 @@ from pathlib import Path
 import pytest
 
 from grader.sandboxes import BACKENDS
-from grader.sandboxes.base import AGENT_UID, SANDBOX_PYTHON, ExecResult, Limits, Mount, Sandbox, owner, reap_workspaces, workspace
+from grader.sandboxes.base import AGENT_UID, SANDBOX_PYTHON, ExecResult, Limits, Mount, Sandbox, inodes, owner, reap_workspaces, workspace
 from grader.sandboxes.docker import DockerSandbox
 from services.common.processes import owner_alive
 from tests.conftest import ROOT
@@ -216,6 +216,7 @@ print(json.dumps({
     "writes": {p: opened(p) for p in ("/proc/sys/kernel/core_pattern", "/proc/sys/vm/drop_caches", "/proc/sys/vm/swappiness")},
     "unshare_user": call("unshare", 0x10000000), "unshare_mount": call("unshare", 0x00020000),
     "mount": call("mount", b"none", b"/tmp", b"tmpfs", 0, None), "keyctl": call("syscall", {"x86_64": 250, "aarch64": 219}[os.uname().machine], 0, 0, 0, 0, 0),
+    "io_uring": call("syscall", 425, 8, ctypes.create_string_buffer(120)),
     "setuid_root": call("setuid", 0),
 }))
 """
@@ -235,18 +236,34 @@ def test_a_command_runs_unprivileged_and_cannot_write_the_kernels_settings(sandb
         assert (seen["uid"], seen["euid"]) == (AGENT_UID, AGENT_UID) and seen["groups"] in ([], [AGENT_UID]), seen
         assert (seen["cap_eff"], seen["no_new_privs"], seen["seccomp"]) == ("0000000000000000", "1", "2"), seen
         assert set(seen["writes"].values()) <= {"EROFS", "EACCES"}, seen
-        assert {seen[k] for k in ("unshare_user", "unshare_mount", "mount", "keyctl", "setuid_root")} <= {"EPERM", "EACCES"}, seen
+        assert {seen[k] for k in ("unshare_user", "unshare_mount", "mount", "keyctl", "setuid_root", "io_uring")} <= {"EPERM", "EACCES"}, seen
         verifier = sandbox.run([SANDBOX_PYTHON, "-I", "-c", PRIVILEGE_PROBE], mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={},
                                limits=Limits(wall_s=60), agent_user=True)
         assert verifier.ok, verifier
         root = json.loads(verifier.stdout)
         assert root["uid"] == 0 and (ws / "suid").stat().st_uid == 0  # the verifier's mounts are root's: agent code cannot write them
         assert set(root["writes"].values()) == {"EROFS"}, root
-        assert {root[k] for k in ("unshare_user", "unshare_mount", "mount", "keyctl")} == {"EPERM"}, root
+        assert {root[k] for k in ("unshare_user", "unshare_mount", "mount", "keyctl", "io_uring")} == {"EPERM"}, root
     with workspace(disk_mb=16) as ws:
         shell = sandbox.run(["bash", "-c", "unshare -r id; unshare -n true; echo done"], mounts=[Mount(ws, "/app", writable=True)], cwd="/app",
                             env={}, limits=Limits(wall_s=60))
         assert shell.stdout.strip() == "done" and shell.stderr.count("Operation not permitted") == 2, shell
+
+
+def test_what_a_harness_left_writable_to_all_is_not_writable_by_agent_code_a_verifier_runs(sandbox: Sandbox) -> None:
+    """Before a verifier runs, its mounts are root's with no group or other write permission: a harness that left
+    ``/app`` and a source file writable to all (or set-user-ID) cannot have the agent code the verifier runs change
+    them."""
+    with workspace(disk_mb=16) as ws:
+        harness = sandbox.run(["bash", "-c", "mkdir /app/src && echo ok > /app/src/code.py && chmod 777 /app /app/src && chmod 4777 /app/src/code.py"],
+                              mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={}, limits=Limits(wall_s=30))
+        assert harness.ok, harness
+        verifier = sandbox.run(["bash", "-c", "/run/crucible/as-agent bash -c 'echo AGENT > /app/src/code.py; echo AGENT > /app/src/planted; echo AGENT > /app/top' "
+                                              "2>/dev/null; echo done"], mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={},
+                               limits=Limits(wall_s=30), agent_user=True)
+        assert verifier.stdout.strip() == "done", verifier
+        assert (ws / "src" / "code.py").read_text() == "ok\n" and not (ws / "src" / "planted").exists() and not (ws / "top").exists()
+        assert not (ws / "src" / "code.py").stat().st_mode & 0o6022
 
 
 def test_a_host_where_bubblewrap_cannot_make_namespaces_raises_unavailable_instead_of_failing_the_command() -> None:
@@ -509,6 +526,26 @@ def test_docker_a_workspace_on_a_large_disk_is_still_held_to_its_disk_limit(tmp_
     unlinked = DockerSandbox().run([SANDBOX_PYTHON, "-I", "-c", UNLINKED_FILL], mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={},
                                    limits=Limits(wall_s=60, disk_mb=16, file_mb=64))
     assert unlinked.stdout.split()[0] == errno.errorcode[errno.ENOSPC] and unlinked.limit == "disk", unlinked
+
+
+@pytest.mark.docker
+def test_docker_a_staged_workspace_comes_back_whole_and_no_bigger_than_its_limits(tmp_path: Path) -> None:
+    """The copy back is the platform's: a file larger than the run's per-file limit that was in the workspace before
+    comes back whole; a run that makes more files than its tmpfs may hold (short symbolic links take no space in a
+    tmpfs, so only its inode limit stops them) is stopped by it and brings back no more; and a run that ends at its
+    process limit still has its workspace copied back."""
+    ws = tmp_path / "ws"
+    ws.mkdir()
+    (ws / "big.bin").write_bytes(os.urandom(6 << 20))
+    links = DockerSandbox().run(["bash", "-c", "echo mine > /app/out.txt; for i in $(seq 20000); do ln -s /etc/passwd /app/l$i || exit 4; done"],
+                                mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={}, limits=Limits(wall_s=120, disk_mb=16, file_mb=1))
+    assert links.exit_code == 4 and "No space left" in links.stderr, links
+    assert (ws / "big.bin").stat().st_size == 6 << 20 and (ws / "out.txt").read_text() == "mine\n"
+    assert len(list(ws.iterdir())) <= inodes(16)
+    forks = DockerSandbox().run(["bash", "-c", "echo still > /app/out.txt; while sleep 1000 & do :; done 2>/dev/null; exec sleep 1000"],
+                                mounts=[Mount(ws, "/app", writable=True)], cwd="/app", env={}, limits=Limits(wall_s=5, processes=16))
+    assert forks.limit in ("processes", "wall"), forks
+    assert (ws / "out.txt").read_text() == "still\n" and (ws / "big.bin").stat().st_size == 6 << 20
 
 
 @pytest.mark.docker
