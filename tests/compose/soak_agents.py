@@ -63,8 +63,8 @@ class _Agent(HttpUser):
                 resp.success()
                 self.environment.events.request.fire(request_type="REFUSED", name=f"{status} {resp.json().get('code', '') if _json(resp) else ''}".strip(),
                                                      response_time=0, response_length=0, exception=None, context={})
-            else:
-                resp.failure(f"{status}: {resp.text[:300]}")
+            else:  # with the client's own error when there was no answer (a reset, a refused or dropped connection)
+                resp.failure(f"{status}: {resp.text[:300] if status else repr(resp.error)[:300]}")
             return None
 
 
