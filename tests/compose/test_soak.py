@@ -177,7 +177,7 @@ def test_simulated_agents_for_hours_leave_no_error_no_open_hold_and_balanced_boo
     if int(total["Failure Count"]):  # what the gateway and inference logged meanwhile, to tell whose the failure was
         for service in ("gateway", "inference"):
             logs = deployment.compose(f"logs --no-color --since {int(duration) + 600}s {service}", check=False).stdout
-            print(f"[soak] {service} log, its warnings and errors:", "\n".join(l for l in logs.splitlines() if re.search(r"warn|error|exception|traceback", l, re.I))[-6000:])
+            print(f"[soak] {service} log, its warnings and errors:", "\n".join(line for line in logs.splitlines() if re.search(r"warn|error|exception|traceback", line, re.I))[-6000:])
 
     assert locust.returncode in (0, 1), locust.stderr[-2000:]  # 1: Locust saw failures, asserted below with their routes
     assert int(total["Failure Count"]) == 0, [(r["Name"], r["Failure Count"]) for r in rows if int(r["Failure Count"])]
