@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import struct
+import threading
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
@@ -89,11 +90,23 @@ def tokenizer(base_model: str, models_dir: Path) -> Any:
     return _tokenizer(base_model_dir(base_model, models_dir))
 
 
+_FIRST_LOAD = threading.Lock()
+"""Serializes tokenizer loads: transformers' lazily imported modules are not safe to import from two threads at once
+(the soak test's agents, creating their first training jobs together on a fresh trainer, got a 500 ImportError)."""
+
+
 @cache
 def _tokenizer(model_dir: Path):  # noqa: ANN202
-    from transformers import AutoTokenizer
+    return load_tokenizer(model_dir)
 
-    return AutoTokenizer.from_pretrained(model_dir)
+
+def load_tokenizer(model_dir: Path) -> Any:  # noqa: ANN401 - a transformers tokenizer
+    """``AutoTokenizer.from_pretrained(model_dir)``, one load at a time in this process (:data:`_FIRST_LOAD`): every
+    request thread of the trainer loads its tokenizers through here."""
+    with _FIRST_LOAD:
+        from transformers import AutoTokenizer
+
+        return AutoTokenizer.from_pretrained(model_dir)
 
 
 def train_config(recipe: Recipe) -> TrainConfig:

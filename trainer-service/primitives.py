@@ -59,6 +59,7 @@ from typing import Any, NamedTuple
 
 import numpy as np
 import torch
+from trainer_service import estimate
 from trainer_service.config import TrainConfig
 from trainer_service.devices import Device, select_device
 from trainer_service.policy import load_model
@@ -519,9 +520,7 @@ class LiveModel:
     def tokenizer(self) -> Any:
         """The base model's tokenizer (loaded on first use: stop strings)."""
         if self._tokenizer is None:
-            from transformers import AutoTokenizer
-
-            self._tokenizer = AutoTokenizer.from_pretrained(self.base_dir)
+            self._tokenizer = estimate.load_tokenizer(self.base_dir)
         return self._tokenizer
 
     @property
