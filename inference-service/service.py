@@ -89,7 +89,18 @@ class Inference:
     _registering: threading.Lock = field(default_factory=threading.Lock)
 
     def load_engines(self) -> None:
-        """Load one engine of ``settings.engine``'s kind per base model prepared under ``settings.models_dir``."""
+        """Load one engine of ``settings.engine``'s kind per base model prepared under ``settings.models_dir``. First the
+        transformers names the request threads use later are resolved here, in one thread: transformers' lazily
+        imported names raise ``ImportError`` when two threads resolve them at once."""
+        from transformers import (  # noqa: F401
+            AutoConfig,
+            AutoModelForCausalLM,
+            AutoTokenizer,
+            GenerationConfig,
+            LogitsProcessorList,
+            StoppingCriteriaList,
+        )
+
         self.cards.update(registry(self.settings.models_dir))
         self.engines.update(load_engines(self.settings))
 
