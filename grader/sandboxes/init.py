@@ -73,10 +73,15 @@ def _serve(listener: socket.socket, path: str) -> None:
     asyncio.run(main())
 
 
+def _as_user(uid: int | None) -> dict:
+    """``subprocess`` arguments that start a process as ``uid`` (group ``uid``, no supplementary groups); none for
+    ``None`` (as this process)."""
+    return {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
+
+
 def _as(uid: int | None, argv: list[str], pass_fds: tuple[int, ...] = ()) -> int:
     """Run ``argv`` as ``uid`` (as this process when ``None``); its exit status."""
-    as_user = {"user": uid, "group": uid, "extra_groups": []} if uid is not None else {}
-    return subprocess.run(argv, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, **as_user).returncode
+    return subprocess.run(argv, pass_fds=pass_fds, stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, **_as_user(uid)).returncode
 
 
 def _copy(uid: int | None, src: str, dst: str, fd: int, inward: bool) -> None:
@@ -166,18 +171,21 @@ def main() -> int:
             resource.setrlimit(limit, (value, value))
 
     try:
-        as_user = {"user": args.user, "group": args.user, "extra_groups": []} if args.user is not None else {}
-        proc = subprocess.Popen(argv, close_fds=True, preexec_fn=limited, **as_user)  # noqa: PLW1509 - only setrlimit
+        proc = subprocess.Popen(argv, close_fds=True, preexec_fn=limited, **_as_user(args.user))  # noqa: PLW1509 - only setrlimit
     except OSError as exc:
         print(f"crucible sandbox: cannot start {argv[:1]}: {exc}", file=sys.stderr)
         return 127
     limit, filled = None, False
-    deadline = time.monotonic() + args.wall_s if args.wall_s else None
-    while (status := proc.poll()) is None:  # a staged workspace seen full while the run goes on is the disk limit
-        if deadline is not None and time.monotonic() > deadline:  # (files held open and unlinked are freed at its end)
-            break
-        filled = filled or any(_full(dst) for _, dst, _ in stages)
-        time.sleep(0.05)
+    if stages:  # a staged workspace seen full while the run goes on is the disk limit (files held open and unlinked are
+        deadline = time.monotonic() + args.wall_s if args.wall_s else None  # freed at its end): polled
+        while (status := proc.poll()) is None and (deadline is None or time.monotonic() <= deadline):
+            filled = filled or any(_full(dst) for _, dst, _ in stages)
+            time.sleep(0.05)
+    else:
+        try:
+            status = proc.wait(timeout=args.wall_s)
+        except subprocess.TimeoutExpired:
+            status = None
     if status is None:
         limit, code = "wall", 137
     else:
