@@ -10,11 +10,15 @@ from __future__ import annotations
 from contextlib import nullcontext
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import torch
 from trainer_service.config import TrainConfig
 
 from services.common.llms import cpu_threads
+
+if TYPE_CHECKING:
+    from trainer_service.distributed import Parallel
 
 
 @dataclass(frozen=True)
@@ -48,16 +52,18 @@ def cpu_has_native_bf16() -> bool:
     return bool(flags & {"avx512_bf16", "amx_bf16"})
 
 
-def select_device(config: TrainConfig) -> Device:
+def select_device(config: TrainConfig, parallel: Parallel | None = None) -> Device:
     """The first CUDA device when this process sees one (bf16 autocast), else the CPU (every CPU this process may
     run on, or ``OMP_NUM_THREADS`` of them: :func:`~services.common.llms.cpu_threads`; bf16 autocast only with native bf16).
-    Chosen once, at the start of a job."""
+    Chosen once, at the start of a job. One process of several (``parallel``) takes CUDA device ``local_rank``, or its
+    share of the CPUs (``parallel.cpu_threads``)."""
     if torch.cuda.is_available():
-        index = torch.cuda.current_device()
+        index = parallel.local_rank if parallel is not None else torch.cuda.current_device()
+        torch.cuda.set_device(index)
         torch.backends.cuda.matmul.allow_tf32 = True
         torch.backends.cudnn.allow_tf32 = True
         return Device(torch.device("cuda", index), f"cuda:{index} ({torch.cuda.get_device_name(index)})",
                       torch.bfloat16 if config.bf16_autocast else None)
-    torch.set_num_threads(cpu_threads())
+    torch.set_num_threads(parallel.cpu_threads if parallel is not None else cpu_threads())
     bf16 = config.bf16_autocast and cpu_has_native_bf16()
     return Device(torch.device("cpu"), f"cpu ({torch.get_num_threads()} threads)", torch.bfloat16 if bf16 else None)

@@ -21,6 +21,7 @@ from services.common.auth import RunContext
 from services.common.contracts import Recipe
 from services.common.errors import Conflict, Unprocessable
 from services.common.llms import base_model_dir
+from services.common.settings import ServiceSettings
 from services.ledger.schemas import Hold, HoldCreate, HoldStatus, UsageItem
 
 if TYPE_CHECKING:
@@ -113,8 +114,23 @@ def train_config(recipe: Recipe) -> TrainConfig:
     """The loop's ``TrainConfig`` of a recipe (same field names; ``lr_scheduler`` is ``lr_scheduler_type``)."""
     from trainer_service.config import TrainConfig
 
-    fields = recipe.model_dump(exclude={"method", "lr_scheduler"})
+    fields = recipe.model_dump(exclude={"method", "lr_scheduler", "devices"})
     return TrainConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
+
+
+def job_devices(settings: ServiceSettings, recipe: Recipe) -> int:
+    """The devices a job of ``recipe`` trains on: ``recipe.devices`` where the deployment lets a recipe choose
+    (``train_recipe_devices``), else ``train_devices``; never more than ``recipe.batch_size`` (each device takes at
+    least one example a step). ``Unprocessable`` on ``recipe.devices`` when the recipe sets it and may not, or asks
+    for more than ``train_devices``."""
+    if recipe.devices is not None:
+        if not settings.train_recipe_devices and recipe.devices != settings.train_devices:
+            raise Unprocessable(f"this deployment's train workers choose the devices a job uses ({settings.train_devices}); leave "
+                                "recipe.devices out", field="recipe.devices", train_devices=settings.train_devices)
+        if recipe.devices > settings.train_devices:
+            raise Unprocessable(f"recipe.devices is {recipe.devices} but a train worker of this deployment has {settings.train_devices}",
+                                field="recipe.devices", train_devices=settings.train_devices)
+    return max(1, min(recipe.devices or settings.train_devices, recipe.batch_size))
 
 
 def estimate_tokens(trainer: Trainer, base_model: str, rows: TrainingRows, recipe: Recipe) -> tuple[int, TokenCounts, int]:
@@ -173,41 +189,46 @@ def lora_rank(folder: Path) -> int:
     return int(json.loads((folder / "adapter_config.json").read_text())["r"])
 
 
-def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None, *, lora_parent: bool = False) -> MemoryEstimate:
-    """The memory a job of ``recipe`` on the model in ``model_dir`` needs (see :class:`MemoryEstimate`), its batch
-    rows padded to ``longest`` tokens (default ``recipe.max_seq_len``).
+def estimate_memory(model_dir: Path, recipe: Recipe, longest: int | None = None, *, lora_parent: bool = False, devices: int = 1) -> MemoryEstimate:
+    """The memory one device of a job of ``recipe`` on the model in ``model_dir`` needs (see :class:`MemoryEstimate`),
+    its batch rows padded to ``longest`` tokens (default ``recipe.max_seq_len``), on ``devices`` devices.
 
-    LoRA trains well under 1% of the parameters (counted as 1% here); full fine-tuning trains them all.
+    LoRA trains well under 1% of the parameters (counted as 1% here); full fine-tuning trains them all. On several
+    devices each computes its share of the batch's rows; full fine-tuning's weights, gradients and optimizer state are
+    sharded over them (FSDP2), a LoRA job's are replicated (DDP), and a reference copy is whole on each.
     """
     config = json.loads((model_dir / "config.json").read_text())
     params = stored_parameters(model_dir)
     hidden, layers = config["hidden_size"], config["num_hidden_layers"]
     method = method_of(recipe)
-    rows = recipe.batch_size * method.batch_rows(train_config(recipe))
+    rows = -(-recipe.batch_size // devices) * method.batch_rows(train_config(recipe))
     seq = min(longest or recipe.max_seq_len, recipe.max_seq_len)
     trained = params if recipe.adapter == "full" else params // 100
+    shards = devices if recipe.adapter == "full" else 1
     # a frozen copy for a method that reads the reference policy, unless LoRA over the base (its adapter switched off)
     reference = 4 * params if method.spec.needs_reference and (recipe.adapter == "full" or lora_parent) else 0
     activations = 2 * 34 * layers * seq * rows * hidden
-    return MemoryEstimate(weights=4 * params, gradients=4 * trained, optimizer=8 * trained, reference=reference,
+    return MemoryEstimate(weights=4 * params // shards, gradients=4 * trained // shards, optimizer=8 * trained // shards, reference=reference,
                           activations=activations, logits=2 * 4 * rows * seq * config["vocab_size"])
 
 
-def check_memory(trainer: Trainer, base_model: str, recipe: Recipe, longest: int | None = None, *, lora_parent: bool = False) -> MemoryEstimate:
-    """:func:`estimate_memory` (rows of ``longest`` tokens), against what a train worker may use (``train_memory_mb``,
-    default 80% of RAM).
+def check_memory(trainer: Trainer, base_model: str, recipe: Recipe, longest: int | None = None, *, lora_parent: bool = False,
+                 devices: int = 1) -> MemoryEstimate:
+    """:func:`estimate_memory` (rows of ``longest`` tokens, on ``devices`` devices), against what a train worker's device may
+    use (``train_memory_mb``, default 80% of RAM).
 
     Raises ``Unprocessable`` when the job does not fit: on ``recipe.adapter`` for full fine-tuning (LoRA would
     need far less), else on ``recipe.batch_size``; the problem carries ``estimated_mb`` and ``available_mb``.
     """
-    estimate = estimate_memory(base_model_dir(base_model, trainer.settings.models_dir), recipe, longest, lora_parent=lora_parent)
+    estimate = estimate_memory(base_model_dir(base_model, trainer.settings.models_dir), recipe, longest, lora_parent=lora_parent, devices=devices)
     available_mb = trainer.settings.train_memory_mb or int(0.8 * psutil.virtual_memory().total / 2**20)
     needed_mb = -(-estimate.total // 2**20)
     if needed_mb > available_mb:
         parts = ", ".join(f"{name} {value / 2**20:,.0f}" for name, value in asdict(estimate).items() if value)
         field = "recipe.adapter" if recipe.adapter == "full" else "recipe.batch_size"
         advice = "use adapter 'lora', or a smaller batch_size or max_seq_len" if recipe.adapter == "full" else "use a smaller batch_size or max_seq_len"
-        raise Unprocessable(f"this job needs about {needed_mb:,} MiB ({parts} MiB) but a train worker of this deployment has {available_mb:,} MiB; "
+        where = "a train worker of this deployment has" if devices == 1 else f"each of its {devices} devices has"
+        raise Unprocessable(f"this job needs about {needed_mb:,} MiB ({parts} MiB) but {where} {available_mb:,} MiB; "
                             f"{advice}", field=field, estimated_mb=needed_mb, available_mb=available_mb)
     return estimate
 

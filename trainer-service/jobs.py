@@ -17,7 +17,8 @@ import structlog
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from trainer_service import repository
-from trainer_service.estimate import check_memory, dataset_rows, estimate_tokens, lora_rank, method_of, place_hold, stored_parameters
+from trainer_service.estimate import (check_memory, dataset_rows, estimate_tokens, job_devices, lora_rank, method_of, place_hold,
+                                      stored_parameters)
 from trainer_service.models import Checkpoint, TrainingJob
 from trainer_service.schemas import CheckpointRecord
 from trainer_service.service import Trainer
@@ -171,8 +172,10 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
         rows = grpo_rows(trainer, ctx, req.harness, req.grader, datasets, recipe)
     else:
         rows = dataset_rows(datasets, recipe)
+    devices = job_devices(trainer.settings, recipe)
     examples, tokens, longest = estimate_tokens(trainer, base_model, rows, recipe)
-    memory_mb = -(-check_memory(trainer, base_model, recipe, longest, lora_parent=parent is not None and parent.kind == "lora").total // 2**20)
+    memory_mb = -(-check_memory(trainer, base_model, recipe, longest, lora_parent=parent is not None and parent.kind == "lora",
+                                devices=devices).total // 2**20)
     usage = [UsageItem(kind=UsageKind.training_tokens, quantity=tokens.training, model=base_model)]
     usage += [UsageItem(kind=kind, quantity=quantity, model=base_model)
               for kind, quantity in ((UsageKind.prefill_tokens, tokens.prefill), (UsageKind.decode_tokens, tokens.decode)) if quantity]
@@ -181,8 +184,8 @@ def _training_plan(trainer: Trainer, ctx: RunContext, req: TrainingJobCreate) ->
     return _Plan(base_model=base_model, parent_id=parent.id if parent else None, dataset_ids=[d.id for d in datasets], usage=usage,
                  estimated_tokens=tokens.training, merge=None, run_context=ctx.model_dump() if rewarded else None,
                  message=f"validated {examples} {recipe.method} examples from {source}; estimated ≤{tokens.training} training "
-                         f"tokens{rollouts}, ≈{memory_mb} MiB",
-                 data={"rows": examples, "estimated_tokens": tokens.training, "estimated_memory_mb": memory_mb}
+                         f"tokens{rollouts}, ≈{memory_mb} MiB" + (f" on each of {devices} devices" if devices > 1 else ""),
+                 data={"rows": examples, "estimated_tokens": tokens.training, "estimated_memory_mb": memory_mb, "devices": devices}
                  | ({"estimated_prefill_tokens": tokens.prefill, "estimated_decode_tokens": tokens.decode} if rewarded else {}))
 
 

@@ -39,19 +39,20 @@ def _shared_prefix_len(input_ids: torch.Tensor, labels: torch.Tensor) -> int:
 
 
 def _hidden_at_supervised(causal_lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                          labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+                          labels: torch.Tensor, shared_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """``(hidden [n, hidden], targets [n], rows [n])`` at the ``n`` supervised positions of a right-padded batch
     (all inputs ``[batch, seq]``): ``hidden[b, t]`` predicts ``labels[b, t + 1]``; ``rows`` is each position's row.
 
     When the rows share a prompt prefix of ``P >= MIN_SHARED_PREFIX`` tokens, the prefix goes through the
     transformer once with batch 1, its key/value cache is repeated to the batch, and only the ``seq - P``
     remaining positions run per row; gradients flow through the shared cache, so results and gradients equal
-    those of the plain pass (up to float rounding).
+    those of the plain pass (up to float rounding). Not with ``shared_prefix`` false: FSDP2's sharded layers gather
+    their weights for one backward per forward, and the prefix's pass would be a second forward of each layer.
     """
     from transformers import DynamicCache
 
     body = causal_lm.model
-    prefix_len = _shared_prefix_len(input_ids, labels)
+    prefix_len = _shared_prefix_len(input_ids, labels) if shared_prefix else 0
     if prefix_len >= MIN_SHARED_PREFIX:
         cache = DynamicCache(config=causal_lm.config)
         body(input_ids=input_ids[:1, :prefix_len], cache=cache, use_cache=True)
@@ -67,7 +68,7 @@ def _hidden_at_supervised(causal_lm: Any, input_ids: torch.Tensor, attention_mas
 
 
 def token_logprobs(causal_lm: Any, input_ids: torch.Tensor, attention_mask: torch.Tensor,
-                   labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+                   labels: torch.Tensor, shared_prefix: bool = True) -> tuple[torch.Tensor, torch.Tensor]:
     """``(logprobs [n], rows [n])``: the model's log-probability (float32) of each supervised label of a
     right-padded batch (inputs ``[batch, seq]``), in row-major order, and the row each belongs to.
 
@@ -76,7 +77,7 @@ def token_logprobs(causal_lm: Any, input_ids: torch.Tensor, attention_mask: torc
     as one matmul and ``log_softmax``. The SFT loss is ``-logprobs.mean()``, a sequence's log-likelihood
     ``logprobs`` summed over its row.
     """
-    hidden, targets, rows = _hidden_at_supervised(causal_lm, input_ids, attention_mask, labels)
+    hidden, targets, rows = _hidden_at_supervised(causal_lm, input_ids, attention_mask, labels, shared_prefix)
     head = causal_lm.get_output_embeddings()
     if hidden.shape[0] == 0:
         return head(hidden).float().sum(-1), rows  # an empty result still connected to the graph

@@ -15,30 +15,51 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, replace
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from trainer_service.config import TrainConfig
 from trainer_service.devices import Device
 from trainer_service.logprobs import token_logprobs
 
+if TYPE_CHECKING:
+    from trainer_service.distributed import Parallel
+
+
+class TokenLogprobs(torch.nn.Module):
+    """:func:`~trainer_service.logprobs.token_logprobs` of ``causal_lm`` as a module: what a method's loss runs the model
+    through, and so the module DDP and FSDP2 wrap (their gradient and parameter hooks run on a module's forward; the loss
+    reads the model's body and ``lm_head`` itself, never its ``forward``). Parameter names are ``causal_lm.``'s.
+    ``shared_prefix``: whether a prompt prefix the rows share runs once (off when FSDP2 shards the layers)."""
+
+    def __init__(self, causal_lm: Any, shared_prefix: bool = True) -> None:
+        super().__init__()
+        self.causal_lm, self.shared_prefix = causal_lm, shared_prefix
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+        return token_logprobs(self.causal_lm, input_ids, attention_mask, labels, self.shared_prefix)
+
 
 @dataclass
 class Policy:
-    """What a method's loss sees of the model being trained: the log-probabilities of the policy (with gradients)
-    and of the reference policy (the model as the job started: the base with the adapter switched off for LoRA over
-    the base, a frozen merged copy for LoRA continuing a parent adapter, a frozen copy for full weights; no gradients), sampling from the policy (:meth:`generate`), the ``device`` and
-    the tokenizer's ``pad_token_id``."""
+    """What a method's loss sees of the model being trained: the log-probabilities of the policy (with gradients,
+    through ``_forward``: a :class:`TokenLogprobs`, wrapped by DDP or FSDP2 on several devices) and of the reference
+    policy (the model as the job started: the base with the adapter switched off for LoRA over the base, a frozen
+    merged copy for LoRA continuing a parent adapter, a frozen copy for full weights; no gradients), sampling from the
+    policy (:meth:`generate`), the ``device`` and the tokenizer's ``pad_token_id``. ``_sharded``: the FSDP2 root when the
+    weights are sharded over processes (sampling then gathers them and keeps every process decoding until all are done)."""
 
     device: Device
     pad_token_id: int
     _causal_lm: Any
     _reference: Callable[[], Any]
+    _forward: Any
+    _sharded: Any = None
 
     def logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """:func:`~trainer_service.logprobs.token_logprobs` of the model being trained."""
         with self.device.autocast():
-            return token_logprobs(self._causal_lm, input_ids, attention_mask, labels)
+            return self._forward(input_ids, attention_mask, labels)
 
     @torch.no_grad()
     def reference_logprobs(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -51,17 +72,21 @@ class Policy:
         """``n`` completions of one prompt sampled from the policy as it is now (temperature ``temperature``, no top-p or
         top-k cut), each at most ``max_new_tokens`` tokens and ending at the model's end-of-sequence token (kept) or at
         that limit. Uses the torch generator of the device, so a seeded (or resumed) job samples the same completions.
-        Dropout is off while sampling."""
+        Dropout is off while sampling. With sharded weights every process must call it (transformers' ``synced_gpus``)."""
         model = self._causal_lm
         was_training = model.training
         model.eval()
+        if self._sharded is not None:
+            self._sharded.unshard()
         try:
             input_ids = torch.tensor([prompt_ids], device=self.device.torch_device)
             with self.device.autocast():
                 out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=temperature,
                                      top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, num_return_sequences=n, use_cache=True,
-                                     pad_token_id=self.pad_token_id)
+                                     pad_token_id=self.pad_token_id, synced_gpus=self._sharded is not None)
         finally:
+            if self._sharded is not None:
+                self._sharded.reshard()
             model.train(was_training)
         eos = model.generation_config.eos_token_id
         stops = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])
@@ -145,10 +170,13 @@ def _compile_layers(causal_lm: Any) -> None:
 
 
 def build_policy(base_dir: Path, config: TrainConfig, device: Device, pad_token_id: int, *, needs_reference: bool,
-                 init_adapter: Path | None, init_weights: Path | None, resume: Path | None) -> tuple[Any, Policy, bool]:
+                 init_adapter: Path | None, init_weights: Path | None, resume: Path | None,
+                 parallel: Parallel | None = None) -> tuple[Any, Policy, bool]:
     """The model being trained (:func:`load_model`, in training mode, its layers compiled where ``config.compile`` or a
     GPU says so) and the :class:`Policy` the method's loss reads, with the reference policy where the method
-    ``needs_reference``: ``(model, policy, compiled)``."""
+    ``needs_reference``: ``(model, policy, compiled)``. With ``parallel`` the loss's module is wrapped for its processes
+    (:meth:`~trainer_service.distributed.Parallel.wrap`: DDP for LoRA, FSDP2 for full weights) after the reference is
+    taken, so the reference stays whole."""
     model = load_model(base_dir, config, device, init_adapter=init_adapter, init_weights=init_weights, resume=resume)
     model.train()
     causal_lm = model.get_base_model() if config.adapter == "lora" else model
@@ -157,4 +185,8 @@ def build_policy(base_dir: Path, config: TrainConfig, device: Device, pad_token_
     compiled = device.is_cuda if config.compile is None else config.compile
     if compiled:
         _compile_layers(causal_lm)
-    return model, Policy(device=device, pad_token_id=pad_token_id, _causal_lm=causal_lm, _reference=reference), compiled
+    forward, sharded = TokenLogprobs(causal_lm), None
+    if parallel is not None:
+        forward, sharded = parallel.wrap(forward, config.adapter, device)
+    return model, Policy(device=device, pad_token_id=pad_token_id, _causal_lm=causal_lm, _reference=reference, _forward=forward,
+                         _sharded=sharded), compiled

@@ -23,12 +23,16 @@ from services.common import recipes
 @dataclass
 class StepLoss:
     """What a method's :meth:`Method.loss` gives the loop: the scalar ``loss`` to minimize, the method's own
-    ``metrics`` for the step's event, and the step's ``tokens`` when the method counts them itself (a method that
-    generates knows them only after generating; ``None``: the sum of ``method.tokens`` over the batch)."""
+    ``metrics`` for the step's event, the step's ``tokens`` when the method counts them itself (a method that
+    generates knows them only after generating; ``None``: the sum of ``method.tokens`` over the batch), and the
+    ``weight`` the loss is a mean over (SFT: the batch's supervised tokens; ``None``: its examples). On several devices
+    each process's loss is weighted by its share of the whole batch's weight, so the gradient is the whole batch's
+    (:mod:`trainer_service.distributed`); a loss that mixes two means (ORPO's) is then weighted by examples, close to it."""
 
     loss: torch.Tensor
     metrics: dict[str, float] = field(default_factory=dict)
     tokens: TokenCounts | None = None
+    weight: float | None = None
 
 
 class Method(Protocol):

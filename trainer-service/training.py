@@ -21,7 +21,7 @@ import logging
 import time
 from collections.abc import Callable, Sequence
 from pathlib import Path
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import torch
 from trainer_service.checkpoints import restore_training_state, save_checkpoint, training_state
@@ -30,7 +30,10 @@ from trainer_service.data_order import batch_indices
 from trainer_service.devices import Device, select_device
 from trainer_service.metrics import StepMetrics, TokenCounts, TrainResult
 from trainer_service.policy import Policy, build_policy
-from trainer_service.steps import Method, StepLoss
+from trainer_service.steps import Method
+
+if TYPE_CHECKING:
+    from trainer_service.distributed import Parallel
 
 logger = logging.getLogger(__name__)
 
@@ -41,13 +44,17 @@ def train(
     rows: Sequence[Any],
     config: TrainConfig,
     out_dir: Path,
+    *,
+    devices: int = 1,
     **kwargs: Any,
 ) -> TrainResult:
     """Train by ``method`` on dataset ``rows``: the rows become the method's examples with the base model's tokenizer
-    (``method.examples``, cut to ``config.max_seq_len``), then :func:`train_examples` runs the loop.
+    (``method.examples``, cut to ``config.max_seq_len``), then :func:`train_examples` runs the loop in this process, or
+    on ``devices`` processes (:func:`~trainer_service.distributed.train_parallel`) when ``devices`` is more than 1.
 
     Raises :class:`~trainer_service.examples.UntrainableRows` before any step if a row has nothing left to train on
-    after the cut, and ``ValueError`` for no rows; ``kwargs`` and the rest as :func:`train_examples`.
+    after the cut, and ``ValueError`` for no rows; ``kwargs`` and the rest as :func:`train_examples` (and
+    :func:`~trainer_service.distributed.train_parallel`: ``DeviceLost``).
     """
     from transformers import AutoTokenizer
 
@@ -55,6 +62,10 @@ def train(
         raise ValueError("no training rows")
     tokenizer = AutoTokenizer.from_pretrained(base_dir)
     examples = method.examples(tokenizer, rows, config)
+    if devices > 1:
+        from trainer_service.distributed import train_parallel
+
+        return train_parallel(devices, base_dir, method, examples, config, out_dir, pad_token_id=tokenizer.pad_token_id, **kwargs)
     return train_examples(base_dir, method, examples, config, out_dir, pad_token_id=tokenizer.pad_token_id, **kwargs)
 
 
@@ -73,6 +84,7 @@ def train_examples(
     on_step: Callable[[StepMetrics], None] | None = None,
     on_checkpoint: Callable[[int, Path], None] | None = None,
     should_stop: Callable[[], bool] | None = None,
+    parallel: Parallel | None = None,
 ) -> TrainResult:
     """The trainer's loop: ``config.max_steps`` optimizer steps of ``method`` over its ``examples``; checkpoints go
     to ``out_dir/step-<N>/`` (``out_dir`` ``None``: nothing is written, for benchmarks).
@@ -88,25 +100,32 @@ def train_examples(
     (:mod:`trainer_service.checkpoints`) and ``on_checkpoint(N, folder)`` is called. ``on_step`` receives
     :class:`~trainer_service.metrics.StepMetrics` after every step.
 
+    With ``parallel`` this is one process of several (:mod:`trainer_service.distributed`): it takes its share of each
+    step's batch, the gradient, loss, tokens and metrics are the whole batch's, every process stops at the same step and
+    checkpoints are written once; the callbacks are the main process's alone.
+
     Raises ``ValueError`` for no examples or a ``resume`` state from a different seed, batch size or dataset size.
     """
     if not examples:
         raise ValueError("no training rows")
-    device = select_device(config)
+    device = select_device(config, parallel)
     torch.manual_seed(config.seed)
     if out_dir is not None:
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
 
     model, policy, compiled = build_policy(Path(base_dir), config, device, pad_token_id, needs_reference=method.spec.needs_reference,
-                                           init_adapter=init_adapter, init_weights=init_weights, resume=resume)
+                                           init_adapter=init_adapter, init_weights=init_weights, resume=resume, parallel=parallel)
     params, optimizer, scheduler = _optimizer(model, config, device)
-    step, usage = (restore_training_state(Path(resume), config, len(examples), optimizer, scheduler, device) if resume is not None
+    step, usage = (restore_training_state(Path(resume), config, len(examples), model, optimizer, scheduler, device, parallel) if resume is not None
                    else (0, TokenCounts()))
 
-    start_info = {"device": device.name, "precision": f"{'bf16 autocast' if device.autocast_dtype else 'float32'}",
-                  "method": method.name, "adapter": config.adapter, "trainable_parameters": sum(p.numel() for p in params),
-                  "examples": len(examples), "from_step": step, "compiled": compiled}
+    devices = parallel.world if parallel is not None else 1
+    start_info = {"device": device.name if devices == 1 else f"{devices} × {device.name}",
+                  "precision": f"{'bf16 autocast' if device.autocast_dtype else 'float32'}",
+                  "method": method.name, "adapter": config.adapter, "trainable_parameters": sum(p.numel() for p in model.parameters() if p.requires_grad),
+                  "examples": len(examples), "from_step": step, "compiled": compiled, "devices": devices,
+                  "parallelism": parallel.strategy if parallel is not None else None}
     logger.info("training %s", start_info)
     if on_start is not None:
         on_start(start_info)
@@ -116,7 +135,8 @@ def train_examples(
     def checkpoint() -> Path | None:
         if out_dir is None:
             return None
-        folder = save_checkpoint(model, out_dir, step, training_state(step, usage, config, len(examples), optimizer, scheduler, device))
+        state = training_state(step, usage, config, len(examples), model, optimizer, scheduler, device, parallel)
+        folder = save_checkpoint(model, out_dir, step, state, parallel)
         checkpoints.append(folder)
         if on_checkpoint is not None:
             on_checkpoint(step, folder)
@@ -126,20 +146,21 @@ def train_examples(
     loss_value, stopped = float("nan"), False
     started = time.monotonic()
     while step < config.max_steps:
-        if should_stop is not None and should_stop():
+        stop = should_stop is not None and should_stop()
+        if stop if parallel is None else parallel.any(stop, device.torch_device):
             stopped = True
             break
         step_started = time.monotonic()
         batch = [examples[i] for i in batch_indices(step + 1, len(examples), config.batch_size, config.seed)]
         learning_rate = scheduler.get_last_lr()[0]
-        out, loss_value = _optimizer_step(method, policy, batch, config, optimizer, scheduler, params)
+        loss_value, tokens, metrics = _optimizer_step(method, policy, batch if parallel is None else parallel.shard(batch), config, optimizer,
+                                                      scheduler, params, parallel)
         step += 1
-        tokens = out.tokens if out.tokens is not None else sum((method.tokens(e) for e in batch), TokenCounts())
         usage += tokens
         now = time.monotonic()
         if on_step is not None:
             on_step(StepMetrics(step=step, max_steps=config.max_steps, loss=loss_value, learning_rate=learning_rate, tokens=tokens.training,
-                                tokens_per_s=tokens.training / max(now - step_started, 1e-9), elapsed_s=now - started, extra=out.metrics,
+                                tokens_per_s=tokens.training / max(now - step_started, 1e-9), elapsed_s=now - started, extra=metrics,
                                 prefill_tokens=tokens.prefill, decode_tokens=tokens.decode))
         if step % config.checkpoint_every == 0 or step == config.max_steps:
             last_checkpoint = checkpoint() or last_checkpoint
@@ -162,14 +183,32 @@ def _optimizer(model: Any, config: TrainConfig, device: Device) -> tuple[list[to
 
 
 def _optimizer_step(method: Method, policy: Policy, batch: Sequence[Any], config: TrainConfig, optimizer: torch.optim.Optimizer,
-                    scheduler: Any, params: list[torch.nn.Parameter]) -> tuple[StepLoss, float]:
-    """One optimizer step on ``batch``: the method's loss, backward, gradients clipped to ``config.max_grad_norm``, AdamW
-    and the schedule stepped. Returns the method's :class:`~trainer_service.steps.StepLoss` and the loss as a number
-    (reading it waits for the step's kernels, so the step's measured time is real)."""
+                    scheduler: Any, params: list[torch.nn.Parameter], parallel: Parallel | None) -> tuple[float, TokenCounts, dict[str, float]]:
+    """One optimizer step on ``batch`` (this process's share of it with ``parallel``): the method's loss, backward,
+    gradients clipped to ``config.max_grad_norm``, AdamW and the schedule stepped. Returns the whole batch's loss as a
+    number (reading it waits for the step's kernels, so the step's measured time is real), its tokens and the method's
+    metrics.
+
+    With ``parallel``, each process's loss is scaled by ``world × its weight / the batch's weight`` before backward
+    (:attr:`~trainer_service.steps.StepLoss.weight`), so that DDP's and FSDP2's gradient average is the gradient of the
+    whole batch's mean; the loss and metrics are the weighted means over processes and the tokens their sum (each
+    counted once)."""
     optimizer.zero_grad(set_to_none=True)
     out = method.loss(policy, batch, config)
-    out.loss.backward()
+    tokens = out.tokens if out.tokens is not None else sum((method.tokens(e) for e in batch), TokenCounts())
+    if parallel is None:
+        out.loss.backward()
+    else:
+        device = policy.device.torch_device
+        weight = float(out.weight if out.weight is not None else len(batch))
+        (total,) = parallel.sum([weight], device)
+        (out.loss * (weight * parallel.world / total)).backward()
     torch.nn.utils.clip_grad_norm_(params, config.max_grad_norm, foreach=True)
     optimizer.step()
     scheduler.step()
-    return out, float(out.loss.detach())
+    if parallel is None:
+        return float(out.loss.detach()), tokens, out.metrics
+    names = sorted(out.metrics)
+    sums = parallel.sum([float(out.loss.detach()) * weight, tokens.training, tokens.prefill, tokens.decode,
+                         *(out.metrics[name] * weight for name in names)], device)
+    return sums[0] / total, TokenCounts(*(round(n) for n in sums[1:4])), {name: value / total for name, value in zip(names, sums[4:], strict=True)}

@@ -14,7 +14,8 @@ import structlog
 from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 from trainer_service import repository
-from trainer_service.estimate import dataset_rows, method_of, tokenizer, train_config
+from trainer_service.distributed import DeviceLost
+from trainer_service.estimate import dataset_rows, job_devices, method_of, tokenizer, train_config
 from trainer_service.jobs import end_live_requests, finish, settle, settle_cancelled, workdir
 from trainer_service.models import Dataset, TrainingJob
 from trainer_service.service import Trainer
@@ -41,7 +42,9 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     (charge equals work done). If the lease is lost (the watchdog failed the job, or it was given to another
     worker) training stops and this worker writes nothing more. A GRPO job's rollouts are scored by the grader for
     the run the job was created for (``trainer_service.rewards``); their prefill and decode tokens are counted like
-    the training tokens (per step, in checkpoints, settled).
+    the training tokens (per step, in checkpoints, settled). A job on several devices that loses one
+    (``distributed.DeviceLost``) is queued again and resumes from its newest checkpoint, up to ``job_max_attempts``
+    attempts, then fails.
     """
     if not jobs.claim(trainer.db, TrainingJob, job_id):
         return
@@ -61,6 +64,9 @@ def run_job(trainer: Trainer, job_id: str) -> None:
             outcome, error = run.merge() if run.merge_d is not None else run.train()
     except jobs.LeaseLost:
         outcome, error = None, None
+    except DeviceLost as exc:  # a process of a job on several devices died: resumed as when a worker dies
+        log.warning("training job lost a device", job_id=job_id, error=str(exc))
+        outcome, error = "device_lost", str(exc)
     except Exception as exc:  # the job fails; the worker lives on
         log.exception("training job failed", job_id=job_id)
         outcome, error = "failed", f"{exc.__class__.__name__}: {exc}"
@@ -69,12 +75,29 @@ def run_job(trainer: Trainer, job_id: str) -> None:
     if outcome is None or run.lease.lost.is_set():
         log.warning("lease lost; leaving the job to its new owner", job_id=job_id)
         return
+    if outcome == "device_lost" and _queue_again(trainer, job_id, error or ""):
+        return
     with trainer.db.session() as s:
         job = jobs.owned_row(s, TrainingJob, job_id)
         if job is None:
             return
-        finish(s, job, outcome, error)
+        finish(s, job, "failed" if outcome == "device_lost" else outcome, error)
     settle(trainer, job_id)
+
+
+def _queue_again(trainer: Trainer, job_id: str, reason: str) -> bool:
+    """Hand a job that lost a device back to the queue, as the reconciler does a job whose worker died: its next attempt
+    resumes from its newest checkpoint (charged from that checkpoint's tokens). False, and nothing changed, once it has
+    had ``job_max_attempts`` attempts (the caller fails it) or when it no longer runs here."""
+    with trainer.db.session() as s:
+        job = jobs.owned_row(s, TrainingJob, job_id)
+        if job is None or job.attempts >= trainer.settings.job_max_attempts:
+            return False
+        job.status, job.worker_id, job.enqueued_at = "queued", None, utcnow()
+        repository.add_event(s, job.id, "warn", "device_lost", f"{reason}; the job is queued again and resumes from its newest checkpoint "
+                             f"(attempt {job.attempts} of {trainer.settings.job_max_attempts})", {"attempt": job.attempts})
+    trainer.enqueue(job_id)
+    return True
 
 
 @dataclass
@@ -142,7 +165,7 @@ class _JobRun:
                 rows = dataset_rows(datasets, self.recipe).rows  # type: ignore[arg-type]
         result = train(
             base_model_dir(self.base_model, self.trainer.settings.models_dir), method, rows, train_config(self.recipe), self.workdir,
-            init_adapter=self.parent_dir if self.parent_kind == "lora" else None, init_weights=self.parent_dir if self.parent_kind == "full" else None,
+            devices=job_devices(self.trainer.settings, self.recipe), init_adapter=self.parent_dir if self.parent_kind == "lora" else None, init_weights=self.parent_dir if self.parent_kind == "full" else None,
             resume=self.resume, on_start=self.on_start, on_step=self.on_step, on_checkpoint=self.on_checkpoint, should_stop=self.should_stop,
         )
         return ("cancelled" if result.stopped else "succeeded"), None

@@ -47,6 +47,10 @@ class TrainingFields(BaseModel):
     max_seq_len: int = Field(256, ge=16, le=4096)
     seed: int = Field(0, ge=0, le=2**31 - 1)
     checkpoint_every: int = Field(50, ge=1, description="Write a checkpoint every this many steps (and at the end).")
+    devices: int | None = Field(None, ge=1, le=64, description=(
+        "Devices (GPUs) the job's steps spread over: DDP for `lora`, FSDP2 for `full`, each device taking its share of every "
+        "batch (same loss and checkpoints as one device, tokens billed once). Default: the deployment's train_devices; "
+        "a deployment may refuse a recipe's own choice (422)."))
 
 
 class MethodConfig(BaseModel):

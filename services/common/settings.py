@@ -59,8 +59,14 @@ class ServiceSettings(BaseSettings):
     primitives_idle_s: float = Field(30.0, gt=0, description=(
         "Seconds a train worker keeps a live model of Tinker's primitives (trainer_service.live) without a request before it "
         "writes its state and lets it go (the next request brings it back)."))
+    train_devices: int = Field(1, ge=1, le=64, description=(
+        "Devices one training job's step loop spreads over on a train worker: its CUDA devices 0…N-1 (of CUDA_VISIBLE_DEVICES), "
+        "or N processes sharing the CPUs. More than 1: a LoRA adapter trains with DDP, full weights with FSDP2 (torch.distributed, "
+        "launched as torchrun launches). A job whose batch_size is smaller uses batch_size devices."))
+    train_recipe_devices: bool = Field(False, description=(
+        "Whether a recipe may choose its own `devices` (1 to train_devices); otherwise setting recipe.devices is a 422."))
     train_memory_mb: int | None = Field(None, gt=0, description=(
-        "Memory one training job may use on a train worker (MiB): the GPU's memory on a GPU pool, RAM on CPU workers. A job whose "
+        "Memory one training job may use on each of its devices on a train worker (MiB): a GPU's memory on a GPU pool, RAM on CPU workers. A job whose "
         "estimate exceeds it is refused with a 422 before it is queued. Default: 80% of this machine's RAM."))
     eval_time_limit_s: float = Field(6 * 3600.0, gt=0, description="An evaluation running longer than this (seconds) fails.")
     log_level: str = "INFO"

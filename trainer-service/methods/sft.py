@@ -30,6 +30,6 @@ class SFT:
         return TokenCounts(training=len(example.input_ids))
 
     def loss(self, policy: Policy, batch: Sequence[Example], config: TrainConfig) -> StepLoss:
-        """``-mean(log p(answer token))`` over the batch's supervised tokens; no extra metrics."""
+        """``-mean(log p(answer token))`` over the batch's supervised tokens (its weight); no extra metrics."""
         logprobs, _ = policy.logprobs(*collate(batch, policy.pad_token_id, policy.device.torch_device))
-        return StepLoss(-logprobs.mean())
+        return StepLoss(-logprobs.mean(), weight=logprobs.numel())

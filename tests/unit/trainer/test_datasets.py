@@ -12,6 +12,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -109,9 +110,10 @@ class Trainer:
         return balance, entries, holds
 
 
-@pytest.fixture(scope="module")
-def trainer(database_urls: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trainer]:
-    data_dir = tmp_path_factory.mktemp("trainer-data")
+@contextmanager
+def trainer_app(database_urls: dict[str, str], data_dir: Path, **settings: Any) -> Iterator[Trainer]:
+    """The trainer app on ``database_urls`` with ``settings`` (``ServiceSettings`` fields), its calls to the ledger going to
+    the ledger app in this process; jobs it sends to the workers are only recorded (run them with ``worker.run_job``)."""
     (data_dir / "models").symlink_to(prepared_models(MODEL), target_is_directory=True)
     ledger_app = create_ledger_app(LedgerSettings(database_url=database_urls["ledger"], service_token="ledger-test-token",
                                                   trusted_tokens={"trainer": TRAINER_TOKEN}))
@@ -119,7 +121,7 @@ def trainer(database_urls: dict[str, str], tmp_path_factory: pytest.TempPathFact
     with pytest.MonkeyPatch.context() as mp, TestClient(ledger_app, base_url="http://ledger", headers={"Authorization": f"Bearer {TRAINER_TOKEN}"}) as ledger:
         mp.setenv("CRUCIBLE_DATA_DIR", str(data_dir))
         settings_ = ServiceSettings(data_dir=data_dir, database_url=database_urls["trainer"], service_token=TRAINER_TOKEN,
-                                    trusted_tokens={"gateway": GATEWAY_TOKEN})
+                                    trusted_tokens={"gateway": GATEWAY_TOKEN}, **settings)
         with TestClient(create_app(settings_)) as http:
             trainer_ = http.app.state.trainer
             transport = ServiceClient("http://ledger", TRAINER_TOKEN, name="ledger")
@@ -128,6 +130,12 @@ def trainer(database_urls: dict[str, str], tmp_path_factory: pytest.TempPathFact
             trainer_.ledger = LedgerClient(transport)
             trainer_.enqueue = enqueued.append  # the queue is the worker's side, not tested here
             yield Trainer(http=http, service=trainer_, ledger=ledger, enqueued=enqueued)
+
+
+@pytest.fixture(scope="module")
+def trainer(database_urls: dict[str, str], tmp_path_factory: pytest.TempPathFactory) -> Iterator[Trainer]:
+    with trainer_app(database_urls, tmp_path_factory.mktemp("trainer-data")) as trainer_:
+        yield trainer_
 
 
 def assert_refused(resp: httpx.Response, field: str, line: int | None) -> dict[str, Any]:
