@@ -30,6 +30,11 @@ class InferenceSettings(ServiceSettings):
         2, ge=1,
         description="Full-weight checkpoints kept loaded per base model by the transformers engine (each a whole copy of the model in "
                     "memory); the least recently used is unloaded and its memory freed. The vLLM and upstream engines serve none.")
+    tensor_parallel_size: int = Field(
+        1, ge=1, le=64,
+        description="GPUs the `vllm` engine shards each base model over (vLLM's tensor parallelism, `tensor_parallel_size`: each layer's "
+                    "weights split across the GPUs, one vLLM worker process per GPU, its `mp` executor). For a model that does not fit one "
+                    "GPU, or for lower latency; 1 serves in this process. The `upstream` engine takes it from `vllm serve --tensor-parallel-size`.")
     max_lora_rank: int = Field(
         256, ge=1,
         description="Largest LoRA rank the vLLM engine is started for: the recipe's limit (`lora_r` <= 256). vLLM pads every adapter to it, and on "

@@ -1,4 +1,5 @@
-"""The vLLM engine: vLLM's V1 engine in this process (no child processes), continuous batching, every feature of the seam.
+"""The vLLM engine: vLLM's V1 engine in this process (no child processes but a tensor-parallel engine's workers), continuous
+batching, every feature of the seam.
 
 vLLM 0.32's ``AsyncLLM`` always runs its EngineCore in a child process (its in-process asyncio mode raises
 ``NotImplementedError``), so this engine drives vLLM's V1 ``LLMEngine`` with its in-process core
@@ -115,6 +116,29 @@ class _Stop:
     pass
 
 
+def engine_args(model_dir: Path, *, dtype: str, max_model_len: int | None, kv_cache_bytes: int, lora_rank: int | None,
+                max_loaded_adapters: int, tensor_parallel_size: int = 1) -> dict[str, Any]:
+    """vLLM's ``EngineArgs`` for :class:`VLLMEngine` (see the module docstring): one process (executor ``uni``), or with
+    ``tensor_parallel_size`` > 1 each layer's weights split over that many GPUs by vLLM's tensor parallelism, one worker
+    process a GPU (executor ``mp``; the KV cache budget ``kv_cache_bytes`` is each GPU's). LoRA at ``lora_rank`` (``None``:
+    no LoRA) with ``max_loaded_adapters`` slots. ``ValueError`` for tensor parallelism over more GPUs than this process sees."""
+    if tensor_parallel_size > 1:
+        import torch
+
+        if torch.cuda.device_count() < tensor_parallel_size:
+            raise ValueError(f"tensor_parallel_size {tensor_parallel_size} needs that many GPUs; this process sees {torch.cuda.device_count()}")
+    args: dict[str, Any] = {
+        "model": str(model_dir), "dtype": dtype, "max_model_len": max_model_len, "kv_cache_memory_bytes": kv_cache_bytes,
+        "enforce_eager": True, "distributed_executor_backend": "uni" if tensor_parallel_size == 1 else "mp",
+        "tensor_parallel_size": tensor_parallel_size, "enable_prefix_caching": True,
+        "logprobs_mode": "raw_logprobs", "generation_config": "vllm", "disable_log_stats": True,
+        "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
+    }
+    if lora_rank is not None:
+        args.update(enable_lora=True, max_lora_rank=lora_rank, max_loras=max_loaded_adapters, max_cpu_loras=max_loaded_adapters)
+    return args
+
+
 class VLLMEngine:
     """The model in ``model_dir`` (a prepared Hugging Face folder) and its LoRA adapters, served by vLLM in this
     process. Blocks until vLLM has loaded the model and sized its KV cache."""
@@ -123,7 +147,7 @@ class VLLMEngine:
 
     def __init__(self, model_dir: Path, *, max_loaded_adapters: int = 8, max_lora_rank: int = 256,
                  kv_cache_bytes: int = DEFAULT_KV_CACHE_BYTES, max_model_len: int | None = None, dtype: str = "float32",
-                 enable_lora: bool = True, threads: int = 1) -> None:
+                 enable_lora: bool = True, threads: int = 1, tensor_parallel_size: int = 1) -> None:
         from transformers import AutoTokenizer
 
         if max_loaded_adapters < 1:
@@ -140,15 +164,9 @@ class VLLMEngine:
         self.renderer = ChatRenderer(self.tokenizer)
         self._eos = end_of_turn_ids(model_dir, self.tokenizer)  # vLLM is told them: its generation_config "vllm" reads none
         self._token_texts = TokenTexts(self.tokenizer)
-        self._engine_args: dict[str, Any] = {
-            "model": str(model_dir), "dtype": dtype, "max_model_len": max_model_len, "kv_cache_memory_bytes": kv_cache_bytes,
-            "enforce_eager": True, "distributed_executor_backend": "uni", "enable_prefix_caching": True,
-            "logprobs_mode": "raw_logprobs", "generation_config": "vllm", "disable_log_stats": True,
-            "structured_outputs_config": {"backend": "xgrammar", "disable_any_whitespace": True},
-        }
-        if enable_lora:
-            self._engine_args.update(enable_lora=True, max_lora_rank=rank, max_loras=max_loaded_adapters,
-                                     max_cpu_loras=max_loaded_adapters)
+        self._engine_args = engine_args(model_dir, dtype=dtype, max_model_len=max_model_len, kv_cache_bytes=kv_cache_bytes,
+                                        lora_rank=rank if enable_lora else None, max_loaded_adapters=max_loaded_adapters,
+                                        tensor_parallel_size=tensor_parallel_size)
         self._commands: queue.SimpleQueue[_Add | _Abort | _Stop] = queue.SimpleQueue()
         self._jobs: dict[str, _Job] = {}
         self._ids = itertools.count()
@@ -443,10 +461,10 @@ def _is_refusal(error: Exception) -> bool:
 
 @register_engine("vllm")
 def load(name: str, model_dir: Path, settings: InferenceSettings) -> VLLMEngine:
-    """The vLLM engine for one base model, started for its card's context cap (``context_tokens``) where the card has one:
-    vLLM sizes its KV cache for it."""
+    """The vLLM engine for one base model, started for its card's context cap (``context_tokens``) where the card has one
+    (vLLM sizes its KV cache for it), over ``settings.tensor_parallel_size`` GPUs."""
     from services.common.llms import model_card
 
     card = model_card(name, settings.models_dir)
     return VLLMEngine(model_dir, max_loaded_adapters=settings.max_loaded_adapters, max_lora_rank=settings.max_lora_rank,
-                      max_model_len=card.context_tokens)
+                      max_model_len=card.context_tokens, tensor_parallel_size=settings.tensor_parallel_size)

@@ -305,8 +305,23 @@ def test_expected_services_and_the_gpu_profile() -> None:
         assert SERVICES[name]["profiles"] == ["gpu"]
         devices = SERVICES[name]["deploy"]["resources"]["reservations"]["devices"]
         assert devices[0]["capabilities"] == ["gpu"], name
-    assert SERVICES["train-worker-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == 1  # the loop trains on cuda:0
     assert "--tensor-parallel-size" in SERVICES["vllm"]["command"]
+
+
+def test_the_gpu_train_worker_reserves_the_gpus_one_job_spreads_over(tmp_path: Path) -> None:
+    """CRUCIBLE_TRAIN_DEVICES (default 1: the loop trains on cuda:0) is the GPUs train-worker-gpu reserves, and reaches the
+    trainer (which checks jobs against it) and both train workers, as does CRUCIBLE_TRAIN_RECIPE_DEVICES."""
+    for devices in ("1", "4"):
+        env = {**dict(line.split("=", 1) for line in ENV_EXAMPLE.read_text().splitlines() if line and not line.startswith("#")),
+               "CRUCIBLE_TRAIN_DEVICES": devices, "CRUCIBLE_TRAIN_RECIPE_DEVICES": "true"}
+        (tmp_path / ".env").write_text("".join(f"{k}={v}\n" for k, v in env.items()))
+        out = subprocess.run(["docker", "compose", "--env-file", str(tmp_path / ".env"), "-f", str(ROOT / "docker-compose.yml"), "--profile", "gpu",
+                              "config", "--format", "json"], capture_output=True, text=True, check=True).stdout
+        services = json.loads(out)["services"]
+        assert services["train-worker-gpu"]["deploy"]["resources"]["reservations"]["devices"][0]["count"] == int(devices)
+        for name in ("trainer", "train-worker", "train-worker-gpu"):
+            assert services[name]["environment"]["CRUCIBLE_TRAIN_DEVICES"] == devices, name
+            assert services[name]["environment"]["CRUCIBLE_TRAIN_RECIPE_DEVICES"] == "true", name
 
 
 def test_gpu_profile_points_inference_at_vllm_which_serves_checkpoints(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
@@ -603,7 +618,8 @@ def test_chart_metadata_and_values() -> None:
     assert len(set(values["secrets"]["tokens"].values())) == len(HTTP_SERVICES)
     assert values["secrets"]["testStore"] not in yaml.safe_dump({k: v for k, v in values["secrets"].items() if k != "testStore"})
     gpu_pool = next(p for p in values["workers"]["train"]["pools"] if p["name"] == "gpu")
-    assert gpu_pool["resources"]["limits"]["nvidia.com/gpu"] == 1 and gpu_pool["tolerations"] and gpu_pool["nodeSelector"]
+    assert gpu_pool["gpus"] is True and gpu_pool["tolerations"] and gpu_pool["nodeSelector"]
+    assert values["training"] == {"devices": 1, "recipeDevices": False}  # one GPU a job unless the operator says more
 
 
 @pytest.mark.parametrize("values_file", VALUES_FILES)
@@ -761,7 +777,16 @@ def test_gpu_worker_pools_and_vllm_with_tensor_parallelism() -> None:
     gpu = _kind(_render(_values("gpu-values.yaml")), "Deployment")
     assert "train-worker-cpu" not in gpu
     pod = gpu["train-worker-gpu"]["spec"]["template"]["spec"]
-    assert pod["containers"][0]["resources"]["limits"]["nvidia.com/gpu"] == 1
+    resources = pod["containers"][0]["resources"]
+    assert resources["limits"]["nvidia.com/gpu"] == resources["requests"]["nvidia.com/gpu"] == 4  # training.devices
+    assert resources["requests"]["cpu"] == "16" and resources["limits"]["memory"] == "192Gi"
+    assert {v["name"]: v.get("emptyDir") for v in pod["volumes"]}["shm"] == {"medium": "Memory", "sizeLimit": "16Gi"}
+    assert {"name": "shm", "mountPath": "/dev/shm"} in pod["containers"][0]["volumeMounts"]
+    docs = _render(_values("gpu-values.yaml"))
+    for name in ("trainer", "train-worker-gpu"):
+        env = {e["name"]: e.get("value") for e in _pods(docs)[name]["spec"]["containers"][0]["env"]}
+        assert (env["CRUCIBLE_TRAIN_DEVICES"], env["CRUCIBLE_TRAIN_RECIPE_DEVICES"]) == ("4", "true"), name
+    assert "shm" not in {v["name"] for v in default["train-worker-cpu"]["spec"]["template"]["spec"]["volumes"]}
     assert pod["nodeSelector"] and pod["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert "-Q" in pod["containers"][0]["command"] and "train" in pod["containers"][0]["command"]
     assert gpu["train-worker-gpu"]["spec"]["strategy"]["rollingUpdate"] == {"maxSurge": 0, "maxUnavailable": 1}

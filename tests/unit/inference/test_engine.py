@@ -246,3 +246,21 @@ def test_the_upstream_engine_reaches_each_base_model_at_its_own_server(tmp_path:
                                  upstream_urls={"gemma3-270m": "http://vllm-gemma:8000/v1"})
     assert upstream.load("gemma3-270m", MODEL_DIR, settings)._base_url == "http://vllm-gemma:8000/v1"
     assert upstream.load("smollm2-135m-instruct", MODEL_DIR, settings)._base_url == "http://vllm:8000/v1"
+
+
+def test_vllm_tensor_parallelism_is_its_multiprocess_executor_over_gpus_this_process_sees(monkeypatch: pytest.MonkeyPatch) -> None:
+    """``tensor_parallel_size`` (``CRUCIBLE_TENSOR_PARALLEL_SIZE``) becomes vLLM's own setting with its ``mp`` executor, one
+    worker process a GPU; 1 stays in this process; more GPUs than this process sees is refused before vLLM starts."""
+    from inference_service.engines.vllm import engine_args
+    from inference_service.settings import InferenceSettings
+
+    monkeypatch.setenv("CRUCIBLE_TENSOR_PARALLEL_SIZE", "2")
+    assert InferenceSettings().tensor_parallel_size == 2
+    common = {"dtype": "bfloat16", "max_model_len": None, "kv_cache_bytes": 2**30, "lora_rank": 16, "max_loaded_adapters": 4}
+    one = engine_args(MODEL_DIR, **common)
+    assert (one["tensor_parallel_size"], one["distributed_executor_backend"]) == (1, "uni") and one["max_lora_rank"] == 16
+    monkeypatch.setattr(torch.cuda, "device_count", lambda: 2)
+    two = engine_args(MODEL_DIR, **common, tensor_parallel_size=2)
+    assert (two["tensor_parallel_size"], two["distributed_executor_backend"]) == (2, "mp")
+    with pytest.raises(ValueError, match="needs that many GPUs; this process sees 2"):
+        engine_args(MODEL_DIR, **common, tensor_parallel_size=4)

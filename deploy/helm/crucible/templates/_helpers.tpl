@@ -27,10 +27,10 @@ Workers serve nothing, so they have no callers and read CRUCIBLE_SERVICE_TOKEN a
 {{- define "crucible.components" -}}
 gateway: {image: gateway, port: 8000, database: gateway, token: gateway, callers: [], platform: true, admin: true}
 ledger: {image: ledger, port: 8001, database: ledger, token: ledger, callers: [gateway, trainer, inference, grader], platform: true}
-trainer: {image: trainer, port: 8002, database: trainer, token: trainer, callers: [gateway, inference], platform: true, broker: true, artifacts: true}
+trainer: {image: trainer, port: 8002, database: trainer, token: trainer, callers: [gateway, inference], platform: true, broker: true, artifacts: true, training: true}
 inference: {image: inference, port: 8003, database: inference, token: inference, callers: [gateway, grader], platform: true, artifacts: true, upstream: true}
 grader: {image: grader, port: 8004, database: grader, token: grader, callers: [gateway, trainer], platform: true, broker: true, testStore: true, artifacts: true}
-train-worker: {image: trainer, database: trainer, token: trainer, platform: true, broker: true, artifacts: true, queue: train, app: trainer_service.tasks}
+train-worker: {image: trainer, database: trainer, token: trainer, platform: true, broker: true, artifacts: true, queue: train, app: trainer_service.tasks, training: true}
 grader-worker: {image: grader, database: grader, token: grader, platform: true, broker: true, testStore: true, artifacts: true, queue: eval, app: grader.tasks}
 {{- end -}}
 
@@ -91,6 +91,9 @@ crucible.io/migrate: "true"
 {{- if has $key (list "CRUCIBLE_SERVICE_TOKEN" "CRUCIBLE_TRUSTED_TOKENS" "CRUCIBLE_ADMIN_KEY" "CRUCIBLE_BROKER_URL" "CRUCIBLE_DATABASE_URL" "CRUCIBLE_GRADER_TEST_STORE_URL" "CRUCIBLE_GRADER_TEST_SEED") -}}
 {{- fail (printf "config.%s would reach every pod: it belongs in a Secret (see `secrets`)" $key) -}}
 {{- end -}}
+{{- if has $key (list "CRUCIBLE_TRAIN_DEVICES" "CRUCIBLE_TRAIN_RECIPE_DEVICES") -}}
+{{- fail (printf "config.%s: set training.devices and training.recipeDevices (the GPU pools request that many GPUs)" $key) -}}
+{{- end -}}
 {{- if and $.Values.vllm.enabled (has $key (list "CRUCIBLE_ENGINE" "CRUCIBLE_UPSTREAM_URL")) -}}
 {{- fail (printf "config.%s: with vllm.enabled the chart points inference at its vLLM server (engine upstream)" $key) -}}
 {{- end -}}
@@ -117,6 +120,10 @@ env:
 {{- if and .spec.upstream $root.Values.vllm.enabled }}
   - {name: CRUCIBLE_ENGINE, value: upstream}
   - {name: CRUCIBLE_UPSTREAM_URL, value: "http://{{ $full }}-vllm:8000/v1"}
+{{- end }}
+{{- if .spec.training }}
+  - {name: CRUCIBLE_TRAIN_DEVICES, value: {{ $root.Values.training.devices | int | toString | quote }}}
+  - {name: CRUCIBLE_TRAIN_RECIPE_DEVICES, value: {{ $root.Values.training.recipeDevices | toString | quote }}}
 {{- end }}
 {{- range $key, $value := $root.Values.config }}
   - name: {{ $key }}
@@ -171,6 +178,9 @@ securityContext: {{- toYaml .root.Values.podSecurityContext | nindent 2 }}
 volumeMounts:
   - {name: data, mountPath: /data}
   - {name: tmp, mountPath: /tmp}
+{{- if .shm }}
+  - {name: shm, mountPath: /dev/shm}
+{{- end }}
 {{- end -}}
 
 {{- define "crucible.volumes" -}}
@@ -182,6 +192,10 @@ volumes:
   - {name: data, emptyDir: {}}
 {{- end }}
   - {name: tmp, emptyDir: {}}
+{{- with .shm }}
+  - name: shm
+    emptyDir: {medium: Memory, sizeLimit: {{ . }}}
+{{- end }}
 {{- end -}}
 
 {{- define "crucible.artifactsClaim" -}}
