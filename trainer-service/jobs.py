@@ -17,8 +17,7 @@ import structlog
 from sqlalchemy.exc import IntegrityError
 from sqlalchemy.orm import Session
 from trainer_service import repository
-from trainer_service.estimate import (check_memory, dataset_rows, estimate_tokens, job_devices, lora_rank, method_of, place_hold,
-                                      stored_parameters)
+from trainer_service.estimate import check_memory, dataset_rows, estimate_tokens, job_devices, lora_rank, method_of, place_hold, stored_parameters
 from trainer_service.models import Checkpoint, TrainingJob
 from trainer_service.schemas import CheckpointRecord
 from trainer_service.service import Trainer
