@@ -52,6 +52,15 @@ logger = logging.getLogger(__name__)
 T = TypeVar("T")
 
 
+START_METHOD = "forkserver"
+"""How a job's processes start: forked from multiprocessing's fork server (one per worker process, started at its first
+job, torch and the trainer's modules imported there once: :data:`PRELOAD`), not spawned afresh, which would import
+them again for every process of every job. The fork server initializes no CUDA, so its children may."""
+
+PRELOAD = ["torch", "torch.distributed", "transformers", "peft", "trainer_service.training", "trainer_service.methods"]
+"""Modules the fork server imports before it forks a job's first process."""
+
+
 class DeviceLost(RuntimeError):
     """A process of a job on several devices ended without raising (killed by a signal, or exited): its device, or the
     process, is gone. The job is resumed from its newest checkpoint, as when a worker dies."""
@@ -139,7 +148,7 @@ class _Channel:
     def __init__(self, devices: int) -> None:
         import multiprocessing
 
-        context = multiprocessing.get_context("spawn")
+        context = multiprocessing.get_context(START_METHOD)
         self.events = context.Queue()
         self.stop = context.Event()
         self.replies = [context.Queue() for _ in range(devices)]
@@ -155,6 +164,17 @@ class _Channel:
 
     def should_stop(self) -> bool:
         return self.stop.is_set()
+
+
+class PeerLost(RuntimeError):
+    """Raised in a process whose collective failed because another process of its job is gone (gloo's closed or reset
+    connection, a backend or store error), so the launcher's report names the loss of a device, not this process."""
+
+
+def _is_peer_loss(exc: BaseException) -> bool:
+    """Whether ``exc`` is a collective failing for want of another process: torch.distributed's backend, network and store
+    errors (NCCL), or gloo's transport errors (which reach Python as a plain ``RuntimeError``)."""
+    return isinstance(exc, dist.DistError) or (isinstance(exc, RuntimeError) and "gloo/transport" in str(exc))
 
 
 class RewardFailed(RuntimeError):
@@ -208,6 +228,10 @@ def _rank_main(spec: _RankSpec, channel: _Channel) -> TrainResult | None:
                                 on_checkpoint=channel.on_checkpoint if main else None, should_stop=channel.should_stop if main else None,
                                 parallel=parallel)
         return result if main else None
+    except Exception as exc:
+        if _is_peer_loss(exc):
+            raise PeerLost(f"{exc.__class__.__name__}: {exc}") from exc
+        raise
     finally:
         dist.destroy_process_group()
 
@@ -255,6 +279,9 @@ def train_parallel(
     rewarded = method.spec.rewarded
     spec = _RankSpec(Path(base_dir), method.name, rewarded, list(examples), config, Path(out_dir) if out_dir is not None else None, pad_token_id,
                      init_adapter, init_weights, resume, _free_threads(devices))
+    import multiprocessing
+
+    multiprocessing.get_context(START_METHOD).set_forkserver_preload(PRELOAD)  # takes effect when the fork server starts
     channel = _Channel(devices)
     failures: list[BaseException] = []
     handlers = {"start": on_start, "step": on_step, "checkpoint": on_checkpoint}
@@ -289,7 +316,7 @@ def train_parallel(
 
     log_dir = (Path(out_dir) if out_dir is not None else Path(os.environ.get("TMPDIR", "/tmp"))) / f".launch-{uuid.uuid4().hex[:8]}"
     launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=devices, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
-                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2, start_method="spawn",
+                          rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2, start_method=START_METHOD,
                           logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)))
     server = threading.Thread(target=serve, name="train-parallel-events", daemon=True)
     server.start()
@@ -312,8 +339,9 @@ def train_parallel(
     return results[0]
 
 
-LOST_PEER = ("DistBackendError", "DistNetworkError", "DistStoreError")
-"""Exceptions a process raises when another one of its group is gone (a collective's connection closed, a timeout)."""
+LOST_PEER = (PeerLost.__name__, "DistBackendError", "DistNetworkError", "DistStoreError")
+"""What a process's recorded exception starts with when another one of its group is gone (:class:`PeerLost`, or a
+torch.distributed error raised outside the loop)."""
 
 
 def _failure(exc: Any, devices: int) -> Exception:

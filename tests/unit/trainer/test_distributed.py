@@ -59,9 +59,8 @@ def run(base: Path, out: Path, cfg: TrainConfig, devices: int, **kwargs: Any) ->
 
 
 def rank_processes() -> list[psutil.Process]:
-    """This process's children that run a job's ranks (the launcher spawns them; not multiprocessing's resource tracker)."""
-    return [p for p in psutil.Process().children(recursive=True)
-            if "multiprocessing" in " ".join(p.cmdline()) and "resource_tracker" not in " ".join(p.cmdline())]
+    """The processes running a job's ranks: the children of multiprocessing's fork server (itself this process's child)."""
+    return [p for p in psutil.Process().children(recursive=True) if p.ppid() != os.getpid() and "forkserver" in " ".join(p.cmdline())]
 
 
 def answer(model: Any, tokenizer: Any) -> tuple[torch.Tensor, list[int]]:
@@ -147,7 +146,8 @@ def test_grpo_rewards_are_called_in_the_worker_and_a_killed_process_is_a_lost_de
     steps: list[StepMetrics] = []
     with pytest.raises(DeviceLost, match="lost"):
         train(base, GRPO(reward), rows, cfg, tmp_path, devices=2, on_step=steps.append)
-    assert reward.calls == 5 and reward.pids == {os.getpid()}  # this object, in this process, was called by both processes
+    # this object, in this process, was called by both processes (the survivor's third-step call may come before it is stopped)
+    assert reward.calls in (5, 6) and reward.pids == {os.getpid()}
     assert [m.step for m in steps] == [1, 2] and all(m.decode_tokens > 0 and m.prefill_tokens > 0 for m in steps)
     assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-1", "step-2"]
     assert not rank_processes()  # the launcher stopped the survivor
