@@ -32,6 +32,7 @@ import ctypes
 import logging
 import os
 import queue
+import shutil
 import signal
 import threading
 import uuid
@@ -262,9 +263,11 @@ def train_parallel(
     """:func:`~trainer_service.training.train_examples` on ``devices`` processes of this host (see the module docstring);
     the same arguments, results and checkpoints, the callbacks called in this process, in order.
 
-    The processes are launched with torchrun's launcher in a ``launch`` folder beside ``out_dir`` (its per-process error
-    files), on CUDA devices ``0 … devices-1`` of what this process sees (``CUDA_VISIBLE_DEVICES``), or on the CPU with
-    gloo, each with ``1/devices`` of the CPUs. ``should_stop`` is polled after each step and every second.
+    The processes are launched with torchrun's launcher, from a thread of its own (on the main thread it would take over
+    this process's SIGTERM and SIGINT handlers for good, a Celery worker's warm shutdown among them), with their error
+    files in a ``.launch-*`` folder in ``out_dir``, on CUDA devices ``0 … devices-1`` of what this process sees
+    (``CUDA_VISIBLE_DEVICES``), or on the CPU with gloo, each with ``1/devices`` of the CPUs. The callbacks run in the
+    calling thread; ``should_stop`` is polled after each step and every second.
 
     Raises :class:`DeviceLost` when a process ended without raising; the exception of a callback or a reward call when
     one raised (the processes are stopped at their next step first); ``RuntimeError`` with a process's own exception
@@ -286,7 +289,7 @@ def train_parallel(
     failures: list[BaseException] = []
     handlers = {"start": on_start, "step": on_step, "checkpoint": on_checkpoint}
 
-    def serve() -> None:  # the callbacks and reward calls, in this process, in the order rank 0 made them
+    def serve() -> None:  # the callbacks and reward calls, in this thread, in the order rank 0 made them, until the launch ends
         while True:
             try:
                 message = channel.events.get(timeout=1.0)
@@ -315,28 +318,34 @@ def train_parallel(
                 channel.stop.set()
 
     log_dir = (Path(out_dir) if out_dir is not None else Path(os.environ.get("TMPDIR", "/tmp"))) / f".launch-{uuid.uuid4().hex[:8]}"
-    launch = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=devices, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
+    launch_config = LaunchConfig(min_nodes=1, max_nodes=1, nproc_per_node=devices, run_id=uuid.uuid4().hex, rdzv_backend="c10d",
                           rdzv_endpoint="127.0.0.1:0", max_restarts=0, monitor_interval=0.2, start_method=START_METHOD,
                           logs_specs=DefaultLogsSpecs(log_dir=str(log_dir)))
-    server = threading.Thread(target=serve, name="train-parallel-events", daemon=True)
-    server.start()
-    try:
-        results = elastic_launch(launch, _rank_main)(spec, channel)
-    except ChildFailedError as exc:
-        channel.events.put(None)
-        server.join()
-        if failures:
-            raise failures[0] from exc
-        raise _failure(exc, devices) from None
-    finally:
-        import shutil
+    launched: dict[str, Any] = {}
 
+    def launch() -> None:  # in a thread of its own, so the launcher leaves this process's signal handlers alone
+        try:
+            launched["results"] = elastic_launch(launch_config, _rank_main)(spec, channel)
+        except BaseException as exc:  # noqa: BLE001 - raised below, in the caller's thread
+            launched["error"] = exc
+        finally:
+            channel.events.put(None)
+
+    launcher = threading.Thread(target=launch, name="train-parallel-launcher", daemon=True)
+    launcher.start()
+    try:
+        serve()
+        launcher.join()
+    finally:
         shutil.rmtree(log_dir, ignore_errors=True)
-    channel.events.put(None)
-    server.join()
+    error = launched.get("error")
     if failures:
-        raise failures[0]
-    return results[0]
+        raise failures[0] from error
+    if isinstance(error, ChildFailedError):
+        raise _failure(error, devices) from None
+    if error is not None:
+        raise error
+    return launched["results"][0]
 
 
 LOST_PEER = (PeerLost.__name__, "DistBackendError", "DistNetworkError", "DistStoreError")

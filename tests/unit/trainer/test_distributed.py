@@ -80,10 +80,13 @@ def assert_same_curve(one: list[StepMetrics], two: list[StepMetrics]) -> None:
 
 
 def test_ddp_lora_gives_the_single_process_curve_and_an_adapter_that_answers_alike(base: Path, tmp_path: Path) -> None:
-    """Two processes asked to stop after their fourth step stop together, at a step of their own, with a checkpoint there."""
+    """Two processes asked to stop after their fourth step stop together, at a step of their own, with a checkpoint there;
+    the launcher leaves this process's signal handlers as they were."""
     single, one, _ = run(base, tmp_path / "one", config(), 1)
     two: list[StepMetrics] = []
+    handlers = [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)]
     double, _, starts = run(base, tmp_path / "two", config(max_steps=500), 2, should_stop=lambda: len(two) >= 4, on_step=two.append)
+    assert [signal.getsignal(s) for s in (signal.SIGTERM, signal.SIGINT)] == handlers  # a Celery worker's shutdown stays its own
     assert starts[0]["devices"] == 2 and starts[0]["parallelism"] == "ddp" and starts[0]["device"].startswith("2 × cpu")
     assert double.stopped and 4 <= double.steps_done < 500 and double.last_checkpoint.name == f"step-{double.steps_done}"
     assert_same_curve(one, two[:4])
