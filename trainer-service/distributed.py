@@ -336,16 +336,16 @@ def train_parallel(
     try:
         serve()
         launcher.join()
+        error = launched.get("error")
+        if failures:
+            raise failures[0] from error
+        if isinstance(error, ChildFailedError):
+            raise _failure(error, devices) from None  # reads the processes' error files: before they go
+        if error is not None:
+            raise error
+        return launched["results"][0]
     finally:
         shutil.rmtree(log_dir, ignore_errors=True)
-    error = launched.get("error")
-    if failures:
-        raise failures[0] from error
-    if isinstance(error, ChildFailedError):
-        raise _failure(error, devices) from None
-    if error is not None:
-        raise error
-    return launched["results"][0]
 
 
 LOST_PEER = (PeerLost.__name__, "DistBackendError", "DistNetworkError", "DistStoreError")

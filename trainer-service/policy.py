@@ -36,7 +36,12 @@ class TokenLogprobs(torch.nn.Module):
         super().__init__()
         self.causal_lm, self.shared_prefix = causal_lm, shared_prefix
 
-    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor, labels: torch.Tensor | None = None,
+                generate: dict[str, Any] | None = None) -> Any:
+        """The supervised tokens' log-probabilities, or with ``generate`` (``model.generate``'s keyword arguments) sampled
+        sequences: under FSDP2 sampling runs inside the root module's forward, which gathers the weights the layers share."""
+        if generate is not None:
+            return self.causal_lm.generate(input_ids=input_ids, attention_mask=attention_mask, **generate)
         return token_logprobs(self.causal_lm, input_ids, attention_mask, labels, self.shared_prefix)
 
 
@@ -72,21 +77,21 @@ class Policy:
         """``n`` completions of one prompt sampled from the policy as it is now (temperature ``temperature``, no top-p or
         top-k cut), each at most ``max_new_tokens`` tokens and ending at the model's end-of-sequence token (kept) or at
         that limit. Uses the torch generator of the device, so a seeded (or resumed) job samples the same completions.
-        Dropout is off while sampling. With sharded weights every process must call it (transformers' ``synced_gpus``)."""
+        Dropout is off while sampling. With sharded weights every process must call it (transformers' ``synced_gpus``), and
+        sampling runs through the FSDP2 root module (:class:`TokenLogprobs`), which gathers the weights outside the layers."""
         model = self._causal_lm
         was_training = model.training
         model.eval()
-        if self._sharded is not None:
-            self._sharded.unshard()
         try:
             input_ids = torch.tensor([prompt_ids], device=self.device.torch_device)
+            options = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0, "max_new_tokens": max_new_tokens,
+                       "num_return_sequences": n, "use_cache": True, "pad_token_id": self.pad_token_id}
             with self.device.autocast():
-                out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), do_sample=True, temperature=temperature,
-                                     top_p=1.0, top_k=0, max_new_tokens=max_new_tokens, num_return_sequences=n, use_cache=True,
-                                     pad_token_id=self.pad_token_id, synced_gpus=self._sharded is not None)
+                if self._sharded is not None:  # through the FSDP2 root, every process decoding until all are done
+                    out = self._sharded(input_ids, torch.ones_like(input_ids), generate={**options, "synced_gpus": True})
+                else:
+                    out = model.generate(input_ids=input_ids, attention_mask=torch.ones_like(input_ids), **options)
         finally:
-            if self._sharded is not None:
-                self._sharded.reshard()
             model.train(was_training)
         eos = model.generation_config.eos_token_id
         stops = set(eos if isinstance(eos, list) else [eos] if eos is not None else [])

@@ -123,6 +123,8 @@ def test_fsdp2_full_weights_give_the_single_process_curve_and_a_checkpoint_one_p
                for folder in (single.last_checkpoint, resumed.last_checkpoint)]
     assert torch.allclose(answers[0][0], answers[1][0], atol=1e-2)
     assert answers[0][1] == answers[1][1]
+    with pytest.raises(RuntimeError, match=r"^ValueError: resume state .* does not match"):  # raised in the processes: the job fails
+        run(base, tmp_path / "three", config(adapter="full", batch_size=2), 2, resume=sharded.last_checkpoint)
 
 
 class KillingReward:
@@ -143,16 +145,23 @@ class KillingReward:
 
 
 def test_grpo_rewards_are_called_in_the_worker_and_a_killed_process_is_a_lost_device(base: Path, tmp_path: Path) -> None:
+    """GRPO on sharded full weights (sampling through the FSDP2 root, every process decoding until all are done) and on
+    DDP; the rewards of both processes' rollouts are this process's calls; a process killed mid-job is ``DeviceLost``."""
     rows = [parse_row({"prompt": f"Count from {a} to {a + 3}.", "item_id": f"item-{a}"}, 1) for a in range(4)]
+    sharded_reward, steps = KillingReward(), []
+    train(base, GRPO(sharded_reward), rows, config(adapter="full", max_steps=2, batch_size=2, grpo_group_size=2, grpo_max_new_tokens=6),
+          tmp_path / "full", devices=2, on_step=steps.append)
+    assert [m.step for m in steps] == [1, 2] and sharded_reward.calls == 4 and all(m.decode_tokens > 0 for m in steps)
+    assert (tmp_path / "full" / "step-2" / "model.safetensors").is_file()
     cfg = config(max_steps=6, batch_size=2, checkpoint_every=1, grpo_group_size=2, grpo_max_new_tokens=4)
     reward = KillingReward(kill_at=5)  # two calls a step (one a process): the third step's first call
-    steps: list[StepMetrics] = []
+    steps = []
     with pytest.raises(DeviceLost, match="lost"):
-        train(base, GRPO(reward), rows, cfg, tmp_path, devices=2, on_step=steps.append)
+        train(base, GRPO(reward), rows, cfg, tmp_path / "lora", devices=2, on_step=steps.append)
     # this object, in this process, was called by both processes (the survivor's third-step call may come before it is stopped)
     assert reward.calls in (5, 6) and reward.pids == {os.getpid()}
     assert [m.step for m in steps] == [1, 2] and all(m.decode_tokens > 0 and m.prefill_tokens > 0 for m in steps)
-    assert sorted(p.name for p in tmp_path.glob("step-*")) == ["step-1", "step-2"]
+    assert sorted(p.name for p in (tmp_path / "lora").glob("step-*")) == ["step-1", "step-2"]
     assert not rank_processes()  # the launcher stopped the survivor
 
 
