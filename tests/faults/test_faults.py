@@ -140,7 +140,7 @@ def test_killed_train_worker_job_resumes_from_checkpoint_and_is_charged_once(fau
     (what is checked is the job's bookkeeping, not what it learns), with enough steps after the first checkpoint that
     the kill lands mid-job (a step costs tens of milliseconds, the poll a few)."""
     stack, _, _ = faulty
-    steps, every = (60, 20) if method == "sft" else (24, 8)  # a GRPO step samples and is rewarded by the grader: ten times an SFT step
+    steps, every = (60, 20) if method == "sft" else (12, 4)  # a GRPO step samples and is rewarded by the grader: ten times an SFT step
     recipe = {"max_steps": steps, "batch_size": 4, "checkpoint_every": every, "warmup_steps": 1, "method": method}
     if method == "grpo":
         recipe |= {"batch_size": 2, "grpo_group_size": 2, "grpo_max_new_tokens": 6}
