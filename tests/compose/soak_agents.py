@@ -49,7 +49,8 @@ class _Agent(HttpUser):
     def call(self, method: str, path: str, name: str, expected: set[int] | frozenset[int] = frozenset(), **kwargs: Any) -> dict[str, Any] | None:
         """One request; a 2xx or 3xx answer, or a status in ``expected`` or :data:`EXPECTED_ANYWHERE`, is a success
         (a 5xx, an unexpected 4xx, or no answer at all is a failure). Returns the JSON body of a 2xx answer."""
-        with self.client.request(method, path, name=name, catch_response=True, headers={"Authorization": f"Bearer {self.key}"}, **kwargs) as resp:
+        headers = {"Authorization": f"Bearer {self.key}", **kwargs.pop("headers", {})}
+        with self.client.request(method, path, name=name, catch_response=True, headers=headers, **kwargs) as resp:
             status = resp.status_code  # 0: no answer at all (a refused or broken connection)
             if 200 <= status < 400 and self.refuses:
                 resp.failure(f"{status}: bad input accepted")

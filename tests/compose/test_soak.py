@@ -22,6 +22,7 @@ What it must show, printed as a table whatever the outcome:
 from __future__ import annotations
 
 import csv
+import io
 import json
 import os
 import re
@@ -176,13 +177,17 @@ def test_simulated_agents_for_hours_leave_no_error_no_open_hold_and_balanced_boo
             print(f"[soak] | {service} | {before:.0f} | {after:.0f} | {g:+.1%} |")
     if Path(f"{prefix}_failures.csv").exists():
         print("[soak] failures:", Path(f"{prefix}_failures.csv").read_text()[-3000:])
+    exceptions = list(csv.DictReader(io.StringIO(Path(f"{prefix}_exceptions.csv").read_text()))) if Path(f"{prefix}_exceptions.csv").exists() else []
+    if exceptions:  # an agent's task that raised sent nothing more that turn: a kind of load the test believed it made
+        print("[soak] the agents' own exceptions:", [(e["Count"], e["Message"], e["Traceback"][-600:]) for e in exceptions])
     if int(total["Failure Count"]):  # what the gateway and inference logged meanwhile, to tell whose the failure was
         for service in ("gateway", "inference"):
             logs = deployment.compose(f"logs --no-color --since {int(duration) + 600}s {service}", check=False).stdout
             print(f"[soak] {service} log, its warnings and errors:", "\n".join(line for line in logs.splitlines() if re.search(r"warn|error|exception|traceback", line, re.I))[-6000:])
 
-    assert locust.returncode in (0, 1), locust.stderr[-2000:]  # 1: Locust saw failures, asserted below with their routes
+    assert locust.returncode in (0, 1), locust.stderr[-2000:]  # 1: Locust saw failures or exceptions, asserted below
     assert int(total["Failure Count"]) == 0, [(r["Name"], r["Failure Count"]) for r in rows if int(r["Failure Count"])]
+    assert exceptions == [], [(e["Count"], e["Message"]) for e in exceptions]
     assert errors_after == errors_before
     assert int(total["Request Count"]) >= SOAK_S  # the agents really ran (at least one request a second together)
     assert books == [] and open_holds == []
