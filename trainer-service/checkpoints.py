@@ -24,7 +24,7 @@ from trainer_service.devices import Device
 from trainer_service.metrics import TokenCounts
 
 if TYPE_CHECKING:
-    from trainer_service.distributed import Parallel
+    from trainer_service.parallel import Parallel
 
 STATE_FILE = "training_state.pt"
 """File in a checkpoint folder holding optimizer, scheduler, RNG state and the step it was taken at."""

@@ -18,7 +18,7 @@ from trainer_service.config import TrainConfig
 from services.common.llms import cpu_threads
 
 if TYPE_CHECKING:
-    from trainer_service.distributed import Parallel
+    from trainer_service.parallel import Parallel
 
 
 @dataclass(frozen=True)

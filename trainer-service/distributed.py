@@ -39,18 +39,17 @@ import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, TypeVar
+from typing import Any
 
 import torch
 import torch.distributed as dist
 from torch.distributed.elastic.multiprocessing.errors import record
 from trainer_service.config import TrainConfig
-from trainer_service.devices import Device
 from trainer_service.metrics import StepMetrics, TrainResult
+from trainer_service.parallel import Parallel
 
 logger = logging.getLogger(__name__)
 
-T = TypeVar("T")
 
 
 START_METHOD = "forkserver"
@@ -65,63 +64,6 @@ PRELOAD = ["torch", "torch.distributed", "transformers", "peft", "trainer_servic
 class DeviceLost(RuntimeError):
     """A process of a job on several devices ended without raising (killed by a signal, or exited): its device, or the
     process, is gone. The job is resumed from its newest checkpoint, as when a worker dies."""
-
-
-@dataclass(frozen=True)
-class Parallel:
-    """One process of a job's ``world`` processes: its ``rank`` (0 is the main one: callbacks and checkpoint writing),
-    its CUDA device index ``local_rank``, the CPU threads it may use (``cpu_threads``, on a CPU host) and whether its
-    weights are ``sharded`` (full fine-tuning, FSDP2) or replicated (LoRA, DDP)."""
-
-    rank: int
-    world: int
-    local_rank: int
-    cpu_threads: int
-    sharded: bool
-
-    @property
-    def main(self) -> bool:
-        return self.rank == 0
-
-    @property
-    def strategy(self) -> str:
-        """``fsdp2`` (sharded) or ``ddp``, for the job's ``device`` event."""
-        return "fsdp2" if self.sharded else "ddp"
-
-    def shard(self, batch: Sequence[T]) -> list[T]:
-        """This process's examples of a step's ``batch``: every ``world``-th from ``rank`` (the loop's batch is at least
-        ``world`` examples: ``estimate.job_devices``)."""
-        return list(batch[self.rank::self.world])
-
-    def sum(self, values: Sequence[float], device: torch.device) -> list[float]:
-        """``values`` summed over the processes (one all-reduce, float64: token counts stay exact)."""
-        totals = torch.tensor(list(values), dtype=torch.float64, device=device)
-        dist.all_reduce(totals)
-        return totals.tolist()
-
-    def any(self, flag: bool, device: torch.device) -> bool:
-        """Whether ``flag`` is true on any process (so all stop at the same step)."""
-        return self.sum([float(flag)], device)[0] > 0
-
-    def barrier(self) -> None:
-        dist.barrier()
-
-    def wrap(self, forward: torch.nn.Module, adapter: str, device: Device) -> tuple[torch.nn.Module, Any]:
-        """``(module, sharded root)``: the loss's module (``policy.TokenLogprobs``) for this process. LoRA: DDP over it
-        (the frozen base is replicated, the adapter's gradients all-reduced), root ``None``. Full weights: FSDP2's
-        ``fully_shard`` on each decoder layer, then on the module itself, the root (and no shared-prefix pass: a layer
-        runs forward once a backward)."""
-        if adapter == "lora":
-            from torch.nn.parallel import DistributedDataParallel
-
-            return DistributedDataParallel(forward, device_ids=[device.torch_device.index] if device.is_cuda else None), None
-        from torch.distributed.fsdp import fully_shard
-
-        forward.shared_prefix = False
-        for layer in forward.causal_lm.model.layers:
-            fully_shard(layer)
-        fully_shard(forward)
-        return forward, forward
 
 
 @dataclass(frozen=True)
@@ -241,6 +183,20 @@ def _free_threads(devices: int) -> int:
     from services.common.llms import cpu_threads
 
     return max(1, cpu_threads() // devices)
+
+
+def train(base_dir: Path, method: Any, rows: Sequence[Any], config: TrainConfig, out_dir: Path, *, devices: int = 1,
+          **kwargs: Any) -> TrainResult:
+    """Train by ``method`` on dataset ``rows`` on ``devices`` devices: in this process
+    (:func:`trainer_service.training.train`) for one, else the rows tokenized here
+    (:func:`~trainer_service.training.tokenized`) and :func:`train_parallel`. The arguments, results and errors are
+    theirs (``UntrainableRows`` before anything starts)."""
+    from trainer_service import training
+
+    if devices == 1:
+        return training.train(base_dir, method, rows, config, out_dir, **kwargs)
+    examples, pad_token_id = training.tokenized(base_dir, method, rows, config)
+    return train_parallel(devices, base_dir, method, examples, config, out_dir, pad_token_id=pad_token_id, **kwargs)
 
 
 def train_parallel(

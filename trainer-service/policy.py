@@ -23,7 +23,7 @@ from trainer_service.devices import Device
 from trainer_service.logprobs import token_logprobs
 
 if TYPE_CHECKING:
-    from trainer_service.distributed import Parallel
+    from trainer_service.parallel import Parallel
 
 
 class TokenLogprobs(torch.nn.Module):
@@ -180,7 +180,7 @@ def build_policy(base_dir: Path, config: TrainConfig, device: Device, pad_token_
     """The model being trained (:func:`load_model`, in training mode, its layers compiled where ``config.compile`` or a
     GPU says so) and the :class:`Policy` the method's loss reads, with the reference policy where the method
     ``needs_reference``: ``(model, policy, compiled)``. With ``parallel`` the loss's module is wrapped for its processes
-    (:meth:`~trainer_service.distributed.Parallel.wrap`: DDP for LoRA, FSDP2 for full weights) after the reference is
+    (:meth:`~trainer_service.parallel.Parallel.wrap`: DDP for LoRA, FSDP2 for full weights) after the reference is
     taken, so the reference stays whole."""
     model = load_model(base_dir, config, device, init_adapter=init_adapter, init_weights=init_weights, resume=resume)
     model.train()
@@ -192,6 +192,6 @@ def build_policy(base_dir: Path, config: TrainConfig, device: Device, pad_token_
         _compile_layers(causal_lm)
     forward, sharded = TokenLogprobs(causal_lm), None
     if parallel is not None:
-        forward, sharded = parallel.wrap(forward, config.adapter, device)
+        forward, sharded = parallel.wrap(forward, config.adapter, device.torch_device)
     return model, Policy(device=device, pad_token_id=pad_token_id, _causal_lm=causal_lm, _reference=reference, _forward=forward,
                          _sharded=sharded), compiled

@@ -6,7 +6,7 @@ concern: the job's hyper-parameters (``config``: :class:`TrainConfig`), the devi
 tokenized examples and padded batches (``examples``), the log-probabilities a loss reads (``logprobs``), the model, its
 adapter and reference policy (``policy``), the method seam (``steps``), the data order (``data_order``), checkpoints
 and the training state (``checkpoints``), the token counts and per-step metrics the job's events and metering use
-(``metrics``). This module runs them: :func:`train` (rows to examples, then the loop) and :func:`train_examples` (the
+(``metrics``). This module runs them: :func:`train` (rows to examples, :func:`tokenized`, then the loop) and :func:`train_examples` (the
 optimizer, the schedule, the steps, checkpoints and cancellation between steps).
 
 Invariant, exact resume: a run resumed from its ``step-<N>`` checkpoint takes steps ``N+1 ...`` exactly as an
@@ -33,9 +33,21 @@ from trainer_service.policy import Policy, build_policy
 from trainer_service.steps import Method
 
 if TYPE_CHECKING:
-    from trainer_service.distributed import Parallel
+    from trainer_service.parallel import Parallel
 
 logger = logging.getLogger(__name__)
+
+
+def tokenized(base_dir: Path, method: Method, rows: Sequence[Any], config: TrainConfig) -> tuple[list[Any], int]:
+    """``(examples, pad_token_id)``: dataset ``rows`` as the method's examples with the base model's tokenizer
+    (``method.examples``, cut to ``config.max_seq_len``). Raises :class:`~trainer_service.examples.UntrainableRows` if
+    a row has nothing left to train on after the cut, and ``ValueError`` for no rows."""
+    from transformers import AutoTokenizer
+
+    if not rows:
+        raise ValueError("no training rows")
+    tokenizer = AutoTokenizer.from_pretrained(base_dir)
+    return method.examples(tokenizer, rows, config), tokenizer.pad_token_id
 
 
 def train(
@@ -44,29 +56,17 @@ def train(
     rows: Sequence[Any],
     config: TrainConfig,
     out_dir: Path,
-    *,
-    devices: int = 1,
     **kwargs: Any,
 ) -> TrainResult:
-    """Train by ``method`` on dataset ``rows``: the rows become the method's examples with the base model's tokenizer
-    (``method.examples``, cut to ``config.max_seq_len``), then :func:`train_examples` runs the loop in this process, or
-    on ``devices`` processes (:func:`~trainer_service.distributed.train_parallel`) when ``devices`` is more than 1.
+    """Train by ``method`` on dataset ``rows`` in this process: the rows become the method's examples
+    (:func:`tokenized`), then :func:`train_examples` runs the loop (``trainer_service.distributed.train`` runs it on
+    several devices).
 
     Raises :class:`~trainer_service.examples.UntrainableRows` before any step if a row has nothing left to train on
-    after the cut, and ``ValueError`` for no rows; ``kwargs`` and the rest as :func:`train_examples` (and
-    :func:`~trainer_service.distributed.train_parallel`: ``DeviceLost``).
+    after the cut, and ``ValueError`` for no rows; ``kwargs`` and the rest as :func:`train_examples`.
     """
-    from transformers import AutoTokenizer
-
-    if not rows:
-        raise ValueError("no training rows")
-    tokenizer = AutoTokenizer.from_pretrained(base_dir)
-    examples = method.examples(tokenizer, rows, config)
-    if devices > 1:
-        from trainer_service.distributed import train_parallel
-
-        return train_parallel(devices, base_dir, method, examples, config, out_dir, pad_token_id=tokenizer.pad_token_id, **kwargs)
-    return train_examples(base_dir, method, examples, config, out_dir, pad_token_id=tokenizer.pad_token_id, **kwargs)
+    examples, pad_token_id = tokenized(base_dir, method, rows, config)
+    return train_examples(base_dir, method, examples, config, out_dir, pad_token_id=pad_token_id, **kwargs)
 
 
 def train_examples(

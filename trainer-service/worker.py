@@ -14,7 +14,7 @@ import structlog
 from pydantic import TypeAdapter
 from sqlalchemy.orm import Session
 from trainer_service import repository
-from trainer_service.distributed import DeviceLost
+from trainer_service.distributed import DeviceLost, train
 from trainer_service.estimate import dataset_rows, job_devices, method_of, tokenizer, train_config
 from trainer_service.jobs import end_live_requests, finish, settle, settle_cancelled, workdir
 from trainer_service.models import Dataset, TrainingJob
@@ -154,7 +154,6 @@ class _JobRun:
     def train(self) -> tuple[str, None]:
         """Train (from ``resume`` if set) to the recipe's last step or a stop: ``("succeeded" | "cancelled", None)``. The
         datasets are validated again: one stored under older rules fails the job, not the worker."""
-        from trainer_service.training import train
 
         with self.trainer.db.session() as s:
             datasets = repository.datasets(s, self.dataset_ids)

@@ -21,12 +21,11 @@ from peft import PeftModel
 from safetensors.torch import load_file
 from trainer_service import worker
 from trainer_service.config import TrainConfig
-from trainer_service.distributed import DeviceLost
+from trainer_service.distributed import DeviceLost, train
 from trainer_service.methods import METHODS
 from trainer_service.methods.grpo import GRPO
 from trainer_service.metrics import StepMetrics
 from trainer_service.schemas import parse_row
-from trainer_service.training import train
 from transformers import AutoModelForCausalLM, AutoTokenizer
 
 from tests.conftest import prepared_models, throwaway_databases
