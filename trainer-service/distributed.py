@@ -32,9 +32,11 @@ import ctypes
 import logging
 import os
 import queue
+import select
 import shutil
 import signal
 import threading
+import time
 import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -81,6 +83,7 @@ class _RankSpec:
     init_weights: Path | None
     resume: Path | None
     cpu_threads: int
+    worker_pid: int
 
 
 class _Channel:
@@ -139,13 +142,38 @@ class _RewardProxy:
         return value
 
 
-def _die_with_parent() -> None:
-    """Have the kernel kill this process when the worker that launched it dies (``PR_SET_PDEATHSIG``), so no process of
-    a job outlives its worker."""
+def _die_with(worker_pid: int) -> None:
+    """End this process when the worker that launched its job ends, however it ends (a job's processes are the fork
+    server's children, not the worker's, and would train on with nobody to hear them): the kernel kills it when its
+    parent, the fork server, dies (``PR_SET_PDEATHSIG``), and a thread waiting on the worker's pidfd kills it when the
+    worker dies (polling the pid every second where pidfds are missing)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
-    if os.getppid() == 1:
-        os._exit(1)
+
+    def watch() -> None:
+        try:
+            fd = os.pidfd_open(worker_pid)
+        except ProcessLookupError:
+            fd = None
+        except OSError:  # no pidfds (a kernel before 5.3): poll
+            while _alive(worker_pid):
+                time.sleep(1.0)
+            fd = None
+        if fd is not None:
+            select.select([fd], [], [])
+        os.kill(os.getpid(), signal.SIGKILL)
+
+    threading.Thread(target=watch, name="die-with-worker", daemon=True).start()
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
 
 
 @record
@@ -155,7 +183,7 @@ def _rank_main(spec: _RankSpec, channel: _Channel) -> TrainResult | None:
     from trainer_service.methods import METHODS
     from trainer_service.training import train_examples
 
-    _die_with_parent()
+    _die_with(spec.worker_pid)
     rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     cuda = torch.cuda.is_available()
     if cuda:
@@ -237,7 +265,7 @@ def train_parallel(
         raise ValueError(f"this job is set to train on {devices} devices but this train worker sees {torch.cuda.device_count()} CUDA device(s)")
     rewarded = method.spec.rewarded
     spec = _RankSpec(Path(base_dir), method.name, rewarded, list(examples), config, Path(out_dir) if out_dir is not None else None, pad_token_id,
-                     init_adapter, init_weights, resume, _free_threads(devices))
+                     init_adapter, init_weights, resume, _free_threads(devices), os.getpid())
     import multiprocessing
 
     multiprocessing.get_context(START_METHOD).set_forkserver_preload(PRELOAD)  # takes effect when the fork server starts

@@ -118,19 +118,20 @@ def train_config(recipe: Recipe) -> TrainConfig:
     return TrainConfig(**fields, lr_scheduler_type=recipe.lr_scheduler)
 
 
-def job_devices(settings: ServiceSettings, recipe: Recipe) -> int:
+def job_devices(settings: ServiceSettings, recipe: Recipe, *, refuse: bool = True) -> int:
     """The devices a job of ``recipe`` trains on: ``recipe.devices`` where the deployment lets a recipe choose
     (``train_recipe_devices``), else ``train_devices``; never more than ``recipe.batch_size`` (each device takes at
-    least one example a step). ``Unprocessable`` on ``recipe.devices`` when the recipe sets it and may not, or asks
-    for more than ``train_devices``."""
-    if recipe.devices is not None:
+    least one example a step) nor than ``train_devices``. ``Unprocessable`` on ``recipe.devices`` when ``refuse`` (at
+    job creation) and the recipe sets it and may not, or asks for more than ``train_devices``. A worker reads it with
+    ``refuse`` false: a job accepted once runs on what its worker has, whatever the operator changed since."""
+    if recipe.devices is not None and refuse:
         if not settings.train_recipe_devices and recipe.devices != settings.train_devices:
             raise Unprocessable(f"this deployment's train workers choose the devices a job uses ({settings.train_devices}); leave "
                                 "recipe.devices out", field="recipe.devices", train_devices=settings.train_devices)
         if recipe.devices > settings.train_devices:
             raise Unprocessable(f"recipe.devices is {recipe.devices} but a train worker of this deployment has {settings.train_devices}",
                                 field="recipe.devices", train_devices=settings.train_devices)
-    return max(1, min(recipe.devices or settings.train_devices, recipe.batch_size))
+    return max(1, min(recipe.devices or settings.train_devices, settings.train_devices, recipe.batch_size))
 
 
 def estimate_tokens(trainer: Trainer, base_model: str, rows: TrainingRows, recipe: Recipe) -> tuple[int, TokenCounts, int]:

@@ -164,7 +164,7 @@ class _JobRun:
                 rows = dataset_rows(datasets, self.recipe).rows  # type: ignore[arg-type]
         result = train(
             base_model_dir(self.base_model, self.trainer.settings.models_dir), method, rows, train_config(self.recipe), self.workdir,
-            devices=job_devices(self.trainer.settings, self.recipe), init_adapter=self.parent_dir if self.parent_kind == "lora" else None, init_weights=self.parent_dir if self.parent_kind == "full" else None,
+            devices=job_devices(self.trainer.settings, self.recipe, refuse=False), init_adapter=self.parent_dir if self.parent_kind == "lora" else None, init_weights=self.parent_dir if self.parent_kind == "full" else None,
             resume=self.resume, on_start=self.on_start, on_step=self.on_step, on_checkpoint=self.on_checkpoint, should_stop=self.should_stop,
         )
         return ("cancelled" if result.stopped else "succeeded"), None
@@ -188,7 +188,8 @@ class _JobRun:
         """Record the device, precision and trainable parameters the loop runs with."""
         with self.trainer.db.session() as s:
             self.lease.row(s)
-            repository.add_event(s, self.job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {info['device']}, {info['precision']}, "
+            on = f"{info['device']} ({info['parallelism']})" if info.get("parallelism") else info["device"]
+            repository.add_event(s, self.job_id, "info", "device", f"{info['method']} ({info['adapter']}) on {on}, {info['precision']}, "
                                  f"{info['trainable_parameters']:,} trainable parameters", info)
 
     def on_step(self, m: Any) -> None:

@@ -168,7 +168,7 @@ BAD_BODIES = [
     ("POST", "/v1/chat/completions", {"json": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": "8"}}),
     ("POST", "/v1/chat/completions", {"json": {"model": MODEL, "messages": [{"role": "wizard", "content": "x"}]}}),
     ("POST", "/v1/chat/completions", {"json": {"model": MODEL, "messages": [{"role": "user", "content": "x"}], "max_tokens": 10**12}}),
-    ("POST", "/v1/chat/completions", {"content": b"{not json", "headers": {"Content-Type": "application/json"}}),
+    ("POST", "/v1/chat/completions", {"data": b"{not json", "headers": {"Content-Type": "application/json"}}),
     ("POST", "/v1/chat/completions", {"json": [1, 2, 3]}),
     ("POST", "/v1/evaluations", {"json": {"model": MODEL, "limit": "2"}}),
     ("POST", "/v1/evaluations", {"json": {"model": MODEL, "limit": -1, "surprise": True}}),

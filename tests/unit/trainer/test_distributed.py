@@ -11,6 +11,8 @@ from __future__ import annotations
 
 import os
 import signal
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -208,3 +210,52 @@ def test_a_job_that_loses_a_device_is_queued_again_and_resumes_with_every_token_
         assert [h["status"] for h in holds] == ["settled"] and balance["held_usd_micros"] == 0
         charged = sum(e["quantity"] for e in entries if e["type"] == "charge" and e["kind"] == "training_tokens")
         assert charged == done["trained_tokens"] == done["estimated_tokens"] > 0
+
+
+def test_a_jobs_processes_end_with_the_worker_that_launched_them(base: Path, tmp_path: Path) -> None:
+    """A worker killed mid-job (SIGKILL: no clean-up runs) leaves no process of its job training on: they are the fork
+    server's children, not the worker's, and each watches the worker."""
+    script = tmp_path / "worker.py"
+    script.write_text(
+        "import sys\nfrom pathlib import Path\n"
+        "from trainer_service.config import TrainConfig\nfrom trainer_service.distributed import train\n"
+        "from trainer_service.methods import METHODS\nfrom tests.unit.trainer.test_distributed import ROWS\n"
+        "if __name__ == '__main__':\n"
+        "    cfg = TrainConfig(max_steps=10**6, batch_size=4, warmup_steps=0, max_seq_len=64, checkpoint_every=10**6, bf16_autocast=False)\n"
+        "    train(Path(sys.argv[1]), METHODS['sft'], ROWS, cfg, Path(sys.argv[2]), devices=2,\n"
+        "          on_step=lambda m: m.step == 3 and print('training', flush=True))\n")
+    root = Path(__file__).resolve().parents[3]
+    worker = subprocess.Popen([sys.executable, str(script), str(base), str(tmp_path / "out")], stdout=subprocess.PIPE, text=True, cwd=root,
+                              env={**os.environ, "PYTHONPATH": str(root)})
+    try:
+        assert worker.stdout.readline().strip() == "training"
+        ranks = [p for p in psutil.Process(worker.pid).children(recursive=True) if "forkserver" in " ".join(p.cmdline())]
+        assert len(ranks) == 3  # the fork server and its two processes
+    finally:
+        worker.kill()
+        worker.wait()
+    gone, alive = psutil.wait_procs(ranks, timeout=10)
+    assert alive == [], [p.pid for p in alive]
+
+
+def test_a_job_accepted_once_runs_on_what_its_worker_has_whatever_the_operator_changed() -> None:
+    """At creation a recipe's ``devices`` is checked against the deployment's settings (422 naming it); a worker reads it
+    without refusing, so a job queued before the operator lowered ``train_devices`` or stopped recipes choosing still runs,
+    on at most what the worker has."""
+    from trainer_service.estimate import job_devices
+
+    from services.common.contracts import Recipe
+    from services.common.errors import Unprocessable
+    from services.common.settings import ServiceSettings
+
+    asked = Recipe(devices=2, batch_size=4)
+    assert job_devices(ServiceSettings(train_devices=2, train_recipe_devices=True), asked) == 2
+    assert job_devices(ServiceSettings(train_devices=4), Recipe(batch_size=3)) == 3  # a device takes an example a step at least
+    fewer = Recipe(devices=1, batch_size=4)
+    assert job_devices(ServiceSettings(train_devices=2, train_recipe_devices=True), fewer) == 1
+    for changed, recipe, runs_on in ((ServiceSettings(train_devices=2, train_recipe_devices=False), fewer, 1),  # choosing no longer allowed
+                                     (ServiceSettings(train_devices=1, train_recipe_devices=True), asked, 1)):  # fewer devices now
+        with pytest.raises(Unprocessable) as refused:
+            job_devices(changed, recipe)
+        assert refused.value.extra["field"] == "recipe.devices" and refused.value.extra["train_devices"] == changed.train_devices
+        assert job_devices(changed, recipe, refuse=False) == runs_on
