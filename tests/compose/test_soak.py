@@ -13,7 +13,10 @@ What it must show, printed as a table whatever the outcome:
   idempotency key is charged twice; the spender's run, whose budget ran out, is refused (402 ``budget_exhausted``,
   counted in Locust's statistics as type ``REFUSED`` with the other refusals the agents expected) and never overdrawn;
 - **light reads are fast**: the 99th percentile of ``GET /v1/budget``, ``GET /v1/run``, the lists and the polls of one
-  evaluation or job stays under :data:`LIGHT_P99_S`;
+  evaluation or job, pooled (the agents record each also as ``LIGHT light reads``), stays under :data:`LIGHT_P99_S`, and
+  on runs of :data:`MEMORY_MIN_S` or more each route's own too (a minute holds a few dozen of one route: its p99 is its
+  slowest);
+- **the agents ran as written**: no exception in an agent's own code (Locust counts those apart from failures);
 - **memory is flat**: each HTTP service's resident memory (``docker stats``) at the end of the run is at most 10 %
   above what it was just after the warm-up (the first quarter of the run). Asserted on runs of
   :data:`MEMORY_MIN_S` or more; printed on shorter ones, where two minutes say little about a leak.
@@ -148,8 +151,10 @@ def test_simulated_agents_for_hours_leave_no_error_no_open_hold_and_balanced_boo
     errors_after = _gateway_5xx(deployment)
 
     rows = _stats(prefix)
-    total = next(r for r in rows if r["Name"] == "Aggregated")
+    sent = [r for r in rows if r["Type"] in ("GET", "POST")]  # not Locust's Aggregated: it counts the REFUSED and LIGHT records too
+    requests, failed = sum(int(r["Request Count"]) for r in sent), sum(int(r["Failure Count"]) for r in sent)
     light = [r for r in rows if r["Type"] == "GET" and LIGHT_READS.match(r["Name"])]
+    pooled = next((r for r in rows if r["Type"] == "LIGHT"), None)
     books: list[str] = []
     open_holds: list[str] = []
     for run in runs:
@@ -162,8 +167,9 @@ def test_simulated_agents_for_hours_leave_no_error_no_open_hold_and_balanced_boo
         open_holds += [f"{run['id']}:{h}" for h in _holds_not_closed(entries)]
     spender_budget = clients[spender["id"]].budget()
 
-    print(f"\n[soak] {USERS} agents for {SOAK_S} s ({duration:.0f} s with the stop): {total['Request Count']} requests, "
-          f"{total['Failure Count']} failed, {float(total['Requests/s']):.1f}/s; gateway 5xx {errors_after - errors_before}")
+    print(f"\n[soak] {USERS} agents for {SOAK_S} s ({duration:.0f} s with the stop): {requests} requests, {failed} failed, "
+          f"{requests / SOAK_S:.1f}/s; gateway 5xx {errors_after - errors_before}; light reads pooled: "
+          f"p99 {pooled and pooled['99%']} ms of {pooled and pooled['Request Count']}")
     print("[soak] | route | requests | failed | p50 ms | p99 ms | max ms |")
     for r in rows:
         print(f"[soak] | {r['Name']} | {r['Request Count']} | {r['Failure Count']} | {r['50%']} | {r['99%']} | {float(r['Max Response Time']):.0f} |")
@@ -180,21 +186,23 @@ def test_simulated_agents_for_hours_leave_no_error_no_open_hold_and_balanced_boo
     exceptions = list(csv.DictReader(io.StringIO(Path(f"{prefix}_exceptions.csv").read_text()))) if Path(f"{prefix}_exceptions.csv").exists() else []
     if exceptions:  # an agent's task that raised sent nothing more that turn: a kind of load the test believed it made
         print("[soak] the agents' own exceptions:", [(e["Count"], e["Message"], e["Traceback"][-600:]) for e in exceptions])
-    if int(total["Failure Count"]):  # what the gateway and inference logged meanwhile, to tell whose the failure was
+    if failed:  # what the gateway and inference logged meanwhile, to tell whose the failure was
         for service in ("gateway", "inference"):
             logs = deployment.compose(f"logs --no-color --since {int(duration) + 600}s {service}", check=False).stdout
             print(f"[soak] {service} log, its warnings and errors:", "\n".join(line for line in logs.splitlines() if re.search(r"warn|error|exception|traceback", line, re.I))[-6000:])
 
     assert locust.returncode in (0, 1), locust.stderr[-2000:]  # 1: Locust saw failures or exceptions, asserted below
-    assert int(total["Failure Count"]) == 0, [(r["Name"], r["Failure Count"]) for r in rows if int(r["Failure Count"])]
+    assert failed == 0, [(r["Name"], r["Failure Count"]) for r in rows if int(r["Failure Count"])]
     assert exceptions == [], [(e["Count"], e["Message"]) for e in exceptions]
     assert errors_after == errors_before
-    assert int(total["Request Count"]) >= SOAK_S  # the agents really ran (at least one request a second together)
+    assert requests >= SOAK_S  # the agents really ran (at least one request a second together)
     assert books == [] and open_holds == []
     assert spender_budget["spent_usd_micros"] <= spender_budget["budget_usd_micros"]
     refused = {r["Name"]: int(r["Request Count"]) for r in rows if r["Type"] == "REFUSED"}
     assert refused.get("402 budget_exhausted", 0) >= 1, refused  # the spender ran out and was refused (and so, maybe, others)
-    slow = [(r["Name"], r["99%"]) for r in light if int(r["Request Count"]) and float(r["99%"]) > LIGHT_P99_S * 1000]
-    assert slow == [], slow
+    assert pooled is not None and float(pooled["99%"]) <= LIGHT_P99_S * 1000, pooled  # every light read, pooled
+    if SOAK_S >= MEMORY_MIN_S:  # long enough for each route's own 99th percentile to mean one
+        slow = [(r["Name"], r["99%"]) for r in light if int(r["Request Count"]) and float(r["99%"]) > LIGHT_P99_S * 1000]
+        assert slow == [], slow
     if SOAK_S >= MEMORY_MIN_S:
         assert {s: g for s, g in growth.items() if g > MEMORY_GROWTH} == {}
