@@ -1,10 +1,11 @@
 """A training job's step loop on several devices of one host, on PyTorch's own distributed stack.
 
-:func:`train_parallel` (the worker's side) launches the loop of :func:`trainer_service.training.train_examples` in
+:func:`train` is the worker's entry: one device trains in its process, more through :func:`train_parallel`, which
+launches the loop of :func:`trainer_service.training.train_examples` in
 ``devices`` processes with torchrun's launcher (``torch.distributed.launcher.api.elastic_launch``: a c10d rendezvous on
 a free loopback port, ``RANK``, ``LOCAL_RANK`` and ``WORLD_SIZE`` set, every process ended when one fails). Each
 process (:func:`_rank_main`) joins the process group (NCCL on CUDA, gloo on CPU), takes CUDA device ``LOCAL_RANK`` (or
-its share of the CPUs) and runs the same loop with a :class:`Parallel`: a LoRA adapter is replicated with DDP
+its share of the CPUs) and runs the same loop with a :class:`~trainer_service.parallel.Parallel`: a LoRA adapter is replicated with DDP
 (``DistributedDataParallel``: gradients all-reduced), full weights are sharded with FSDP2 (``fully_shard`` on every
 decoder layer and on the model: parameters, gradients and optimizer state split over the processes).
 
@@ -24,6 +25,8 @@ Invariants:
 - A process that ends without raising (killed, out of memory, its device gone) is :class:`DeviceLost`: the worker
   hands the job back to the queue and its next attempt resumes from its newest checkpoint, as when a single-device
   worker dies. An exception raised in a process fails the job with that exception, as on one device.
+- No process of a job outlives the worker that launched it (:func:`_die_with`), and the launcher leaves the worker's
+  signal handlers alone (it runs in a thread of its own).
 """
 
 from __future__ import annotations
