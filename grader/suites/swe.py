@@ -35,6 +35,7 @@ import hashlib
 import json
 import os
 import random
+import re
 import shutil
 import subprocess
 import textwrap
@@ -172,9 +173,14 @@ def _test_source(repo: Path, test_id: str) -> str:
     return f"# see {name}"
 
 
+ADDRESS = re.compile(r"\b0x[0-9a-fA-F]{6,}\b")
+"""An object's address in a failure message (``<function <lambda> at 0x7f18a8a16020>``), which the issue hides: two
+deployments preparing the same seed's items must write the same issue."""
+
+
 def issue_text(mutant: Mutant, rng: random.Random) -> str:
     """The issue a user could have written about ``mutant``: the function, its documented purpose, a reproduction (the
-    first failing test's body) and the failure it gives — never the fix."""
+    first failing test's body) and the failure it gives, object addresses hidden (:data:`ADDRESS`) — never the fix."""
     project = PROJECTS[mutant.project]
     module = mutant.path[:-3].replace("/", ".").removeprefix(f"{project.path}/".replace("/", ".") if project.path != "." else "")
     module = module.removesuffix(".__init__")
@@ -185,7 +191,7 @@ def issue_text(mutant: Mutant, rng: random.Random) -> str:
         if isinstance(node, ast.FunctionDef) and node.lineno <= mutant.line <= (node.end_lineno or 0):
             first = (ast.get_docstring(node) or "").strip().split("\n\n")[0].replace("\n", " ")
             doc = f"Its documentation says: \"{first[:300]}\"" if first else ""
-    error = mutant.failure
+    error = ADDRESS.sub("0x…", mutant.failure)  # a repr's memory address differs from one run of the tests to the next
     values = {"name": name, "where": f"{project.name} {project.version}", "doc": doc,
               "repro": _test_source(project.repo, mutant.fail_to_pass[0]), "error": error.strip() or "the check fails"}
     title = "# " + rng.choice(TITLES).format(**values)

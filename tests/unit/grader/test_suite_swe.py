@@ -198,3 +198,19 @@ class TestFirst:
                                                "ChunkedTests::test_even", "TestFirst::test_chunked_named_in_a_string"]
     assert naming_tests(source, "first") == ["test_first", "ChunkedTests::test_other", "TestFirst::test_chunked_named_in_a_string"]
     assert naming_tests(source + "\nclass MoreTests(SharedTests):\n    def test_x(self):\n        pass\n", "first") is None  # tests of another module
+
+
+def test_an_issue_is_the_same_whatever_address_its_failure_printed() -> None:
+    """A failure message naming an object by its address (a lambda's repr) gives the same issue on every run of the tests:
+    two deployments whose differential test compares their training pools saw two addresses, two issues."""
+    import dataclasses
+    import random
+
+    from grader.suites.swe import issue_text
+
+    mutant = next(m for project in PROJECTS.values() for m in candidates(project))
+    test_file = next(PROJECTS[mutant.project].repo.rglob("test_*.py")).relative_to(PROJECTS[mutant.project].repo)
+    texts = {issue_text(dataclasses.replace(mutant, fail_to_pass=(f"{test_file}::test_not_there",),
+                                            failure=f"assert True is False\n +  where True = has_keywords(<function <lambda> at {a}>)"),
+                        random.Random(0)) for a in ("0x7f18a8a16020", "0x7f238996a020")}
+    assert len(texts) == 1 and "at 0x…>" in texts.pop()
