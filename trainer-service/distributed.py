@@ -53,6 +53,8 @@ from trainer_service.config import TrainConfig
 from trainer_service.metrics import StepMetrics, TrainResult
 from trainer_service.parallel import Parallel
 
+from services.common.processes import process_tag, tag_alive
+
 logger = logging.getLogger(__name__)
 
 
@@ -86,7 +88,7 @@ class _RankSpec:
     init_weights: Path | None
     resume: Path | None
     cpu_threads: int
-    worker_pid: int
+    worker: str
 
 
 class _Channel:
@@ -145,21 +147,22 @@ class _RewardProxy:
         return value
 
 
-def _die_with(worker_pid: int) -> None:
+def _die_with(worker: str) -> None:
     """End this process when the worker that launched its job ends, however it ends (a job's processes are the fork
     server's children, not the worker's, and would train on with nobody to hear them): the kernel kills it when its
     parent, the fork server, dies (``PR_SET_PDEATHSIG``), and a thread waiting on the worker's pidfd kills it when the
-    worker dies (polling the pid every second where pidfds are missing)."""
+    worker dies (polling its ``worker`` tag, ``services.common.processes.process_tag``, every second where pidfds are
+    missing)."""
     libc = ctypes.CDLL(None, use_errno=True)
     libc.prctl(1, signal.SIGKILL)  # PR_SET_PDEATHSIG
 
     def watch() -> None:
         try:
-            fd = os.pidfd_open(worker_pid)
+            fd = os.pidfd_open(int(worker.partition(".")[0]))
         except ProcessLookupError:
             fd = None
         except OSError:  # no pidfds (a kernel before 5.3): poll
-            while _alive(worker_pid):
+            while tag_alive(worker):
                 time.sleep(1.0)
             fd = None
         if fd is not None:
@@ -169,16 +172,6 @@ def _die_with(worker_pid: int) -> None:
     threading.Thread(target=watch, name="die-with-worker", daemon=True).start()
 
 
-def _alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 @record
 def _rank_main(spec: _RankSpec, channel: _Channel) -> TrainResult | None:
     """One process of a job: join the group, run the loop on this process's device, return the result from rank 0.
@@ -186,7 +179,7 @@ def _rank_main(spec: _RankSpec, channel: _Channel) -> TrainResult | None:
     from trainer_service.methods import METHODS
     from trainer_service.training import train_examples
 
-    _die_with(spec.worker_pid)
+    _die_with(spec.worker)
     rank, world, local_rank = int(os.environ["RANK"]), int(os.environ["WORLD_SIZE"]), int(os.environ["LOCAL_RANK"])
     cuda = torch.cuda.is_available()
     if cuda:
@@ -268,7 +261,7 @@ def train_parallel(
         raise ValueError(f"this job is set to train on {devices} devices but this train worker sees {torch.cuda.device_count()} CUDA device(s)")
     rewarded = method.spec.rewarded
     spec = _RankSpec(Path(base_dir), method.name, rewarded, list(examples), config, Path(out_dir) if out_dir is not None else None, pad_token_id,
-                     init_adapter, init_weights, resume, _free_threads(devices), os.getpid())
+                     init_adapter, init_weights, resume, _free_threads(devices), process_tag())
     import multiprocessing
 
     multiprocessing.get_context(START_METHOD).set_forkserver_preload(PRELOAD)  # takes effect when the fork server starts

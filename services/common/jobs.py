@@ -33,6 +33,7 @@ from sqlalchemy import Integer, String, func, select, update
 from sqlalchemy.orm import Mapped, Session, mapped_column
 
 from services.common.db import Database, UTCDateTime, utcnow
+from services.common.processes import owner_alive
 
 
 class JobColumns:
@@ -61,16 +62,6 @@ def worker_id() -> str:
     return f"{socket.gethostname()}:{os.getpid()}"
 
 
-def _process_alive(pid: int) -> bool:
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
-
-
 def worker_gone(owner: str | None, heartbeat_at: dt.datetime | None, now: dt.datetime, lease_s: float) -> bool:
     """True when the worker ``owner`` (``host:pid``) no longer holds its lease.
 
@@ -79,8 +70,7 @@ def worker_gone(owner: str | None, heartbeat_at: dt.datetime | None, now: dt.dat
     """
     if heartbeat_at is None or heartbeat_at < now - dt.timedelta(seconds=lease_s):
         return True
-    host, _, pid = (owner or "").rpartition(":")
-    return host == socket.gethostname() and pid.isdigit() and not _process_alive(int(pid))
+    return not owner_alive(owner or "")
 
 
 def claim(db: Database, table: type, job_id: str) -> bool:
