@@ -97,7 +97,7 @@ compose-test: compose-images
 
 # The soak test (tests/compose/test_soak.py): simulated research agents (Locust) against the docker-compose deployment for
 # an hour, then no server error, every hold closed, the books balanced, light reads' p99 under 0.5 s and each service's
-# memory flat. `make compose-test` (and .ci/run) runs it for one minute after the live tests. SOAK_S sets the length.
+# memory flat. `make compose-test` (and .ci/run) runs it for half a minute after the live tests. SOAK_S sets the length.
 SOAK_S ?= 3600
 soak: compose-images
 	CRUCIBLE_SOAK_S=$(SOAK_S) $(LOCAL_IMAGES) $(PY) -m pytest -q -s tests/compose/test_soak.py
