@@ -39,7 +39,6 @@ import re
 import shutil
 import subprocess
 import textwrap
-import threading
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict
@@ -59,7 +58,6 @@ AGENT_TIMEOUT_S = 600.0
 VERIFY_WORKERS = min(8, os.cpu_count() or 1)
 """Candidates verified at once while a split is drawn (each a pytest process)."""
 VERIFIER_TIMEOUT_S = 120.0
-_VERIFIED = threading.Lock()
 _INSTANCE_STAMP = hashlib.sha256(Path(__file__).read_bytes() + swe_mutants.STAMP.encode()).hexdigest()[:16]
 """The version of an instance's folder: one written by another version of this suite (its verifier) is not reused."""
 
@@ -132,18 +130,17 @@ def _candidates(name: str) -> tuple[Mutant, ...]:
 
 
 def _verified(mutant: Mutant) -> Mutant | None:
-    """``mutant`` verified on its project's tests (:func:`swe_mutants.verify`), the result kept in ``SWE_DIR/verified``."""
+    """``mutant`` verified on its project's tests (:func:`swe_mutants.verify`), its verdict recorded once in
+    ``SWE_DIR/verified`` (:func:`swe_mutants.write_once`: a verdict another process recorded first is the one kept and
+    returned). Raises :class:`~grader.suites.swe_mutants.CouldNotVerify`, recording nothing, when the tests could not
+    be run to a verdict."""
     cached = SWE_DIR / "verified" / swe_mutants.STAMP / f"{mutant.id}.json"
     if cached.is_file():
         data = json.loads(cached.read_text())
-        return _mutant(data) if data else None
-    [kept] = swe_mutants.verify(PROJECTS[mutant.project], [mutant], workers=1) or [None]
-    with _VERIFIED:
-        cached.parent.mkdir(parents=True, exist_ok=True)
-        tmp = cached.with_suffix(f".{os.getpid()}.tmp")
-        tmp.write_text(json.dumps(asdict(kept) if kept else {}))
-        tmp.replace(cached)
-    return kept
+    else:
+        [kept] = swe_mutants.verify(PROJECTS[mutant.project], [mutant], workers=1) or [None]
+        data = swe_mutants.write_once(cached, asdict(kept) if kept else {})
+    return _mutant(data) if data else None
 
 
 def _bugs(pool: list[Mutant], executor: ThreadPoolExecutor) -> Iterator[Mutant]:

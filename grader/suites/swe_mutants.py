@@ -10,9 +10,16 @@ flipped at its boundary (``<`` ↔ ``<=``, ``==`` ↔ ``!=``, ``in`` ↔ ``not i
 ``or``, a ``not`` dropped, ``+ 1`` ↔ ``- 1``, a ``True`` returned as ``False``, and an ``if`` that returns, raises,
 breaks or continues left out (a case the function forgot). A candidate is a bug when :func:`verify` finds that it makes
 some of the project's tests fail (``FAIL_TO_PASS``; the tests of the files that name the function are run, all of them
-for a function no test file names) while the
-other tests of those files still pass (``PASS_TO_PASS``), every file still imports and the run ends within
-:data:`TEST_TIMEOUT_S`. The suite verifies candidates as its seeds draw them (:mod:`grader.suites.swe`). A bug's *gold
+for a function no test file names) while the other tests of those files still pass (``PASS_TO_PASS``), every file still
+imports and the run ends within :data:`TEST_CPU_S` of CPU time and without :data:`HANG_S` asleep. The suite verifies
+candidates as its seeds draw them (:mod:`grader.suites.swe`).
+
+**A verdict is a function of the candidate alone**, so a split is the same on any machine at any load: a run is cut by
+the CPU time it used (a loop) or the time it spent asleep with nothing runnable (a deadlock), never by wall clock; tests
+whose outcome depends on the machine's speed are not read (:data:`LOAD_SENSITIVE`); a run that ends for a reason of the
+machine's (out of wall clock after :data:`TEST_WALL_S`, killed, no readable report) is no verdict: it is run again, and
+after :data:`TRIES` raises :class:`CouldNotVerify`, so the split is not drawn rather than drawn otherwise. A verdict
+is recorded once (:func:`write_once`) and never overwritten. A bug's *gold
 patch* is its mutation reversed; its *test patch* is the test files holding its ``FAIL_TO_PASS`` tests, taken out of
 the repository the agent gets and put back by the verifier: SWE-bench's shape.
 """
@@ -21,22 +28,27 @@ from __future__ import annotations
 
 import ast
 import builtins
+import contextlib
 import hashlib
 import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import tarfile
 import tempfile
 import threading
+import time
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import asdict, dataclass
 from functools import cache
 from pathlib import Path
 from typing import Any
+
+from services.common.errors import UpstreamUnavailable
 
 SWE_DIR = Path(os.environ.get("CRUCIBLE_SWE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crucible" / "swe")
 """Where :func:`prepare` writes (``projects/<name>/`` the repositories, ``env/`` the runner, ``baseline/``) and the
@@ -45,12 +57,21 @@ the checkouts of one machine as pip's cache is; ``CRUCIBLE_SWE_DIR`` moves it.""
 ENV_TARGET = "/opt/swe-env"
 """Where a sandbox sees the tests' runner (read-only)."""
 PYTEST = "pytest==8.4.2"
-TEST_TIMEOUT_S = 30.0
-"""A mutant whose tests run longer than this (wall clock: a deadlock) is not kept."""
 TEST_CPU_S = 8
 """A mutant whose tests use more CPU time than this (a loop that no longer ends) is not kept: CPU time, unlike wall
 clock, does not grow on a loaded machine, so the same mutant is kept or not on every machine (a split is the same
 everywhere). The tests a mutant runs take about a second on the original source."""
+HANG_S = 30.0
+"""A mutant whose tests spend this long with every thread asleep and no CPU used (a deadlock) is not kept: time spent
+waiting for a CPU, which a loaded machine makes long, is not counted (:func:`_watch`)."""
+TEST_WALL_S = 600.0
+"""A run of tests still going after this much wall clock was held up by the machine (not a verdict: run again)."""
+TRIES = 3
+"""Runs of one set of tests before :class:`CouldNotVerify` (each ended for a reason of the machine's)."""
+POLL_S = 0.25
+LOAD_SENSITIVE = re.compile(r"\b(sleep|time\.time|monotonic|perf_counter|Thread|threading|socket|subprocess|Popen|timeout)\b")
+"""What a test's source names when its outcome may depend on the machine's speed (a duration it measures, a wait
+with a deadline, another thread or process it races): such tests are run but never read (:func:`load_sensitive_tests`)."""
 MAX_FAILING = 12
 """A mutant that breaks more tests than this is too blunt to read as one bug: not kept."""
 _BUILTINS = frozenset(dir(builtins)) | {"object"}
@@ -278,48 +299,160 @@ def junit_outcomes(xml_text: str, files: list[str]) -> dict[str, str]:
     return out
 
 
-def _run_tests(repo: Path, project: Project, tests: list[str], timeout_s: float = TEST_TIMEOUT_S,
-               cpu_s: int | None = TEST_CPU_S) -> tuple[dict[str, str], dict[str, str]] | None:
+class CouldNotVerify(UpstreamUnavailable):
+    """The project's tests could not be run to a verdict :data:`TRIES` times (the machine's doing: a run that outlasted
+    :data:`TEST_WALL_S`, was killed, left no readable report): nothing is recorded, and the split that needed the verdict
+    is not drawn (a 503: retry once the machine is healthier) rather than drawn otherwise."""
+
+    code, title = "could_not_verify", "A swe candidate could not be verified; retry later"
+
+
+@dataclass(frozen=True)
+class TestRun:
+    """How a run of a project's tests ended, a function of the code it ran: ``ended`` is ``"reported"`` (``outcomes``
+    ``{test id: "passed" | "failed" | "skipped"}`` and ``messages`` ``{failed test id: its failure's message}`` read from
+    its JUnit report), ``"cpu-limit"`` (it used :data:`TEST_CPU_S` of CPU time: a loop that no longer ends), ``"hung"``
+    (:data:`HANG_S` with every thread asleep and no CPU used: a deadlock) or ``"no-start"`` (pytest refused to start,
+    exit status 4: a ``conftest.py`` that no longer imports)."""
+
+    ended: str
+    outcomes: dict[str, str]
+    messages: dict[str, str]
+
+
+class _Infrastructure(Exception):
+    """A run that ended for a reason of the machine's, not of the code it ran."""
+
+
+def _run_tests(repo: Path, project: Project, tests: list[str], cpu_s: int | None = TEST_CPU_S) -> TestRun:
     """Run ``tests`` of the repository at ``repo`` as a sandbox would (:func:`pytest_command` with this machine's
-    ``python3``), under ``cpu_s`` seconds of CPU time (``prlimit``; ``None``: no limit): ``(outcomes, {failed test id:
-    its failure's message})``, or ``None`` when the run timed out or reported nothing."""
+    ``python3``), under ``cpu_s`` seconds of CPU time (``prlimit``; ``None``: no limit). A run that ends for a reason of
+    the machine's (:class:`_Infrastructure`) is run again, :data:`TRIES` times in all; then raises
+    :class:`CouldNotVerify`. Nothing that grows with the machine's load decides the result (module docstring)."""
+    reasons = []
+    for _ in range(TRIES):
+        try:
+            return _run_once(repo, project, tests, cpu_s)
+        except _Infrastructure as exc:
+            reasons.append(str(exc))
+    raise CouldNotVerify(f"swe: the tests of {project.name} ({' '.join(tests)[:200]}) could not be run to a verdict in {TRIES} tries: "
+                         f"{'; '.join(reasons)}; nothing was recorded (the split is not drawn until they can)")
+
+
+def _run_once(repo: Path, project: Project, tests: list[str], cpu_s: int | None) -> TestRun:
     import xml.etree.ElementTree as ET
 
     with tempfile.TemporaryDirectory(prefix="crucible-swe-") as tmp:
         junit = f"{tmp}/junit.xml"
         cmd = pytest_command(_python(), str(SWE_DIR / "env"), project.path, tests, junit)
-        if cpu_s is not None:
-            cmd = ["prlimit", f"--cpu={cpu_s}", "--", *cmd]
-        try:
-            subprocess.run(cmd, cwd=repo, capture_output=True, text=True, timeout=timeout_s, env={"PATH": "/usr/bin:/bin", "HOME": tmp})
-        except subprocess.TimeoutExpired:
-            return None
+        if cpu_s is not None:  # SIGXCPU at the soft limit (the run's own end), SIGKILL at the hard one if it survives that
+            cmd = ["prlimit", f"--cpu={cpu_s}:{cpu_s + 2}", "--core=0", "--", *cmd]
+        with open(f"{tmp}/log", "w+b") as log:
+            try:
+                proc = subprocess.Popen(cmd, cwd=repo, stdout=log, stderr=subprocess.STDOUT, start_new_session=True,
+                                        env={"PATH": "/usr/bin:/bin", "HOME": tmp})
+            except OSError as exc:
+                raise _Infrastructure(f"could not start: {exc}") from None
+            stopped = _watch(proc)
+            log.seek(0)
+            tail = log.read().decode(errors="replace")[-300:].strip()
+        if stopped == "hung":
+            return TestRun("hung", {}, {})
+        if stopped == "wall":
+            raise _Infrastructure(f"still running after {TEST_WALL_S:.0f} s of wall clock")
+        if proc.returncode == -signal.SIGXCPU:
+            return TestRun("cpu-limit", {}, {})
+        if proc.returncode < 0:
+            raise _Infrastructure(f"killed by {signal.Signals(-proc.returncode).name}")
         if not Path(junit).is_file():
-            return None
-        text = Path(junit).read_text()
+            if proc.returncode == 4:  # pytest's usage error: a conftest.py that no longer imports
+                return TestRun("no-start", {}, {})
+            raise _Infrastructure(f"exit status {proc.returncode} and no JUnit report: {tail!r}")
+        try:
+            root = ET.fromstring(Path(junit).read_text())
+        except (ET.ParseError, UnicodeDecodeError) as exc:
+            raise _Infrastructure(f"an unreadable JUnit report ({exc})") from None
     files = [t.split("::")[0] for t in tests]
     messages: dict[str, str] = {}
-    for case in ET.fromstring(text).iter("testcase"):
+    for case in root.iter("testcase"):
         bad = case.find("failure") if case.find("failure") is not None else case.find("error")
         if bad is not None:
             [test_id] = junit_outcomes(f"<testsuite>{ET.tostring(case, encoding='unicode')}</testsuite>", files) or [""]
             messages[test_id] = (bad.get("message") or "").strip()
-    return junit_outcomes(text, files), messages
+    return TestRun("reported", junit_outcomes(ET.tostring(root, encoding="unicode"), files), messages)
+
+
+def _watch(proc: subprocess.Popen[bytes]) -> str | None:
+    """Wait for ``proc`` (the leader of a session of its own). ``"hung"`` once its processes together spent :data:`HANG_S`
+    seconds with no thread runnable and no CPU time used (asleep on a lock that nothing will release: waiting for the
+    CPU, as a loaded machine makes a process wait, is being runnable), ``"wall"`` after :data:`TEST_WALL_S`; either
+    kills the session. ``None`` when it ended by itself."""
+    started = last = time.monotonic()
+    blocked, last_cpu = 0.0, -1
+    while True:
+        with contextlib.suppress(subprocess.TimeoutExpired):
+            proc.wait(POLL_S)
+            return None
+        now = time.monotonic()
+        runnable, cpu = _session_state(proc.pid)
+        if not runnable and cpu == last_cpu:
+            blocked += now - last
+        last, last_cpu = now, cpu
+        stopped = "hung" if blocked >= HANG_S else "wall" if now - started >= TEST_WALL_S else None
+        if stopped:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(proc.pid, signal.SIGKILL)
+            proc.wait()
+            return stopped
+
+
+def _session_state(sid: int) -> tuple[bool, int]:
+    """Of the processes of session ``sid`` (``/proc``): whether any thread is runnable or in an uninterruptible wait
+    (``R``, ``D``: the machine's to serve), and their CPU time in clock ticks."""
+    runnable, ticks = False, 0
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rpartition(")")[2].split()
+            if int(fields[3]) != sid:
+                continue
+            ticks += int(fields[11]) + int(fields[12])
+            runnable = runnable or any(t.read_text().rpartition(")")[2].split()[0] in "RD" for t in stat.parent.glob("task/*/stat"))
+        except (OSError, IndexError, ValueError):
+            continue  # the process ended while it was read
+    return runnable, ticks
+
+
+def write_once(path: Path, data: Any) -> Any:
+    """Record ``data`` (JSON) at ``path`` unless a record is there already, and return the one that is: the first
+    writer's stays (created whole and at once: a hard link to a complete temporary file, which fails if ``path``
+    exists), so a verdict, once recorded, is the only one any process reads."""
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    try:
+        with os.fdopen(fd, "w") as f:
+            json.dump(data, f)
+        os.link(tmp, path)
+    except FileExistsError:
+        return json.loads(path.read_text())
+    finally:
+        os.unlink(tmp)
+    return data
 
 
 def baseline(project: Project) -> dict[str, dict[str, str]]:
-    """Each test file's outcomes on the original source (kept in ``SWE_DIR/baseline``, per version of the runner)."""
-    runner = hashlib.sha256(f"{PYTEST}\n{RUNNER}".encode()).hexdigest()[:12]
-    cached = SWE_DIR / "baseline" / f"{project.name}-{project.version}-{runner}.json"
+    """Each test file's outcomes on the original source (kept in ``SWE_DIR/baseline`` per version of this module, as
+    verdicts are, written once: :func:`write_once`). Raises :class:`CouldNotVerify` when a file's tests cannot be run to a report (recording
+    nothing): a baseline is never a timed-out run's."""
+    cached = SWE_DIR / "baseline" / f"{project.name}-{project.version}-{STAMP}.json"
     if cached.is_file():
         return json.loads(cached.read_text())
     result = {}
     for f in map(str, project.test_files()):
-        ran = _run_tests(project.repo, project, [f], timeout_s=300, cpu_s=None)
-        result[f] = ran[0] if ran else {}
-    cached.parent.mkdir(parents=True, exist_ok=True)
-    cached.write_text(json.dumps(result))
-    return result
+        ran = _run_tests(project.repo, project, [f], cpu_s=None)
+        if ran.ended != "reported":
+            raise CouldNotVerify(f"swe: {project.name}'s {f} did not run to a report on the original source ({ran.ended})")
+        result[f] = ran.outcomes
+    return write_once(cached, result)  # type: ignore[no-any-return]
 
 
 def _python() -> str:
@@ -376,8 +509,16 @@ def naming_tests(source: str, name: str) -> list[str] | None:
     word); ``None`` when they cannot be told from the file alone (a test class inherits from a class of another
     module, which may be a ``TestCase``). Test classes: those :func:`_maybe_tests` tells, with the tests they inherit from
     classes of the same file."""
+    return _tests_matching(source, re.compile(rf"\b{re.escape(name)}\b"))
+
+
+def load_sensitive_tests(source: str) -> list[str] | None:
+    """The pytest ids of a test file's tests whose body names :data:`LOAD_SENSITIVE` (as :func:`naming_tests`)."""
+    return _tests_matching(source, LOAD_SENSITIVE)
+
+
+def _tests_matching(source: str, word: re.Pattern[str]) -> list[str] | None:
     tree = parse(source)
-    word = re.compile(rf"\b{re.escape(name)}\b")
     classes = {node.name: node for node in tree.body if isinstance(node, ast.ClassDef)}
 
     lines = source.splitlines()
@@ -428,10 +569,13 @@ def _maybe_tests(node: ast.ClassDef, classes: dict[str, ast.ClassDef]) -> bool:
 def verify(project: Project, mutants: list[Mutant], workers: int = 2) -> list[Mutant]:
     """The mutants that are bugs (module docstring), each with its ``FAIL_TO_PASS``, ``PASS_TO_PASS`` and failure
     report. A mutant of function ``f`` runs the tests that name ``f`` (:func:`naming_tests`; a whole file where they
-    cannot be told apart; every test file when none names it: a private helper is tested through its callers)."""
+    cannot be told apart; every test file when none names it: a private helper is tested through its callers); the
+    load-sensitive ones (:func:`load_sensitive_tests`) are left out of what is read. Raises :class:`CouldNotVerify` when
+    a mutant's tests cannot be run to a verdict (the machine's doing)."""
     files = [str(p) for p in project.test_files()]
     texts = {f: (project.repo / f).read_text(errors="replace") for f in files}
     before_all = baseline(project)
+    sensitive = {f"{f}::{i}" for f in files for i in load_sensitive_tests(texts[f]) or []}
 
     @cache
     def tests_of_name(name: str) -> list[str]:
@@ -459,10 +603,11 @@ def verify(project: Project, mutants: list[Mutant], workers: int = 2) -> list[Mu
             target = copy / m.path
             target.write_text(m.apply(target.read_text()))
             ran = _run_tests(copy, project, chosen)
-        if ran is None:
-            return None
-        outcomes, messages = ran
-        before = {t: o for f in {c.split("::")[0] for c in chosen} for t, o in before_all[f].items() if selected(t, chosen)}
+        if ran.ended != "reported":
+            return None  # a loop, a deadlock, a conftest.py that no longer imports: not one bug in one function
+        outcomes = {t: o for t, o in ran.outcomes.items() if t.split("[")[0] not in sensitive}
+        before = {t: o for f in {c.split("::")[0] for c in chosen} for t, o in before_all[f].items()
+                  if selected(t, chosen) and t.split("[")[0] not in sensitive}
         if set(outcomes) != set(before):
             return None  # a test file no longer imports: not one bug in one function
         failing = sorted(t for t, o in outcomes.items() if o == "failed" and before[t] == "passed")
@@ -470,7 +615,7 @@ def verify(project: Project, mutants: list[Mutant], workers: int = 2) -> list[Mu
             return None
         files_of_failing = {t.split("::")[0] for t in failing}
         passing = sorted(t for t, o in outcomes.items() if o == "passed" and t.split("::")[0] in files_of_failing)
-        return Mutant(**{**asdict(m), "fail_to_pass": tuple(failing), "pass_to_pass": tuple(passing), "failure": messages.get(failing[0], "")[:500]})
+        return Mutant(**{**asdict(m), "fail_to_pass": tuple(failing), "pass_to_pass": tuple(passing), "failure": ran.messages.get(failing[0], "")[:500]})
 
     with ThreadPoolExecutor(workers) as pool:
         return [m for m in pool.map(check, mutants) if m is not None]
@@ -480,4 +625,5 @@ if __name__ == "__main__":  # python -m grader.suites.swe_mutants (make swe-proj
     prepare()
 
 
-__all__ = ["ENV_TARGET", "PROJECTS", "STAMP", "SWE_DIR", "Mutant", "Project", "baseline", "candidates", "prepare", "pytest_command", "verify"]
+__all__ = ["ENV_TARGET", "PROJECTS", "STAMP", "SWE_DIR", "CouldNotVerify", "Mutant", "Project", "TestRun", "baseline", "candidates", "load_sensitive_tests",
+           "prepare", "pytest_command", "verify", "write_once"]
