@@ -13,7 +13,7 @@ from typing import Annotated
 from fastapi import APIRouter, Depends, Header, Request
 from fastapi.responses import StreamingResponse
 from inference_service.metering import Metering
-from inference_service.schemas import ModelDetail
+from inference_service.schemas import ModelDetail, PromptTokens, PromptTokensRequest
 from inference_service.service import Inference
 
 from services.common.auth import ServiceCaller
@@ -72,10 +72,14 @@ def metering(
     idempotency_key: str | None = Header(None, max_length=150, description="With `X-Crucible-Hold`: the ledger charge's key, so a repeated call is charged once."),
     x_crucible_context_tokens: int | None = Header(None, ge=1, description="Run the model with this context length (a benchmark's setting) "
                                                                           "instead of its own window, if smaller."),
+    x_crucible_billed_prompt_tokens: int | None = Header(None, ge=0, description="Hold, charge and report the prompt as this many tokens "
+                                                                               "(none cached): a candidate's call, billed for the caller's own messages."),
+    x_crucible_billed_model: str | None = Header(None, max_length=200, description="Price the call's tokens as this model's (a candidate's call)."),
 ) -> Metering:
     """How the call is paid, from its headers."""
     return Metering(hold_id=x_crucible_hold, metered=x_crucible_unmetered != "grading", idempotency_key=idempotency_key,
-                    context_tokens=x_crucible_context_tokens)
+                    context_tokens=x_crucible_context_tokens, billed_prompt_tokens=x_crucible_billed_prompt_tokens,
+                    billed_model=x_crucible_billed_model)
 
 
 MeteringDep = Annotated[Metering, Depends(metering)]
@@ -96,6 +100,14 @@ async def chat_completions(req: ChatCompletionRequest, ctx: ServiceCaller, infer
     if req.stream:
         return event_stream(await inference.chat_completion_stream(ctx, req, paid))  # type: ignore[return-value]
     return await inference.chat_completion(ctx, req, paid)
+
+
+@router.post("/chat/prompt-tokens", summary="Count chat prompts' tokens", responses=problem_responses(Unprocessable))
+async def chat_prompt_tokens(body: PromptTokensRequest, ctx: ServiceCaller, inference: InferenceDep, paid: MeteringDep) -> PromptTokens:
+    """Each request's prompt tokens as its model renders it (chat template, tools) and the context it would run in
+    (``X-Crucible-Context-Tokens`` applies); nothing is generated or charged. 422 naming ``model`` or the field a prompt
+    cannot render from."""
+    return await inference.chat_prompt_tokens(ctx, body.requests, paid)
 
 
 @router.post("/completions", summary="Create a text completion", responses=STREAMED | problem_responses(Unprocessable, PaymentRequired))

@@ -14,7 +14,7 @@ from collections.abc import AsyncIterator
 from typing import Any
 from urllib.parse import quote
 
-from inference_service.schemas import ModelDetail
+from inference_service.schemas import ModelDetail, PromptTokens, PromptTokensRequest
 
 from services.common.auth import RunContext
 from services.common.contracts import Page
@@ -54,25 +54,36 @@ class InferenceClient(ServiceAPI):
         return self._call("GET", "/internal/base-models", Page[ModelCard])
 
     def chat_completions(self, ctx: RunContext | None, body: ChatCompletionRequest, *, hold_id: str | None = None,
-                         unmetered: bool = False, idempotency_key: str | None = None, context_tokens: int | None = None) -> ChatCompletion:
+                         unmetered: bool = False, idempotency_key: str | None = None, context_tokens: int | None = None,
+                         billed_prompt_tokens: int | None = None, billed_model: str | None = None) -> ChatCompletion:
         """Serve one chat completion for ``ctx``'s run (``body.stream`` false; see :meth:`chat_completions_stream`).
 
         By default its worst case is held on the run's budget and the actual tokens settled (402 when the budget
         cannot cover it). ``hold_id``: charge the tokens against this existing ledger hold instead (an
         evaluation's), once per ``idempotency_key``; ``unmetered``: official test grading, not charged;
-        ``context_tokens``: run the model with this context length (tokens) if smaller than its own. 422
-        ``context_exceeded`` (field ``messages``) when the prompt and ``max_tokens`` do not fit; 422 naming a field
-        the engine does not serve.
+        ``context_tokens``: run the model with this context length (tokens) if smaller than its own;
+        ``billed_prompt_tokens``: hold, charge and report the prompt as this many tokens, none cached, and
+        ``billed_model``: price the tokens as this model's (a candidate's call, billed for the caller's own messages). 422 ``context_exceeded`` (field ``messages``) when the prompt and
+        ``max_tokens`` do not fit; 422 naming a field the engine does not serve.
         """
         return self._call("POST", "/internal/chat/completions", ChatCompletion, ctx=ctx, body=body,
-                          headers=_metering(hold_id, unmetered, idempotency_key, context_tokens))
+                          headers=_metering(hold_id, unmetered, idempotency_key, context_tokens, billed_prompt_tokens, billed_model))
 
-    def chat_completions_stream(self, ctx: RunContext | None, body: ChatCompletionRequest, *,
-                                context_tokens: int | None = None) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
+    def chat_completions_stream(self, ctx: RunContext | None, body: ChatCompletionRequest, *, context_tokens: int | None = None,
+                                billed_prompt_tokens: int | None = None, billed_model: str | None = None,
+                                ) -> contextlib.AbstractAsyncContextManager[AsyncIterator[bytes]]:
         """A streamed chat completion (``body.stream`` true; async transport): ``async with`` it for the server-sent
         events' bytes; errors as :meth:`chat_completions`, raised on entering. Leaving early stops the generation
-        (charged for the tokens generated until then). ``context_tokens`` as for :meth:`chat_completions`."""
-        return self._stream("POST", "/internal/chat/completions", ctx=ctx, body=body, headers=_metering(None, False, None, context_tokens))
+        (charged for the tokens generated until then). ``context_tokens``, ``billed_prompt_tokens`` and
+        ``billed_model`` as for :meth:`chat_completions`."""
+        return self._stream("POST", "/internal/chat/completions", ctx=ctx, body=body,
+                            headers=_metering(None, False, None, context_tokens, billed_prompt_tokens, billed_model))
+
+    def chat_prompt_tokens(self, ctx: RunContext | None, requests: list[ChatCompletionRequest], *, context_tokens: int | None = None) -> PromptTokens:
+        """Each chat request's prompt tokens (chat template and tools rendered by its model) and the context it would
+        run in (``context_tokens`` as for :meth:`chat_completions`); free. 422 naming ``model`` or a prompt's field."""
+        return self._call("POST", "/internal/chat/prompt-tokens", PromptTokens, ctx=ctx,
+                          body=PromptTokensRequest(requests=requests), headers=_metering(None, False, None, context_tokens))
 
     def completions(self, ctx: RunContext | None, body: CompletionRequest, *, hold_id: str | None = None, unmetered: bool = False,
                     idempotency_key: str | None = None, context_tokens: int | None = None) -> Completion:
@@ -86,7 +97,10 @@ class InferenceClient(ServiceAPI):
         return self._stream("POST", "/internal/completions", ctx=ctx, body=body)
 
 
-def _metering(hold_id: str | None, unmetered: bool, idempotency_key: str | None, context_tokens: int | None) -> dict[str, str]:
+def _metering(hold_id: str | None, unmetered: bool, idempotency_key: str | None, context_tokens: int | None,
+              billed_prompt_tokens: int | None = None, billed_model: str | None = None) -> dict[str, str]:
     headers = {"X-Crucible-Hold": hold_id, "X-Crucible-Unmetered": "grading" if unmetered else None,
-               "Idempotency-Key": idempotency_key, "X-Crucible-Context-Tokens": str(context_tokens) if context_tokens else None}
+               "Idempotency-Key": idempotency_key, "X-Crucible-Context-Tokens": str(context_tokens) if context_tokens else None,
+               "X-Crucible-Billed-Prompt-Tokens": str(billed_prompt_tokens) if billed_prompt_tokens is not None else None,
+               "X-Crucible-Billed-Model": billed_model}
     return {k: v for k, v in headers.items() if v is not None}

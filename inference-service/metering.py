@@ -7,6 +7,11 @@ made inside a longer piece of work (an evaluation) names that work's hold and is
 per idempotency key. Official test grading is unmetered. The actual tokens are the engine's result, streamed or not:
 a stream whose client went away is charged for the tokens generated until then, no more and no fewer; a call that
 generated nothing releases its own hold.
+
+A call may be billed for a prompt other than the one the engine runs (``billed_prompt_tokens``): a candidate of the
+evaluator track runs the run's messages under its own hidden harness, and the run pays for (and is told of) the
+tokens of its own messages only, never a prompt-cache hit on the harness's prefix, at one model's prices for every
+candidate (``billed_model``) (DESIGN §1: no public answer depends on a sealed system's hidden part).
 """
 
 from __future__ import annotations
@@ -28,12 +33,20 @@ log = structlog.get_logger("inference")
 @dataclass
 class Metering:
     """How one call is paid: ``hold_id`` (an evaluation's hold, charged once per ``idempotency_key``), ``metered``
-    (False: official test grading), ``context_tokens`` (a benchmark's smaller context)."""
+    (False: official test grading), ``context_tokens`` (a benchmark's smaller context), ``billed_prompt_tokens``
+    (held, charged and reported as the prompt's tokens, none of them cached, instead of the prompt the engine runs),
+    ``billed_model`` (priced as this model's tokens instead of the one that runs)."""
 
     hold_id: str | None = None
     metered: bool = True
     idempotency_key: str | None = None
     context_tokens: int | None = None
+    billed_prompt_tokens: int | None = None
+    billed_model: str | None = None
+
+    def billed(self, prompt_tokens: int, cached_prompt_tokens: int) -> tuple[int, int]:
+        """(prompt tokens, of which cached) as the call is charged and reported: the engine's, or the billed prompt's."""
+        return (prompt_tokens, cached_prompt_tokens) if self.billed_prompt_tokens is None else (self.billed_prompt_tokens, 0)
 
 
 def usage_items(base: str, prompt_tokens: int, completion_tokens: int, cached_prompt_tokens: int = 0) -> list[UsageItem]:

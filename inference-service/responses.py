@@ -55,21 +55,23 @@ def error_event(exc: BaseException) -> str:
     return f"data: {json.dumps({'error': error})}\n\n"
 
 
-def usage(results: list[GenerationResult]) -> Usage:
-    """OpenAI's ``usage`` of a call's results."""
-    prompt = sum(r.prompt_tokens for r in results)
+def usage(results: list[GenerationResult], billed_prompt_tokens: int | None = None) -> Usage:
+    """OpenAI's ``usage`` of a call's results; ``billed_prompt_tokens``: the prompt as billed instead (none cached,
+    :class:`~inference_service.metering.Metering`)."""
+    prompt = sum(r.prompt_tokens for r in results) if billed_prompt_tokens is None else billed_prompt_tokens
+    cached = sum(r.cached_prompt_tokens for r in results) if billed_prompt_tokens is None else 0
     completion = sum(r.completion_tokens for r in results)
     return Usage(prompt_tokens=prompt, completion_tokens=completion, total_tokens=prompt + completion,
-                 prompt_tokens_details=PromptTokensDetails(cached_tokens=sum(r.cached_prompt_tokens for r in results)))
+                 prompt_tokens_details=PromptTokensDetails(cached_tokens=cached))
 
 
 # ---------------------------------------------------------------------- chat completions
 
 
-def chat_completion(req: ChatCompletionRequest, call_id: str, result: GenerationResult) -> ChatCompletion:
-    """The whole answer of a chat completion."""
+def chat_completion(req: ChatCompletionRequest, call_id: str, result: GenerationResult, billed_prompt_tokens: int | None = None) -> ChatCompletion:
+    """The whole answer of a chat completion (``billed_prompt_tokens`` as :func:`usage`)."""
     choices = [_chat_choice(req, i, choice) for i, choice in enumerate(result.choices)]
-    return ChatCompletion(id=call_id, created=int(time.time()), model=req.model, choices=choices, usage=usage([result]))
+    return ChatCompletion(id=call_id, created=int(time.time()), model=req.model, choices=choices, usage=usage([result], billed_prompt_tokens))
 
 
 def _token_logprob(entry: TokenLogprob) -> ChatTokenLogprob:
@@ -90,8 +92,8 @@ class ChatStream:
     cannot (then streamed as content) or the choice ends (then sent as one ``tool_calls`` delta, as parsed for the
     whole answer)."""
 
-    def __init__(self, req: ChatCompletionRequest, call_id: str) -> None:
-        self.req, self.id, self.created = req, call_id, int(time.time())
+    def __init__(self, req: ChatCompletionRequest, call_id: str, billed_prompt_tokens: int | None = None) -> None:
+        self.req, self.id, self.created, self.billed = req, call_id, int(time.time()), billed_prompt_tokens
         self.held = [ToolCallHoldback(tool_mode(req)) for _ in range(req.n)]
 
     def _chunk(self, choices: list[ChunkChoice], usage: Usage | None = None) -> ChatCompletionChunk:
@@ -121,7 +123,7 @@ class ChatStream:
             else:
                 events.append(self._chunk([ChunkChoice(index=i, delta=ChunkDelta(), finish_reason=choice.finish_reason)]))
         if self.req.stream_options and self.req.stream_options.include_usage:
-            events.append(self._chunk([], usage([result])))
+            events.append(self._chunk([], usage([result], self.billed)))
         return events
 
 

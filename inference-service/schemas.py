@@ -1,8 +1,10 @@
-"""Wire models only the inference service answers with (the shared ones are in ``services.common.contracts``)."""
+"""Wire models of the inference service's own routes (the shared ones are in ``services.common.contracts``)."""
 
 from __future__ import annotations
 
-from services.common.openai_protocol import ModelOut
+from pydantic import BaseModel, Field
+
+from services.common.openai_protocol import ChatCompletionRequest, ModelOut
 
 
 class ModelDetail(ModelOut):
@@ -14,3 +16,16 @@ class ModelDetail(ModelOut):
 
     base_model: str
     adapter: str | None = None
+
+
+class PromptTokensRequest(BaseModel):
+    """Chat requests whose prompts to count (``POST /internal/chat/prompt-tokens``)."""
+
+    requests: list[ChatCompletionRequest] = Field(min_length=1, max_length=128)
+
+
+class PromptTokens(BaseModel):
+    """Per request, in order: its prompt's tokens and the context (tokens) it would run in."""
+
+    prompt_tokens: list[int]
+    context_tokens: list[int]

@@ -29,7 +29,7 @@ from inference_service.engines.base import Adapter, Engine, Feature, Generation,
 from inference_service.metering import Metering, Payment
 from inference_service.prices import register_prices
 from inference_service.responses import DONE, ChatStream, CompletionStream, error_event, sse
-from inference_service.schemas import ModelDetail
+from inference_service.schemas import ModelDetail, PromptTokens
 from inference_service.settings import InferenceSettings
 from trainer_service.client import TrainerClient
 
@@ -181,14 +181,14 @@ class Inference:
         call = await self._admit(ctx, req.model, [chat_request(req)], metering, field="messages", refused=chat_refusal(req),
                                  limit_field=chat_limit_field(req))
         (result,) = await self._run(call)
-        return responses.chat_completion(req, call.id, result)
+        return responses.chat_completion(req, call.id, result, metering.billed_prompt_tokens)
 
     async def chat_completion_stream(self, ctx: RunContext | None, req: ChatCompletionRequest, metering: Metering) -> AsyncIterator[str]:
         """Admit a streamed chat completion (errors as :meth:`chat_completion`, raised here, before any event) and
         return its server-sent events: ``data: <chat.completion.chunk>`` lines, then ``data: [DONE]``."""
         call = await self._admit(ctx, req.model, [chat_request(req)], metering, field="messages", refused=chat_refusal(req),
                                  limit_field=chat_limit_field(req))
-        return self._events(call, ChatStream(req, call.id))
+        return self._events(call, ChatStream(req, call.id, metering.billed_prompt_tokens))
 
     async def completion(self, ctx: RunContext | None, req: CompletionRequest, metering: Metering) -> Completion:
         """Serve one OpenAI text completion (``/v1/completions``; not streamed); errors as :meth:`chat_completion`,
@@ -203,6 +203,18 @@ class Inference:
         call = await self._admit(ctx, req.model, completion_requests(req), metering, field="prompt", refused=completion_refusal(req))
         return self._events(call, CompletionStream(req, call.id))
 
+    async def chat_prompt_tokens(self, ctx: RunContext | None, reqs: list[ChatCompletionRequest], metering: Metering) -> PromptTokens:
+        """Each chat request's prompt tokens as its model renders it, and the context it would run in (``metering``'s
+        context cap applies); nothing is generated or charged. ``Unprocessable`` as :meth:`chat_completion` admits."""
+        counts, contexts = [], []
+        for req in reqs:
+            resolved = await asyncio.to_thread(self.resolve_model, ctx, req.model)
+            engine = self.engines[resolved.base]
+            (ids,) = await prompt_ids(engine, [chat_request(req)], "messages")
+            counts.append(len(ids))
+            contexts.append(context_window(engine, self.cards.get(resolved.base), metering.context_tokens))
+        return PromptTokens(prompt_tokens=counts, context_tokens=contexts)
+
     # ------------------------------------------------------------------ admission, generation, settlement
 
     async def _admit(self, ctx: RunContext | None, model: str, requests: list[GenerationRequest], metering: Metering, *, field: str,
@@ -216,8 +228,9 @@ class Inference:
         context = context_window(engine, self.cards.get(resolved.base), metering.context_tokens)
         requests = fit_context(requests, prompts, context, field=field, limit_field=limit_field)
         call_id = f"{'chatcmpl' if field == 'messages' else 'cmpl'}-{uuid.uuid4().hex}"
-        payment = Payment(self.ledger, call_id, resolved.base, metering)
-        await payment.hold(ctx, sum(len(p) for p in prompts), sum(r.n * (r.max_tokens or 0) for r in requests))
+        priced = (await asyncio.to_thread(self.resolve_model, ctx, metering.billed_model)).base if metering.billed_model else resolved.base
+        payment = Payment(self.ledger, call_id, priced, metering)
+        await payment.hold(ctx, metering.billed(sum(len(p) for p in prompts), 0)[0], sum(r.n * (r.max_tokens or 0) for r in requests))
         return _Call(id=call_id, ctx=ctx, model=model, resolved=resolved, engine=engine, requests=requests, payment=payment, field=field)
 
     async def _start(self, call: _Call) -> list[Generation]:
@@ -251,9 +264,9 @@ class Inference:
 
     async def _settle(self, call: _Call, results: list[GenerationResult]) -> None:
         """Charge the tokens the engine reports (:meth:`~inference_service.metering.Payment.settle`), and log the call."""
-        prompt = sum(r.prompt_tokens for r in results)
+        prompt, cached = call.payment.metering.billed(sum(r.prompt_tokens for r in results), sum(r.cached_prompt_tokens for r in results))
         completion_tokens = sum(r.completion_tokens for r in results)
-        await call.payment.settle(prompt, completion_tokens, sum(r.cached_prompt_tokens for r in results))
+        await call.payment.settle(prompt, completion_tokens, cached)
         latency_ms = int((time.perf_counter() - call.started) * 1000)
         await asyncio.to_thread(repository.log_completion, self.db, call_id=call.id, run_id=call.ctx.run_id if call.ctx else None,
                                 model=call.model, prompt_tokens=prompt, completion_tokens=completion_tokens, metered=call.payment.metering.metered,

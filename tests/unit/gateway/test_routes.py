@@ -692,6 +692,11 @@ def test_mcp_answers_post_only_and_counts_each_request_once_against_the_keys_rat
 # --------------------------------------------------------------------------- the evaluator track
 
 
+def completions(requests: list[httpx.Request]) -> list[httpx.Request]:
+    """The completions among the requests inference got (not the prompt counts the gateway asks for first)."""
+    return [r for r in requests if r.url.path == "/internal/chat/completions"]
+
+
 def evaluator_benchmark() -> dict[str, Any]:
     doc = {k: v for k, v in TEST_BENCHMARK.items() if k not in ("suite", "initial_system", "reference", "recipe")}
     doc["evaluation"] = {**doc["evaluation"], "context_tokens": 1024}
@@ -716,6 +721,10 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
 
     def answer(request: httpx.Request) -> httpx.Response:
         body = json.loads(request.content)
+        if request.url.path == "/internal/chat/prompt-tokens":  # a word a token; "too long" fits no candidate
+            counts = [sum(len((m.get("content") or "").split()) for m in r["messages"]) + 5000 * (r["messages"][-1]["content"] == "too long")
+                      for r in body["requests"]]
+            return httpx.Response(200, json={"prompt_tokens": counts, "context_tokens": [1024] * len(counts)})
         if body["messages"][-1]["content"] == "too long":
             return httpx.Response(422, json=problem(422, "context_exceeded", f"the prompt is 9022 tokens; with max_tokens 8 it exceeds "
                                                                              f"{body['model']}'s context of 8192", field="messages", prompt_tokens=9022))
@@ -734,9 +743,14 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
     ask = {"model": "candidate-02", "messages": [{"role": "user", "content": "1 + 1 ="}], "max_tokens": 64}
     resp = served.http.post("/v1/chat/completions", json=ask, headers=agent)
     assert resp.status_code == 200 and resp.json()["model"] == "candidate-02" and MODEL not in resp.text
-    sent = json.loads(calls[-1].content)
+    sent = json.loads(completions(calls)[-1].content)
     assert sent["model"] == MODEL and sent["messages"][0]["role"] == "system" and sent["max_tokens"] == 8  # the candidate's harness applied
-    assert calls[-1].headers["X-Crucible-Context-Tokens"] == "1024"  # and the benchmark's context, as in its target gradings
+    assert completions(calls)[-1].headers["X-Crucible-Context-Tokens"] == "1024"  # and the benchmark's context, as in its target gradings
+    for name in ("candidate-01", "candidate-03"):  # billed for the run's own 4 words whichever candidate answers, at one model's prices
+        served.http.post("/v1/chat/completions", json={**ask, "model": name}, headers=agent)
+    billed = {(c.headers["X-Crucible-Billed-Prompt-Tokens"], c.headers["X-Crucible-Billed-Model"]) for c in completions(calls)[-3:]}
+    assert billed == {("4", MODEL)}
+    calls.clear()
     monkeypatch.setattr(served.gateway.settings, "candidate_key", "a-key-set-after-the-benchmark-was-loaded")
     served.http.post("/v1/chat/completions", json=ask, headers=agent)
     assert json.loads(calls[-1].content)["messages"][0] == sent["messages"][0]  # the names the targets graded stay as they were
@@ -744,13 +758,13 @@ def test_an_evaluator_track_run_reaches_its_candidates_only_by_their_opaque_name
     stream = served.http.post("/v1/chat/completions", json={**ask, "stream": True}, headers=agent)
     assert stream.status_code == 200 and stream.text.count('"model":"candidate-02"') == 3 and MODEL not in stream.text
     refused = assert_problem(served.http.post("/v1/chat/completions", json={**ask, "messages": [{"role": "user", "content": "too long"}]}, headers=agent), 422)
-    assert "candidate-02" in refused["detail"] and MODEL not in json.dumps(refused) and refused["field"] == "messages"
+    assert "candidate-02" in refused["detail"] and MODEL not in json.dumps(refused) and refused["field"] == "messages" and refused["code"] == "context_exceeded"
     assert not re.search(r"\d", refused["detail"].replace("candidate-02", "")) and "prompt_tokens" not in refused  # nothing of its system: no cap, no length
     for model in (MODEL, "candidate-04", "ckpt_01jd3k4m5n6p7q8r9s0t1v2w3x"):
         assert assert_problem(served.http.post("/v1/chat/completions", json={**ask, "model": model}, headers=agent), 422)["field"] == "model"
     legacy = served.http.post("/v1/completions", json={"model": "candidate-02", "prompt": "1 + 1 ="}, headers=agent)
     assert assert_problem(legacy, 422)["field"] == "model"
-    assert len(calls) == 3  # nothing refused reached inference
+    assert len(completions(calls)) == 1  # the stream's: nothing refused reached inference's completions (too long: refused on the counts)
     bm = served.load(evaluator_benchmark())
     for benchmark, track in ((bm["id"], "joint"), (served.load({**TEST_BENCHMARK, "name": f"plain-{new_id('bm')[3:]}"})["id"], "evaluator")):
         refused = served.http.post("/admin/runs", json={"benchmark": benchmark, "agent_name": "a", "track": track}, headers=ADMIN)

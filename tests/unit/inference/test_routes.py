@@ -17,7 +17,8 @@ from services.ledger.client import LedgerClient
 from services.ledger.schemas import EntryType, HoldCreate, HoldStatus, UsageItem, UsageKind
 from tests.unit.inference.conftest import GATEWAY_TOKEN, INFERENCE_TOKEN, MODEL, REAL_MODEL, run
 
-ROUTES = [("GET", "/internal/models"), ("GET", f"/internal/models/{MODEL}"), ("POST", "/internal/chat/completions"), ("POST", "/internal/completions")]
+ROUTES = [("GET", "/internal/models"), ("GET", f"/internal/models/{MODEL}"), ("POST", "/internal/chat/completions"), ("POST", "/internal/completions"),
+          ("POST", "/internal/chat/prompt-tokens")]
 
 
 def ask(max_tokens: int = 3, model: str = MODEL) -> ChatCompletionRequest:
@@ -116,6 +117,17 @@ def test_a_completion_is_generated_and_its_tokens_charged_to_the_run(served: Tes
     with served.app.state.inference.db.session() as s:
         logged = s.scalars(select(CompletionLog).where(CompletionLog.id == out.id)).one()
     assert (logged.run_id, logged.metered, logged.completion_tokens) == (ctx.run_id, True, out.usage.completion_tokens)
+
+
+def test_a_billed_prompt_is_what_the_call_reports_and_is_charged_for(inference: InferenceClient, ledger: LedgerClient) -> None:
+    ctx = run(ledger, "run_billed")
+    hidden = ask(max_tokens=1).model_copy(update={"messages": [ChatMessage(role="system", content="A hidden harness prompt. " * 8), *ask().messages]})
+    own, full = inference.chat_prompt_tokens(ctx, [ask(), hidden], context_tokens=512).prompt_tokens
+    assert own < full and inference.chat_prompt_tokens(ctx, [ask()], context_tokens=512).context_tokens == [512]
+    out = inference.chat_completions(ctx, hidden, billed_prompt_tokens=own, billed_model=MODEL)
+    assert (out.usage.prompt_tokens, out.usage.prompt_tokens_details.cached_tokens) == (own, 0)
+    usage = ledger.get_balance(ctx.run_id).usage_by_kind
+    assert (usage["prefill_tokens"], usage.get("cached_prefill_tokens", 0), usage["decode_tokens"]) == (own, 0, out.usage.completion_tokens)
 
 
 def test_a_repeated_call_against_an_evaluation_hold_is_charged_once(inference: InferenceClient, ledger: LedgerClient) -> None:
