@@ -210,7 +210,7 @@ def demo(
 
 def _print_leaderboard(rows: list[dict[str, Any]]) -> None:
     table = Table(title="Crucible leaderboard (hidden test split)")
-    for col in ("#", "benchmark", "agent", "status", "initial", "final", "95% CI", "reference", "gap closed", "RSI-Index", "n", "val. evals",
+    for col in ("#", "benchmark", "agent", "status", "initial", "final", "95% CI", "model-free", "reference", "gap closed", "RSI-Index", "n", "val. evals",
                 "spent USD", "hours", "contamination"):
         table.add_column(col, justify="right" if col not in ("benchmark", "agent", "status", "contamination") else "left")
 
@@ -220,17 +220,22 @@ def _print_leaderboard(rows: list[dict[str, Any]]) -> None:
     def ci(x: list[float] | None) -> str:
         return "–" if not x else f"{100 * x[0]:.1f}–{100 * x[1]:.1f}%"
 
+    def model_free(r: dict[str, Any]) -> str:
+        if r.get("model_free_score") is None:
+            return "…" if r.get("model_free_status") in ("queued", "running") else "–"
+        return pct(r["model_free_score"]) + (" ⚑" if r.get("model_free_above_initial") else "")
+
     def flag(r: dict[str, Any]) -> str:
-        return "…" if r["contaminated"] is None else (f"flagged ({r['contaminated_items']})" if r["contaminated"] else "clean")
+        return "…" if r["contaminated"] is None else ("flagged" if r["contaminated"] else "clean")
 
     for r in rows:
         table.add_row(str(r["rank"] or "–"), r["benchmark"], r["agent_name"], r["status"], pct(r["initial_score"]), pct(r["final_score"]), ci(r["final_ci"]),
-                      pct(r["reference_score"]), pct(r["gap_closed"]), pct(r["rsi_index"]), str(r["n"] or "–"), str(r["validation_evaluations"]),
+                      model_free(r), pct(r["reference_score"]), pct(r["gap_closed"]), pct(r["rsi_index"]), str(r["n"] or "–"), str(r["validation_evaluations"]),
                       f"{r['spent_usd']:.4f}", f"{r['elapsed_hours']:.2f}", flag(r))
         if len(r["tasks"]) > 1:
             for t in r["tasks"]:
                 table.add_row("", f"  {t['task']}", "", t["status"], pct(t["initial_score"]), pct(t["final_score"]), ci(t["final_ci"]),
-                              pct(t["reference_score"]), pct(t["gap_closed"]), "", str(t["n"] or "–"), "", "", "", flag(t))
+                              model_free(t), pct(t["reference_score"]), pct(t["gap_closed"]), "", str(t["n"] or "–"), "", "", "", flag(t))
     console.print(table)
 
 
@@ -376,16 +381,37 @@ def _admin(gateway: str, data_dir: Path) -> AdminClient:
 
 
 @admin_app.command("load-benchmark")
-def admin_load_benchmark(path: Path, gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
-    """Load a benchmark YAML file."""
+def admin_load_benchmark(path: Path, wait: Annotated[bool, typer.Option(help="Wait until the benchmark's splits are built.")] = True,
+                         gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """Load a benchmark YAML file. The gateway answers in seconds; the grader builds the tasks' splits in the background
+    (minutes for a swe suite, whose hidden bugs are verified in the sandbox), then grades the baselines. Loading the same
+    file again is safe (the same benchmark; nothing is built or graded twice), also after a timeout; another file under
+    a loaded name is refused unless that benchmark failed. `crucible admin benchmarks` shows each one's status. Exits 1
+    when the file is refused or the build fails."""
+    admin = _admin(gateway, data_dir)
     try:
-        bm = _admin(gateway, data_dir).load_benchmark(yaml.safe_load(path.read_text()))
+        with console.status("loading") as status:
+            bm = admin.load_benchmark(yaml.safe_load(path.read_text()), wait=wait,
+                                      on_poll=lambda b: status.update(f"building the splits of {b['name']} ({b['id']})"))
     except CrucibleAPIError as exc:
         console.print(f"[red]{exc}[/]")
         raise typer.Exit(1) from exc
-    console.print(f"benchmark {bm['name']} loaded as {bm['id']}")
+    console.print(f"benchmark {bm['name']} loaded as {bm['id']}: {bm['status']}"
+                  + ("" if wait else " (follow it with `crucible admin benchmarks`)"))
     for warning in bm.get("warnings", []):
         console.print(f"[yellow]warning:[/] {warning}")
+
+
+@admin_app.command("benchmarks")
+def admin_benchmarks(gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDir = Path(".crucible")) -> None:
+    """List the loaded benchmarks with their status: building (the grader builds their splits), ready (runs may be
+    created), failed (why; fix the file and load it again)."""
+    table = Table("benchmark", "id", "status", "tasks", "loaded", "error")
+    for bm in _admin(gateway, data_dir).benchmarks():
+        tasks = len(bm["spec"].get("tasks") or []) or 1
+        status = {"ready": "[green]ready[/]", "failed": "[red]failed[/]"}.get(bm["status"], bm["status"])
+        table.add_row(bm["name"], bm["id"], status, str(tasks), bm["created_at"][:19], bm.get("error") or "")
+    console.print(table)
 
 
 @admin_app.command("import-tasks")

@@ -342,9 +342,17 @@ class TaskScore(BaseModel):
     initial_score: float | None
     final_score: float | None
     reference_score: float | None
-    gap_closed: float | None = Field(description="(final − initial) / (reference − initial)")
+    gap_closed: float | None = Field(description="(final′ − initial) / (reference − initial), final′ = final − max(0, model_free − initial): "
+                                                 "the model-dependent final score (null while the null-model ablation grades, or if it failed)")
     n: int | None
     final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap confidence interval of the final score (low, high).")
+    model_free_score: float | None = Field(None, description="The null-model ablation's score: the submitted harness with a model that answers "
+                                                             "every request with an empty message, on the same hidden split (null until graded, "
+                                                             "or without an ablation).")
+    model_free_status: str | None = Field(None, description="queued | running | succeeded | failed | cancelled: the ablation's grading; "
+                                                            "null for a submission without one (the evaluator track, or made before it existed).")
+    model_free_above_initial: bool | None = Field(None, description="Flag: the ablation scores above the initial system, so the harness solves "
+                                                                    "items by itself; that part is no credit (null: not known yet).")
     contaminated: bool | None = Field(None, description="The contamination audit found test items in the run's datasets (null: not audited yet). "
                                       "How many is the operator's to read (the grader's records): a public count would tell a run how many "
                                       "of the items it uploaded are hidden ones.")
@@ -368,11 +376,14 @@ class LeaderboardRow(BaseModel):
     initial_score: float | None
     final_score: float | None
     reference_score: float | None
-    gap_closed: float | None = Field(description="mean over tasks of (final − initial) / (reference − initial)")
-    rsi_index: float | None = Field(None, description="mean over tasks of (final − initial) / (1 − initial)")
+    gap_closed: float | None = Field(description="mean over tasks of (final′ − initial) / (reference − initial), final′ the model-dependent "
+                                                 "final score (see the task's gap_closed)")
+    rsi_index: float | None = Field(None, description="mean over tasks of (final′ − initial) / (1 − initial)")
     n: int | None = Field(description="Test items graded, over all tasks.")
     final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap interval of the final score (one-task benchmarks; see each task otherwise).")
     contaminated: bool | None = Field(None, description="The audit flagged test items of some task (null: not audited yet).")
+    model_free_score: float | None = Field(None, description="Mean over tasks of the null-model ablation's score (null until every task's is graded).")
+    model_free_above_initial: bool | None = Field(None, description="Flag: on some task the null-model ablation scores above the initial system.")
     validation_evaluations: int
     spent_usd: float
     elapsed_hours: float
@@ -380,6 +391,10 @@ class LeaderboardRow(BaseModel):
         "The evaluator track: the frozen evaluator's grade (its final score is the mean pairwise agreement with the sealed targets): per "
         "sealed target the agreement with its 95% interval over candidate pairs, Kendall's tau, concordance and ceiling; its cost; its "
         "failure modes (budget exhausted, answers truncated, a few items carrying a score)."))
+    sealed_withheld: bool | None = Field(None, description=(
+        "The evaluator track: true while the public board withholds the figures derived from the sealed targets' scores beyond the "
+        "headline agreement (Kendall's tau, concordance, ceiling, the per-target rows), until no run of the benchmark is open; the "
+        "operator's board (GET /admin/leaderboard) shows them. Null on other tracks."))
 
 
 # --------------------------------------------------------------------------- the run report (gateway.reports)

@@ -140,7 +140,11 @@ def check_evaluation_limits(usage: EvaluationUsage, counted: list[dt.datetime], 
 def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, limits: EvaluationLimits | None = None) -> EvaluationOut:
     """Queue a validation evaluation after holding its worst-case inference cost on the run's budget.
 
-    Raises ``Unprocessable`` (model, harness), ``EvaluationRateLimited``/``FailedEvaluationLimit``
+    With ``req.ablation`` ``null_model`` the system's model is replaced by the null model: no model tokens are held or
+    spent, a code harness's sandbox seconds are (a declarative harness's ablation costs nothing and holds nothing); it
+    counts against ``limits`` as any evaluation.
+
+    Raises ``Unprocessable`` (model, harness, ablation on the evaluator track), ``EvaluationRateLimited``/``FailedEvaluationLimit``
     (``limits``, checked before the hold and again, serialized per run, when the row is written), and
     passes the ledger's 402 through; when refused, nothing is written and no money stays held.
     """
@@ -151,6 +155,8 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
         check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
     if req.harness is not None:
         check_harness(req.harness)
+    if req.ablation is not None and spec.evaluator is not None:
+        raise Unprocessable("ablation: the evaluator track's task runs an evaluator on candidate systems; it has no model to ablate", field="ablation")
     model, base = evaluated_model(grader, ctx, spec, req.model, req.harness_archive)  # its price is the evaluated model's
     suite = get_suite(spec.suite.name)
     archive = code_harness_for(grader, ctx, suite, req.harness, req.harness_archive)
@@ -165,22 +171,25 @@ def create_evaluation(grader: Grader, ctx: RunContext, req: EvaluationCreate, li
                  UsageItem(kind=UsageKind.decode_tokens, quantity=harness.max_tokens * len(items) * k, model=base)]
     else:
         usage = rollout_usage(grader, spec, base, len(items) * k, sandboxed=archive is not None)
+    if req.ablation is not None:  # the null model spends no tokens
+        usage = [u for u in usage if u.kind not in (UsageKind.prefill_tokens, UsageKind.decode_tokens)]
     eval_id = new_id("eval")
     hold = grader.ledger.create_hold(HoldCreate(
         account_id=ctx.run_id, purpose=f"validation evaluation {eval_id}", idempotency_key=f"hold:{eval_id}",
         ttl_s=int(grader.settings.eval_time_limit_s) + 3600,  # outlives the evaluation's time limit: expires only if orphaned
         usage=usage,
-    ))
+    )) if usage else None
     try:
         with grader.db.session() as s:
             serialize(s, f"evaluations:{ctx.run_id}")  # the re-check and the insert are one step per run
             check_evaluation_limits(*evaluation_usage(s, ctx.run_id), limits, utcnow())
             ev = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="validation", split="validation", model=model, harness=harness,
-                                           items_total=len(items), hold_id=hold.hold_id, eval_id=eval_id, harness_archive=archive,
-                                           item_ids=item_ids)
+                                           items_total=len(items), hold_id=hold.hold_id if hold else None, eval_id=eval_id, harness_archive=archive,
+                                           item_ids=item_ids, ablation=req.ablation)
             out = evaluation_out(s, ev)
     except Exception:
-        grader.ledger.release_hold(hold.hold_id, HoldRelease(idempotency_key=f"release:{eval_id}"))
+        if hold is not None:
+            grader.ledger.release_hold(hold.hold_id, HoldRelease(idempotency_key=f"release:{eval_id}"))
         raise
     grader.enqueue(eval_id)
     return out
@@ -211,7 +220,7 @@ def evaluation_out(s: Session, ev: Evaluation) -> EvaluationOut:
     """The wire form of ``ev`` (read in ``s``, its session)."""
     return EvaluationOut(id=ev.id, status=ev.status, task=repository.spec(s, ev.task_id).task, split=ev.split, model=ev.model,  # type: ignore[arg-type]
                          harness=None if ev.harness_archive else Harness(**ev.harness),
-                         harness_archive=ev.harness_archive,
+                         harness_archive=ev.harness_archive, ablation=ev.ablation,  # type: ignore[arg-type]
                          items_total=ev.items_total, items_done=ev.items_done, score=Score(**ev.score) if ev.score else None,
                          attempts=ev.attempts, error=ev.error, created_at=ev.created_at, started_at=ev.started_at, finished_at=ev.finished_at,
                          score_so_far=repository.mean_score_so_far(s, ev.id) if ev.status == "running" and ev.split == "validation" else None)

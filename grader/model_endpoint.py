@@ -30,6 +30,11 @@ and is useless after:
 - ``stream: true`` is refused (422 naming ``stream``): a harness reads whole answers;
 - every call is recorded (request messages, the answer, token counts) for the rollout's trajectory.
 
+**The null model** (a binding's ``null_model``; the null-model ablation of final grading and of a validation evaluation
+that asks for it): the rollout sees the same API, under the same caps and refusals, but every completion is one empty
+assistant message (``finish_reason`` ``stop``, zero tokens) answered here, without an inference call, and so uncharged.
+What a harness scores against it is what it scores without a model (``model_free_score``).
+
 Routes: ``GET /v1/models`` (the bound model), ``POST /v1/chat/completions``, and no other (no docs, health or metrics:
 a 404). Errors are problem+json with OpenAI's
 ``message``/``param``, as on the gateway, so an unmodified ``openai`` client reads them.
@@ -65,7 +70,7 @@ from services.common.auth import RunContext
 from services.common.candidates import candidate_request, renamed
 from services.common.contracts import SystemSpec
 from services.common.errors import NotFound, TooManyRequests, Unauthorized, Unprocessable, problem_responses
-from services.common.openai_protocol import ChatCompletion, ChatCompletionRequest, ChatMessage, ModelOut
+from services.common.openai_protocol import AssistantMessage, ChatChoice, ChatCompletion, ChatCompletionRequest, ChatMessage, ModelOut, Usage
 from services.common.processes import process_tag
 
 log = structlog.get_logger("grader")
@@ -97,6 +102,9 @@ REFUSED = Counter("crucible_rollout_connections_refused_total", "Connections clo
 CUT_OFF = Counter("crucible_rollout_connections_cut_off_total", "Connections closed for not sending a whole request in time")
 """The worker's own metrics of the endpoint (aggregates, no rollout named), served by the worker's metrics port
 (``worker_metrics_port``), never by the endpoint."""
+
+NULL_MODEL = "null_model"
+"""The ablation that replaces an evaluated system's model by the null model (:func:`null_completion`)."""
 
 SCOPE_KEY = "crucible.rollout_token"
 """The ASGI scope key under which a rollout's socket names the one token it accepts."""
@@ -184,7 +192,8 @@ class Binding:
     caps (tokens); ``max_calls``: completions allowed. ``candidate``: an evaluator's rollout serves this candidate
     system under its opaque name instead (:mod:`services.common.candidates`: ``model`` is then the system's model,
     which the rollout never sees); ``max_total_tokens``: prompt and completion tokens allowed over the rollout (a call
-    made once they are spent is a 429). ``calls`` grows as the rollout calls."""
+    made once they are spent is a 429); ``null_model``: every completion is the null model's (:func:`null_completion`),
+    no inference call. ``calls`` grows as the rollout calls."""
 
     model: str
     ctx: RunContext | None
@@ -195,6 +204,7 @@ class Binding:
     max_calls: int
     candidate: tuple[str, SystemSpec] | None = None
     max_total_tokens: int | None = None
+    null_model: bool = False
     calls: list[Call] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
     inflight: int = 0
@@ -387,8 +397,11 @@ class ModelEndpoint:
             request = body.model_copy(update={"max_tokens": asked or binding.max_tokens, "max_completion_tokens": None})
         call = Call(messages=_messages(body), message={}, finish_reason="error", prompt_tokens=0, completion_tokens=0, at=_now())
         try:
-            out = self.grader.inference.chat_completions(binding.ctx, request, hold_id=binding.hold_id, unmetered=binding.hold_id is None,
-                                                         idempotency_key=f"{binding.key}:{number}", context_tokens=binding.context_tokens)
+            if binding.null_model:
+                out = null_completion(binding.name)
+            else:
+                out = self.grader.inference.chat_completions(binding.ctx, request, hold_id=binding.hold_id, unmetered=binding.hold_id is None,
+                                                             idempotency_key=f"{binding.key}:{number}", context_tokens=binding.context_tokens)
             choice = out.choices[0]
             call = Call(messages=call.messages, message=choice.message.model_dump(exclude_none=True), finish_reason=choice.finish_reason,
                         prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens, at=_now())
@@ -398,6 +411,14 @@ class ModelEndpoint:
                 binding.calls[number] = call
                 binding.inflight -= 1
                 binding.idle.notify_all()
+
+
+def null_completion(model: str) -> ChatCompletion:
+    """The null model's answer to any chat request for ``model``: one choice, an empty assistant message, ``finish_reason``
+    ``stop``, zero prompt and completion tokens. No model runs and nothing is charged."""
+    return ChatCompletion(id=f"chatcmpl-null-{secrets.token_hex(8)}", created=int(time.time()), model=model,
+                          choices=[ChatChoice(index=0, message=AssistantMessage(content=""), finish_reason="stop")],
+                          usage=Usage(prompt_tokens=0, completion_tokens=0, total_tokens=0))
 
 
 def _abort_all(server: uvicorn.Server) -> None:

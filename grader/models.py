@@ -48,8 +48,8 @@ class ValidationItem(Base):
 
 
 class Evaluation(JobColumns, Base):
-    """A system × split evaluation. ``purpose``: validation (a run's), submission, initial or reference (baselines), or
-    candidate (an evaluator-track target's grading of one candidate)."""
+    """A system × split evaluation. ``purpose``: validation (a run's), submission, ablation (a submission's null-model
+    ablation), initial or reference (baselines), or candidate (an evaluator-track target's grading of one candidate)."""
 
     __tablename__ = "evaluations"
 
@@ -62,6 +62,7 @@ class Evaluation(JobColumns, Base):
     harness: Mapped[dict[str, Any]] = mapped_column(JSON)
     harness_archive: Mapped[str | None] = mapped_column(String(40), nullable=True)  # a code harness (HarnessArchive.id); then `harness` is unused
     candidate: Mapped[str | None] = mapped_column(String(20), nullable=True)  # purpose "candidate": the candidate's opaque name on a target
+    ablation: Mapped[str | None] = mapped_column(String(20), nullable=True)  # "null_model": the model replaced by the null model (grader.model_endpoint)
     status: Mapped[str] = mapped_column(String(20), index=True)
     items_total: Mapped[int] = mapped_column(Integer)
     item_ids: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # the items it covers, where not the split's first items_total
@@ -102,7 +103,8 @@ class Trajectory(Base):
 
 
 class Submission(Base):
-    """A run's final submission, graded by a test-split evaluation."""
+    """A run's final submission, graded by a test-split evaluation, and by a second one with the null model in place of
+    its model (``ablation_evaluation_id``; none for a submission made before the ablation existed)."""
 
     __tablename__ = "submissions"
 
@@ -114,6 +116,7 @@ class Submission(Base):
     harness_archive: Mapped[str | None] = mapped_column(String(40), nullable=True)
     note: Mapped[str | None] = mapped_column(Text, nullable=True)
     evaluation_id: Mapped[str] = mapped_column(String(40))
+    ablation_evaluation_id: Mapped[str | None] = mapped_column(String(40), nullable=True)  # its null-model ablation (model_free_score)
     contamination: Mapped[dict[str, Any] | None] = mapped_column(JSON, nullable=True)  # grader.schemas.ContaminationReport
     datasets: Mapped[list[dict[str, Any]] | None] = mapped_column(JSON, nullable=True)  # the run's grader.schemas.DatasetDigest at submission
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)

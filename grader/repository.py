@@ -72,14 +72,15 @@ def count_validation_items(s: Session, task_id: str) -> int:
 
 def add_evaluation(s: Session, spec: GradingSpec, *, run_id: str | None, purpose: str, split: str, model: str, harness: Harness,
                    items_total: int, hold_id: str | None = None, eval_id: str | None = None, harness_archive: str | None = None,
-                   candidate: str | None = None, item_ids: list[str] | None = None) -> Evaluation:
+                   candidate: str | None = None, item_ids: list[str] | None = None, ablation: str | None = None) -> Evaluation:
     """Add a queued evaluation of ``model`` with ``harness`` (or the code harness ``harness_archive``) on ``items_total``
     items of the task's ``split`` (its first ones, or those of ``item_ids``); returns its row (id ``eval_id``, or a new
-    one). ``purpose``: validation (a run's), submission, initial or reference (baselines), candidate (``candidate``'s
-    grading on a target)."""
+    one). ``purpose``: validation (a run's), submission, ablation (a submission's null-model ablation), initial or
+    reference (baselines), candidate (``candidate``'s grading on a target). ``ablation``: ``null_model`` to answer every
+    model call with the null model."""
     ev = Evaluation(id=eval_id or new_id("eval"), run_id=run_id, task_id=spec.task_id, purpose=purpose, split=split, model=model,
                     harness=harness.model_dump(), harness_archive=harness_archive, status="queued", items_total=items_total, hold_id=hold_id,
-                    candidate=candidate, item_ids=item_ids, created_at=utcnow(), enqueued_at=utcnow())
+                    candidate=candidate, item_ids=item_ids, ablation=ablation, created_at=utcnow(), enqueued_at=utcnow())
     s.add(ev)
     s.flush()
     return ev
@@ -141,11 +142,12 @@ def add_trajectory(s: Session, eval_id: str, item: Item, sample: int, *, score: 
 
 
 def add_submission(s: Session, ctx: RunContext, req: SubmissionGrading, *, harness: Harness, harness_archive: str | None,
-                   evaluation_id: str) -> Submission:
+                   evaluation_id: str, ablation_evaluation_id: str | None = None) -> Submission:
     """Add the run's submission of ``req`` (its model, note and dataset digests) with ``harness`` (or the code harness
-    ``harness_archive``), graded by ``evaluation_id``; returns its row."""
+    ``harness_archive``), graded by ``evaluation_id`` and ablated by ``ablation_evaluation_id``; returns its row."""
     sub = Submission(id=new_id("sub"), run_id=ctx.run_id, task_id=ctx.task_id, model=req.model, harness=harness.model_dump(),
-                     harness_archive=harness_archive, note=req.note, evaluation_id=evaluation_id, datasets=[d.model_dump() for d in req.datasets],
+                     harness_archive=harness_archive, note=req.note, evaluation_id=evaluation_id,
+                     ablation_evaluation_id=ablation_evaluation_id, datasets=[d.model_dump() for d in req.datasets],
                      created_at=utcnow())
     s.add(sub)
     s.flush()

@@ -13,10 +13,7 @@ from services.common.openai_protocol import ModelOut
 
 
 class TaskRegistered(GradingTaskStatus):
-    """A grading task as registered: its status, and what the operator should know of it."""
-
-    warnings: list[str] = Field(default_factory=list, description="For the operator, first registration only: e.g. a task whose "
-                                                                   "items are few enough to enumerate. Depends on public inputs only.")
+    """A grading task as registered: its status (``splits`` ``building`` until its build has run)."""
 
 
 class DatasetDigest(BaseModel):
@@ -56,6 +53,9 @@ class LeaderboardEntry(BaseModel):
     task_id: str = Field(description="The grader's id of the task.")
     status: Literal["queued", "running", "graded", "failed"]
     score: Score | None = None
+    model_free_score: Score | None = Field(None, description="The null-model ablation's score (null until graded, or without one).")
+    model_free_status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Field(
+        None, description="State of the null-model ablation's grading; null for a submission without one (the evaluator track's).")
     graded_at: dt.datetime | None = None
     validation_evaluations: int = Field(description="Validation evaluations the run has started, over all its tasks.")
     contamination: ContaminationReport | None = Field(None, description="The audit's counts (never which items); null until audited.")

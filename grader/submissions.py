@@ -1,5 +1,11 @@
 """Final submissions: recording one under the task's limit, its wire form (whose fault a failed grading was, whether
-it counts), and the leaderboard's choice of the submission that counts per run and task."""
+it counts), and the leaderboard's choice of the submission that counts per run and task.
+
+A submission is graded twice on the hidden test split, neither charged to the run: as submitted, and with its model
+replaced by the null model (the null-model ablation, :mod:`grader.model_endpoint`), whose score is the submission's
+``model_free_score``: what its harness scores without a model. The leaderboard counts only what depends on the model
+(``gateway.leaderboard``). The evaluator track's own task has no ablation (its submission is an evaluator of systems,
+not a system)."""
 
 from __future__ import annotations
 
@@ -9,6 +15,7 @@ from grader import repository
 from grader.evaluations import evaluated_model
 from grader.grading_tasks import harness_for
 from grader.harness_archives import code_harness_for
+from grader.model_endpoint import NULL_MODEL
 from grader.models import AGENT, PLATFORM, Evaluation, Submission
 from grader.schemas import ContaminationReport, LeaderboardEntry, SubmissionGrading
 from grader.service import Grader
@@ -40,8 +47,20 @@ def submission_out(s: Session, sub: Submission) -> SubmissionOut:
     return SubmissionOut(id=sub.id, status=status, task=repository.spec(s, sub.task_id).task, model=sub.model,  # type: ignore[arg-type]
                          harness=None if sub.harness_archive else Harness(**sub.harness),
                          harness_archive=sub.harness_archive,
-                         score=Score(**ev.score) if ev.score else None, error=error, failure_cause=cause, counted=counted,  # type: ignore[arg-type]
+                         score=Score(**ev.score) if ev.score else None, model_free_score=model_free_score(s, sub),
+                         error=error, failure_cause=cause, counted=counted,  # type: ignore[arg-type]
                          created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)
+
+
+def ablation_of(s: Session, sub: Submission) -> Evaluation | None:
+    """The null-model ablation grading ``sub`` (``None`` for a submission without one)."""
+    return repository.evaluation(s, sub.ablation_evaluation_id) if sub.ablation_evaluation_id else None
+
+
+def model_free_score(s: Session, sub: Submission) -> Score | None:
+    """The score of ``sub``'s null-model ablation once it is graded; ``None`` before, and where it has none."""
+    ablation = ablation_of(s, sub)
+    return Score(**ablation.score) if ablation is not None and ablation.status == "succeeded" and ablation.score else None
 
 
 def public_refusal(error: str) -> str:
@@ -63,7 +82,8 @@ def counted_submissions(s: Session, run_id: str, task_id: str) -> int:
 
 def create_submission(grader: Grader, ctx: RunContext, req: SubmissionGrading, max_submissions: int) -> SubmissionOut:
     """Record the run's final system, with the digests of the run's datasets (``req.datasets``, which its contamination
-    audit reads), and queue its grading on the hidden test split (not charged).
+    audit reads), and queue its grading on the hidden test split and its null-model ablation there (neither charged;
+    none for the evaluator track's own task).
 
     Raises ``Forbidden`` (code ``submission_limit``) when ``max_submissions`` of the task (``ctx.task_id``)
     are used up (see :func:`counted_submissions`) and ``Unprocessable`` for an unknown model or a bad harness.
@@ -82,11 +102,16 @@ def create_submission(grader: Grader, ctx: RunContext, req: SubmissionGrading, m
             raise SubmissionLimitReached(f"this run has used its {max_submissions} final submission(s) for task {spec.task!r} "
                                          "(a grading that failed by the platform's fault is given back)", limit=max_submissions)
         harness = harness_for(spec, req.harness)
-        eval_id = repository.add_evaluation(s, spec, run_id=ctx.run_id, purpose="submission", split="test", model=model, harness=harness,
-                                            items_total=spec.suite.splits.test.size, harness_archive=archive).id
+        graded = {"run_id": ctx.run_id, "split": "test", "model": model, "harness": harness, "items_total": spec.suite.splits.test.size,
+                  "harness_archive": archive}
+        eval_id = repository.add_evaluation(s, spec, purpose="submission", **graded).id  # type: ignore[arg-type]
+        ablation_id = (repository.add_evaluation(s, spec, purpose="ablation", ablation=NULL_MODEL, **graded).id  # type: ignore[arg-type]
+                       if spec.evaluator is None else None)
         out = submission_out(s, repository.add_submission(s, ctx, req.model_copy(update={"model": model}), harness=harness, harness_archive=archive,
-                                                          evaluation_id=eval_id))
-    grader.enqueue(eval_id)
+                                                          evaluation_id=eval_id, ablation_evaluation_id=ablation_id))
+    for queued in (eval_id, ablation_id):
+        if queued:
+            grader.enqueue(queued)
     return out
 
 
@@ -107,7 +132,8 @@ def leaderboard_entries(grader: Grader) -> list[LeaderboardEntry]:
 
     The run's latest graded submission counts (EvalAI's default): a later one that is queued, running or failed
     leaves the row as it was. Until one is graded, the latest submission stands in (its status shows progress).
-    ``contamination``: the audit's counts, never which items.
+    ``contamination``: the audit's counts, never which items. ``model_free_score``: the null-model ablation's score,
+    with the state of that grading (``model_free_status``; ``None`` where the submission has no ablation).
     """
     with grader.db.session() as s:
         counting: dict[tuple[str, str], tuple[Submission, Evaluation]] = {}
@@ -118,7 +144,9 @@ def leaderboard_entries(grader: Grader) -> list[LeaderboardEntry]:
         out = []
         for sub, ev in counting.values():
             o = submission_out(s, sub)
+            ablation = ablation_of(s, sub)
             out.append(LeaderboardEntry(submission_id=sub.id, run_id=sub.run_id, task_id=sub.task_id, status=o.status, score=o.score,
+                                        model_free_score=o.model_free_score, model_free_status=ablation.status if ablation else None,  # type: ignore[arg-type]
                                         graded_at=o.graded_at, validation_evaluations=repository.count_validation_evaluations(s, sub.run_id),
                                         contamination=ContaminationReport(**sub.contamination) if sub.contamination else None,
                                         grade=EvaluatorGrade(**ev.grade) if ev.grade and o.status == "graded" else None))

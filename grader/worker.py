@@ -21,7 +21,7 @@ from grader.audit import audit
 from grader.evaluators import grade, run_evaluator
 from grader.grading_tasks import target_scores, train_pool
 from grader.harness_archives import HarnessManifest, archive_bytes, owned_archive
-from grader.model_endpoint import Binding, Call, ModelEndpoint
+from grader.model_endpoint import NULL_MODEL, Binding, Call, ModelEndpoint, null_completion
 from grader.models import AGENT, PLATFORM, Evaluation
 from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout, steps_of
 from grader.sandboxes import Sandbox, SandboxUnavailable, get_sandbox, reap_workspaces
@@ -216,7 +216,9 @@ class _EvaluationRun:
     """One claimed evaluation as this worker runs it: what it evaluates (``model``, ``harness``, a code harness, the
     suite), on which ``split``, charged to which hold (``charged``: validation only), under which ``lease``. Each sample
     is answered one of three ways: a code harness's rollout in a sandbox (:meth:`rollout`), a conversation the suite
-    drives (:meth:`conversation`), or one completion scored by the suite (:meth:`completion`); :meth:`record` writes it."""
+    drives (:meth:`conversation`), or one completion scored by the suite (:meth:`completion`); :meth:`record` writes it.
+    With ``null_model`` (the null-model ablation) every model call of the three is answered by the null model
+    (:func:`grader.model_endpoint.null_completion`: an empty message, zero tokens, no inference call)."""
 
     grader: Grader
     eval_id: str
@@ -233,6 +235,7 @@ class _EvaluationRun:
     code: _CodeHarness | None
     converse: Callable[[Item, Harness, Any], float] | None
     scoring: threading.BoundedSemaphore
+    null_model: bool = False
 
     @classmethod
     def load(cls, grader: Grader, eval_id: str, lease: jobs.Lease) -> _EvaluationRun:
@@ -241,14 +244,14 @@ class _EvaluationRun:
             ev = repository.evaluation(s, eval_id)
             spec = repository.spec(s, ev.task_id)
             split, model, harness, hold_id, run_id, total = ev.split, ev.model, Harness(**ev.harness), ev.hold_id, ev.run_id, ev.items_total
-            archive_id, item_ids = ev.harness_archive, ev.item_ids
+            archive_id, item_ids, ablation = ev.harness_archive, ev.item_ids, ev.ablation
         ctx = RunContext(run_id=run_id, task_id=spec.task_id) if run_id else None
         suite = get_suite(spec.suite.name)
         code = _CodeHarness.load(grader, ctx, archive_id) if archive_id else None
         return cls(grader=grader, eval_id=eval_id, lease=lease, spec=spec, split=split, model=model, harness=harness,
                    charged=hold_id if split == "validation" else None,  # test grading is not charged
                    ctx=ctx, total=total, item_ids=item_ids, suite=suite, code=code, converse=suite_converse(suite) if code is None else None,
-                   scoring=threading.BoundedSemaphore(grader.settings.scoring_concurrency))
+                   scoring=threading.BoundedSemaphore(grader.settings.scoring_concurrency), null_model=ablation == NULL_MODEL)
 
     @property
     def k(self) -> int:
@@ -354,7 +357,9 @@ class _EvaluationRun:
 
     def _chat(self, request: ChatCompletionRequest, key: str) -> Any:
         """One metered completion (charged to the hold under ``key``, unmetered on the test split), retried while
-        inference or the ledger is away."""
+        inference or the ledger is away; the null model's answer, uncharged, under the null-model ablation."""
+        if self.null_model:
+            return null_completion(request.model)
         return _with_retries(lambda: self.grader.inference.chat_completions(
             self.ctx, request, hold_id=self.charged, unmetered=self.charged is None, idempotency_key=key,
             context_tokens=self.spec.evaluation.context_tokens), self.grader.settings.upstream_retry_backoff_s)
@@ -399,7 +404,7 @@ class _EvaluationRun:
             self.charge_sandbox(key, outcome.sandbox_s)
             return result.score or 0.0, result.model_dump_json(), outcome
         binding = Binding(model=self.model, ctx=self.ctx, hold_id=self.charged, key=key, context_tokens=self.spec.evaluation.context_tokens,
-                          max_tokens=self.spec.evaluation.max_tokens, max_calls=self.spec.evaluation.max_turns)
+                          max_tokens=self.spec.evaluation.max_tokens, max_calls=self.spec.evaluation.max_turns, null_model=self.null_model)
         outcome = run_rollout(code.sandbox, code.endpoint, archive=code.data, archive_id=code.id, manifest=code.manifest,
                               instruction=item.question, binding=binding, environment=suite_environment(self.suite, item),
                               caps=caps, check=self.lease.check, unbind_wait_s=settings.inference_timeout_s)

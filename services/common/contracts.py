@@ -397,6 +397,11 @@ class GradingSpec(BaseModel):
         return evaluator
 
 
+Ablation = Literal["null_model"]
+"""An ablation of an evaluated system: ``null_model`` replaces its model by the null model, an endpoint that answers every
+request with an empty assistant message, without an inference call and with zero tokens (``grader.model_endpoint``)."""
+
+
 class EvaluationCreate(_OneHarness):
     """Evaluate a system on the validation split."""
 
@@ -408,6 +413,10 @@ class EvaluationCreate(_OneHarness):
     harness_archive: HarnessArchiveId | None = Field(None, description="A code harness (`har_…`, `POST /v1/harnesses`) instead of `harness`.")
     split: Literal["validation"] = "validation"
     limit: int | None = Field(None, ge=1, description="Evaluate only the first `limit` validation items.")
+    ablation: Ablation | None = Field(
+        None, description="`null_model`: evaluate the system with its model replaced by a null model, which answers every request with an "
+                          "empty assistant message (no inference call, zero tokens); what the harness scores without the model. Metered as "
+                          "any evaluation (sandbox seconds; no model tokens). Not on the evaluator track.")
     candidates: list[CandidateName] | None = Field(
         None, min_length=2, max_length=99,
         description="The evaluator track's pilot on chosen candidates: run the evaluator on these (two or more, distinct) and grade it on "
@@ -469,6 +478,7 @@ class EvaluationOut(BaseModel):
     model: str
     harness: Harness | None = Field(description="The declarative harness evaluated, with the benchmark's settings applied; null for a code harness.")
     harness_archive: str | None = Field(None, description="The code harness evaluated (`har_…`); null for a declarative harness.")
+    ablation: Ablation | None = Field(None, description="`null_model`: the system was evaluated with the null model in place of its model.")
     items_total: int
     items_done: int
     score: Score | None = None
@@ -573,6 +583,8 @@ class SubmissionOut(BaseModel):
     harness: Harness | None = Field(description="The declarative harness submitted; null for a code harness.")
     harness_archive: str | None = Field(None, description="The code harness submitted (`har_…`); null for a declarative harness.")
     score: Score | None = None
+    model_free_score: Score | None = Field(None, description="The null-model ablation's score on the hidden test split: the submitted "
+                                                             "harness with an empty-answering model in place of its model (null until graded).")
     error: str | None = Field(None, description="Why grading failed (never a test item or a per-item result).")
     failure_cause: Literal["agent", "platform"] | None = Field(
         None, description="Whose fault a failed grading is: 'agent' (the submitted system) or 'platform'; null unless failed.")

@@ -271,9 +271,33 @@ def test_an_edited_harness_is_evaluated_and_submitted(served: Served) -> None:
     done = served.grader.get_evaluation(ctx, created.id)
     assert (done.status, done.score.value, done.harness_archive) == ("succeeded", 1.0, uploaded.id)  # type: ignore[union-attr]
     sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE, harness_archive=uploaded.id), max_submissions=1, datasets=[])
-    worker.run_evaluation(served.service, served.queue[-1])
+    for eval_id in served.queue[-2:]:  # its grading and its null-model ablation
+        worker.run_evaluation(served.service, eval_id)
     graded = served.grader.get_submission(ctx, sub.id)
     assert (graded.status, graded.score.value, graded.harness_archive) == ("graded", 1.0, uploaded.id)  # type: ignore[union-attr]
+    assert graded.model_free_score is not None and graded.model_free_score.value == 1.0  # the oracle needs no model
+
+
+def test_a_null_model_ablation_runs_the_harness_against_empty_answers_and_charges_only_its_sandbox_seconds(served: Served) -> None:
+    """The rollout's sandbox reaches the same endpoint, which answers every call with an empty message and asks inference
+    nothing; the evaluation holds and charges sandbox seconds, no tokens."""
+    ctx = served.ctx("run_null_model")
+    created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, ablation="null_model"), limits=EvaluationLimits())
+    assert created.ablation == "null_model" and created.harness_archive
+    [hold] = served.ledger.list_holds(ctx.run_id)
+    METERED.clear()
+    worker.run_evaluation(served.service, created.id)
+    done = served.grader.get_evaluation(ctx, created.id)
+    assert (done.status, done.items_done, done.score.value) == ("succeeded", 2, 0.0), done.error  # type: ignore[union-attr]
+    for t in served.grader.get_trajectories(ctx, created.id).data:
+        rollout = t.rollout
+        assert rollout is not None and rollout.model_calls >= 1 and rollout.model == BASE, t
+        assert [s.message for s in rollout.steps if s.source == "agent"] == [""] * rollout.model_calls
+        assert (t.completion, t.prompt_tokens, t.completion_tokens) == ("", 0, 0)
+    assert METERED == []  # inference was never called
+    assert served.ledger.get_hold(hold.hold_id).status == HoldStatus.settled
+    charged = {b.kind: b.quantity for b in served.ledger.usage(ctx.run_id) if b.quantity}
+    assert set(charged) == {"sandbox_seconds"} and charged["sandbox_seconds"] >= 2
 
 
 # --------------------------------------------------------------------------- hostile harnesses

@@ -261,12 +261,14 @@ def test_a_submission_is_graded_on_the_hidden_split_and_shows_on_the_leaderboard
         served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1, datasets=[])
     assert (refused.value.status, refused.value.code) == (403, "submission_limit")
 
-    worker.run_evaluation(served.service, served.queue[-1])
+    for eval_id in served.queue[-2:]:  # its grading and its null-model ablation
+        worker.run_evaluation(served.service, eval_id)
     graded = served.grader.get_submission(ctx, sub.id)
-    assert (graded.status, graded.score.n) == ("graded", 24)  # type: ignore[union-attr]
+    assert (graded.status, graded.score.n, graded.model_free_score.n) == ("graded", 24, 24)  # type: ignore[union-attr]
     assert [s.id for s in served.grader.list_submissions(ctx).data] == [sub.id]
     [entry] = [e for e in served.grader.leaderboard().data if e.run_id == ctx.run_id]
     assert (entry.submission_id, entry.task_id, entry.status, entry.score) == (sub.id, served.task_id, "graded", graded.score)
+    assert (entry.model_free_score, entry.model_free_status) == (graded.model_free_score, "succeeded")
     assert entry.contamination is not None and not entry.contamination.contaminated  # the run uploaded no datasets
     other = run_headers(RunContext(run_id="run_other", task_id=served.task_id), GATEWAY_TOKEN)
     assert problem(served.http.get(f"/internal/submissions/{sub.id}", headers=other), 404)["code"] == "not_found"

@@ -100,13 +100,19 @@ class GraderRig:
         with self.service.db.session() as s:
             return s.get(Submission, sub.id).evaluation_id  # type: ignore[union-attr]
 
+    def ablation_of(self, sub: SubmissionOut) -> str | None:
+        from grader.models import Submission
+
+        with self.service.db.session() as s:
+            return s.get(Submission, sub.id).ablation_evaluation_id  # type: ignore[union-attr]
+
     def grade(self, sub: SubmissionOut) -> SubmissionOut:
-        """Run the submission's grading to its end, as the eval worker does with the message it got."""
+        """Run the submission's grading and its null-model ablation to their end, as eval workers do with the messages they got."""
         from grader import worker
 
-        eval_id = self.evaluation_of(sub)
-        assert eval_id in self.queue
-        worker.run_evaluation(self.service, eval_id)
+        for eval_id in (self.evaluation_of(sub), self.ablation_of(sub)):
+            assert eval_id in self.queue
+            worker.run_evaluation(self.service, eval_id)
         return self.get(sub)
 
     def get(self, sub: SubmissionOut) -> SubmissionOut:
