@@ -630,7 +630,9 @@ async def get_submission(sub_id: SubId, gw: GatewayDep, caller: AgentDep) -> Sub
 @public_router.get("/v1/leaderboard", summary="The leaderboard (JSON)")
 async def leaderboard_json(gw: GatewayDep) -> Page[LeaderboardRow]:
     """One row per run: per task its latest graded final submission (a later one still grading or failed leaves the row as it
-    was), initial and final hidden-test scores, gap closed, validation evaluations, spend, hours."""
+    was), initial and final hidden-test scores, gap closed, validation evaluations, spend, hours. On the evaluator track the
+    figures derived from the sealed targets beyond the grade itself wait until no run of the benchmark is open
+    (``sealed_withheld``; the operator's ``GET /admin/leaderboard`` has them)."""
     return Page[LeaderboardRow](data=await leaderboard.leaderboard(gw))
 
 
@@ -693,6 +695,13 @@ async def run_page_login(request: Request, gw: GatewayDep, run_id: Annotated[str
 async def load_benchmark(doc: dict[str, Any], gw: GatewayDep) -> BenchmarkOut:
     """The benchmark file's content as JSON (the CLI reads the YAML). 422 names the offending key."""
     return await benchmarks.load_benchmark(gw, doc)
+
+
+@admin_router.get("/leaderboard", summary="The leaderboard with every sealed figure (JSON)")
+async def admin_leaderboard(gw: GatewayDep) -> Page[LeaderboardRow]:
+    """What ``/v1/leaderboard`` answers, with the evaluator track's figures derived from the sealed targets' scores (Kendall's
+    tau, concordance, ceiling, per-target rows) also while runs of the benchmark are open (``gateway.leaderboard``)."""
+    return Page[LeaderboardRow](data=await leaderboard.leaderboard(gw, operator=True))
 
 
 @admin_router.get("/benchmarks", summary="List benchmarks")

@@ -615,6 +615,42 @@ def test_the_leaderboard_ranks_runs_by_final_score_with_gap_closed_and_spend(ser
     assert html.status_code == 200 and "chain-sum-ranked" in html.text
 
 
+def test_the_public_leaderboard_withholds_an_evaluators_sealed_figures_while_a_run_of_its_benchmark_is_open(served: Served,
+                                                                                                               monkeypatch: pytest.MonkeyPatch) -> None:
+    from gateway.models import Benchmark
+    from services.common.contracts import EvaluatorGrade, TargetAgreement
+
+    run_id, _ = served.new_run(evaluator_benchmark())
+    with served.gateway.db.session() as s:
+        bm = s.get(Benchmark, served.http.get("/admin/runs", headers=ADMIN).json()["data"][-1]["benchmark_id"])
+        task_id, name = bm.task_ids()["evaluator"], bm.name
+    grade = EvaluatorGrade(pairwise_agreement=0.75, kendall_tau=0.5, concordance=0.4, ceiling=0.9, candidates=3, model_calls=30, prompt_tokens=900,
+                           completion_tokens=100, sandbox_s=4, exhausted=0, partial=0, failed=0,
+                           targets=[TargetAgreement(target="hidden", pairwise_agreement=0.75, ci_low=0.61, ci_high=0.87, kendall_tau=0.5,
+                                                    concordance=0.4, ceiling=0.9)])
+    score = Score(value=0.75, n=3, metric="pairwise_agreement", k=1)
+    monkeypatch.setattr(served.grader, "entries", [LeaderboardEntry(submission_id="sub_e", run_id=run_id, task_id=task_id, status="graded", score=score,
+                                                                    graded_at=dt.datetime.now(dt.UTC), validation_evaluations=1, grade=grade)])
+
+    def row(path: str, headers: dict[str, str] | None = None) -> dict[str, Any]:
+        return next(r for r in served.http.get(path, headers=headers).json()["data"] if r["benchmark"] == name)
+
+    public = row("/v1/leaderboard")  # the run is open: the grade itself, and what the evaluator did, only
+    assert public["sealed_withheld"] is True and public["final_score"] == 0.75
+    shown = public["evaluator"]
+    assert (shown["pairwise_agreement"], shown["model_calls"], shown["targets"]) == (0.75, 30, [])
+    assert (shown["kendall_tau"], shown["concordance"], shown["ceiling"]) == (None, None, None)
+    page = served.http.get("/leaderboard").text
+    assert "withheld until every run has ended" in page and "90.0%" not in page and "61.0–87.0%" not in page and ">hidden<" not in page
+    operator = row("/admin/leaderboard", ADMIN)
+    assert operator["sealed_withheld"] is False and operator["evaluator"] == grade.model_dump(mode="json")
+    assert_problem(served.http.get("/admin/leaderboard"), 401)
+    served.http.post(f"/admin/runs/{run_id}/revoke", headers=ADMIN)  # its one run ended: the benchmark is closed
+    closed = row("/v1/leaderboard")
+    assert closed["sealed_withheld"] is False and closed["evaluator"] == grade.model_dump(mode="json")
+    assert "90.0%" in served.http.get("/leaderboard").text
+
+
 # --------------------------------------------------------------------------- the run-scoped routes, each once
 
 
