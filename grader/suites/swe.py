@@ -15,6 +15,11 @@ source) by its seed: shuffled, taken from the projects in turn, and verified as 
 secret, so its instances exist only in the grader (as reasoning-gym's math does), and the candidates number several
 hundred bugs per benchmark (``item_space``).
 
+**The rewrite** (:mod:`grader.suites.swe_rewrite`). The projects are public, so their releases would be the answer
+key: each split sees each project through a semantics-preserving rewrite drawn from its seed (names, module files,
+locals), applied alike to the base repository, the tests, the gold patch, the test ids and the issue; an item's entry
+keeps the mutant as found on the published source (``fail_to_pass``…, the canonical form) and the rewrite's ``key``.
+
 **Verification** (the verifier, ``test.sh`` in the task's tests folder, run after the harness with ``/tests`` mounted):
 the project's pristine files are copied into a fresh tree, then only the harness's changes to the library's own source
 (regular ``.py`` files under the package folder, not in a ``tests`` folder, not named ``test_*.py``, ``conftest.py``,
@@ -47,7 +52,7 @@ from pathlib import Path
 from typing import Any
 
 from grader.canonical import MIN_TEXT_TOKENS, Canonical, text_tokens
-from grader.suites import swe_mutants
+from grader.suites import swe_mutants, swe_rewrite
 from grader.suites.base import Item, TaskEnvironment, imported_environment, materialize, register_suite
 from grader.suites.swe_mutants import ENV_TARGET, PROJECTS, SWE_DIR, Mutant, Project
 from grader.suites.terminal import HARNESS_DIR
@@ -58,7 +63,7 @@ AGENT_TIMEOUT_S = 600.0
 VERIFY_WORKERS = min(8, os.cpu_count() or 1)
 """Candidates verified at once while a split is drawn (each a pytest process)."""
 VERIFIER_TIMEOUT_S = 120.0
-_INSTANCE_STAMP = hashlib.sha256(Path(__file__).read_bytes() + swe_mutants.STAMP.encode()).hexdigest()[:16]
+_INSTANCE_STAMP = hashlib.sha256(Path(__file__).read_bytes() + swe_rewrite.STAMP.encode()).hexdigest()[:16]
 """The version of an instance's folder: one written by another version of this suite (its verifier) is not reused."""
 
 VERIFIER = r'''#!/bin/bash
@@ -195,13 +200,18 @@ def issue_text(mutant: Mutant, rng: random.Random) -> str:
     return rng.choice(TEMPLATES).format(title=title, **values)
 
 
-def gold_patch(mutant: Mutant) -> str:
-    """The fix as a unified diff against the base commit (``git apply``-able in the task's ``/app``)."""
+def gold_patch(mutant: Mutant, rewrite: swe_rewrite.Rewrite | None = None) -> str:
+    """The fix as a unified diff against the base commit (``git apply``-able in the task's ``/app``): from
+    ``R(mutated file)`` to ``R(original file)`` under ``rewrite`` (:mod:`grader.suites.swe_rewrite`; ``None``: the
+    published text)."""
     import difflib
 
     original = (PROJECTS[mutant.project].repo / mutant.path).read_text()
     buggy = mutant.apply(original)
-    return "".join(difflib.unified_diff(buggy.splitlines(keepends=True), original.splitlines(keepends=True), f"a/{mutant.path}", f"b/{mutant.path}"))
+    path = mutant.path
+    if rewrite is not None:
+        original, buggy, path = rewrite.text(mutant.path, original), rewrite.text(mutant.path, buggy), rewrite.path(mutant.path)
+    return "".join(difflib.unified_diff(buggy.splitlines(keepends=True), original.splitlines(keepends=True), f"a/{path}", f"b/{path}"))
 
 
 @register_suite
@@ -219,9 +229,11 @@ class SweSuite:
         _check_projects(params)
 
     def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
-        """``size`` verified bugs drawn by ``seed`` (module docstring); raises ``Unprocessable`` (field
+        """``size`` verified bugs drawn by ``seed`` (module docstring), each project seen through the seed's rewrite
+        (:func:`swe_rewrite.checked`, made on the first bug drawn from it); raises ``Unprocessable`` (field
         ``suite.splits.<split>.size``) when the candidates run out first."""
         rng = random.Random(seed)
+        rewrites: dict[str, swe_rewrite.Rewrite] = {}
         pools = []
         for project in _check_projects(params):
             pool = list(_candidates(project.name))
@@ -235,7 +247,9 @@ class SweSuite:
                     for mutant in stream:
                         if mutant.id in exclude:
                             continue
-                        item = self._item(mutant, random.Random(f"{seed}:{mutant.id}"))
+                        if mutant.project not in rewrites:
+                            rewrites[mutant.project] = swe_rewrite.checked(PROJECTS[mutant.project], seed)
+                        item = self._item(mutant, random.Random(f"{seed}:{mutant.id}"), rewrites[mutant.project])
                         if item.question not in exclude:
                             items.append(item)
                             break
@@ -248,11 +262,14 @@ class SweSuite:
                                 field=f"suite.splits.{split}.size")
         return items
 
-    def _item(self, mutant: Mutant, rng: random.Random) -> Item:
+    def _item(self, mutant: Mutant, rng: random.Random, rewrite: swe_rewrite.Rewrite) -> Item:
+        """The task of ``mutant`` under ``rewrite``: the entry keeps the mutant as found on the published source (its
+        ``fail_to_pass``… and the canonical form, the same under every rewrite) and the rewrite's ``key``; the issue,
+        gold patch, test patch and SWE-bench's ``FAIL_TO_PASS``/``PASS_TO_PASS`` are the rewritten tree's."""
         project = PROJECTS[mutant.project]
-        question = INSTRUCTION.format(project=project.name, path=project.path, issue=issue_text(mutant, rng))
-        entry = {**asdict(mutant), "patch": gold_patch(mutant), "test_patch": mutant.test_files, "FAIL_TO_PASS": list(mutant.fail_to_pass),
-                 "PASS_TO_PASS": list(mutant.pass_to_pass)}
+        question = INSTRUCTION.format(project=project.name, path=project.path, issue=rewrite.words(issue_text(mutant, rng)))
+        entry = {**asdict(mutant), "rewrite": rewrite.key, "patch": gold_patch(mutant, rewrite), "test_patch": [rewrite.path(f) for f in mutant.test_files],
+                 "FAIL_TO_PASS": [rewrite.test_id(t) for t in mutant.fail_to_pass], "PASS_TO_PASS": [rewrite.test_id(t) for t in mutant.pass_to_pass]}
         return Item(id=mutant.id, question=question, answer="", entry=entry)
 
     def canonical(self, item: Item) -> Canonical | None:
@@ -281,7 +298,9 @@ class SweSuite:
         if "archive" in item.entry:
             return imported_environment(item.entry, mounts)
         mutant = _mutant({k: item.entry[k] for k in Mutant.__dataclass_fields__})
-        folder = materialize(SWE_DIR / "instances" / _INSTANCE_STAMP / mutant.id, lambda tmp: _write_instance(mutant, tmp))
+        rewrite = swe_rewrite.from_key(PROJECTS[mutant.project], item.entry["rewrite"]) if "rewrite" in item.entry else None
+        name = f"{mutant.id}-{rewrite.key}" if rewrite else mutant.id
+        folder = materialize(SWE_DIR / "instances" / _INSTANCE_STAMP / name, lambda tmp: _write_instance(mutant, tmp, rewrite))
         return TaskEnvironment(app=folder / "app", setup=None, tests=folder / "tests", agent_timeout_s=AGENT_TIMEOUT_S,
                                verifier_timeout_s=VERIFIER_TIMEOUT_S, mounts=mounts)
 
@@ -306,18 +325,26 @@ def write_verifier(tests: Path, *, package: str, path: str, fail_to_pass: list[s
     (tests / "spec.json").write_text(json.dumps({"package": package, "path": path, "FAIL_TO_PASS": fail_to_pass, "PASS_TO_PASS": pass_to_pass}))
 
 
-def _write_instance(mutant: Mutant, tmp: Path) -> None:
+def _write_instance(mutant: Mutant, tmp: Path, rewrite: swe_rewrite.Rewrite | None) -> None:
+    """``mutant``'s task folder: ``app`` (``R(mutated tree)``, its test patch out, one commit) and ``tests`` (the
+    verifier, with ``R(original tree)`` as ``tests/repo``); ``rewrite`` ``None``: the published text (a task stored
+    before the rewrite)."""
     project = PROJECTS[mutant.project]
     app, tests = tmp / "app", tmp / "tests"
     ignore = shutil.ignore_patterns(".prepared", "__pycache__", "*.pyc")
-    shutil.copytree(project.repo, app, ignore=ignore)
-    (app / mutant.path).write_text(mutant.apply((project.repo / mutant.path).read_text()))
+    source = rewrite.tree() if rewrite else project.repo
+    rename = rewrite.path if rewrite else str
+    shutil.copytree(source, app, ignore=ignore)
+    buggy = mutant.apply((project.repo / mutant.path).read_text())
+    (app / rename(mutant.path)).write_text(rewrite.text(mutant.path, buggy) if rewrite else buggy)
     for file in mutant.test_files:
-        (app / file).unlink()
+        (app / rename(file)).unlink()
     commit_all(app, f"{project.name} {project.version}")
     tests.mkdir()
-    shutil.copytree(project.repo, tests / "repo", ignore=ignore)
-    write_verifier(tests, package=project.package, path=project.path, fail_to_pass=list(mutant.fail_to_pass), pass_to_pass=list(mutant.pass_to_pass))
+    shutil.copytree(source, tests / "repo", ignore=ignore)
+    spec = rewrite.spec if rewrite else project
+    write_verifier(tests, package=spec.package, path=spec.path, fail_to_pass=[rewrite.test_id(t) if rewrite else t for t in mutant.fail_to_pass],
+                   pass_to_pass=[rewrite.test_id(t) if rewrite else t for t in mutant.pass_to_pass])
 
 
 def _junit_module() -> str:

@@ -9,7 +9,7 @@ import pytest
 
 from grader.model_endpoint import ModelEndpoint
 from grader.rollouts import RolloutOutcome
-from grader.suites import Item, get_suite
+from grader.suites import Item, get_suite, swe_rewrite
 from grader.suites.swe_mutants import PROJECTS, candidates
 from services.common.errors import Unprocessable
 from tests.unit.grader.scripted import run_script
@@ -51,7 +51,8 @@ def test_an_item_is_swe_benchs_shape_and_its_issue_tells_the_symptom_not_the_fix
         assert all(t.split("::")[0] in entry["test_patch"] for t in entry["FAIL_TO_PASS"])
         removed = [line[1:].strip() for line in entry["patch"].splitlines() if line.startswith("+") and not line.startswith("+++")]
         assert removed and not any(line in item.question for line in removed if len(line) > 12), "the fix's line is in the issue"
-        assert entry["function"].split(".")[-1] in item.question and "```" in item.question
+        rewrite = swe_rewrite.from_key(PROJECTS[entry["project"]], entry["rewrite"])  # the issue names the function as the task's source does
+        assert rewrite.words(entry["function"]).split(".")[-1] in item.question and "```" in item.question
         env = get_suite("swe").environment(item)
         assert not any((env.app / f).exists() for f in entry["test_patch"])  # the test patch is the verifier's
         assert all((env.tests / "repo" / f).is_file() for f in entry["test_patch"])
