@@ -155,10 +155,11 @@ class CrucibleClient(_GatewayClient):
     # ------------------------------------------------------------------ evaluations
 
     def create_evaluation(self, model: str | None, harness: dict[str, Any] | None = None, limit: int | None = None, task: str | None = None,
-                          harness_archive: str | None = None, candidates: list[str] | None = None) -> dict[str, Any]:
+                          harness_archive: str | None = None, candidates: list[str] | None = None, ablation: str | None = None) -> dict[str, Any]:
         """Evaluate ``model`` on validation with a declarative ``harness`` or the code harness ``harness_archive``
         (neither: the suite's default). On the evaluator track's own task: ``model`` ``None``, the evaluator as
-        ``harness_archive``, and for a pilot on some candidates their names (``candidates``, two or more)."""
+        ``harness_archive``, and for a pilot on some candidates their names (``candidates``, two or more). ``ablation``
+        ``"null_model"``: the system with its model replaced by one that answers every call empty (the harness alone)."""
         body: dict[str, Any] = {"split": "validation"} | ({"model": model} if model is not None else {})
         if harness is not None:
             body["harness"] = harness
@@ -168,6 +169,8 @@ class CrucibleClient(_GatewayClient):
             body["limit"] = limit
         if candidates is not None:
             body["candidates"] = candidates
+        if ablation is not None:
+            body["ablation"] = ablation
         return self._call("POST", "/v1/evaluations", json=body, params=_task({}, task))
 
     def evaluations(self) -> list[dict[str, Any]]:

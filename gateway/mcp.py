@@ -40,6 +40,7 @@ from starlette.responses import JSONResponse, Response
 from starlette.types import Receive, Scope, Send
 
 from services.common.app import problem_response
+from services.common.contracts import Ablation
 from services.common.errors import TooManyRequests, Unauthorized, Unprocessable, UpstreamUnavailable
 
 INSTRUCTIONS = (
@@ -277,10 +278,14 @@ class Tools:
           "evaluation. Costs inference tokens (and sandbox seconds for code harnesses), held first. Refused: 429 past the "
           "evaluation rate limits (retry_after_s), 403 past the failed-evaluation limit or a harness the track locks, 402 over budget. "
           "Evaluator track: give only `harness_archive` (your evaluator), no `model`: it runs on each candidate (or on the "
-          "`candidates` you name, two or more: a pilot) and is scored by its agreement with the development targets.")
+          "`candidates` you name, two or more: a pilot) and is scored by its agreement with the development targets. "
+          "`ablation: null_model` replaces the model by one that answers every call empty (no tokens spent): what the harness "
+          "scores by itself, as final grading measures it.")
     async def create_evaluation(self, ctx: Context, model: str | None = None, harness: JsonObject | None = None, harness_archive: str | None = None,
-                                limit: Annotated[int | None, Field(ge=1)] = None, candidates: list[str] | None = None, task: Task = None) -> Any:
-        body = {"split": "validation"} | _params(model=model, harness=harness, harness_archive=harness_archive, limit=limit, candidates=candidates)
+                                limit: Annotated[int | None, Field(ge=1)] = None, candidates: list[str] | None = None,
+                                ablation: Ablation | None = None, task: Task = None) -> Any:
+        body = {"split": "validation"} | _params(model=model, harness=harness, harness_archive=harness_archive, limit=limit, candidates=candidates,
+                                                 ablation=ablation)
         return await self.call(ctx, "POST", "/v1/evaluations", json=body, params=_params(task=task))
 
     @tool("A validation evaluation's status, items graded so far and score (with its interval once done). Free.", read_only=True)
