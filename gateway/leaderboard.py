@@ -9,7 +9,7 @@ Lin's concordance (the targets' ties and scale), the ceiling (the targets' agree
 doing at all), and each sealed target's own row (its name and agreement). A run still open could read them to learn the
 sealed ranking, so the public board withholds them (:func:`without_sealed_figures`, ``sealed_withheld``) until its
 benchmark is closed: no run of it open, each past its deadline or revoked. The operator's board
-(``GET /admin/leaderboard``) shows them always. What the evaluator itself did (its calls, tokens, failure modes) is shown
+(``GET /admin/leaderboard``) shows them always, and each task's audit findings on the run's harness archives. What the evaluator itself did (its calls, tokens, failure modes) is shown
 throughout.
 """
 
@@ -66,6 +66,8 @@ async def leaderboard(gw: Gateway, *, operator: bool = False) -> list[Leaderboar
             if task_id not in baselines:
                 baselines[task_id] = await gw.grader.task_status(task_id)
             tasks.append(_task_score(name, baselines[task_id], by_task.get(task_id)))
+            if operator and (counted := by_task.get(task_id)) and counted.contamination:
+                tasks[-1].harness_findings = counted.contamination.harness_findings
         graded = [t for t in tasks if t.final_score is not None]
         all_graded = len(graded) == len(tasks)
         ends = [e.graded_at for e in by_task.values() if e.graded_at]

@@ -353,7 +353,9 @@ class TaskScore(BaseModel):
                                                             "null for a submission without one (the evaluator track, or made before it existed).")
     model_free_above_initial: bool | None = Field(None, description="Flag: the ablation scores above the initial system, so the harness solves "
                                                                     "items by itself; that part is no credit (null: not known yet).")
-    contaminated: bool | None = Field(None, description="The contamination audit found test items in the run's datasets (null: not audited yet). "
+    contaminated: bool | None = Field(None, description="The contamination audit found test items in the run's datasets, or test items or the "
+                                      "suite's solution material (gold patches, a project's released library, a family's answer code) in its "
+                                      "harness archives (null: not audited yet). "
                                       "How many is the operator's to read (the grader's records): a public count would tell a run how many "
                                       "of the items it uploaded are hidden ones.")
 
@@ -365,6 +367,8 @@ class LeaderboardRow(BaseModel):
     tasks' final scores (set once every task is graded), ``gap_closed`` the mean of the tasks' gaps closed,
     and ``rsi_index`` = mean over tasks of (final − initial) / (1 − initial), RSIGym's RSI-Index.
     """
+    harness_findings: list[str] | None = Field(None, description="The operator's board (GET /admin/leaderboard) only: the solution material "
+                                               "the audit found in the run's harness archives, per archive (null on the public board).")
 
     rank: int | None
     run_id: str
@@ -381,7 +385,7 @@ class LeaderboardRow(BaseModel):
     rsi_index: float | None = Field(None, description="mean over tasks of (final′ − initial) / (1 − initial)")
     n: int | None = Field(description="Test items graded, over all tasks.")
     final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap interval of the final score (one-task benchmarks; see each task otherwise).")
-    contaminated: bool | None = Field(None, description="The audit flagged test items of some task (null: not audited yet).")
+    contaminated: bool | None = Field(None, description="The audit flagged some task: its datasets or harness archives (null: not audited yet).")
     model_free_score: float | None = Field(None, description="Mean over tasks of the null-model ablation's score (null until every task's is graded).")
     model_free_above_initial: bool | None = Field(None, description="Flag: on some task the null-model ablation scores above the initial system.")
     validation_evaluations: int

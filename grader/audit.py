@@ -19,12 +19,27 @@ form** (:mod:`grader.canonical`, given by the suite: the expression of an arithm
 its instruction, a function's ``def`` line) occurs contiguously in a row read in the form's view (an expression
 as a whole one: :func:`grader.canonical.occurrences`). A canonical form
 that occurs in a public text read the same way is no evidence either, and is left out like a public n-gram.
+
+**Harness archives** (:func:`audit_harnesses`) are read the same way, each text file of an archive a row: an archive that
+carries hidden test items (a suite's answer key) is flagged as a dataset is. It is flagged as well when it carries a
+suite's **solution material** (:func:`solution_material`), texts public or not that solve hidden items without a model:
+a hidden item's gold patch (the fixed code with its context, ``entry["patch"]``), the swe projects' released library
+files (a harness that copies them over ``/app`` undoes every bug), the terminal families' answer code (the functions
+that compute each instance's expected output). A piece of material counts as carried when ``min_overlap`` of its
+n-grams occur in the archive's files together (so a copy split over files, reformatted or recased still counts);
+material of fewer than :data:`MIN_MATERIAL_NGRAMS` n-grams (an ``__init__.py`` of two imports) is no evidence. Unlike
+a dataset's, public n-grams are not left out here: the material is public by nature, and carrying it is the fault.
 """
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterable
+import inspect
+import io
+from collections.abc import Callable, Iterable, Sequence
+from dataclasses import dataclass
 from typing import Any
+
+from backports import tarfile  # the PEP 706 filters on every Python 3.11 (Debian's 3.11.2 has none)
 
 from grader.canonical import VIEWS, Canonical, occurrences, public_forms, text_tokens
 from grader.schemas import ContaminationReport
@@ -113,3 +128,96 @@ def _units(test_items: list[Item], ngram: int) -> list[tuple[int, list[str]]]:
         if len(answer) >= ngram:
             units.append((index, answer))
     return units
+
+
+# --------------------------------------------------------------------------- harness archives
+
+MIN_MATERIAL_NGRAMS = 20
+"""A piece of solution material with fewer n-grams than this is too short to tell a copy from a coincidence."""
+MAX_ARCHIVE_FILE_BYTES = 4 * 1024 * 1024
+"""An archive's file larger than this is not read (no source file or answer key of a suite is); nor is a binary one."""
+
+
+@dataclass(frozen=True)
+class Material:
+    """A text that solves hidden items without a model: ``kind`` says whose (``swe project toolz: released library``),
+    ``name`` which one (a file, a family, an item) and ``text`` is it."""
+
+    kind: str
+    name: str
+    text: str
+
+
+def solution_material(suite: str, params: dict[str, Any], test_items: Iterable[Item]) -> list[Material]:
+    """The solution material of suite ``suite`` (with ``params``) and its hidden ``test_items``: each item's gold patch
+    (the post-image of its hunks: context and added lines), and by suite the swe projects' released library files (those
+    of ``params["projects"]``, default all, where prepared on this host) and the terminal families' answer code (each
+    family's function). Empty for a suite with none."""
+    material = [Material("gold patch of a hidden item", item.id, _post_image(item.entry["patch"]))
+                for item in test_items if isinstance(item.entry.get("patch"), str)]
+    if suite == "swe":
+        from grader.suites.swe_mutants import PROJECTS  # the suites' own modules: imported only where the suite is audited
+
+        for name in params.get("projects") or PROJECTS:
+            project = PROJECTS.get(name)
+            if project is not None and project.repo.is_dir():
+                material += [Material(f"swe project {name}: released library", str(path), (project.repo / path).read_text(errors="replace"))
+                             for path in project.modules()]
+    elif suite == "terminal":
+        from grader.suites.terminal_families import FAMILIES
+
+        for name, family in FAMILIES.items():
+            fn = family[-1] if isinstance(family, tuple) else family
+            material.append(Material("terminal family answer code", name, inspect.getsource(fn)))
+    return material
+
+
+def _post_image(patch: str) -> str:
+    """A unified diff's hunks as they read after it is applied (context and added lines)."""
+    return "\n".join(line[1:] for line in patch.splitlines() if line[:1] in (" ", "+") and not line.startswith("+++"))
+
+
+def archive_files(data: bytes) -> list[tuple[str, str]]:
+    """The text files of a harness archive (a ``.tar.gz`` validated on upload, :mod:`grader.harness_archives`) as
+    ``(path, text)``: regular files of at most :data:`MAX_ARCHIVE_FILE_BYTES` that decode as UTF-8. Nothing is written
+    to disk or run. A damaged archive has no files."""
+    files = []
+    try:
+        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+            for member in tar:
+                if member.isfile() and member.size <= MAX_ARCHIVE_FILE_BYTES:
+                    try:
+                        files.append((member.name, tar.extractfile(member).read().decode("utf-8")))  # type: ignore[union-attr]
+                    except UnicodeDecodeError:
+                        continue
+    except (tarfile.TarError, OSError, EOFError):
+        return files
+    return files
+
+
+def audit_harnesses(archives: Iterable[tuple[str, bytes]], material: Iterable[Material], settings: AuditSettings, *,
+                    test_items: Sequence[Item] = (), public: Iterable[str] = (),
+                    canonical: Callable[[Item], Canonical | None] | None = None) -> list[str]:
+    """Why harness archives are flagged (see the module docstring): for each ``(id, .tar.gz)`` of ``archives``, one
+    reason per kind of material it carries (``"har_…: <kind>: <how many> (<the first few>)"``) and one for the hidden
+    ``test_items`` its files hold (:func:`audit`, each file a row; ``public`` and ``canonical`` as there); empty when
+    none carries any. Reasons are the operator's to read. Cost: the material tokenized once, each archive's text once."""
+    pieces = [(piece, grams) for piece in material if len(grams := _ngrams(tokens(piece.text), settings.ngram)) >= MIN_MATERIAL_NGRAMS]
+    public = list(public)
+    reasons = []
+    for archive_id, data in archives:
+        texts = [text for _path, text in archive_files(data)]
+        present: set[tuple[str, ...]] = set()
+        for text in texts:
+            toks = tokens(text)
+            present.update(tuple(toks[i:i + settings.ngram]) for i in range(len(toks) - settings.ngram + 1))
+        carried: dict[str, list[str]] = {}
+        for piece, grams in pieces:
+            if len(grams & present) / len(grams) >= settings.min_overlap:
+                carried.setdefault(piece.kind, []).append(piece.name)
+        reasons += [f"{archive_id}: {kind}: {len(names)} ({', '.join(names[:3])}{', …' if len(names) > 3 else ''})" for kind, names in carried.items()]
+        if test_items and texts:
+            report = audit(list(test_items), texts, settings, public=public, canonical=canonical)
+            if report.contaminated:
+                reasons.append(f"{archive_id}: hidden test items in its files: {report.flagged_items} of {report.items}")
+    return reasons

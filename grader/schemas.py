@@ -32,7 +32,8 @@ class SubmissionGrading(SubmissionCreate):
 
 
 class ContaminationReport(BaseModel):
-    """What the contamination audit (:mod:`grader.audit`) found: ``flagged_items`` of ``items`` test items overlap the run's datasets."""
+    """What the contamination audit (:mod:`grader.audit`) found: ``flagged_items`` of ``items`` test items overlap the run's
+    datasets; ``harness_findings``: the solution material its harness archives carry. ``contaminated`` if either."""
 
     contaminated: bool
     flagged_items: int
@@ -42,6 +43,10 @@ class ContaminationReport(BaseModel):
     ngram: int
     min_overlap: float
     flagged_by_canonical_form: int = Field(0, description="Flagged items whose canonical form (not only their n-grams) occurs in a row.")
+    harness_archives: int = Field(0, description="Harness archives read: the final system's and every other one the run uploaded.")
+    harness_findings: list[str] = Field(default_factory=list, description="Per archive (`har_…: why`), the solution material it carries: "
+                                        "hidden test items, gold patches, a swe project's released library, a terminal family's answer code. "
+                                        "The operator's to read.")
 
 
 class LeaderboardEntry(BaseModel):

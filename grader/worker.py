@@ -17,7 +17,7 @@ from pydantic import ValidationError
 from sqlalchemy.orm import Session
 
 from grader import repository
-from grader.audit import audit
+from grader.audit import audit, audit_harnesses, solution_material
 from grader.evaluators import grade, run_evaluator
 from grader.grading_tasks import target_scores, train_pool
 from grader.harness_archives import HarnessManifest, archive_bytes, owned_archive
@@ -469,7 +469,8 @@ class _EvaluationRun:
 def _audit_submission(grader: Grader, eval_id: str, ctx: RunContext, test_items: list[Item], spec: GradingSpec) -> None:
     """Run the contamination audit (:mod:`grader.audit`) of the submission graded by ``eval_id`` over every
     dataset the run had uploaded when it submitted (the digests the gateway handed over with the submission, read from
-    the artifact store, content-addressed), once (a resumed grading keeps the first report), and store it on the
+    the artifact store, content-addressed) and every harness archive the run uploaded (for the suite's solution
+    material), once (a resumed grading keeps the first report), and store it on the
     submission. A dataset missing from the store raises ``FileNotFoundError`` (the grading fails, by the platform)."""
     with grader.db.session() as s:
         sub = repository.submission_graded_by(s, eval_id)
@@ -487,7 +488,14 @@ def _audit_submission(grader: Grader, eval_id: str, ctx: RunContext, test_items:
         public = [text for it in train_pool(grader, spec.task_id) + repository.validation_items(s, spec.task_id) for text in (it.question, it.answer)]
     suite: Suite = get_suite(spec.suite.name)
     report = audit(test_items, rows(), spec.audit, public=public, datasets=len(datasets), canonical=lambda item: suite_canonical(suite, item))
-    log.info("contamination audit", eval_id=eval_id, flagged=report.flagged_items, items=report.items, rows=report.rows)
+    with grader.db.session() as s:  # the run's harness archives: its final system's and every other it uploaded
+        archives = [(a.id, a.uri) for a in repository.usable_archives(s, ctx.run_id) if a.run_id == ctx.run_id]
+    findings = audit_harnesses(((archive_id, artifacts.local_path(uri).read_bytes()) for archive_id, uri in archives),
+                               solution_material(spec.suite.name, spec.suite.params, test_items), spec.audit, test_items=test_items,
+                               public=public, canonical=lambda item: suite_canonical(suite, item))
+    report = report.model_copy(update={"contaminated": report.contaminated or bool(findings), "harness_archives": len(archives),
+                                       "harness_findings": findings})
+    log.info("contamination audit", eval_id=eval_id, flagged=report.flagged_items, items=report.items, rows=report.rows, harness_findings=findings)
     with grader.db.session() as s:
         repository.submission_graded_by(s, eval_id).contamination = report.model_dump()  # type: ignore[union-attr]
 

@@ -653,6 +653,22 @@ def test_the_public_leaderboard_withholds_an_evaluators_sealed_figures_while_a_r
 
 # --------------------------------------------------------------------------- the run-scoped routes, each once
 
+def test_the_audits_findings_on_a_runs_harness_archives_are_the_operators_to_read(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    doc = {**TEST_BENCHMARK, "name": f"chain-sum-audited-{new_id('bm')[3:]}"}
+    run_id, _ = served.new_run(doc)
+    bm_id = served.http.get("/admin/runs", headers=ADMIN).json()["data"][-1]["benchmark_id"]
+    findings = ["har_01: swe project toolz: released library: 1 (toolz/itertoolz.py)"]
+    audit = ContaminationReport(contaminated=True, flagged_items=0, items=24, datasets=0, rows=0, ngram=13, min_overlap=0.5, harness_archives=1,
+                                harness_findings=findings)
+    monkeypatch.setattr(served.grader, "entries", [LeaderboardEntry(submission_id="sub_h", run_id=run_id, task_id=bm_id, status="graded",
+                                                                    score=Score(value=0.9, n=24, metric="avg@k", k=1), validation_evaluations=0,
+                                                                    graded_at=dt.datetime.now(dt.UTC), contamination=audit)])
+    [public] = [r for r in served.http.get("/v1/leaderboard").json()["data"] if r["benchmark"] == doc["name"]]
+    [operator] = [r for r in served.http.get("/admin/leaderboard", headers=ADMIN).json()["data"] if r["benchmark"] == doc["name"]]
+    assert public["contaminated"] is True and public["tasks"][0]["harness_findings"] is None and "itertoolz" not in served.http.get("/leaderboard").text
+    assert operator["contaminated"] is True and operator["tasks"][0]["harness_findings"] == findings
+
+
 
 def test_the_grader_routes_reach_the_grader_for_the_calling_run_and_task_with_the_benchmarks_limits(served: Served) -> None:
     run_id, agent = served.new_run()

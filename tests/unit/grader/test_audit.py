@@ -115,3 +115,66 @@ def test_planting_five_hidden_items_flags_exactly_those_five(seed: int, benchmar
     report = audit(test, rows, AuditSettings(), public=[t for it in public for t in (it.question, it.answer)],
                    canonical=lambda item: suite_canonical(suite, item))
     assert report.flagged_items == 5
+
+
+# --------------------------------------------------------------------------- harness archives
+
+
+def _archive(files: dict[str, str]) -> bytes:
+    """A harness archive (``.tar.gz``) of ``files`` beside its manifest."""
+    import io
+    import tarfile
+
+    out = io.BytesIO()
+    with tarfile.open(fileobj=out, mode="w:gz") as tar:
+        for name, text in {"harness.toml": 'name = "h"\nentry = "python3 /harness/agent.py"\n', **files}.items():
+            data = text.encode()
+            member = tarfile.TarInfo(name)
+            member.size = len(data)
+            tar.addfile(member, io.BytesIO(data))
+    return out.getvalue()
+
+
+AGENT = "import os, sys\nfrom openai import OpenAI\nclient = OpenAI()\ntask = sys.stdin.read()\n" \
+        "print(client.chat.completions.create(model=os.environ['OPENAI_MODEL'], messages=[{'role': 'user', 'content': task}]))\n"
+
+
+def test_a_harness_carrying_a_swe_projects_released_library_is_flagged_with_its_reason() -> None:
+    from grader.audit import audit_harnesses, solution_material
+    from grader.suites.swe_mutants import PROJECTS
+
+    toolz = PROJECTS["toolz"]
+    material = solution_material("swe", {"projects": ["toolz"]}, [])
+    assert {m.kind for m in material} == {"swe project toolz: released library"} and len(material) == len(toolz.modules())
+    released = (toolz.repo / "toolz" / "itertoolz.py").read_text()
+    restore = _archive({"agent.py": AGENT, "vendor/it.py": released.upper().replace("    ", "\t")})  # recased, reindented: still the file
+    clean = _archive({"agent.py": AGENT, "notes.md": "Read the issue, ask the model for a patch, apply it with git apply."})
+    findings = audit_harnesses([("har_restore", restore), ("har_clean", clean)], material, AuditSettings())
+    assert findings == ["har_restore: swe project toolz: released library: 1 (toolz/itertoolz.py)"]
+
+
+def test_a_harness_carrying_a_gold_patch_a_terminal_familys_answer_code_or_the_answer_key_is_flagged() -> None:
+    import inspect
+
+    from grader.audit import audit_harnesses, solution_material
+    from grader.suites.terminal_families import FAMILIES
+
+    family, fn = next(iter(FAMILIES.items()))
+    fn = fn[-1] if isinstance(fn, tuple) else fn
+    terminal = solution_material("terminal", {}, [])
+    assert len(terminal) == len(FAMILIES) and {m.kind for m in terminal} == {"terminal family answer code"}
+    copied = _archive({"agent.py": AGENT, "solve.py": inspect.getsource(fn)})
+    assert audit_harnesses([("har_t", copied)], terminal, AuditSettings()) == [f"har_t: terminal family answer code: 1 ({family})"]
+
+    fixed = "\n".join(f"    total_{i} = sum(values[{i}:]) + offset * {i}  # keep the running total" for i in range(12))
+    patch = "--- a/lib/core.py\n+++ b/lib/core.py\n@@ -1,12 +1,12 @@\n" + "\n".join(" " + line for line in fixed.splitlines()) + "\n"
+    item = Item(id="bug-1", question="The total is off by one.", answer="", entry={"patch": patch})
+    gold = solution_material("math", {}, [item])
+    assert [m.kind for m in gold] == ["gold patch of a hidden item"]
+    assert audit_harnesses([("har_g", _archive({"fix.py": fixed}))], gold, AuditSettings()) == ["har_g: gold patch of a hidden item: 1 (bug-1)"]
+
+    test, train = _items()
+    key = _archive({"agent.py": AGENT, "key.json": "\n".join(f'{{"q": "{it.question}", "a": "{it.answer}"}}' for it in test[:5])})
+    findings = audit_harnesses([("har_k", key)], [], AuditSettings(), test_items=test, public=[it.question for it in train])
+    assert findings == [f"har_k: hidden test items in its files: 5 of {len(test)}"]
+    assert audit_harnesses([("har_c", _archive({"agent.py": AGENT}))], terminal + gold, AuditSettings(), test_items=test) == []

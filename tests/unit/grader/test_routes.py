@@ -272,3 +272,18 @@ def test_a_submission_is_graded_on_the_hidden_split_and_shows_on_the_leaderboard
     assert entry.contamination is not None and not entry.contamination.contaminated  # the run uploaded no datasets
     other = run_headers(RunContext(run_id="run_other", task_id=served.task_id), GATEWAY_TOKEN)
     assert problem(served.http.get(f"/internal/submissions/{sub.id}", headers=other), 404)["code"] == "not_found"
+def test_a_run_whose_uploaded_harness_carries_the_answer_key_is_flagged_on_the_leaderboard(served: Served) -> None:
+    from tests.unit.grader.test_audit import AGENT, _archive
+
+    ctx = served.ctx("run_answer_key")
+    key = "\n".join(json.dumps({"q": it.question, "a": it.answer}) for it in served.service.store.items(served.task_id)[:3])
+    archive = served.grader.upload_harness(ctx, _archive({"agent.py": AGENT, "key.jsonl": key}), name="lookup")
+    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1, datasets=[])  # not even submitted with it
+    for eval_id in served.queue[-2:]:
+        worker.run_evaluation(served.service, eval_id)
+    [entry] = [e for e in served.grader.leaderboard().data if e.run_id == ctx.run_id and e.submission_id == sub.id]
+    assert entry.contamination is not None and entry.contamination.contaminated and entry.contamination.flagged_items == 0  # no dataset
+    assert entry.contamination.harness_archives == 1
+    assert entry.contamination.harness_findings == [f"{archive.id}: hidden test items in its files: 3 of 24"]
+
+
