@@ -21,7 +21,10 @@ the tree (or anywhere, for hard links), device files, FIFOs, setuid or setgid fi
 control characters, paths deeper than :data:`MAX_DEPTH`, more than the limits, a second manifest; and a missing or
 invalid manifest (``field: "harness.toml"`` and the key; values are not coerced: ``wall_s = "10"`` is refused). The
 ``tarfile.data_filter`` of PEP 706 decides what is unsafe (``backports.tarfile``, CPython 3.12's tarfile: Debian's Python
-3.11.2, the compose images' base, predates the filters); this module adds the limits and the manifest.
+3.11.2, the compose images' base, predates the filters); this module adds the limits and the manifest. The limits
+hold while an archive is read, not only by what its headers declare: the decompressed stream is counted as it is read
+(:func:`services.common.untrusted.open_tar`: a header of megabytes stops there), and a rollout unpacks it with the
+same caps (:func:`unpack`).
 """
 
 from __future__ import annotations
@@ -39,7 +42,7 @@ from grader import repository
 from grader.models import PLATFORM_RUN, HarnessArchive
 from grader.service import Grader
 from grader.suites import Suite
-from services.common import artifacts
+from services.common import artifacts, untrusted
 from services.common.auth import RunContext
 from services.common.contracts import Harness, HarnessArchiveOut
 from services.common.errors import PayloadTooLarge, Unprocessable
@@ -84,14 +87,12 @@ def inspect_archive(data: bytes) -> HarnessManifest:
     ``PayloadTooLarge`` past :data:`MAX_ARCHIVE_BYTES`, ``Unprocessable`` naming the member or manifest key."""
     if len(data) > MAX_ARCHIVE_BYTES:
         raise PayloadTooLarge(f"a harness archive is at most {MAX_ARCHIVE_BYTES} bytes; this one is {len(data)}", field="file")
-    try:
-        tar = tarfile.open(fileobj=io.BytesIO(data), mode="r:gz")  # noqa: SIM115 - closed by the `with` below
-    except (tarfile.TarError, OSError, EOFError) as exc:
-        raise _refuse(f"not a gzip-compressed tar archive: {exc}") from exc
+    if data[:2] != b"\x1f\x8b":
+        raise _refuse("not a gzip-compressed tar archive")
     manifest: bytes | None = None
     total, count = 0, 0
-    with tar:
-        try:
+    try:
+        with untrusted.open_tar(data, max_stream_bytes=untrusted.stream_cap(MAX_UNPACKED_BYTES, MAX_MEMBERS)) as tar:
             for member in tar:
                 count += 1
                 if count > MAX_MEMBERS:
@@ -126,8 +127,10 @@ def inspect_archive(data: bytes) -> HarnessManifest:
                     if manifest is not None:
                         raise _refuse(f"the archive holds {MANIFEST} twice", name)
                     manifest = tar.extractfile(member).read()  # type: ignore[union-attr]
-        except (tarfile.TarError, OSError, EOFError) as exc:
-            raise _refuse(f"the archive is damaged: {exc}") from exc
+    except untrusted.UnsafeArchive as exc:
+        raise _refuse(f"more than {MAX_UNPACKED_BYTES} bytes unpacked ({exc.detail})") from exc
+    except (tarfile.TarError, OSError, EOFError) as exc:
+        raise _refuse(f"the archive is damaged: {exc}") from exc
     if manifest is None:
         raise Unprocessable(f"the archive has no {MANIFEST} at its root", field=MANIFEST)
     return parse_manifest(manifest)
@@ -204,9 +207,9 @@ def list_archives(grader: Grader, ctx: RunContext) -> list[HarnessArchiveOut]:
 
 
 def unpack(data: bytes, dest: Path) -> None:
-    """Unpack a validated archive into ``dest`` with ``tarfile``'s ``data`` filter (PEP 706)."""
-    with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
-        tar.extractall(dest, filter="data")
+    """Unpack a validated archive into ``dest`` with ``tarfile``'s ``data`` filter (PEP 706) and the module's caps
+    (:func:`services.common.untrusted.unpack_tar`; raises its ``UnsafeArchive`` past them)."""
+    untrusted.unpack_tar(data, dest, max_bytes=MAX_UNPACKED_BYTES, max_files=MAX_MEMBERS, what="the harness archive")
 
 
 _DEFAULTS: dict[str, str] = {}  # suite name -> its default harness archive's id, stored once per process

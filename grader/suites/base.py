@@ -9,7 +9,6 @@ imports the suite modules): the registry (:data:`SUITES`) lives here and depends
 from __future__ import annotations
 
 import base64
-import io
 import os
 import random
 import shutil
@@ -23,6 +22,7 @@ from typing import Any, Protocol, TypeVar
 
 from grader.canonical import Canonical
 from services.common.contracts import Harness
+from services.common.untrusted import unpack_tar
 
 
 @dataclass(frozen=True)
@@ -94,15 +94,26 @@ def harbor_environment(folder: Path, mounts: tuple[tuple[Path, str], ...] = ()) 
                            verifier_timeout_s=float(meta.get("verifier", {}).get("timeout_sec", 120)), mounts=mounts)
 
 
+IMPORTED_TASK_MAX_BYTES = 256 * 1024 * 1024
+"""An imported task's Harbor folder, unpacked, at most (bytes of its files)."""
+IMPORTED_TASK_MAX_FILES = 50_000
+"""An imported task's Harbor folder, unpacked, at most (files, folders and links)."""
+
+
 def imported_environment(entry: dict[str, Any], mounts: tuple[tuple[Path, str], ...] = ()) -> TaskEnvironment:
     """The environment of an imported task (``crucible admin import-tasks``, :mod:`grader.imports`): its Harbor folder,
     carried in the item's entry as ``archive`` (base64 of a ``.tar.gz``) and ``digest`` (its SHA-256), unpacked once
-    into :data:`CACHE_DIR`."""
-    from backports import tarfile  # the PEP 706 filters on every Python 3.11 (Debian's 3.11.2 has none); the grader's alone
+    into :data:`CACHE_DIR` by :func:`services.common.untrusted.unpack_tar` (at most :data:`IMPORTED_TASK_MAX_BYTES` and
+    :data:`IMPORTED_TASK_MAX_FILES`). Raises ``services.common.untrusted.UnsafeArchive`` for an archive past the caps or
+    holding an unsafe member, and ``tarfile.TarError``, ``OSError`` or ``EOFError`` for a damaged one."""
 
     def write(tmp: Path) -> None:
-        with tarfile.open(fileobj=io.BytesIO(base64.b64decode(entry["archive"])), mode="r:gz") as tar:
-            tar.extractall(tmp, filter="data")
+        try:
+            unpack_tar(base64.b64decode(entry["archive"]), tmp, max_bytes=IMPORTED_TASK_MAX_BYTES, max_files=IMPORTED_TASK_MAX_FILES,
+                       what="the task's stored folder")
+        except BaseException:
+            shutil.rmtree(tmp, ignore_errors=True)  # nothing of a refused archive stays in the cache
+            raise
 
     return harbor_environment(materialize(CACHE_DIR / "imported" / entry["digest"], write), mounts)
 

@@ -230,17 +230,18 @@ class SweSuite:
 
     def generate(self, params: dict[str, Any], seed: int, size: int, *, split: str, exclude: frozenset[str] = frozenset()) -> list[Item]:
         """``size`` verified bugs drawn by ``seed`` (module docstring), each project seen through the seed's rewrite
-        (:func:`swe_rewrite.checked`, made on the first bug drawn from it); raises ``Unprocessable`` (field
-        ``suite.splits.<split>.size``) when the candidates run out first."""
+        (:func:`swe_rewrite.checked`: the projects that will give a bug are checked at once, beside the bugs' verification);
+        raises ``Unprocessable`` (field ``suite.splits.<split>.size``) when the candidates run out first."""
         rng = random.Random(seed)
-        rewrites: dict[str, swe_rewrite.Rewrite] = {}
+        projects = _check_projects(params)
         pools = []
-        for project in _check_projects(params):
+        for project in projects:
             pool = list(_candidates(project.name))
             rng.shuffle(pool)
             pools.append(pool)
         items: list[Item] = []
         with ThreadPoolExecutor(VERIFY_WORKERS) as executor:
+            rewrites = {p.name: executor.submit(swe_rewrite.checked, p, seed) for p in projects[:size]}
             streams = [_bugs(pool, executor) for pool in pools]
             while len(items) < size and streams:
                 for stream in list(streams):
@@ -248,8 +249,8 @@ class SweSuite:
                         if mutant.id in exclude:
                             continue
                         if mutant.project not in rewrites:
-                            rewrites[mutant.project] = swe_rewrite.checked(PROJECTS[mutant.project], seed)
-                        item = self._item(mutant, random.Random(f"{seed}:{mutant.id}"), rewrites[mutant.project])
+                            rewrites[mutant.project] = executor.submit(swe_rewrite.checked, PROJECTS[mutant.project], seed)
+                        item = self._item(mutant, random.Random(f"{seed}:{mutant.id}"), rewrites[mutant.project].result())
                         if item.question not in exclude:
                             items.append(item)
                             break

@@ -7,7 +7,6 @@ from __future__ import annotations
 import io
 import json
 import shutil
-import subprocess
 import tarfile
 from pathlib import Path
 from types import SimpleNamespace
@@ -19,11 +18,12 @@ from grader.model_endpoint import ModelEndpoint
 from grader.sandboxes import get_sandbox
 from grader.settings import GraderSettings
 from grader.suites import Item, get_suite
-from grader.suites.swe import GIT, GIT_ENV, gold_patch
+from grader.suites.swe import GIT_DATES, gold_patch
 from grader.suites.swe import _mutant as mutant_of
 from grader.suites.swe_mutants import PROJECTS, Mutant
 from grader.suites.terminal import TASKS_DIR
 from grader.teststore import TestStore
+from services.common import untrusted
 from services.common.contracts import GradingSpec
 from services.common.errors import Conflict, NotFound, Unprocessable
 from tests.unit.grader.scripted import run_script
@@ -110,7 +110,7 @@ def test_an_upload_that_is_not_a_collection_is_refused_naming_the_field(grader: 
 
 
 def _git(repo: Path, *args: str) -> str:
-    return subprocess.run([*GIT, *args], cwd=repo, env={**GIT_ENV, "HOME": str(repo)}, check=True, capture_output=True, text=True).stdout
+    return untrusted.git(list(args), repo, env=GIT_DATES, check=True).stdout
 
 
 def swe_collection(root: Path) -> Path:
