@@ -9,8 +9,10 @@ set-up script drops in as a folder.
 
 Items: the training and validation splits are the shipped tasks, one item per task (``id`` = folder name,
 ``question`` = the instruction, ``answer`` = ``""``: the verifier is the reference). The test split is generated
-(:mod:`grader.suites.terminal_families`): instances of task families drawn from the split's seed — the grader's
-secret — so no repository holds it; an instance's folder is written when a rollout needs it. The score of a rollout is the verifier's reward (:mod:`grader.rollouts`); systems are code harnesses
+(:mod:`grader.suites.terminal_families`): instances of task families (several task structures each, the instruction
+composed from parts) drawn from the split's seed — the grader's secret — so no repository holds it, and the public
+splits never depend on it (they are the shipped tasks alone); an instance's folder is written when a rollout needs it.
+A hidden split that no code can anticipate is an imported collection (``test: {collection}``). The score of a rollout is the verifier's reward (:mod:`grader.rollouts`); systems are code harnesses
 (:mod:`grader.harness_archives`). Default harness: ``terminal_harness/``, a minimal terminal agent loop (the model
 proposes one command, the harness runs it and sends back the output, until the model says it is done or runs out of
 turns).
@@ -37,7 +39,6 @@ from services.common.errors import Unprocessable
 TASKS_DIR = Path(__file__).with_name("terminal_tasks")
 INSTANCES_DIR = CACHE_DIR / "terminal-instances"
 """Where generated instances' folders are written."""
-_FAMILIES_STAMP = hashlib.sha256(Path(terminal_families.__file__).read_bytes()).hexdigest()[:16]
 HARNESS_DIR = Path(__file__).with_name("terminal_harness")
 _PARAMS = ("categories", "tasks")
 
@@ -133,19 +134,20 @@ class TerminalSuite:
 
 
 def _instance(family: str, instance: int) -> TaskEnvironment:
-    """A generated instance's folder (``app/``: its files; ``tests/``: ``test.sh``, ``check.py`` and the expected
-    result)."""
+    """A generated instance's folder (``app/``: its files, subfolders included; ``tests/``: ``test.sh``, ``check.py`` and
+    the expected result)."""
     def write(tmp: Path) -> None:
         generated = terminal_families.generate(family, instance)
         (tmp / "app").mkdir()
         (tmp / "tests").mkdir()
         for name, text in generated.files.items():
+            (tmp / "app" / name).parent.mkdir(parents=True, exist_ok=True)
             (tmp / "app" / name).write_text(text)
         (tmp / "tests" / "test.sh").write_text(terminal_families.TEST_SH)
         (tmp / "tests" / "check.py").write_text(terminal_families.CHECK)
-        (tmp / "tests" / "expected.json").write_text(json.dumps({"output": generated.output, "expected": generated.expected, "compare": generated.compare}))
+        (tmp / "tests" / "expected.json").write_text(json.dumps(generated.spec()))
 
-    key = hashlib.sha256(f"{family}:{instance}:{_FAMILIES_STAMP}".encode()).hexdigest()[:16]  # another version's folder is not reused
+    key = hashlib.sha256(f"{family}:{instance}:{terminal_families.STAMP}".encode()).hexdigest()[:16]  # another version's folder is not reused
     folder = materialize(INSTANCES_DIR / key, write)
     return TaskEnvironment(app=folder / "app", setup=None, tests=folder / "tests", agent_timeout_s=terminal_families.AGENT_TIMEOUT_S,
                            verifier_timeout_s=terminal_families.VERIFIER_TIMEOUT_S)

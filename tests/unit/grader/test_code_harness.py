@@ -265,7 +265,7 @@ def test_the_default_harness_evaluates_through_the_rollout_endpoint_and_every_co
 
 def test_an_edited_harness_is_evaluated_and_submitted(served: Served) -> None:
     ctx = served.ctx("run_edited_harness")
-    uploaded = served.grader.upload_harness(ctx, oracle_archive())
+    uploaded = served.grader.upload_harness(ctx, oracle_archive(served.service.store.items(served.task_id)))
     created = served.grader.create_evaluation(ctx, EvaluationCreate(model=BASE, harness_archive=uploaded.id), limits=EvaluationLimits())
     worker.run_evaluation(served.service, created.id)
     done = served.grader.get_evaluation(ctx, created.id)
