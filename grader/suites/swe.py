@@ -42,7 +42,6 @@ import os
 import random
 import re
 import shutil
-import subprocess
 import textwrap
 from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
@@ -56,6 +55,7 @@ from grader.suites import swe_mutants, swe_rewrite
 from grader.suites.base import Item, TaskEnvironment, imported_environment, materialize, register_suite
 from grader.suites.swe_mutants import ENV_TARGET, PROJECTS, SWE_DIR, Mutant, Project
 from grader.suites.terminal import HARNESS_DIR
+from services.common import untrusted
 from services.common.contracts import Harness
 from services.common.errors import Unprocessable
 
@@ -306,14 +306,17 @@ class SweSuite:
                                verifier_timeout_s=VERIFIER_TIMEOUT_S, mounts=mounts)
 
 
-GIT = ["git", "-c", "user.name=crucible", "-c", "user.email=swe@crucible.invalid", "-c", "commit.gpgsign=false"]
-GIT_ENV = {"PATH": "/usr/bin:/bin", "GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
+GIT_DATES = {"GIT_AUTHOR_DATE": "2026-01-01T00:00:00Z", "GIT_COMMITTER_DATE": "2026-01-01T00:00:00Z"}
 
 
 def commit_all(folder: Path, message: str) -> None:
-    """Make ``folder`` a git repository of one commit holding every file in it (a fixed author and date)."""
-    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "--allow-empty", "-m", message]):
-        subprocess.run([*GIT, *cmd], cwd=folder, env={**GIT_ENV, "HOME": str(folder)}, check=True, capture_output=True)
+    """Make ``folder`` a git repository of one commit holding every file in it (a fixed author and date), with git run
+    as :func:`services.common.untrusted.git` runs it on a tree it did not write: every ``.git`` in the folder removed
+    first, no configuration of the tree's (a ``.gitconfig``, a filter, hooks) read. Raises
+    ``subprocess.CalledProcessError`` if git fails."""
+    untrusted.strip_git(folder)
+    for cmd in (["init", "-q", "-b", "main"], ["add", "-A"], ["commit", "-q", "--no-verify", "--allow-empty", "-m", message]):
+        untrusted.git(cmd, folder, env=GIT_DATES, check=True)
 
 
 def write_verifier(tests: Path, *, package: str, path: str, fail_to_pass: list[str], pass_to_pass: list[str]) -> None:
