@@ -222,7 +222,7 @@ def _print_leaderboard(rows: list[dict[str, Any]]) -> None:
 
     def model_free(r: dict[str, Any]) -> str:
         if r.get("model_free_score") is None:
-            return "…" if r.get("model_free_status") in ("queued", "running") else "–"
+            return "…" if r["status"] in ("queued", "running") else "–"
         return pct(r["model_free_score"]) + (" ⚑" if r.get("model_free_above_initial") else "")
 
     def flag(r: dict[str, Any]) -> str:
@@ -493,22 +493,41 @@ def admin_models(gateway: GatewayUrl = "http://127.0.0.1:8000", data_dir: DataDi
 
 
 @admin_app.command("check-benchmark")
-def admin_check_benchmark(path: Path) -> None:
-    """Check a benchmark YAML file locally (no server, no hidden seed): the file, each task's suite params and split
-    sizes, and what the operator should know of its splits: the task's item space, its public items, the share of
+def admin_check_benchmark(path: Path, draw: Annotated[bool, typer.Option(
+        "--draw", help="Also draw the splits of suites whose items are verified as drawn (swe: each candidate's tests run; minutes on a machine "
+                       "that has not verified them yet)")] = False) -> None:
+    """Check a benchmark YAML file locally (no server, no hidden seed), in seconds: the file, each task's suite params and
+    split sizes, and what the operator should know of its splits: the task's item space, its public items, the share of
     natural test draws that are public (left out of the hidden split), and warnings (a task small enough to
-    enumerate cannot keep its test split secret; see ``grader/splits.py``)."""
+    enumerate cannot keep its test split secret; see ``grader/splits.py``). A suite whose items are verified by running
+    code as a split draws them (its ``slow_draws``: swe) has its splits drawn only with ``--draw``; loading the
+    benchmark draws them."""
     from gateway.benchmarks import grading_spec, parse_benchmark
-    from grader.splits import split_report
+    from grader.splits import enumerable_warning, item_space, split_report
     from grader.suites import get_suite
     from services.common.errors import Unprocessable
 
+    rows: list[tuple[str, ...]] = []
+    warnings: list[str] = []
+    notes: list[str] = []
     try:
         spec = parse_benchmark(yaml.safe_load(path.read_text(encoding="utf-8")))
-        reports = []
         for task in spec.task_list():
-            get_suite(task.suite.name).check_params(task.suite.params)
-            reports.append(split_report(grading_spec(spec, task, "bm_check")))
+            suite = get_suite(task.suite.name)
+            suite.check_params(task.suite.params)
+            grading = grading_spec(spec, task, "bm_check")
+            sizes = sum(s.size for s in (grading.suite.splits.train, grading.suite.splits.validation, grading.suite.splits.test))
+            if getattr(suite, "slow_draws", False) and not draw:
+                space = item_space(grading)
+                rows.append((grading.task, grading.suite.name, f"{'' if space.exact else '~'}{space.count}", str(sizes), "not drawn", "not drawn"))
+                warnings += [w for w in [enumerable_warning(grading, space)] if w]
+                notes.append(f"task {grading.task!r}: {grading.suite.name} verifies each item as a split draws it, so its splits are drawn when the "
+                             "benchmark is loaded (check-benchmark --draw draws them here)")
+                continue
+            r = split_report(grading)
+            rows.append((r.task, r.suite, f"{'' if r.item_space.exact else '~'}{r.item_space.count}", str(r.split_items), str(r.public_items),
+                         f"{r.public_share_of_draws:.1%}"))
+            warnings += r.warnings
     except (OSError, UnicodeDecodeError, yaml.YAMLError) as exc:
         console.print(Text.assemble(("✗ ", "red"), f"{path}: not a readable YAML file: {exc}"))
         raise typer.Exit(1) from None
@@ -520,13 +539,13 @@ def admin_check_benchmark(path: Path) -> None:
     tasks = ", ".join(f"{t.name} ({t.suite.name})" for t in spec.task_list())
     console.print(f"[green]✓[/] {spec.name}: track {spec.track}, tasks {tasks}")
     table = Table("task", "suite", "distinct items", "split items", "public items", "public share of test draws")
-    for r in reports:
-        table.add_row(r.task, r.suite, f"{'' if r.item_space.exact else '~'}{r.item_space.count}", str(r.split_items), str(r.public_items),
-                      f"{r.public_share_of_draws:.1%}")
+    for row in rows:
+        table.add_row(*row)
     console.print(table)
-    for r in reports:
-        for warning in r.warnings:
-            console.print(f"[yellow]warning:[/] {warning}")
+    for warning in warnings:
+        console.print(f"[yellow]warning:[/] {warning}")
+    for note in notes:
+        console.print(f"note: {note}")
 
 
 @admin_app.command("benchmark-schema")

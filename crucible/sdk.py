@@ -223,8 +223,43 @@ class AdminClient(_GatewayClient):
     """The operator's client for ``/admin`` routes: ``AdminClient(url, admin_key)``."""
 
 
-    def load_benchmark(self, doc: dict[str, Any]) -> dict[str, Any]:
-        return self._call("POST", "/admin/benchmarks", json=doc)
+    def load_benchmark(self, doc: dict[str, Any], *, wait: bool = True, poll_s: float = 1.0, on_poll: Any = None,
+                       attempts: int = 3) -> dict[str, Any]:
+        """Load a benchmark (``POST /admin/benchmarks``), answered in seconds with ``status`` ``building`` while the grader
+        builds its splits in the background. Loading is idempotent, so a call cut off (a timeout, a 502/503/504) is made
+        again, up to ``attempts`` times in all. With ``wait``, poll until the splits are built (:meth:`wait_benchmark`):
+        the benchmark, ``ready``, with the grader's ``warnings`` for the operator."""
+        for attempt in range(1, attempts + 1):
+            try:
+                bm = self._call("POST", "/admin/benchmarks", json=doc)
+                break
+            except (httpx.TimeoutException, httpx.TransportError, CrucibleAPIError) as exc:
+                if attempt == attempts or (isinstance(exc, CrucibleAPIError) and exc.status not in (502, 503, 504)):
+                    raise
+                time.sleep(poll_s * attempt)
+        return self.wait_benchmark(bm["id"], poll_s, on_poll) if wait else bm
+
+    def benchmark(self, benchmark: str) -> dict[str, Any]:
+        """A benchmark (by id or name) with its ``status`` (building|ready|failed) and, when failed, ``error``."""
+        return self._call("GET", f"/admin/benchmarks/{benchmark}")
+
+    def benchmarks(self) -> list[dict[str, Any]]:
+        """Every benchmark, oldest first, with its status."""
+        return self._call("GET", "/admin/benchmarks")["data"]
+
+    def wait_benchmark(self, benchmark: str, poll_s: float = 1.0, on_poll: Any = None) -> dict[str, Any]:
+        """Poll until the benchmark's splits are built (``on_poll(benchmark)`` after each poll): the benchmark once
+        ``ready``; raises :class:`CrucibleAPIError` (code ``benchmark_failed``, ``detail`` the reason) once ``failed``."""
+        while True:
+            bm = self.benchmark(benchmark)
+            if on_poll:
+                on_poll(bm)
+            if bm["status"] == "ready":
+                return bm
+            if bm["status"] == "failed":
+                raise CrucibleAPIError({"status": 422, "code": "benchmark_failed", "detail": f"benchmark {bm['name']}: {bm['error']}",
+                                        "benchmark": bm["id"]})
+            time.sleep(poll_s)
 
     def import_tasks(self, name: str, suite: str, archive: bytes) -> dict[str, Any]:
         """Import the ``.tar.gz`` ``archive`` (one folder of the suite's tasks) as collection ``name``: its validation starts."""

@@ -82,6 +82,7 @@ from services.common.contracts import (
 )
 from services.common.errors import (
     BadRequest,
+    BenchmarkNotReady,
     Conflict,
     EvaluationRateLimited,
     FailedEvaluationLimit,
@@ -691,9 +692,13 @@ async def run_page_login(request: Request, gw: GatewayDep, run_id: Annotated[str
 # --------------------------------------------------------------------------- operators
 
 
-@admin_router.post("/benchmarks", status_code=201, summary="Load a benchmark", responses=problem_responses(Unprocessable, Conflict))
+@admin_router.post("/benchmarks", status_code=201, summary="Load a benchmark", responses=problem_responses(Unprocessable, Conflict, UpstreamUnavailable))
 async def load_benchmark(doc: dict[str, Any], gw: GatewayDep) -> BenchmarkOut:
-    """The benchmark file's content as JSON (the CLI reads the YAML). 422 names the offending key."""
+    """The benchmark file's content as JSON (the CLI reads the YAML). Answers in seconds with ``status`` ``building``: the
+    grader builds the tasks' splits in the background (``GET /admin/benchmarks/{id}`` follows it to ``ready`` or
+    ``failed``), then grades the baselines. Idempotent: the same name and document again, also after a timeout or
+    beside a concurrent call, is the same benchmark (no second split, no second grading). 422 names the offending key;
+    409 (``name``) for another document under a name whose benchmark did not fail."""
     return await benchmarks.load_benchmark(gw, doc)
 
 
@@ -704,9 +709,15 @@ async def admin_leaderboard(gw: GatewayDep) -> Page[LeaderboardRow]:
     return Page[LeaderboardRow](data=await leaderboard.leaderboard(gw, operator=True))
 
 
-@admin_router.get("/benchmarks", summary="List benchmarks")
-def list_benchmarks(gw: GatewayDep) -> Page[BenchmarkOut]:
-    return Page[BenchmarkOut](data=benchmarks.list_benchmarks(gw))
+@admin_router.get("/benchmarks", summary="List benchmarks with their status")
+async def list_benchmarks(gw: GatewayDep) -> Page[BenchmarkOut]:
+    return Page[BenchmarkOut](data=await benchmarks.list_benchmarks(gw))
+
+
+@admin_router.get("/benchmarks/{benchmark_id}", summary="A benchmark and its status", responses=problem_responses(NotFound))
+async def benchmark_info(benchmark_id: Annotated[str, Path(max_length=200)], gw: GatewayDep) -> BenchmarkOut:
+    """By id or name: its file, and ``status`` (``building`` → ``ready`` or ``failed``, with ``error``)."""
+    return await benchmarks.benchmark_info(gw, benchmark_id)
 
 
 @admin_router.get("/benchmarks/{benchmark_id}/baselines", summary="A benchmark's baseline test scores", responses=problem_responses(NotFound))
@@ -766,9 +777,10 @@ async def list_models_cards(gw: GatewayDep) -> Page[ModelCard]:
     return await gw.inference.list_base_models()
 
 
-@admin_router.post("/runs", status_code=201, summary="Create a run and its API key", responses=problem_responses(NotFound))
+@admin_router.post("/runs", status_code=201, summary="Create a run and its API key", responses=problem_responses(NotFound, BenchmarkNotReady))
 async def create_run(req: RunCreate, gw: GatewayDep) -> RunCreated:
-    """The ``api_key`` is in this answer only; it is stored as a hash."""
+    """The ``api_key`` is in this answer only; it is stored as a hash. 409 ``benchmark_not_ready`` while the benchmark's
+    splits are being built (with ``retry_after_s``) or when their build failed."""
     return await runs.create_run(gw, req)
 
 

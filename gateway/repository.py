@@ -7,7 +7,7 @@ from __future__ import annotations
 import datetime as dt
 from typing import Any
 
-from sqlalchemy import func, select
+from sqlalchemy import delete, func, select
 from sqlalchemy.orm import Session
 
 from gateway.models import AuditEvent, Benchmark, EpisodeEvent, FineTuningJob, Run
@@ -41,9 +41,15 @@ def benchmarks(s: Session) -> list[Benchmark]:
     return list(s.scalars(select(Benchmark).order_by(Benchmark.id)))
 
 
+def delete_benchmark(s: Session, benchmark_id: str) -> None:
+    """Delete benchmark ``benchmark_id``'s row, if it is there and no run is on it."""
+    s.execute(delete(Benchmark).where(Benchmark.id == benchmark_id, ~select(Run.id).where(Run.benchmark_id == benchmark_id).exists()))
+
+
 def add_benchmark(s: Session, benchmark_id: str, name: str, spec: dict[str, Any], tasks: dict[str, str], candidate_key: str | None = None) -> Benchmark:
     """Add a benchmark (``spec``: its validated document; ``tasks``: task name → the grader's id; ``candidate_key``: the
-    evaluator track's key of its candidates' names), flushed; returns its row."""
+    evaluator track's key of its candidates' names), flushed; returns its row. A second of the same name violates the
+    unique name (``IntegrityError``, at the flush)."""
     b = Benchmark(id=benchmark_id, name=name, spec=spec, tasks=tasks, candidate_key=candidate_key, created_at=utcnow())
     s.add(b)
     s.flush()

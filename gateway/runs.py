@@ -12,6 +12,7 @@ from typing import Any
 from starlette.concurrency import run_in_threadpool
 
 from gateway import repository
+from gateway.benchmarks import require_ready
 from gateway.models import Benchmark, Run
 from gateway.schemas import BenchmarkFile, BudgetOut, RefundRequest, RunCard, RunCreate, RunCreated, RunOut
 from gateway.service import Caller, Gateway
@@ -33,7 +34,8 @@ def run_out(r: Run) -> RunOut:
 
 async def create_run(gw: Gateway, req: RunCreate) -> RunCreated:
     """Create a run with a ledger account and a fresh API key (returned once; only its hash is stored).
-    ``NotFound`` for an unknown benchmark."""
+    ``NotFound`` for an unknown benchmark, ``BenchmarkNotReady`` (409) for one whose splits are still being built or
+    failed to build."""
 
     def find() -> tuple[Benchmark, BenchmarkFile]:
         with gw.db.session() as s:
@@ -41,6 +43,7 @@ async def create_run(gw: Gateway, req: RunCreate) -> RunCreated:
             return b, BenchmarkFile.model_validate(b.spec)
 
     b, spec = await run_in_threadpool(find)
+    await require_ready(gw, b)
     if req.track is not None and "evaluator" in (req.track, spec.track) and req.track != spec.track:
         raise Unprocessable(f"track: a run of {spec.name!r} ({spec.track} track) cannot be on the {req.track} track: the evaluator track's "
                             "benchmarks have candidates and targets, the others tasks to improve", field="track")

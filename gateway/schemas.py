@@ -225,14 +225,23 @@ class BenchmarkFile(BaseModel):
                          evaluation=self.evaluation)]
 
 
+BenchmarkStatus = Literal["building", "ready", "failed"]
+"""A loaded benchmark's state: its tasks' splits being built by the grader in the background, all built (runs may be
+created), or a task's build failed."""
+
+
 class BenchmarkOut(BaseModel):
     id: str
     object: Literal["benchmark"] = "benchmark"
     name: str
     spec: BenchmarkFile
     created_at: dt.datetime
-    warnings: list[str] = Field(default_factory=list, description="What the operator should know, on the first load only: e.g. a task whose "
-                                "items are few enough to enumerate, so that its test split cannot stay secret.")
+    status: BenchmarkStatus = Field(description="'building' while the grader draws and stores its tasks' splits (in the background; then "
+                                                "it grades the baselines), 'ready' once every task's are stored (runs may be created), "
+                                                "'failed' when a task's build failed (see 'error'; loading the file again retries it).")
+    error: str | None = Field(None, description="Why a task's build failed, per task (`name: why`). For the operator only.")
+    warnings: list[str] = Field(default_factory=list, description="What the operator should know, once the splits are built: e.g. a task "
+                                "whose items are few enough to enumerate, so that its test split cannot stay secret.")
 
 
 class RunCreate(BaseModel):
@@ -343,14 +352,12 @@ class TaskScore(BaseModel):
     final_score: float | None
     reference_score: float | None
     gap_closed: float | None = Field(description="(final′ − initial) / (reference − initial), final′ = final − max(0, model_free − initial): "
-                                                 "the model-dependent final score (null while the null-model ablation grades, or if it failed)")
+                                                 "the model-dependent final score")
     n: int | None
     final_ci: tuple[float, float] | None = Field(None, description="95% bootstrap confidence interval of the final score (low, high).")
     model_free_score: float | None = Field(None, description="The null-model ablation's score: the submitted harness with a model that answers "
                                                              "every request with an empty message, on the same hidden split (null until graded, "
-                                                             "or without an ablation).")
-    model_free_status: str | None = Field(None, description="queued | running | succeeded | failed | cancelled: the ablation's grading; "
-                                                            "null for a submission without one (the evaluator track, or made before it existed).")
+                                                             "and without an ablation: the evaluator track, a submission made before it).")
     model_free_above_initial: bool | None = Field(None, description="Flag: the ablation scores above the initial system, so the harness solves "
                                                                     "items by itself; that part is no credit (null: not known yet).")
     contaminated: bool | None = Field(None, description="The contamination audit found test items in the run's datasets, or test items or the "
@@ -358,6 +365,8 @@ class TaskScore(BaseModel):
                                       "harness archives (null: not audited yet). "
                                       "How many is the operator's to read (the grader's records): a public count would tell a run how many "
                                       "of the items it uploaded are hidden ones.")
+    harness_findings: list[str] | None = Field(None, description="The operator's board (GET /admin/leaderboard) only: the solution material "
+                                               "the audit found in the run's harness archives, per archive (null on the public board).")
 
 
 class LeaderboardRow(BaseModel):
@@ -367,8 +376,6 @@ class LeaderboardRow(BaseModel):
     tasks' final scores (set once every task is graded), ``gap_closed`` the mean of the tasks' gaps closed,
     and ``rsi_index`` = mean over tasks of (final − initial) / (1 − initial), RSIGym's RSI-Index.
     """
-    harness_findings: list[str] | None = Field(None, description="The operator's board (GET /admin/leaderboard) only: the solution material "
-                                               "the audit found in the run's harness archives, per archive (null on the public board).")
 
     rank: int | None
     run_id: str

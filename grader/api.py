@@ -68,9 +68,11 @@ graders_router = APIRouter(prefix="/internal", responses=problem_responses(Unaut
 """OpenAI-style graders, for the gateway (OpenAI's ``graders.run``) and the trainer (a graded GRPO job's rewards)."""
 
 
-@router.post("/tasks", status_code=201, summary="Register a grading task (one task of a benchmark)", responses=problem_responses(Unprocessable))
+@router.post("/tasks", status_code=201, summary="Register a grading task (one task of a benchmark)", responses=problem_responses(Unprocessable, Conflict))
 def register_task(spec: GradingSpec, grader: GraderDep, _caller: ServiceCaller) -> TaskRegistered:
-    """Build the splits (the hidden test split into the test store) and queue the baseline evaluations."""
+    """Queue the build of the splits (the hidden test split into the test store; then the baseline evaluations are
+    queued) on an eval worker and answer at once, ``splits`` ``building``. Idempotent on ``task_id``; 409 for another
+    spec under it."""
     return grading_tasks.register_task(grader, spec)
 
 

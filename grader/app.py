@@ -1,7 +1,7 @@
 """The grader's FastAPI app (``uvicorn grader.app:app``).
 
 On start-up it migrates its database and builds the :class:`grader.service.Grader` (``app.state.grader``); while it
-runs, the reconciler takes back evaluations a dead worker left behind every ``reconcile_interval_s`` seconds.
+runs, the reconciler takes back evaluations and split builds a dead worker left behind every ``reconcile_interval_s`` seconds.
 """
 
 from __future__ import annotations
@@ -32,7 +32,7 @@ def create_app(settings: GraderSettings | None = None, grader: Grader | None = N
         built = grader or Grader.from_settings(settings or GraderSettings())
         migrate(built.settings.database_url_for("grader"), MIGRATIONS_DIR)
         app.state.grader, app.state.settings = built, built.settings
-        loop = Periodic("grader.reconcile", built.settings.reconcile_interval_s, lambda: worker.reconcile(built)).start()
+        loop = Periodic("grader.reconcile", built.settings.reconcile_interval_s, lambda: (worker.reconcile(built), worker.reconcile_builds(built))).start()
         try:
             yield
         finally:

@@ -43,14 +43,17 @@ class GraderClient(ServiceAPI):
 
     @classmethod
     def connect(cls, settings: ServiceSettings, transport: type[Transport] = ServiceClient, **overrides: Any) -> GraderClient:
-        """A client of ``settings.grader_url`` with this service's token; a call may take 300 s in all (registering a
-        task draws its splits); ``overrides`` go to the transport (e.g. ``timeout_s``)."""
+        """A client of ``settings.grader_url`` with this service's token; a call may take 300 s in all (an upload, a
+        model grader's samples); ``overrides`` go to the transport (e.g. ``timeout_s``)."""
         options = {"name": "grader", "timeout_s": 300} | overrides
         return cls(transport(settings.grader_url, settings.service_token, **options))
 
     def register_task(self, body: GradingSpec) -> TaskRegistered:
-        """Register one grading task: its splits are drawn, its baselines queued. Idempotent on ``body.task_id``;
-        422 names the field for an unknown suite, bad suite params, a bad harness or a split too large."""
+        """Register one grading task, answered at once: its splits are built in the background (``splits``
+        ``building`` → ``ready`` or ``failed``, :meth:`task_status`), then its baselines queued. Idempotent on
+        ``body.task_id`` (the same spec again: the same task, nothing built or graded twice; a failed build is queued
+        again); 409 (``task_id``) for another spec under that id; 422 names the field for an unknown suite, bad suite
+        params or a bad harness."""
         return self._call("POST", "/internal/tasks", TaskRegistered, body=body)
 
     def import_tasks(self, name: str, suite: str, content: bytes) -> TaskCollectionOut:

@@ -21,9 +21,11 @@ PLATFORM_RUN = ""
 """The ``run_id`` of the suites' own harness archives (:class:`HarnessArchive`): every run may read and use them."""
 
 
-class GradingTask(Base):
+class GradingTask(JobColumns, Base):
     """One task of a benchmark as the grader knows it (a benchmark of several tasks is several of these): its
-    grading spec (no test seed) and its baseline evaluations."""
+    grading spec (no test seed), its baseline evaluations, and the build of its splits as a job
+    (:func:`grader.grading_tasks.build_splits`, leased as ``services.common.jobs`` states): ``status`` ``queued`` →
+    ``running`` → ``succeeded`` (the splits are stored, the baselines queued) or ``failed`` (``error``: why)."""
 
     __tablename__ = "grading_tasks"
 
@@ -31,7 +33,13 @@ class GradingTask(Base):
     spec: Mapped[dict[str, Any]] = mapped_column(JSON)
     initial_evaluation_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
     reference_evaluation_id: Mapped[str | None] = mapped_column(String(40), nullable=True)
+    status: Mapped[str] = mapped_column(String(20), default="queued", index=True)  # of the splits' build
+    attempts: Mapped[int] = mapped_column(Integer, default=0)
+    error: Mapped[str | None] = mapped_column(Text, nullable=True)  # why the build failed (for the operator)
+    warnings: Mapped[list[str] | None] = mapped_column(JSON, nullable=True)  # what the operator should know of the splits, once built
     created_at: Mapped[dt.datetime] = mapped_column(UTCDateTime, default=utcnow)
+    started_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
+    finished_at: Mapped[dt.datetime | None] = mapped_column(UTCDateTime, nullable=True)
 
 
 class ValidationItem(Base):

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from sqlalchemy import ColumnElement, Select, and_, func, select
+from sqlalchemy import ColumnElement, Select, and_, func, or_, select, update
 from sqlalchemy.orm import Session
 
 from grader.models import PLATFORM, PLATFORM_RUN, Evaluation, GradingTask, HarnessArchive, Submission, Trajectory, ValidationItem
@@ -21,11 +21,6 @@ from services.common.errors import NotFound
 from services.common.ids import new_id
 
 # --------------------------------------------------------------------------- grading tasks
-
-
-def task_registered(s: Session, task_id: str) -> bool:
-    """Whether a task of id ``task_id`` is registered."""
-    return s.get(GradingTask, task_id) is not None
 
 
 def grading_task(s: Session, task_id: str) -> GradingTask:
@@ -41,15 +36,27 @@ def spec(s: Session, task_id: str) -> GradingSpec:
     return GradingSpec.model_validate(grading_task(s, task_id).spec)
 
 
-def add_task(s: Session, spec: GradingSpec, validation: list[Item]) -> GradingTask:
-    """Add the task's row (no baselines yet) and its ``validation`` items, in split order; returns the task's row."""
-    task = GradingTask(id=spec.task_id, spec=spec.model_dump(mode="json"), created_at=utcnow())
+def add_task(s: Session, spec: GradingSpec) -> GradingTask:
+    """Add the task's row, the build of its splits queued (no validation items, no baselines yet); returns it. A second
+    row of the same id violates the primary key (``IntegrityError``, at the flush)."""
+    task = GradingTask(id=spec.task_id, spec=spec.model_dump(mode="json"), status="queued", attempts=0, created_at=utcnow(), enqueued_at=utcnow())
     s.add(task)
     s.flush()
-    s.add_all(ValidationItem(task_id=spec.task_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry)
+    return task
+
+
+def requeue_failed_task(s: Session, task_id: str) -> bool:
+    """Queue again the build of the task's splits if it failed (its error cleared, its attempts and resends reset);
+    whether it did. A conditional update: of two calls at once, one requeues."""
+    return bool(s.execute(update(GradingTask).where(GradingTask.id == task_id, GradingTask.status == "failed").values(
+        status="queued", error=None, attempts=0, resends=0, worker_id=None, finished_at=None, enqueued_at=utcnow())).rowcount)
+
+
+def add_validation_items(s: Session, task_id: str, validation: list[Item]) -> None:
+    """Add the task's ``validation`` items, in split order."""
+    s.add_all(ValidationItem(task_id=task_id, item_id=it.id, position=i, question=it.question, answer=it.answer, entry=it.entry)
               for i, it in enumerate(validation))
     s.flush()
-    return task
 
 
 def _validation(task_id: str) -> Select[tuple[ValidationItem]]:
@@ -178,9 +185,10 @@ def count_submissions(s: Session, run_id: str, task_id: str) -> int:
 
 
 def count_platform_failed_submissions(s: Session, run_id: str, task_id: str, up_to: str | None = None) -> int:
-    """How many of the run's submissions for the task (those of id ≤ ``up_to``, if given) have a grading that failed
-    by the platform's fault (``failure_cause`` :data:`~grader.models.PLATFORM`)."""
-    query = (select(func.count()).select_from(Submission).join(Evaluation, Evaluation.id == Submission.evaluation_id)
+    """How many of the run's submissions for the task (those of id ≤ ``up_to``, if given) have a grading or a null-model
+    ablation that failed by the platform's fault (``failure_cause`` :data:`~grader.models.PLATFORM`)."""
+    graded_by = or_(Evaluation.id == Submission.evaluation_id, Evaluation.id == Submission.ablation_evaluation_id)
+    query = (select(func.count(func.distinct(Submission.id))).select_from(Submission).join(Evaluation, graded_by)
              .where(Submission.run_id == run_id, Submission.task_id == task_id, Evaluation.status == "failed",
                     Evaluation.failure_cause == PLATFORM))
     return s.scalar(query.where(Submission.id <= up_to) if up_to else query) or 0

@@ -58,9 +58,8 @@ class LeaderboardEntry(BaseModel):
     task_id: str = Field(description="The grader's id of the task.")
     status: Literal["queued", "running", "graded", "failed"]
     score: Score | None = None
-    model_free_score: Score | None = Field(None, description="The null-model ablation's score (null until graded, or without one).")
-    model_free_status: Literal["queued", "running", "succeeded", "failed", "cancelled"] | None = Field(
-        None, description="State of the null-model ablation's grading; null for a submission without one (the evaluator track's).")
+    model_free_score: Score | None = Field(None, description="The null-model ablation's score (null until graded, and for a submission "
+                                                             "without one: the evaluator track's, or one made before the ablation).")
     graded_at: dt.datetime | None = None
     validation_evaluations: int = Field(description="Validation evaluations the run has started, over all its tasks.")
     contamination: ContaminationReport | None = Field(None, description="The audit's counts (never which items); null until audited.")

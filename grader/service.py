@@ -38,6 +38,8 @@ EVAL_TASK = "grader.run_evaluation"
 """The Celery task that runs one evaluation; its only argument is the evaluation id."""
 IMPORT_TASK = "grader.validate_import"
 """The Celery task that validates an imported task collection in the sandbox; its only argument is the collection's name."""
+BUILD_TASK = "grader.build_splits"
+"""The Celery task that builds a registered task's splits and queues its baselines; its only argument is the task id."""
 
 
 def evaluation_queue(settings: ServiceSettings) -> Celery:
@@ -54,7 +56,9 @@ class Grader:
     """What the grader's logic works with: ``settings``, its ``db``, the hidden test ``store``, the ``ledger`` it holds
     validation budget on, the ``inference`` that answers for the evaluated
     systems, and ``enqueue(eval_id)``, which sends an evaluation to the eval workers (by task name; nothing imports
-    the tasks), and ``enqueue_import(collection)``, which sends an imported collection's validation there. ``train_pools``: task id → its training pool, the last few read (:func:`grader.grading_tasks.train_pool`)."""
+    the tasks), ``enqueue_import(collection)``, which sends an imported collection's validation there, and
+    ``enqueue_build(task_id)``, which sends a registered task's split build there (``None``: a grader without a queue, a
+    test's or a tool's, builds at once in the registering call). ``train_pools``: task id → its training pool, the last few read (:func:`grader.grading_tasks.train_pool`)."""
 
     settings: GraderSettings
     db: Database
@@ -63,6 +67,7 @@ class Grader:
     inference: InferenceClient
     enqueue: Callable[[str], None]
     enqueue_import: Callable[[str], None] = field(default=lambda name: _no_queue(name))
+    enqueue_build: Callable[[str], None] | None = None
     train_pools: dict[str, list[Item]] = field(default_factory=dict)
 
     @classmethod
@@ -78,11 +83,14 @@ class Grader:
         def enqueue_import(name: str) -> None:
             queue.send_task(IMPORT_TASK, args=[name], queue=EVAL_QUEUE)
 
+        def enqueue_build(task_id: str) -> None:
+            queue.send_task(BUILD_TASK, args=[task_id], queue=EVAL_QUEUE)
+
         migrate(settings.database_url_for("grader"), MIGRATIONS_DIR)  # an eval worker may start (and reconcile) before the app
         return cls(settings=settings, db=Database(settings.database_url_for("grader")), store=TestStore(settings.test_store_url()),
                    ledger=LedgerClient.connect(settings),
                    inference=InferenceClient.connect(settings, timeout_s=settings.inference_timeout_s), enqueue=enqueue,
-                   enqueue_import=enqueue_import)
+                   enqueue_import=enqueue_import, enqueue_build=enqueue_build)
 
     def close(self) -> None:
         """Close the clients' connections and the databases' pools."""

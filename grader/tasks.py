@@ -7,9 +7,9 @@ from __future__ import annotations
 
 from celery.signals import worker_ready
 
-from grader import imports, worker
+from grader import grading_tasks, imports, worker
 from grader.sandboxes import get_sandbox
-from grader.service import EVAL_TASK, IMPORT_TASK, Grader, evaluation_queue
+from grader.service import BUILD_TASK, EVAL_TASK, IMPORT_TASK, Grader, evaluation_queue
 from grader.settings import GraderSettings
 from services.common.lazy import once
 from services.common.settings import ServiceSettings
@@ -32,11 +32,18 @@ def validate_import(name: str) -> None:
     imports.validate_collection(grader(), name, get_sandbox(grader().settings.sandbox_backend), worker.model_endpoint(grader()))
 
 
+@celery.task(name=BUILD_TASK)
+def build_splits(task_id: str) -> None:
+    """Build registered task ``task_id``'s splits and queue its baselines (:func:`grader.grading_tasks.build_splits`)."""
+    grading_tasks.build_splits(grader(), task_id)
+
+
 @worker_ready.connect
 def _reconcile(**_kwargs: object) -> None:
     """On worker start, remove the sandboxes a dead worker left (see ``worker.reap_sandboxes``) and take back its
-    evaluations (see ``worker.reconcile``) and the imported collections it left half validated."""
+    evaluations (see ``worker.reconcile``), the split builds (``worker.reconcile_builds``) and the imported collections it left half validated."""
     worker.reap_sandboxes(grader())
     worker.reconcile(grader())
+    worker.reconcile_builds(grader())
     for name in grader().store.pending_collections():  # a validation a dead worker left
         grader().enqueue_import(name)

@@ -19,10 +19,10 @@ from sqlalchemy.orm import Session
 from grader import repository
 from grader.audit import audit, audit_harnesses, solution_material
 from grader.evaluators import grade, run_evaluator
-from grader.grading_tasks import target_scores, train_pool
+from grader.grading_tasks import build_splits, target_scores, train_pool
 from grader.harness_archives import HarnessManifest, archive_bytes, owned_archive
 from grader.model_endpoint import NULL_MODEL, Binding, Call, ModelEndpoint, null_completion
-from grader.models import AGENT, PLATFORM, Evaluation
+from grader.models import AGENT, PLATFORM, Evaluation, GradingTask
 from grader.rollouts import RolloutLimits, RolloutOutcome, run_rollout, steps_of
 from grader.sandboxes import Sandbox, SandboxUnavailable, get_sandbox, reap_workspaces
 from grader.schemas import DatasetDigest
@@ -537,3 +537,16 @@ def reconcile(grader: Grader) -> jobs.ReconcileReport:
 
     return jobs.reconcile(grader.db, Evaluation, grader.settings.reconcile_policy(grader.settings.eval_time_limit_s),
                           send=grader.enqueue, on_requeue=lambda _s, _ev: None, on_fail=failed, after_fail=lambda eval_id: close_hold(grader, eval_id))
+
+
+def reconcile_builds(grader: Grader) -> jobs.ReconcileReport:
+    """One reconciler round over the builds of tasks' splits (``services.common.jobs.reconcile``), beside
+    :func:`reconcile`'s: a build whose worker is gone is queued again and sent (it starts over: nothing of it is written
+    before it ends), one past ``eval_time_limit_s`` fails, a queued one whose message may be lost is sent again."""
+
+    def failed(_s: Session, task: GradingTask, reason: str) -> None:
+        task.error, task.finished_at = reason, utcnow()
+
+    send = grader.enqueue_build or (lambda task_id: build_splits(grader, task_id))
+    return jobs.reconcile(grader.db, GradingTask, grader.settings.reconcile_policy(grader.settings.eval_time_limit_s),
+                          send=send, on_requeue=lambda _s, _task: None, on_fail=failed, after_fail=lambda _task_id: None)

@@ -572,7 +572,9 @@ class SubmissionOut(BaseModel):
     A failed grading says whose fault it was (``failure_cause``): ``agent`` when the submitted system cannot be
     evaluated (inference refuses its model or the requests its harness makes), ``platform`` otherwise (an error
     in the grader, a worker lost past its retries, grading past its time limit). Only a platform failure gives
-    the submission back (``counted`` false).
+    the submission back (``counted`` false). A submission is graded twice, as submitted and with the null model in
+    place of its model (``model_free_score``): it is ``graded`` once both are, with both scores, and ``failed`` once
+    either failed.
     """
 
     id: str
@@ -660,6 +662,13 @@ class GradingTaskStatus(BaseModel):
     reference_status: Literal["queued", "running", "succeeded", "failed", "cancelled", "declared"] | None = Field(
         None, description="State of the reference system's grading; 'declared' for a declared score, null without a reference.")
     initial_system: SystemSpec = Field(description="The initial system, its harness with the task's evaluation settings applied.")
+    splits: Literal["building", "ready", "failed"] = Field(
+        "ready", description="The build of the task's splits, in the background: 'building' until they are drawn and stored (then "
+                             "the baselines are queued), 'failed' with the reason in 'splits_error'. Validation items are 0 until ready.")
+    splits_error: str | None = Field(None, description="Why the build failed, or why it is being retried (for the operator only: it may "
+                                                       "speak of the hidden split).")
+    warnings: list[str] = Field(default_factory=list, description="For the operator, once the splits are built: e.g. a task whose items are "
+                                                                  "few enough to enumerate. Depends on public inputs only.")
 
 
 class BenchmarkBaselines(BaseModel):

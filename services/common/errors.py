@@ -110,6 +110,12 @@ class IdempotencyKeyReused(Conflict):
     code, title = "idempotency_key_reused", "Idempotency key already used with a different request"
 
 
+class BenchmarkNotReady(Conflict):
+    """A run of a benchmark whose splits are still being built (retry after ``retry_after_s``) or whose build failed."""
+
+    code, title = "benchmark_not_ready", "Benchmark not ready"
+
+
 class PayloadTooLarge(CrucibleError):
     status, code, title = 413, "payload_too_large", "Request body too large"
 

@@ -119,7 +119,7 @@ class Grader:
 
     async def register_task(self, body: GradingSpec) -> TaskRegistered:
         self.tasks.setdefault(body.task_id, body)
-        return TaskRegistered(**(await self.task_status(body.task_id)).model_dump(), warnings=self.warnings)
+        return TaskRegistered(**(await self.task_status(body.task_id)).model_dump())
 
     async def task_status(self, task_id: str) -> GradingTaskStatus:
         spec = self.tasks.get(task_id)
@@ -132,6 +132,7 @@ class Grader:
             reference=Score(value=spec.reference_score, n=0, metric="avg@k", k=1) if declared else None,
             reference_status="declared" if declared else "queued",
             initial_system=SystemSpec(model=spec.initial_system.model, harness=Harness(max_tokens=spec.evaluation.max_tokens)),
+            warnings=self.warnings,
         )
 
     async def candidate_scores(self, ctx: RunContext) -> Page[CandidateScore]:
@@ -419,9 +420,10 @@ def _task_ids(served: Served, bm_id: str) -> set[str]:
         return set(s.get(Benchmark, bm_id).task_ids().values())  # type: ignore[union-attr]
 
 
-def test_the_graders_warnings_reach_the_operator_on_the_first_load(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_graders_warnings_reach_the_operator(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setattr(served.grader, "warnings", ["task 'main' has 120 distinct items"])
     assert served.load({**TEST_BENCHMARK, "name": "chain-sum-warned"})["warnings"] == ["task 'main' has 120 distinct items"]
+    assert served.http.get("/admin/benchmarks/chain-sum-warned", headers=ADMIN).json()["warnings"] == ["task 'main' has 120 distinct items"]
 
 
 def test_a_bad_benchmark_file_is_a_422_naming_the_key(served: Served) -> None:
@@ -651,8 +653,6 @@ def test_the_public_leaderboard_withholds_an_evaluators_sealed_figures_while_a_r
     assert "90.0%" in served.http.get("/leaderboard").text
 
 
-# --------------------------------------------------------------------------- the run-scoped routes, each once
-
 def test_the_audits_findings_on_a_runs_harness_archives_are_the_operators_to_read(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
     doc = {**TEST_BENCHMARK, "name": f"chain-sum-audited-{new_id('bm')[3:]}"}
     run_id, _ = served.new_run(doc)
@@ -668,6 +668,8 @@ def test_the_audits_findings_on_a_runs_harness_archives_are_the_operators_to_rea
     assert public["contaminated"] is True and public["tasks"][0]["harness_findings"] is None and "itertoolz" not in served.http.get("/leaderboard").text
     assert operator["contaminated"] is True and operator["tasks"][0]["harness_findings"] == findings
 
+
+# --------------------------------------------------------------------------- the run-scoped routes, each once
 
 
 def test_the_grader_routes_reach_the_grader_for_the_calling_run_and_task_with_the_benchmarks_limits(served: Served) -> None:

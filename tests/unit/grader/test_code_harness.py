@@ -104,6 +104,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         service.ledger = ledger = LedgerClient(in_process(ledger_http, GRADER_TOKEN, "ledger"))
         service.inference = InferenceClient(stand_in("inference", agent_model))
         service.enqueue = queue.append
+        service.enqueue_build = None  # no queue: a task's splits are built in the registering call
         client = GraderClient(in_process(http, GATEWAY_TOKEN, "grader"))
         spec = GradingSpec(task_id="bm_terminal", suite={"name": "terminal", "params": {"tasks": [TASK, "dedupe-lines", "extract-emails", "csv-column-sum", "find-large-files"]},
                                                           "splits": {"validation": {"seed": 1, "size": 2}, "train": {"seed": 0, "size": 1},

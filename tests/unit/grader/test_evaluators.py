@@ -58,8 +58,14 @@ SEEN: list[dict[str, Any]] = []  # every request inference was sent
 
 
 def candidate_model(request: httpx.Request) -> httpx.Response:
-    """A good system (its system prompt says so) answers sums right (42 to anything else), any other system 7."""
+    """A good system (its system prompt says so) answers sums right (42 to anything else), any other system 7; a prompt
+    counts a token per word of its messages, and a completion reports it unless billed for another count."""
     body = json.loads(request.content)
+    if request.url.path.endswith("/prompt-tokens"):
+        counts = [sum(len(m["content"].split()) for m in r["messages"]) for r in body["requests"]]
+        return httpx.Response(200, json={"prompt_tokens": counts, "context_tokens": [2048] * len(counts)})
+    billed = request.headers.get("X-Crucible-Billed-Prompt-Tokens")
+    prompt = int(billed) if billed is not None else sum(len(m["content"].split()) for m in body["messages"])
     SEEN.append(body)
     good = any(m["role"] == "system" and "good" in m["content"] for m in body["messages"])
     truncated = body.get("max_tokens", 64) < 4
@@ -68,7 +74,7 @@ def candidate_model(request: httpx.Request) -> httpx.Response:
     return httpx.Response(200, json={"id": "chatcmpl-test", "object": "chat.completion", "created": 0, "model": body["model"],
                                      "choices": [{"index": 0, "message": {"role": "assistant", "content": content},
                                                   "finish_reason": "length" if truncated else "stop"}],
-                                     "usage": {"prompt_tokens": 40, "completion_tokens": 5, "total_tokens": 45}})
+                                     "usage": {"prompt_tokens": prompt, "completion_tokens": 5, "total_tokens": prompt + 5}})
 
 
 # Asks "40 + 2" `items` times, prints an item line per answer and the final score; it tells what it was shown on stderr.
@@ -110,6 +116,7 @@ def service(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Grader]:
         grader.ledger = LedgerClient(in_process(ledger_http, GRADER_TOKEN, "ledger"))  # a pilot is metered: the real ledger in process
         grader.inference = InferenceClient(stand_in("inference", candidate_model))
         grader.enqueue = QUEUE.append
+        grader.enqueue_build = None  # no queue: a task's splits are built in the registering call
         yield grader
 
 

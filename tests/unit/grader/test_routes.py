@@ -17,10 +17,11 @@ from inference_service.client import InferenceClient
 from sqlalchemy import select
 from sqlalchemy.exc import OperationalError
 
-from grader import repository, worker
+from grader import grading_tasks, repository, splits, worker
 from grader.app import create_app
 from grader.client import GraderClient
-from grader.models import Evaluation, Trajectory
+from grader.models import Evaluation, GradingTask, Trajectory
+from grader.sandboxes import SandboxUnavailable
 from grader.service import Grader
 from grader.settings import GraderSettings
 from services.common.auth import RunContext, run_headers
@@ -87,6 +88,7 @@ def served(tmp_path_factory: pytest.TempPathFactory) -> Iterator[Served]:
         service.ledger = ledger = LedgerClient(in_process(ledger_http, GRADER_TOKEN, "ledger"))
         service.inference = InferenceClient(stand_in("inference", inference))
         service.enqueue = queue.append
+        service.enqueue_build = None  # no queue: a task's splits are built in the registering call
         client = GraderClient(in_process(http, GATEWAY_TOKEN, "grader"))
         spec = GradingSpec(task_id="bm_routes", suite=TEST_BENCHMARK["suite"], initial_system=TEST_BENCHMARK["initial_system"],
                            reference_score=1.0, evaluation=TEST_BENCHMARK["evaluation"])
@@ -120,6 +122,36 @@ def test_a_run_scoped_route_needs_the_signed_run_context(served: Served, method:
 
 
 # --------------------------------------------------------------------------- tasks and items
+
+
+def test_a_task_registered_again_is_the_same_task_another_spec_is_a_409_and_a_failed_build_is_queued_again(
+        served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[str] = []
+    monkeypatch.setattr(served.service, "enqueue_build", builds.append)
+    draw = splits.test_split
+    monkeypatch.setattr(splits, "test_split", lambda *_a: (_ for _ in ()).throw(SandboxUnavailable("no sandbox backend here")))
+    spec = GradingSpec(task_id="bm_again", suite=TEST_BENCHMARK["suite"], initial_system=TEST_BENCHMARK["initial_system"],
+                       reference_score=1.0, evaluation=TEST_BENCHMARK["evaluation"])
+    first = served.grader.register_task(spec)
+    assert (first.splits, first.validation_items, first.initial_status, builds) == ("building", 0, None, ["bm_again"])
+    grading_tasks.build_splits(served.service, "bm_again")  # the sandbox is away: queued again, the reason shown
+    status = served.grader.task_status("bm_again")
+    assert (status.splits, status.splits_error) == ("building", "retrying: SandboxUnavailable: no sandbox backend here")
+    with served.service.db.session() as s:
+        s.get(GradingTask, "bm_again").status = "failed"  # type: ignore[union-attr] - as the reconciler fails it in the end
+    assert served.grader.task_status("bm_again").splits == "failed"
+    with pytest.raises(UpstreamProblem) as other:
+        served.grader.register_task(spec.model_copy(update={"reference_score": 0.5}))
+    assert (other.value.status, other.value.problem["field"]) == (409, "task_id")
+    again = served.grader.register_task(spec)  # the same spec again: its failed build is queued again
+    assert (again.splits, again.splits_error, builds) == ("building", None, ["bm_again", "bm_again"])
+    monkeypatch.setattr(splits, "test_split", draw)
+    grading_tasks.build_splits(served.service, "bm_again")
+    grading_tasks.build_splits(served.service, "bm_again")  # a duplicate message builds nothing
+    ready = served.grader.register_task(spec)
+    assert (ready.splits, ready.validation_items, ready.initial_status, builds) == ("ready", 16, "queued", ["bm_again", "bm_again"])
+    with served.service.db.session() as s:
+        assert len(s.scalars(select(Evaluation).where(Evaluation.task_id == "bm_again")).all()) == 1
 
 
 def test_registering_a_task_again_answers_its_status_and_queues_nothing(served: Served) -> None:
@@ -253,25 +285,6 @@ def test_another_runs_evaluation_is_a_404(served: Served) -> None:
 # --------------------------------------------------------------------------- submissions and the leaderboard
 
 
-def test_a_submission_is_graded_on_the_hidden_split_and_shows_on_the_leaderboard(served: Served) -> None:
-    ctx = served.ctx("run_submits")
-    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1, datasets=[])
-    assert (sub.status, sub.counted, served.queue[-1] != sub.id) == ("queued", True, True)
-    with pytest.raises(UpstreamProblem) as refused:
-        served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1, datasets=[])
-    assert (refused.value.status, refused.value.code) == (403, "submission_limit")
-
-    for eval_id in served.queue[-2:]:  # its grading and its null-model ablation
-        worker.run_evaluation(served.service, eval_id)
-    graded = served.grader.get_submission(ctx, sub.id)
-    assert (graded.status, graded.score.n, graded.model_free_score.n) == ("graded", 24, 24)  # type: ignore[union-attr]
-    assert [s.id for s in served.grader.list_submissions(ctx).data] == [sub.id]
-    [entry] = [e for e in served.grader.leaderboard().data if e.run_id == ctx.run_id]
-    assert (entry.submission_id, entry.task_id, entry.status, entry.score) == (sub.id, served.task_id, "graded", graded.score)
-    assert (entry.model_free_score, entry.model_free_status) == (graded.model_free_score, "succeeded")
-    assert entry.contamination is not None and not entry.contamination.contaminated  # the run uploaded no datasets
-    other = run_headers(RunContext(run_id="run_other", task_id=served.task_id), GATEWAY_TOKEN)
-    assert problem(served.http.get(f"/internal/submissions/{sub.id}", headers=other), 404)["code"] == "not_found"
 def test_a_run_whose_uploaded_harness_carries_the_answer_key_is_flagged_on_the_leaderboard(served: Served) -> None:
     from tests.unit.grader.test_audit import AGENT, _archive
 
@@ -287,3 +300,22 @@ def test_a_run_whose_uploaded_harness_carries_the_answer_key_is_flagged_on_the_l
     assert entry.contamination.harness_findings == [f"{archive.id}: hidden test items in its files: 3 of 24"]
 
 
+def test_a_submission_is_graded_on_the_hidden_split_and_shows_on_the_leaderboard(served: Served) -> None:
+    ctx = served.ctx("run_submits")
+    sub = served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1, datasets=[])
+    assert (sub.status, sub.counted, served.queue[-1] != sub.id) == ("queued", True, True)
+    with pytest.raises(UpstreamProblem) as refused:
+        served.grader.create_submission(ctx, SubmissionCreate(model=BASE), max_submissions=1, datasets=[])
+    assert (refused.value.status, refused.value.code) == (403, "submission_limit")
+
+    for eval_id in served.queue[-2:]:  # its grading and its null-model ablation
+        worker.run_evaluation(served.service, eval_id)
+    graded = served.grader.get_submission(ctx, sub.id)
+    assert (graded.status, graded.score.n, graded.model_free_score.n) == ("graded", 24, 24)  # type: ignore[union-attr]
+    assert [s.id for s in served.grader.list_submissions(ctx).data] == [sub.id]
+    [entry] = [e for e in served.grader.leaderboard().data if e.run_id == ctx.run_id]
+    assert (entry.submission_id, entry.task_id, entry.status, entry.score) == (sub.id, served.task_id, "graded", graded.score)
+    assert entry.model_free_score == graded.model_free_score
+    assert entry.contamination is not None and not entry.contamination.contaminated  # the run uploaded no datasets
+    other = run_headers(RunContext(run_id="run_other", task_id=served.task_id), GATEWAY_TOKEN)
+    assert problem(served.http.get(f"/internal/submissions/{sub.id}", headers=other), 404)["code"] == "not_found"

@@ -136,6 +136,7 @@ def test_a_benchmark_on_gemma_is_graded_by_the_grader_on_the_real_inference(stac
         grader.ledger, grader.inference = ledger, stack.inference
         queue: list[str] = []
         grader.enqueue = queue.append
+        grader.enqueue_build = None  # no queue: a task's splits are built in the registering call
         spec = GradingSpec(task_id="bm_gemma", suite={"name": "reasoning_gym", "params": {"task": "chain_sum", "min_terms": 2, "max_terms": 2,
                                                                                         "min_digits": 1, "max_digits": 1},
                                                       "splits": {"train": {"seed": 1, "size": 50}, "validation": {"seed": 2, "size": 4},
