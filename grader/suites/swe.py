@@ -221,6 +221,7 @@ class SweSuite:
     name = "swe"
     default_harness = Harness()  # never used alone: a swe task is run by a code harness
     default_harness_folder = HARNESS_DIR
+    slow_draws = True  # each item is verified on its project's tests as a split draws it: check-benchmark draws only with --draw
 
     def check_params(self, params: dict[str, Any]) -> None:
         for key in params:

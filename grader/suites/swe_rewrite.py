@@ -11,8 +11,9 @@ base repository (the bug in), the tests, the gold patch and the issue text:
   module-level names), its module files and its top-level package get seeded names, wherever they are written in the
   project (code, strings, comments, documents: one word map over every text file, so ``__all__``, ``getattr`` strings
   and expected reprs follow). An identifier written anywhere in the standard library or the tests' runner (pytest) is
-  kept, since it may name something outside the project (``dict.get``), as are builtins, dunders and names starting
-  with ``test``.
+  kept, since it may name something outside the project (``dict.get``), as are one the code builds by gluing strings
+  (``"bump_" + part``), builtins, dunders and names starting with ``test``; ``_part`` and ``part`` are renamed
+  together (:func:`_analysis`).
 - **Locals.** A function's local variables (bound in its own scope, not parameters, not declared ``global`` or
   ``nonlocal``) get seeded names of their own, spliced at their ``ast`` positions; a file whose rewritten syntax tree
   is not the original's with those names replaced keeps its locals.
@@ -55,8 +56,6 @@ STAMP = hashlib.sha256(Path(__file__).read_bytes() + swe_mutants.STAMP.encode())
 """This module's version: a rewritten tree or verdict of another version is not reused."""
 VARIANTS = 4
 """Variants of a seed tried, in turn, when a rewrite changes a test's outcome."""
-KEEP: dict[str, frozenset[str]] = {}
-"""Per project, identifiers that are also words of the tests' data, kept as they are."""
 _WORD = re.compile(r"(?<![\w])[^\W\d]\w*")
 _AUTO_ID = re.compile(r"([^\W\d]\w*?)(\d+)")
 _LOCKS: dict[str, threading.Lock] = {}
@@ -413,11 +412,11 @@ def _analysis(project: Project) -> tuple[tuple[str, ...], dict[str, dict[str, tu
     prefixes = tuple(g[:-1] for g in glued if g.endswith("*") and len(g) > 2)
     suffixes = tuple(g[1:] for g in glued if g.startswith("*") and len(g) > 2)
     modules = {Path(rel).stem for rel in _library(project)} - {"__init__"}
-    blocked = {w.strip("_") for w in _external() | outside | KEEP.get(project.name, frozenset())}
+    blocked = {w.strip("_") for w in _external() | outside}
     for w in words | bound:  # the value glued to a fragment is kept with the word: "_calc_" + name finds _calc_<name>
         blocked |= {w[len(p):].strip("_") for p in prefixes if w.startswith(p)} | {w[:-len(x)].strip("_") for x in suffixes if w.endswith(x)}
     cores = {n.strip("_") for n in bound | modules if _renamable(n) and not n.startswith(prefixes) and not n.endswith(suffixes)} - blocked
-    cores |= {part for part in Path(project.package).parts if part != "src"} - KEEP.get(project.name, frozenset())
+    cores |= {part for part in Path(project.package).parts if part != "src"}
     renamed = {w for w in words | bound | modules if w.strip("_") in cores and not (w.startswith("__") and w.endswith("__"))}
     return tuple(sorted(renamed)), local_names, frozenset(words)
 
