@@ -30,7 +30,7 @@ from pathlib import Path
 from typing import Literal
 
 from grader.suites.terminal_families import data, files, text
-from grader.suites.terminal_families.phrasing import Prose
+from grader.suites.terminal_families.phrasing import Prose, Task
 
 Compare = Literal["lines", "set", "json", "tree"]
 
@@ -67,9 +67,7 @@ class Generated:
                 "ORACLE\n")
 
 
-Family = Callable[[Prose], tuple[dict[str, str], str, str, str, Compare]]
-
-FAMILIES: dict[str, tuple[str, Family]] = {
+FAMILIES: dict[str, tuple[str, Callable[[Prose], Task]]] = {
     **{name: ("text-processing", fn) for name, fn in text.FAMILIES.items()},
     **{name: ("data", fn) for name, fn in data.FAMILIES.items()},
     **{name: ("files", fn) for name, fn in files.FAMILIES.items()},

@@ -9,7 +9,7 @@ import io
 import json
 from collections import Counter, defaultdict
 
-from grader.suites.terminal_families.phrasing import WORDS, Prose, cap, compose, output_name, render, token
+from grader.suites.terminal_families.phrasing import WORDS, Prose, Task, cap, compose, output_name, render, token
 
 CITIES = ("Lyon", "Oslo", "Quito", "Perth", "Cusco", "Delhi", "Turku", "Accra")
 NUMERIC = ("price", "qty", "weight", "cost", "tax", "score", "age", "amount")
@@ -41,7 +41,8 @@ def _holds(op: str, value: int, n: int) -> bool:
     return {"ge": value >= n, "gt": value > n, "lt": value < n}[op]
 
 
-def csv_column_sum(p: Prose):
+def csv_column_sum(p: Prose) -> Task:
+    """Sum, mean, maximum or minimum of a column (by name or position) of a delimited file, optionally over one city's rows."""
     rng = p.rng
     numeric = rng.sample(NUMERIC, 3)
     header = ["name", *numeric, "city"]
@@ -63,7 +64,8 @@ def csv_column_sum(p: Prose):
     return (files := {name: text}), compose(p, files, [intro], asks), out, f"{result:.2f}", "lines"
 
 
-def csv_filter_rows(p: Prose):
+def csv_filter_rows(p: Prose) -> Task:
+    """Rows matching a city (or not) and a numeric threshold: the rows with the header, their names, or their count."""
     rng = p.rng
     header = ["name", "city", "age", "score"]
     cities = rng.sample(CITIES, 4)
@@ -92,7 +94,8 @@ def csv_filter_rows(p: Prose):
     return files, compose(p, files, [intro], [*asks, p.output(out)]), out, "\n".join(expected), "lines"
 
 
-def csv_group_sum(p: Prose):
+def csv_group_sum(p: Prose) -> Task:
+    """Per group of a column: the sum, count or maximum of another, as JSON or a sorted CSV."""
     rng = p.rng
     key, value = rng.choice(["city", "category", "team"]), rng.choice(["amount", "qty", "points"])
     groups = rng.sample(list(CITIES) if key == "city" else [w.title() for w in WORDS], rng.randint(3, 5))
@@ -117,7 +120,8 @@ def csv_group_sum(p: Prose):
     return (files := {name: text}), compose(p, files, [intro], [ask, form, p.output(out)]), out, "\n".join(expected), "lines"
 
 
-def csv_sort_rows(p: Prose):
+def csv_sort_rows(p: Prose) -> Task:
+    """Rows sorted by a numeric column either way: the first k names, or the whole file re-ordered."""
     rng = p.rng
     numeric = rng.sample(NUMERIC, 2)
     header = ["name", *numeric]
@@ -141,7 +145,8 @@ def csv_sort_rows(p: Prose):
     return (files := {name: text}), compose(p, files, [intro], [*asks, p.output(out)]), out, "\n".join(expected), "lines"
 
 
-def csv_join(p: Prose):
+def csv_join(p: Prose) -> Task:
+    """Customers and orders joined on the id: totals per customer, customers without orders, or orders per city (JSON)."""
     rng = p.rng
     people = [[i + 1, f"{w.title()}", rng.choice(CITIES[:4])] for i, w in enumerate(rng.sample(WORDS, rng.randint(5, 9)))]
     orders = [[100 + j, rng.choice(people[:-1])[0], rng.randint(5, 300)] for j in range(rng.randint(8, 25))]  # the last customer orders nothing
@@ -174,7 +179,8 @@ def csv_join(p: Prose):
     return files, compose(p, files, intro, [*asks, p.output(out)]), out, "\n".join(expected), "lines"
 
 
-def csv_latest_per_id(p: Prose):
+def csv_latest_per_id(p: Prose) -> Task:
+    """One row per sensor: its latest, earliest, or largest reading, the rows sorted by sensor."""
     rng = p.rng
     sensors = [f"s{token(rng, 3)}" for _ in range(rng.randint(3, 6))]
     rows = []
@@ -205,7 +211,8 @@ def _events(p: Prose, field: str) -> tuple[list[dict[str, object]], list[str]]:
     return [{"id": i, field: p.rng.choice(kinds), "user": p.rng.choice(WORDS[:6])} for i in range(p.rng.randint(10, 40))], kinds
 
 
-def json_count_by_type(p: Prose):
+def json_count_by_type(p: Prose) -> Task:
+    """Events (a JSON array, JSON lines, or a wrapped list) counted by a drawn field: per value (JSON or lines), the most common, or one user's of one kind."""
     rng = p.rng
     field = rng.choice(["type", "kind", "category"])
     events, kinds = _events(p, field)
@@ -242,7 +249,8 @@ def json_count_by_type(p: Prose):
     return (files := {name: text}), compose(p, files, [intro], [*asks, p.output(out)]), out, expected, "lines"
 
 
-def json_to_csv(p: Prose):
+def json_to_csv(p: Prose) -> Task:
+    """Records (array, JSON lines, or wrapped) to CSV or TSV with drawn columns in a drawn order, sorted by id or not."""
     rng = p.rng
     fields = ["id", "name", "email", "score", "team"]
     records = []
@@ -271,7 +279,8 @@ def json_to_csv(p: Prose):
     return (files := {name: text}), compose(p, files, intro, asks), out, "\n".join(expected), "lines"
 
 
-def jsonl_active_users(p: Prose):
+def jsonl_active_users(p: Prose) -> Task:
+    """Users matching an activity flag, a login threshold and perhaps a plan: names, ids, or a JSON array of ids."""
     rng = p.rng
     users = [{"id": i, "name": f"{w}{i}", "active": rng.random() < 0.6, "logins": rng.randint(0, 60), "plan": rng.choice(["free", "pro", "team"])}
              for i, w in zip(rng.sample(range(1, 500), 20), rng.choices(WORDS, k=20), strict=True)][: rng.randint(8, 20)]
@@ -295,7 +304,8 @@ def jsonl_active_users(p: Prose):
     return (files := {name: text}), compose(p, files, intro, [who, how, p.output(out)]), out, "\n".join(expected), "lines"
 
 
-def merge_json_configs(p: Prose):
+def merge_json_configs(p: Prose) -> Task:
+    """Two configurations merged deep or shallow, either one winning: the merged object, or one merged value."""
     rng = p.rng
     sections = rng.sample(["server", "database", "cache", "logging", "features"], 3)
     keys = ("port", "host", "timeout", "level", "size", "retries")
@@ -325,7 +335,8 @@ def merge_json_configs(p: Prose):
     return files, compose(p, files, intro, [rule, ask, p.output(out)]), out, str(merged[section][key]), "lines"
 
 
-def json_extract_field(p: Prose):
+def json_extract_field(p: Prose) -> Task:
+    """A nested document: one service's port, the total replicas, services over a replica threshold, or those with a tag."""
     rng = p.rng
     services = {w: {"port": rng.randint(1024, 9999), "replicas": rng.randint(1, 9), "tags": rng.sample(WORDS, rng.randint(1, 3))} for w in rng.sample(WORDS, rng.randint(3, 6))}
     doc = {"version": rng.randint(1, 5), "services": services, "owners": rng.sample(WORDS, 3)}

@@ -6,7 +6,7 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from grader.suites.terminal_families.phrasing import WORDS, Prose, compose, output_name, render, token
+from grader.suites.terminal_families.phrasing import WORDS, Prose, Task, compose, output_name, render, token
 
 EXTENSIONS = ("txt", "csv", "log", "md", "json", "py")
 
@@ -24,7 +24,8 @@ def _tree(p: Prose, root: str, count: tuple[int, int], *, empty: float = 0.0, mi
     return out
 
 
-def find_large_files(p: Prose):
+def find_large_files(p: Prose) -> Task:
+    """A tree's files: those over a size (strict or not), the k largest, or one extension's total bytes."""
     rng = p.rng
     files = _tree(p, "data", (8, 18))
     sizes = {path.removeprefix("data/"): len(text.encode()) for path, text in files.items()}
@@ -53,7 +54,8 @@ def find_large_files(p: Prose):
     return files, compose(p, files, intro, [*asks, p.output(out)]), out, *render(expected, style)
 
 
-def organize_by_extension(p: Prose):
+def organize_by_extension(p: Prose) -> Task:
+    """A flat folder sorted into per-extension subfolders (named three ways, perhaps one extension excepted), or one extension moved."""
     rng = p.rng
     files = {path.replace("/" + path.split("/")[1] + "/", "/") if path.count("/") > 1 else path: text for path, text in _tree(p, "inbox", (6, 14)).items()}
     files[f"inbox/{rng.choice(WORDS)}-notes"] = "no extension\n"
@@ -81,7 +83,8 @@ def organize_by_extension(p: Prose):
     return files, compose(p, files, intro, asks), "inbox", json.dumps(expected), "tree"
 
 
-def rename_files(p: Prose):
+def rename_files(p: Prose) -> Task:
+    """A folder's files renamed: to lower case (all or one extension's), an extension changed, or a prefix added."""
     rng = p.rng
     op = rng.choice(["lower", "ext", "prefix"])
     files = {path.replace("/" + path.split("/")[1] + "/", "/") if path.count("/") > 1 else path: text
@@ -112,7 +115,8 @@ def rename_files(p: Prose):
     return files, compose(p, files, intro, asks), "files", json.dumps(expected), "tree"
 
 
-def file_inventory(p: Prose):
+def file_inventory(p: Prose) -> Task:
+    """A tree counted: files per extension or bytes per extension (JSON), or all files."""
     rng = p.rng
     files = _tree(p, "share", (8, 20), empty=0.1)
     sizes = {path.removeprefix("share/"): len(text.encode()) for path, text in files.items()}
@@ -132,7 +136,8 @@ def file_inventory(p: Prose):
     return files, compose(p, files, intro, asks), out, json.dumps(dict(per)), "json"
 
 
-def remove_empty_entries(p: Prose):
+def remove_empty_entries(p: Prose) -> Task:
+    """Empty files, files under a size, one extension's empty files, or top-level empty files: deleted, or only listed."""
     rng = p.rng
     files = _tree(p, "work", (8, 16), empty=0.3)
     files[f"work/{rng.choice(WORDS)}-{token(rng, 3)}.txt"] = ""  # every rule below picks a set other than "all empty files"

@@ -10,6 +10,11 @@ instruction points to. The meaning is the same for every wording; only its surfa
 from __future__ import annotations
 
 import random
+from typing import Literal
+
+Task = tuple[dict[str, str], str, str, str, Literal["lines", "set", "json", "tree"]]
+"""What a family draws: the files of ``/app`` (path → text; a note may be added), the instruction, the output path
+under ``/app``, the expected content and how it is compared (:class:`~grader.suites.terminal_families.Generated`)."""
 
 _ONES = ("zero", "one", "two", "three", "four", "five", "six", "seven", "eight", "nine", "ten", "eleven", "twelve", "thirteen",
          "fourteen", "fifteen", "sixteen", "seventeen", "eighteen", "nineteen")

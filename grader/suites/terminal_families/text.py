@@ -6,14 +6,15 @@ from __future__ import annotations
 import json
 from collections import Counter
 
-from grader.suites.terminal_families.phrasing import WORDS, Prose, cap, compose, output_name, render, token
+from grader.suites.terminal_families.phrasing import WORDS, Prose, Task, cap, compose, output_name, render, token
 
 SERVICES = ("api", "auth", "billing", "worker", "search", "mailer")
 MESSAGES = ("request served", "cache miss", "retrying upstream", "user logged in", "error budget checked", "warn threshold read",
             "debug flag off", "job finished")
 
 
-def count_log_errors(p: Prose):
+def count_log_errors(p: Prose) -> Task:
+    """Count one level's entries of a log (bracketed lines, JSON lines, or one file per service), over all services, one, or per service (JSON)."""
     rng = p.rng
     level = rng.choice(["ERROR", "WARN", "DEBUG"])
     services = rng.sample(SERVICES, 3)
@@ -63,7 +64,8 @@ def count_log_errors(p: Prose):
     return files, compose(p, files, intro, asks), out, expected, "lines"
 
 
-def dedupe_lines(p: Prose):
+def dedupe_lines(p: Prose) -> Task:
+    """Entries of one file or two read as one list: distinct in first-seen order, sorted, only repeated, only unique, or distinct ignoring case."""
     rng = p.rng
     pool = list(dict.fromkeys(f"{rng.choice(WORDS)}-{rng.choice(WORDS)}" for _ in range(rng.randint(8, 18))))
     op = rng.choice(["first", "sorted", "repeated", "once", "icase"])
@@ -107,7 +109,8 @@ def dedupe_lines(p: Prose):
     return files, compose(p, files, intro, [ask, say, p.output(out)]), out, *render(expected, style)
 
 
-def extract_emails(p: Prose):
+def extract_emails(p: Prose) -> Task:
+    """Email addresses in a file or a folder of messages: all, one domain's, all but one domain's, the domains, or a count per domain (JSON)."""
     rng = p.rng
     domains = [f"{w}.{rng.choice(['com', 'org', 'net'])}" for w in rng.sample(WORDS, 3)]
     emails = sorted({f"{rng.choice(WORDS)}.{token(rng, 3)}@{rng.choice(domains)}" for _ in range(rng.randint(5, 12))})
@@ -149,7 +152,8 @@ def extract_emails(p: Prose):
     return files, compose(p, files, intro, asks), out, *render(expected, style)
 
 
-def word_frequency(p: Prose):
+def word_frequency(p: Prose) -> Task:
+    """Words of a text (one file or parts): the top N with counts in a drawn format, the top N alone, one word's count, or the distinct count."""
     rng = p.rng
     vocabulary, weights = rng.sample(WORDS, 10), rng.sample(range(1, 40), 10)  # distinct counts: no tie
     words = [w for w, n in zip(vocabulary, weights, strict=True) for _ in range(n)]
@@ -187,7 +191,8 @@ def word_frequency(p: Prose):
     return files, compose(p, files, intro, [rule, *asks, p.output(out)]), out, "\n".join(expected), "lines"
 
 
-def top_ip_addresses(p: Prose):
+def top_ip_addresses(p: Prose) -> Task:
+    """An access log: the busiest clients, the most requested paths, one status code's count, clients over a threshold, or one client's bytes."""
     rng = p.rng
     addresses = list(dict.fromkeys(f"10.{rng.randint(0, 255)}.{rng.randint(0, 255)}.{rng.randint(1, 254)}" for _ in range(8)))
     paths = [f"/{w}" for w in rng.sample(WORDS, 6)]
@@ -235,7 +240,8 @@ def top_ip_addresses(p: Prose):
     return files, compose(p, files, intro, [*asks, p.output(out)]), out, "\n".join(expected), compare
 
 
-def grep_lines(p: Prose):
+def grep_lines(p: Prose) -> Task:
+    """Lines holding a word (case-sensitive or not): those lines, the others, numbered like ``grep -n``, or their count."""
     rng = p.rng
     word = rng.choice(WORDS)
     lines = []
@@ -266,7 +272,8 @@ def grep_lines(p: Prose):
     return files, compose(p, files, intro, [ask, p.output(out)]), out, "\n".join(expected), "lines"
 
 
-def find_todo_comments(p: Prose):
+def find_todo_comments(p: Prose) -> Task:
+    """One marker's comments in a source tree: ``path:line`` lines, a count per file (JSON), or the files holding any."""
     rng = p.rng
     marker = rng.choice(["TODO", "FIXME", "HACK"])
     files: dict[str, str] = {}
@@ -306,7 +313,8 @@ def find_todo_comments(p: Prose):
     return files, compose(p, files, intro, [*asks, relative, p.output(out)]), out, "\n".join(expected), "lines"
 
 
-def set_config_value(p: Prose):
+def set_config_value(p: Prose) -> Task:
+    """An INI file edited in place: a key's value changed, a key removed, or a key added at the end of a section."""
     rng = p.rng
     sections = rng.sample(["server", "database", "cache", "logging", "auth"], 3)
     keys = {s: rng.sample(["port", "host", "timeout", "level", "enabled", "size", "path", "retries"], 4) for s in sections}
@@ -344,7 +352,8 @@ def set_config_value(p: Prose):
     return files, compose(p, files, intro, [ask, keep]), source, expected, "lines"
 
 
-def strip_comments(p: Prose):
+def strip_comments(p: Prose) -> Task:
+    """A configuration file (its comment marker drawn) without comment-only lines, blank lines, or both; in place or to a new file."""
     rng = p.rng
     mark, other = rng.choice([("#", ";"), (";", "#"), ("//", "#")])
     lines = [f"{mark} {rng.choice(WORDS)}", ""]  # at least one of each kind of line
