@@ -516,9 +516,9 @@ def admin_check_benchmark(path: Path, draw: Annotated[bool, typer.Option(
             suite = get_suite(task.suite.name)
             suite.check_params(task.suite.params)
             grading = grading_spec(spec, task, "bm_check")
-            sizes = sum(s.size for s in (grading.suite.splits.train, grading.suite.splits.validation, grading.suite.splits.test))
             if getattr(suite, "slow_draws", False) and not draw:
-                space = item_space(grading)
+                space, splits = item_space(grading), grading.suite.splits
+                sizes = splits.train.size + splits.validation.size + splits.test.size
                 rows.append((grading.task, grading.suite.name, f"{'' if space.exact else '~'}{space.count}", str(sizes), "not drawn", "not drawn"))
                 warnings += [w for w in [enumerable_warning(grading, space)] if w]
                 notes.append(f"task {grading.task!r}: {grading.suite.name} verifies each item as a split draws it, so its splits are drawn when the "

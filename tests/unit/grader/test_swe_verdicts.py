@@ -113,3 +113,20 @@ def test_tests_that_measure_or_race_the_clock_are_not_read() -> None:
     source = ("import time\nfrom threading import Thread\n\ndef test_fast():\n    start = time.time()\n    assert time.time() - start < 0.01\n\n"
               "def test_plain():\n    assert 1\n\nclass TestRace:\n    def test_threads(self):\n        Thread(target=print).start()\n")
     assert sm.load_sensitive_tests(source) == ["test_fast", "TestRace::test_threads"]
+
+
+def test_check_benchmark_answers_in_seconds_without_verifying_a_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
+    """Checking swe-mini drew its splits and three test-sized probes, verifying hundreds of candidates (about 50 minutes
+    on a loaded machine); the file, the params and the item space need none, and loading the benchmark draws the splits."""
+    from typer.testing import CliRunner
+
+    from crucible.cli import app
+    from tests.conftest import ROOT
+
+    def refuse(mutant: sm.Mutant) -> None:
+        raise AssertionError(f"{mutant.id} verified")
+
+    monkeypatch.setattr(swe, "_verified", refuse)
+    out = CliRunner().invoke(app, ["admin", "check-benchmark", str(ROOT / "benchmarks" / "swe-mini.yaml")], terminal_width=400)
+    assert out.exit_code == 0, out.output
+    assert "✓ swe-mini" in out.output and "not drawn" in out.output and "check-benchmark --draw" in out.output
