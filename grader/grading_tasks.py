@@ -112,7 +112,7 @@ def build_splits(grader: Grader, task_id: str) -> None:
         again = isinstance(exc, UpstreamUnavailable | SandboxUnavailable) or database_unavailable(exc)
         if not again:
             log.exception("the build of a task's splits failed", task_id=task_id)
-        reason = exc.detail if isinstance(exc, Unprocessable) else f"{exc.__class__.__name__}: {exc}"
+        reason = _reason(exc)
         with grader.db.session() as s:
             task = jobs.owned_row(s, GradingTask, task_id)
             if task is not None:
@@ -123,6 +123,14 @@ def build_splits(grader: Grader, task_id: str) -> None:
         lease.stop()
     for eval_id in queued:
         grader.enqueue(eval_id)
+
+
+def _reason(exc: Exception) -> str:
+    """Why a build ended with ``exc``, for the operator: an ``Unprocessable``'s field and detail
+    (``suite.splits.test.size: only 3 test items…``), else the exception's class and message."""
+    if isinstance(exc, Unprocessable):
+        return f"{exc.extra['field']}: {exc.detail}" if exc.extra.get("field") else exc.detail
+    return f"{exc.__class__.__name__}: {exc}"
 
 
 def _build(grader: Grader, task_id: str, lease: jobs.Lease) -> list[str]:

@@ -196,7 +196,8 @@ def test_a_file_the_grader_refuses_is_not_loaded_and_a_failed_build_gives_way_to
             Unprocessable("main: only 3 test items exist outside the public splits; the test split asks for 24", field="suite.splits.test.size")))
         rig.build()
     failed = rig.http.get("/admin/benchmarks/chain-sum-small", headers=ADMIN).json()
-    assert (failed["status"], failed["error"]) == ("failed", "main: main: only 3 test items exist outside the public splits; the test split asks for 24")
+    assert (failed["status"], failed["error"]) == ("failed", "main: suite.splits.test.size: main: only 3 test items exist outside the public splits; "
+                                                              "the test split asks for 24")
     refused = rig.http.post("/admin/runs", json={"benchmark": first["id"], "agent_name": "a"}, headers=ADMIN)
     assert (refused.status_code, refused.json()["code"]) == (409, "benchmark_not_ready")
     fixed = rig.load({**too_many, "suite": {**too_many["suite"], "splits": {"train": {"size": 40}, "validation": {"size": 4}, "test": {"size": 3}}}})
