@@ -20,7 +20,8 @@ and is useless after:
   candidate system under its opaque name, :mod:`services.common.candidates`); a request naming any other model is a
   404 ``model_not_found``, whoever owns it;
 - every completion is charged against the evaluation's budget hold under the idempotency key
-  ``<eval>:<item>:<sample>:<call>`` (test grading: not charged), through inference's own metering;
+  ``<eval>:<item>:<sample>:<call>`` (test grading: not charged), through inference's own metering; a candidate's call
+  is reported, counted and charged for the evaluator's own messages, never its hidden harness's prompt;
 - at most ``max_calls`` completions per rollout (429 after), and at most ``max_total_tokens`` tokens where it is set (a
   call made once they are spent is a 429), :data:`MAX_INFLIGHT` at once (429 beyond), one choice
   each (``n`` > 1: 422), ``max_tokens`` at most the benchmark's cap (a request without it gets the cap; one asking for
@@ -401,7 +402,8 @@ class ModelEndpoint:
                 out = null_completion(binding.name)
             else:
                 out = self.grader.inference.chat_completions(binding.ctx, request, hold_id=binding.hold_id, unmetered=binding.hold_id is None,
-                                                             idempotency_key=f"{binding.key}:{number}", context_tokens=binding.context_tokens)
+                                                             idempotency_key=f"{binding.key}:{number}", context_tokens=binding.context_tokens,
+                                                             **self._billed(binding, body))
             choice = out.choices[0]
             call = Call(messages=call.messages, message=choice.message.model_dump(exclude_none=True), finish_reason=choice.finish_reason,
                         prompt_tokens=out.usage.prompt_tokens, completion_tokens=out.usage.completion_tokens, at=_now())
@@ -411,6 +413,16 @@ class ModelEndpoint:
                 binding.calls[number] = call
                 binding.inflight -= 1
                 binding.idle.notify_all()
+
+
+    def _billed(self, binding: Binding, body: ChatCompletionRequest) -> dict[str, Any]:
+        """A candidate's call is reported and charged for the evaluator's own messages (rendered by the candidate's model,
+        as the gateway bills a run's: :mod:`gateway.evaluator`), never its hidden harness's prompt; other calls as run."""
+        if not binding.candidate:
+            return {}
+        own = self.grader.inference.chat_prompt_tokens(binding.ctx, [body.model_copy(update={"model": binding.model})],
+                                                       context_tokens=binding.context_tokens)
+        return {"billed_prompt_tokens": own.prompt_tokens[0], "billed_model": binding.model}
 
 
 def null_completion(model: str) -> ChatCompletion:

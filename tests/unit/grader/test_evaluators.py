@@ -138,20 +138,22 @@ def test_an_evaluator_scores_a_candidate_it_reaches_only_by_its_opaque_name(endp
     SEEN.clear()
     good, outcome = run(endpoint, evaluator(), GOOD)
     assert (good.score, good.domains, good.items, good.partial, good.exhausted, good.failure) == (1.0, {"sums": 1.0}, 5, False, [], None)
-    assert (good.model_calls, good.prompt_tokens, good.completion_tokens) == (5, 200, 25)
+    assert (good.model_calls, good.prompt_tokens, good.completion_tokens) == (5, 20, 25)  # its own 4 words a call, not the hidden prompt's
     shown = outcome.trajectory.harness_run.stderr
     assert "smollm2" not in shown and "smollm2" not in json.dumps(outcome.trajectory.model_dump())  # never the model behind it
     assert '"model": "candidate-04"' in shown and '"answered_as": "candidate-04"' in shown
     assert all(body["model"] == "smollm2-135m-instruct" and body["messages"][0] == {"role": "system", "content": "You are good."} for body in SEEN)
     bad, _ = run(endpoint, evaluator(), BAD)
     assert bad.score == 0.0
+    wordy = SystemSpec(model=GOOD.model, harness=Harness(system_prompt="You are good. " + "Think it through, step by step. " * 20))
+    assert run(endpoint, evaluator(), wordy)[0].prompt_tokens == good.prompt_tokens  # a longer hidden prompt is not counted either
 
 
 def test_an_evaluator_that_runs_out_of_calls_is_graded_on_what_it_finished_and_flagged(endpoint: ModelEndpoint) -> None:
     result, _ = run(endpoint, evaluator(items=8), GOOD, EvaluatorBudget(calls=3, tokens=10_000, max_tokens=16, wall_s=30))
     assert (result.score, result.items, result.partial, result.exhausted, result.failure) == (1.0, 3, True, ["calls"], None)
-    result, _ = run(endpoint, evaluator(items=8), GOOD, EvaluatorBudget(calls=20, tokens=100, max_tokens=16, wall_s=30))
-    assert (result.items, result.partial, result.exhausted) == (3, True, ["tokens"])  # 45 tokens a call: the 4th finds 135 spent
+    result, _ = run(endpoint, evaluator(items=8), GOOD, EvaluatorBudget(calls=20, tokens=20, max_tokens=16, wall_s=30))
+    assert (result.items, result.partial, result.exhausted) == (3, True, ["tokens"])  # 9 tokens a call: the 4th finds 27 spent
 
 
 def test_answers_cut_at_the_token_limit_are_counted(endpoint: ModelEndpoint) -> None:
