@@ -18,6 +18,7 @@ upload, a run's harness archive, a stored task folder).
 
 from __future__ import annotations
 
+import atexit
 import functools
 import gzip
 import io
@@ -53,8 +54,10 @@ class UnsafeArchive(ValueError):
 
 @functools.cache
 def _home() -> str:
-    """An empty folder of this process (mode 0700) that git sees as ``HOME`` and ``XDG_CONFIG_HOME``."""
-    return tempfile.mkdtemp(prefix="crucible-git-home-")
+    """An empty folder of this process (mode 0700, removed at exit) that git sees as ``HOME`` and ``XDG_CONFIG_HOME``."""
+    home = tempfile.mkdtemp(prefix="crucible-git-home-")
+    atexit.register(shutil.rmtree, home, True)
+    return home
 
 
 def git(args: list[str], cwd: Path, *, stdin: str | bytes | None = None, env: dict[str, str] | None = None,
@@ -159,6 +162,7 @@ def unpack_tar(source: bytes | Path, dest: Path, *, max_bytes: int, max_files: i
     archive in its detail) and, for a damaged archive, what :func:`open_tar` raises."""
     dest.mkdir(parents=True, exist_ok=True)
     skipped: list[tuple[str, str]] = []
+    written: set[str] = set()
     total, count = 0, 0
     with open_tar(source, max_stream_bytes=stream_cap(max_bytes, max_files), what=what) as tar:
         for member in tar:
@@ -169,6 +173,8 @@ def unpack_tar(source: bytes | Path, dest: Path, *, max_bytes: int, max_files: i
                 continue
             try:
                 safe = tarfile.data_filter(member, str(dest))
+                if member.islnk() and os.path.normpath(member.linkname) not in written:
+                    raise tarfile.FilterError(f"{member.name!r} is a hard link to {member.linkname!r}, which is not unpacked before it")
             except tarfile.FilterError as exc:
                 if not skip_unsafe:
                     raise UnsafeArchive(f"{what} holds an unsafe member: {exc}", member=member.name) from exc
@@ -181,6 +187,7 @@ def unpack_tar(source: bytes | Path, dest: Path, *, max_bytes: int, max_files: i
                 if total > max_bytes:
                     raise UnsafeArchive(f"{what} unpacks to more than {max_bytes} bytes", member=member.name, too_large=True)
             tar.extract(member, dest, filter="data")
+            written.add(os.path.normpath(member.name))
     return skipped
 
 
@@ -204,6 +211,10 @@ def links_out(folder: Path) -> list[str]:
             path = Path(parent) / name
             if path.is_symlink():
                 target = os.readlink(path)
-                if os.path.isabs(target) or not (path.parent.resolve() / target).resolve().is_relative_to(root):
+                try:
+                    inside = not os.path.isabs(target) and (path.parent.resolve() / target).resolve().is_relative_to(root)
+                except (OSError, RuntimeError):  # a loop of links
+                    inside = False
+                if not inside:
                     out.append(path.relative_to(folder).as_posix())
     return sorted(out)

@@ -320,9 +320,11 @@ def test_unpacking_refuses_what_leaves_the_tree_and_caps_a_gzip_bomb(tmp_path: P
     link.type, link.linkname = tarfile.SYMTYPE, "../../elsewhere"
     git = tarfile.TarInfo("a/.git/config")
     ok = tarfile.TarInfo("a/ok")
-    data = tar_with((link, b""), (git, b""), (ok, b""))
+    hard = tarfile.TarInfo("a/config")  # a hard link to a member left out
+    hard.type, hard.linkname = tarfile.LNKTYPE, "a/.git/config"
+    data = tar_with((link, b""), (git, b""), (ok, b""), (hard, b""))
     with pytest.raises(untrusted.UnsafeArchive) as exc:
         untrusted.unpack_tar(data, tmp_path / "x", max_bytes=1000, max_files=10)
     assert exc.value.member == "a/link" and not exc.value.too_large
     skipped = untrusted.unpack_tar(data, tmp_path / "y", max_bytes=1000, max_files=10, skip_unsafe=True, drop_git=True)
-    assert [name for name, _ in skipped] == ["a/link"] and (tmp_path / "y" / "a" / "ok").is_file() and not (tmp_path / "y" / "a" / ".git").exists()
+    assert [name for name, _ in skipped] == ["a/link", "a/config"] and (tmp_path / "y" / "a" / "ok").is_file() and not (tmp_path / "y" / "a" / ".git").exists()
