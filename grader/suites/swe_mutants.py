@@ -11,8 +11,8 @@ flipped at its boundary (``<`` ↔ ``<=``, ``==`` ↔ ``!=``, ``in`` ↔ ``not i
 breaks or continues left out (a case the function forgot). A candidate is a bug when :func:`verify` finds that it makes
 some of the project's tests fail (``FAIL_TO_PASS``; the tests of the files that name the function are run, all of them
 for a function no test file names) while the other tests of those files still pass (``PASS_TO_PASS``), every file still
-imports and the run ends within :data:`TEST_CPU_S` of CPU time and without :data:`HANG_S` asleep. The suite verifies
-candidates as its seeds draw them (:mod:`grader.suites.swe`).
+imports and the run ends within :data:`TEST_CPU_S` of CPU time and without :data:`HANG_S` asleep in a row. The suite
+verifies candidates as its seeds draw them (:mod:`grader.suites.swe`).
 
 **A verdict is a function of the candidate alone**, so a split is the same on any machine at any load: a run is cut by
 the CPU time it used (a loop) or the time it spent asleep with nothing runnable (a deadlock), never by wall clock; tests
@@ -62,8 +62,8 @@ TEST_CPU_S = 8
 clock, does not grow on a loaded machine, so the same mutant is kept or not on every machine (a split is the same
 everywhere). The tests a mutant runs take about a second on the original source."""
 HANG_S = 30.0
-"""A mutant whose tests spend this long with every thread asleep and no CPU used (a deadlock) is not kept: time spent
-waiting for a CPU, which a loaded machine makes long, is not counted (:func:`_watch`)."""
+"""A mutant whose tests spend this long in a row with every thread asleep and no CPU used (a deadlock) is not kept: time
+spent waiting for a CPU, which a loaded machine makes long, is not counted (:func:`_watch`)."""
 TEST_WALL_S = 600.0
 """A run of tests still going after this much wall clock was held up by the machine (not a verdict: run again)."""
 TRIES = 3
@@ -312,7 +312,7 @@ class TestRun:
     """How a run of a project's tests ended, a function of the code it ran: ``ended`` is ``"reported"`` (``outcomes``
     ``{test id: "passed" | "failed" | "skipped"}`` and ``messages`` ``{failed test id: its failure's message}`` read from
     its JUnit report), ``"cpu-limit"`` (it used :data:`TEST_CPU_S` of CPU time: a loop that no longer ends), ``"hung"``
-    (:data:`HANG_S` with every thread asleep and no CPU used: a deadlock) or ``"no-start"`` (pytest refused to start,
+    (:data:`HANG_S` in a row with every thread asleep and no CPU used: a deadlock) or ``"no-start"`` (pytest refused to start,
     exit status 4: a ``conftest.py`` that no longer imports)."""
 
     ended: str
@@ -383,8 +383,8 @@ def _run_once(repo: Path, project: Project, tests: list[str], cpu_s: int | None)
 
 
 def _watch(proc: subprocess.Popen[bytes]) -> str | None:
-    """Wait for ``proc`` (the leader of a session of its own). ``"hung"`` once its processes together spent :data:`HANG_S`
-    seconds with no thread runnable and no CPU time used (asleep on a lock that nothing will release: waiting for the
+    """Wait for ``proc`` (the leader of a session of its own). ``"hung"`` once its processes spent :data:`HANG_S` seconds
+    in a row with no thread runnable and no CPU time used (asleep on a lock that nothing will release: waiting for the
     CPU, as a loaded machine makes a process wait, is being runnable), ``"wall"`` after :data:`TEST_WALL_S`; either
     kills the session. ``None`` when it ended by itself."""
     started = last = time.monotonic()
@@ -395,8 +395,7 @@ def _watch(proc: subprocess.Popen[bytes]) -> str | None:
             return None
         now = time.monotonic()
         runnable, cpu = _session_state(proc.pid)
-        if not runnable and cpu == last_cpu:
-            blocked += now - last
+        blocked = blocked + (now - last) if not runnable and cpu == last_cpu else 0.0
         last, last_cpu = now, cpu
         stopped = "hung" if blocked >= HANG_S else "wall" if now - started >= TEST_WALL_S else None
         if stopped:
@@ -408,18 +407,20 @@ def _watch(proc: subprocess.Popen[bytes]) -> str | None:
 
 def _session_state(sid: int) -> tuple[bool, int]:
     """Of the processes of session ``sid`` (``/proc``): whether any thread is runnable or in an uninterruptible wait
-    (``R``, ``D``: the machine's to serve), and their CPU time in clock ticks."""
-    runnable, ticks = False, 0
+    (``R``, ``D``: the machine's to serve), and their CPU time in clock ticks. Runnable when ``/proc`` shows none of them
+    (a system that hides them: nothing is taken for a deadlock there)."""
+    runnable, ticks, seen = False, 0, False
     for stat in Path("/proc").glob("[0-9]*/stat"):
         try:
             fields = stat.read_text().rpartition(")")[2].split()
             if int(fields[3]) != sid:
                 continue
+            seen = True
             ticks += int(fields[11]) + int(fields[12])
             runnable = runnable or any(t.read_text().rpartition(")")[2].split()[0] in "RD" for t in stat.parent.glob("task/*/stat"))
         except (OSError, IndexError, ValueError):
             continue  # the process ended while it was read
-    return runnable, ticks
+    return runnable or not seen, ticks
 
 
 def write_once(path: Path, data: Any) -> Any:
