@@ -430,6 +430,7 @@ def write_once(path: Path, data: Any) -> Any:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
     try:
+        os.fchmod(fd, 0o644)  # readable as the files it replaces were (mkstemp's are the owner's alone)
         with os.fdopen(fd, "w") as f:
             json.dump(data, f)
         os.link(tmp, path)
