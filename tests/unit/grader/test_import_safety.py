@@ -19,6 +19,8 @@ from types import SimpleNamespace
 import pytest
 
 from grader import harness_archives, imports
+from grader.harness_archives import pack_folder
+from grader.sandboxes import get_sandbox
 from grader.settings import GraderSettings
 from grader.suites import base
 from grader.suites.terminal import TASKS_DIR
@@ -328,3 +330,23 @@ def test_unpacking_refuses_what_leaves_the_tree_and_caps_a_gzip_bomb(tmp_path: P
     assert exc.value.member == "a/link" and not exc.value.too_large
     skipped = untrusted.unpack_tar(data, tmp_path / "y", max_bytes=1000, max_files=10, skip_unsafe=True, drop_git=True)
     assert [name for name, _ in skipped] == ["a/link", "a/config"] and (tmp_path / "y" / "a" / "ok").is_file() and not (tmp_path / "y" / "a" / ".git").exists()
+
+
+def test_in_a_real_sandbox_a_bad_task_is_refused_beside_a_good_one_and_the_collection_is_done(grader: SimpleNamespace, endpoint: object,
+                                                                                                backend: str) -> None:
+    """On each sandbox backend: a shipped task is accepted, a stored task holding an absolute link and one that unpacks
+    past the cap are refused with their reasons, and the collection is done."""
+    link = tarfile.TarInfo("tests/secret")
+    link.type, link.linkname = tarfile.SYMTYPE, "/etc/passwd"
+    big = tarfile.TarInfo("environment/app/zeros")
+    big.size = base.IMPORTED_TASK_MAX_BYTES + 1
+    with io.BytesIO() as raw:
+        with tarfile.open(fileobj=raw, mode="w:gz") as tar:  # the header alone: the unpacker refuses before reading its data
+            tar.addfile(big)
+        header_only = raw.getvalue()
+    stored(grader, {"fizzbuzz-script": pack_folder(TASKS_DIR / "fizzbuzz-script"), "link": tar_with((link, b"")), "bomb": header_only})
+    imports.validate_collection(grader, "c", get_sandbox(backend), endpoint)  # type: ignore[arg-type]
+    out = imports.collection_out(grader, "c")  # type: ignore[arg-type]
+    verdicts = {t.name: (t.status, t.reason or "") for t in out.tasks}
+    assert out.status == "done" and verdicts["fizzbuzz-script"] == ("accepted", ""), verdicts
+    assert verdicts["link"][0] == verdicts["bomb"][0] == "refused" and "unpacks to more than" in verdicts["bomb"][1], verdicts
