@@ -429,7 +429,11 @@ def rewrite(project: Project, seed: int | str, variant: int = 0) -> Rewrite:
 @cache
 def from_key(project: Project, k: str) -> Rewrite:
     """The rewrite of ``project`` whose key is ``k`` (:func:`key`): what a task's entry records, so that its folder can
-    be written again without the seed."""
+    be written again without the seed. Computed once per version of this module (kept beside its tree)."""
+    cached = SWE_DIR / "rewritten" / STAMP / f"{project.name}-{k}.map.json"
+    if cached.is_file():
+        data = json.loads(cached.read_text())
+        return Rewrite(project, k, data["names"], data["local_names"])
     renamed, local_sets, words = _analysis(project)
     rng = random.Random(k)
     taken = set(words) | set(_external())
@@ -447,6 +451,7 @@ def from_key(project: Project, k: str) -> Rewrite:
             ok = False
         if ok and renames:
             local_names[rel] = renames
+    swe_mutants.write_once(cached, {"names": names, "local_names": local_names})
     return Rewrite(project, k, names, local_names)
 
 
