@@ -127,22 +127,20 @@ def without_sealed_figures(grade: EvaluatorGrade) -> EvaluatorGrade:
 
 
 def _task_score(task: str, baseline: GradingTaskStatus, entry: LeaderboardEntry | None) -> TaskScore:
-    """One task's line: baselines from the grader's task status, the final from the submission that counts, and its
-    null-model ablation's score. Gap closed waits for the ablation where the submission has one (``None`` until it is
-    graded, and if it failed); ``model_free_above_initial`` flags an ablation that scores above the initial system."""
+    """One task's line: baselines from the grader's task status, the final and the null-model ablation's score from the
+    submission that counts (the grader shows both once both are graded); ``model_free_above_initial`` flags an ablation
+    that scores above the initial system."""
     initial = baseline.initial.value if baseline.initial else None
     reference = baseline.reference.value if baseline.reference else None
     score = entry.score if entry else None
     final = score.value if score else None
-    ablation = entry.model_free_status if entry else None
     model_free = entry.model_free_score.value if entry and entry.model_free_score else None
-    credited = (model_dependent_final(final, initial, model_free)
-                if None not in (initial, final) and (ablation is None or model_free is not None) else None)  # type: ignore[arg-type]
+    credited = model_dependent_final(final, initial, model_free) if None not in (initial, final) else None  # type: ignore[arg-type]
     gap = (credited - initial) / (reference - initial) if None not in (initial, reference, credited) and reference != initial else None  # type: ignore[operator]
     return TaskScore(
         task=task, submission_id=entry.submission_id if entry else None, status=entry.status if entry else "not submitted",
         initial_score=initial, final_score=final, reference_score=reference, gap_closed=gap, n=score.n if score else None,
-        model_free_score=model_free, model_free_status=ablation,
+        model_free_score=model_free,
         model_free_above_initial=model_free > initial if None not in (model_free, initial) else None,  # type: ignore[operator]
         final_ci=(score.ci_low, score.ci_high) if score and score.ci_low is not None else None,  # type: ignore[arg-type]
         contaminated=entry.contamination.contaminated if entry and entry.contamination else None,
@@ -151,8 +149,8 @@ def _task_score(task: str, baseline: GradingTaskStatus, entry: LeaderboardEntry 
 
 def _rsi_term(t: TaskScore) -> float | None:
     """(final − initial) / (1 − initial), final the model-dependent one (:func:`model_dependent_final`); ``None`` when a
-    score is missing (the ablation's too, where there is one) or the initial system is already perfect."""
-    if t.final_score is None or t.initial_score is None or t.initial_score >= 1.0 or (t.model_free_status is not None and t.model_free_score is None):
+    score is missing or the initial system is already perfect."""
+    if t.final_score is None or t.initial_score is None or t.initial_score >= 1.0:
         return None
     return (model_dependent_final(t.final_score, t.initial_score, t.model_free_score) - t.initial_score) / (1.0 - t.initial_score)
 

@@ -29,38 +29,42 @@ from services.common.harness import check_harness
 FREE_PLATFORM_FAILURES = 3  # per run and task: platform-failed gradings given back; later ones count (no free oracle)
 
 
+def gradings(s: Session, sub: Submission) -> list[Evaluation]:
+    """The evaluations that grade ``sub``: its grading, then its null-model ablation where it has one."""
+    return [repository.evaluation(s, eval_id) for eval_id in (sub.evaluation_id, sub.ablation_evaluation_id) if eval_id]
+
+
 def submission_out(s: Session, sub: Submission) -> SubmissionOut:
-    """The wire form of ``sub``. A failure says whose fault it was. Its text is never a function of the test split:
-    an agent failure shows what inference refused (:func:`public_refusal`), a platform failure only that the
-    submission was given back; both stay whole in the grader's records."""
-    ev = repository.evaluation(s, sub.evaluation_id)
-    status = {"queued": "queued", "running": "running", "succeeded": "graded"}.get(ev.status, "failed")
-    cause = ev.failure_cause if status == "failed" else None
+    """The wire form of ``sub``. It is graded once its grading and its null-model ablation have both succeeded, and
+    failed once either failed (the first that failed says whose fault it was); its score and model-free score are shown
+    only once it is graded (a score shown before an ablation that then failed by the platform's fault would come with a
+    free retry). Its text is never a function of the test split: an agent failure shows what inference refused
+    (:func:`public_refusal`), a platform failure only that the submission was given back; both stay whole in the
+    grader's records."""
+    evaluations = gradings(s, sub)
+    failed = next((ev for ev in evaluations if ev.status in ("failed", "cancelled")), None)
+    if failed is not None:
+        status = "failed"
+    elif all(ev.status == "succeeded" for ev in evaluations):
+        status = "graded"
+    else:
+        status = "queued" if all(ev.status == "queued" for ev in evaluations) else "running"
+    cause = failed.failure_cause if failed is not None else None
     counted = cause != PLATFORM or repository.count_platform_failed_submissions(s, sub.run_id, sub.task_id, up_to=sub.id) > FREE_PLATFORM_FAILURES
     if cause == AGENT:
-        error = public_refusal(ev.error or "")
+        error = public_refusal(failed.error or "")  # type: ignore[union-attr]
     elif cause == PLATFORM:
         error = "grading failed on the platform's side; " + ("this submission does not count against the task's final submissions" if not counted else
                                                              f"it counts: the task had more than {FREE_PLATFORM_FAILURES} such failures")
     else:
         error = None
+    graded = status == "graded"
+    score, model_free, *_ = [Score(**ev.score) if graded and ev.score else None for ev in evaluations] + [None]
     return SubmissionOut(id=sub.id, status=status, task=repository.spec(s, sub.task_id).task, model=sub.model,  # type: ignore[arg-type]
                          harness=None if sub.harness_archive else Harness(**sub.harness),
-                         harness_archive=sub.harness_archive,
-                         score=Score(**ev.score) if ev.score else None, model_free_score=model_free_score(s, sub),
+                         harness_archive=sub.harness_archive, score=score, model_free_score=model_free,
                          error=error, failure_cause=cause, counted=counted,  # type: ignore[arg-type]
-                         created_at=sub.created_at, graded_at=ev.finished_at if status == "graded" else None)
-
-
-def ablation_of(s: Session, sub: Submission) -> Evaluation | None:
-    """The null-model ablation grading ``sub`` (``None`` for a submission without one)."""
-    return repository.evaluation(s, sub.ablation_evaluation_id) if sub.ablation_evaluation_id else None
-
-
-def model_free_score(s: Session, sub: Submission) -> Score | None:
-    """The score of ``sub``'s null-model ablation once it is graded; ``None`` before, and where it has none."""
-    ablation = ablation_of(s, sub)
-    return Score(**ablation.score) if ablation is not None and ablation.status == "succeeded" and ablation.score else None
+                         created_at=sub.created_at, graded_at=max(ev.finished_at for ev in evaluations) if graded else None)
 
 
 def public_refusal(error: str) -> str:
@@ -128,26 +132,22 @@ def list_submissions(grader: Grader, ctx: RunContext) -> list[SubmissionOut]:
 
 
 def leaderboard_entries(grader: Grader) -> list[LeaderboardEntry]:
-    """Per run and task, the submission that counts on the leaderboard, with its aggregate test score (no per-item data).
+    """Per run and task, the submission that counts on the leaderboard, with its aggregate test score and its null-model
+    ablation's (``model_free_score``; ``None`` for a submission without one), no per-item data.
 
     The run's latest graded submission counts (EvalAI's default): a later one that is queued, running or failed
     leaves the row as it was. Until one is graded, the latest submission stands in (its status shows progress).
-    ``contamination``: the audit's counts, never which items. ``model_free_score``: the null-model ablation's score,
-    with the state of that grading (``model_free_status``; ``None`` where the submission has no ablation).
+    ``contamination``: the audit's counts, never which items.
     """
     with grader.db.session() as s:
-        counting: dict[tuple[str, str], tuple[Submission, Evaluation]] = {}
+        counting: dict[tuple[str, str], tuple[Submission, Evaluation, SubmissionOut]] = {}
         for sub, ev in repository.submissions_with_gradings(s):
-            key = (sub.run_id, sub.task_id)
-            if key not in counting or ev.status == "succeeded" or counting[key][1].status != "succeeded":
-                counting[key] = (sub, ev)
-        out = []
-        for sub, ev in counting.values():
-            o = submission_out(s, sub)
-            ablation = ablation_of(s, sub)
-            out.append(LeaderboardEntry(submission_id=sub.id, run_id=sub.run_id, task_id=sub.task_id, status=o.status, score=o.score,
-                                        model_free_score=o.model_free_score, model_free_status=ablation.status if ablation else None,  # type: ignore[arg-type]
-                                        graded_at=o.graded_at, validation_evaluations=repository.count_validation_evaluations(s, sub.run_id),
-                                        contamination=ContaminationReport(**sub.contamination) if sub.contamination else None,
-                                        grade=EvaluatorGrade(**ev.grade) if ev.grade and o.status == "graded" else None))
-        return out
+            key, o = (sub.run_id, sub.task_id), submission_out(s, sub)
+            if key not in counting or o.status == "graded" or counting[key][2].status != "graded":
+                counting[key] = (sub, ev, o)
+        return [LeaderboardEntry(submission_id=sub.id, run_id=sub.run_id, task_id=sub.task_id, status=o.status, score=o.score,
+                                 model_free_score=o.model_free_score, graded_at=o.graded_at,
+                                 validation_evaluations=repository.count_validation_evaluations(s, sub.run_id),
+                                 contamination=ContaminationReport(**sub.contamination) if sub.contamination else None,
+                                 grade=EvaluatorGrade(**ev.grade) if ev.grade and o.status == "graded" else None)
+                for sub, ev, o in counting.values()]

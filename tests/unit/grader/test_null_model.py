@@ -58,16 +58,38 @@ def test_a_harness_that_needs_the_model_keeps_the_gap_it_closed(grader: GraderRi
     calls = grader.inference.calls
     worker.run_evaluation(grader.service, grader.evaluation_of(sub))
     assert grader.inference.calls == calls + 6
-    row = _row(gateway)  # graded, its ablation still queued: no gap closed yet
-    assert (row["status"], row["final_score"], row["model_free_score"], row["gap_closed"]) == ("graded", 1.0, None, None)
-    assert row["tasks"][0]["model_free_status"] == "queued"
+    assert (grader.get(sub).status, grader.get(sub).score) == ("running", None)  # graded once its ablation is too
+    row = _row(gateway)
+    assert (row["status"], row["final_score"], row["model_free_score"], row["gap_closed"]) == ("running", None, None, None)
 
     worker.run_evaluation(grader.service, grader.ablation_of(sub))  # type: ignore[arg-type]
     assert grader.inference.calls == calls + 6  # the null model called no model
-    assert grader.get(sub).model_free_score.value == 0.0  # type: ignore[union-attr]
+    graded = grader.get(sub)
+    assert (graded.status, graded.score.value, graded.model_free_score.value) == ("graded", 1.0, 0.0)  # type: ignore[union-attr]
     row = _row(gateway)
-    assert (row["final_score"], row["model_free_score"], row["gap_closed"], row["rsi_index"], row["model_free_above_initial"]) == (1.0, 0.0, 1.0, 1.0, False)
+    assert (row["status"], row["final_score"], row["model_free_score"], row["gap_closed"], row["rsi_index"], row["model_free_above_initial"]) == (
+        "graded", 1.0, 0.0, 1.0, 1.0, False)
     assert FLAGGED not in gateway.get("/leaderboard").text
+
+
+def test_an_ablation_that_fails_on_the_platforms_side_fails_the_submission_and_shows_no_score(grader: GraderRig) -> None:
+    """Else a score would come with a free retry."""
+    from grader import worker
+
+    grader.answer_right(6)
+    sub = _submit_plain(grader)
+    worker.run_evaluation(grader.service, grader.evaluation_of(sub))
+
+    def broken(*_args: object) -> None:
+        raise ZeroDivisionError("a bug in the grader")
+
+    with pytest.MonkeyPatch.context() as mp:
+        mp.setattr(worker, "aggregate", broken)
+        worker.run_evaluation(grader.service, grader.ablation_of(sub))  # type: ignore[arg-type]
+    failed = grader.get(sub)
+    assert (failed.status, failed.failure_cause, failed.counted, failed.score, failed.model_free_score) == ("failed", "platform", False, None, None)
+    again = grader.grade(grader.submit())  # given back
+    assert (again.status, again.score.value) == ("graded", 1.0)  # type: ignore[union-attr]
 
 
 def _submit_plain(grader: GraderRig) -> SubmissionOut:
