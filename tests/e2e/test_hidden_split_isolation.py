@@ -38,10 +38,11 @@ from tests.models import TINY_MODEL
 pytestmark = [pytest.mark.e2e, pytest.mark.slow]  # in `make test-slow`: two deployments, every preset
 PRESETS = sorted(p.stem for p in (ROOT / "benchmarks").glob("*.yaml"))
 SEEDS = (1111, 2222)
-# What a final grade is made of (a submission's score; a leaderboard row's scores, intervals, audit result and the rank
+# What a final grade is made of (a submission's score and model-free score; a leaderboard row's scores, intervals, audit result and the rank
 # they give), and the run's elapsed hours (a clock)
 GRADES = frozenset({"score", "initial_score", "final_score", "reference_score", "gap_closed", "rsi_index", "ci_low", "ci_high", "n",
-                    "final_ci", "contaminated", "contaminated_items", "contamination", "rank", "elapsed_hours", "evaluator"})
+                    "final_ci", "contaminated", "contaminated_items", "contamination", "rank", "elapsed_hours", "evaluator",
+                    "model_free_score", "model_free_above_initial"})
 _ID = re.compile(r"\b(?:run|ds|job|ckpt|eval|sub|bm|crk|req|chatcmpl|ent|hold|har)[_-][0-9A-Za-z_-]{6,}")
 _TIME = re.compile(r"\d{4}-\d\d-\d\dT\d\d:\d\d:\d\d(?:\.\d+)?(?:Z|[+-]\d\d:\d\d)?")
 
