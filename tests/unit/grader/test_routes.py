@@ -5,6 +5,7 @@ is wrong. The evaluation queue is a list; a test runs what was sent with ``grade
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -26,6 +27,7 @@ from grader.service import Grader
 from grader.settings import GraderSettings
 from services.common.auth import RunContext, run_headers
 from services.common.contracts import EvaluationCreate, EvaluationLimits, GradingSpec, SubmissionCreate
+from services.common.db import utcnow
 from services.common.errors import UpstreamProblem
 from services.common.http import ServiceClient
 from services.ledger.app import create_app as create_ledger_app
@@ -152,6 +154,25 @@ def test_a_task_registered_again_is_the_same_task_another_spec_is_a_409_and_a_fa
     assert (ready.splits, ready.validation_items, ready.initial_status, builds) == ("ready", 16, "queued", ["bm_again", "bm_again"])
     with served.service.db.session() as s:
         assert len(s.scalars(select(Evaluation).where(Evaluation.task_id == "bm_again")).all()) == 1
+
+
+def test_a_build_whose_worker_died_is_queued_again_by_the_reconciler_and_built_once(served: Served, monkeypatch: pytest.MonkeyPatch) -> None:
+    builds: list[str] = []
+    monkeypatch.setattr(served.service, "enqueue_build", builds.append)
+    spec = GradingSpec(task_id="bm_orphan", suite=TEST_BENCHMARK["suite"], initial_system=TEST_BENCHMARK["initial_system"],
+                       reference_score=1.0, evaluation=TEST_BENCHMARK["evaluation"])
+    served.grader.register_task(spec)
+    with served.service.db.session() as s:  # claimed by a worker on another host, whose heartbeat stopped an hour ago
+        task = s.get(GradingTask, "bm_orphan")
+        task.status, task.worker_id, task.attempts = "running", "elsewhere:1", 1  # type: ignore[union-attr]
+        task.heartbeat_at = task.started_at = utcnow() - dt.timedelta(hours=1)  # type: ignore[union-attr]
+    assert "bm_orphan" in worker.reconcile_builds(served.service).requeued and builds == ["bm_orphan", "bm_orphan"]
+    assert served.grader.task_status("bm_orphan").splits == "building"
+    for task_id in builds:
+        grading_tasks.build_splits(served.service, task_id)
+    assert served.grader.task_status("bm_orphan").splits == "ready"
+    with served.service.db.session() as s:
+        assert len(s.scalars(select(Evaluation).where(Evaluation.task_id == "bm_orphan")).all()) == 1
 
 
 def test_registering_a_task_again_answers_its_status_and_queues_nothing(served: Served) -> None:
