@@ -305,7 +305,7 @@ def jsonl_active_users(p: Prose) -> Task:
 
 
 def merge_json_configs(p: Prose) -> Task:
-    """Two configurations merged deep or shallow, either one winning: the merged object, or one merged value."""
+    """Two configurations merged deep or shallow, either one winning, perhaps a `null` unsetting a setting: the merged object, or one merged value."""
     rng = p.rng
     sections = rng.sample(["server", "database", "cache", "logging", "features"], 3)
     keys = ("port", "host", "timeout", "level", "size", "retries")
@@ -313,14 +313,20 @@ def merge_json_configs(p: Prose) -> Task:
     override = {s: {k: rng.randint(1000, 9999) for k in rng.sample(keys, 2)} for s in rng.sample(sections, 2)}
     override[rng.choice(["extra", "limits"])] = {"max": rng.randint(1, 99)}
     first, second = f"{rng.choice(['base', 'defaults'])}.json", f"{rng.choice(['local', 'override'])}.json"
-    files = {first: json.dumps(base, indent=2), second: json.dumps(override, indent=2)}
     winner = rng.choice([first, second])
     low, high = (override, base) if winner == first else (base, override)
-    deep = rng.random() < 0.5
+    deep, unset = rng.random() < 0.5, None
+    if rng.random() < 0.5:  # the winning file unsets a setting the other one has
+        section = rng.choice([s for s in high if s in low] or list(high))
+        unset = rng.choice(sorted(set(low.get(section, {})) - set(high[section])) or sorted(high[section]))
+        high[section][unset] = None  # type: ignore[assignment]
+    files = {first: json.dumps(base, indent=2), second: json.dumps(override, indent=2)}
     merged: dict[str, dict[str, int]] = {s: dict(v) for s, v in low.items()}
     for s, v in high.items():
-        merged[s] = {**merged.get(s, {}), **v} if deep else dict(v)
+        merged[s] = {k: x for k, x in ({**merged.get(s, {}), **v} if deep else v).items() if x is not None}
     intro = [f"{cap(p.path(first))} and {p.path(second)} are two JSON configuration files: objects of sections, each an object of settings."]
+    if unset:
+        intro.append(p.pick(f"A `null` in {winner} unsets that setting: the merged result leaves it out.", f"Where `{winner}` gives `null`, the setting is removed."))
     rule = p.pick(f"Merge them section by section: settings of both are kept, and where both set one, `{winner}` wins.",
                   f"Combine them key by key inside each section; on a conflict the value from {winner} takes precedence.") if deep else \
         p.pick(f"Merge them at the top level only: a section that both define is taken whole from `{winner}` (its settings are not combined).",

@@ -71,7 +71,7 @@ def organize_by_extension(p: Prose) -> Task:
     else:
         def folder(ext: str) -> str:
             return {"ext": ext, "upper": ext.upper(), "suffix": f"{ext}_files"}[style]
-        kept = rng.choice(exts) if rng.random() < 0.75 else None  # most instances take a parameter
+        kept = rng.choice(exts) if rng.random() < 0.85 else None  # most instances take a parameter
         expected = {(f"{folder(n.rsplit('.', 1)[1])}/{n}" if "." in n and not n.endswith(f".{kept}") else n): files["inbox/" + n] for n in names}
         how = {"ext": "named after the extension (`txt`, `csv`…, no dot)", "upper": "named after the extension in upper case (`TXT`, `CSV`…)",
                "suffix": "named `<extension>_files` (`txt_files`, `csv_files`…)"}[style]
@@ -91,7 +91,7 @@ def rename_files(p: Prose) -> Task:
              for path, text in _tree(p, "files", (5, 12), mixed_case=op == "lower").items()}
     names = [path.removeprefix("files/") for path in files]
     if op == "lower":
-        only = rng.choice([None, *sorted({n.rsplit(".", 1)[1] for n in names})])
+        only = rng.choice(sorted({n.rsplit(".", 1)[1] for n in names})) if rng.random() < 0.8 else None
         names_out = {n: n.lower() if only is None or n.endswith("." + only) else n for n in names}
         which = p.pick("every file", "each file") if only is None else p.pick(f"every `.{only}` file (only those)", f"the {only} files, and no others,")
         asks = [p.pick(f"Rename {which} of `/app/files` to its name in lower case.", f"In /app/files, make the names of {which} lower case."), "Contents stay the same."]

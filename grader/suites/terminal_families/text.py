@@ -65,10 +65,10 @@ def count_log_errors(p: Prose) -> Task:
 
 
 def dedupe_lines(p: Prose) -> Task:
-    """Entries of one file or two read as one list: distinct in first-seen order, sorted, only repeated, only unique, or distinct ignoring case."""
+    """Entries of one file or two read as one list: distinct in first- or last-seen order, sorted, only repeated, only unique, or distinct ignoring case."""
     rng = p.rng
     pool = list(dict.fromkeys(f"{rng.choice(WORDS)}-{rng.choice(WORDS)}" for _ in range(rng.randint(8, 18))))
-    op = rng.choice(["first", "sorted", "repeated", "once", "icase"])
+    op = rng.choice(["first", "last", "sorted", "repeated", "once", "icase"])
     lines = [rng.choice(pool) for _ in range(rng.randint(20, 50))]
     if op == "icase":
         lines = [line.upper() if rng.random() < 0.3 else line.title() if rng.random() < 0.3 else line for line in lines]
@@ -87,6 +87,10 @@ def dedupe_lines(p: Prose) -> Task:
     if op == "first":
         expected, ask = list(dict.fromkeys(lines)), p.pick("Keep each distinct entry once, in the order it first appears.",
                                                           "Remove the repeats, keeping every entry's first occurrence and the original order.")
+    elif op == "last":
+        expected, ask = list(reversed(dict.fromkeys(reversed(lines)))), p.pick(
+            "Keep each distinct entry once, at the place of its last occurrence (the order of last appearances).",
+            "Remove the repeats so that only the last occurrence of each entry stays, in the original order.")
     elif op == "sorted":
         expected, ask = sorted(set(lines)), p.pick("List each distinct entry once, sorted in plain byte order (as `LC_ALL=C sort -u` does).",
                                                    "Write the distinct entries, without repeats, in byte order (`LC_ALL=C sort`).")
