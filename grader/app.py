@@ -32,7 +32,8 @@ def create_app(settings: GraderSettings | None = None, grader: Grader | None = N
         built = grader or Grader.from_settings(settings or GraderSettings())
         migrate(built.settings.database_url_for("grader"), MIGRATIONS_DIR)
         app.state.grader, app.state.settings = built, built.settings
-        loop = Periodic("grader.reconcile", built.settings.reconcile_interval_s, lambda: (worker.reconcile(built), worker.reconcile_builds(built))).start()
+        rounds = (worker.reconcile, worker.reconcile_builds)  # evaluations, split builds
+        loop = Periodic("grader.reconcile", built.settings.reconcile_interval_s, lambda: [r for r in (f(built) for f in rounds) if r]).start()
         try:
             yield
         finally:
