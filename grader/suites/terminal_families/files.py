@@ -39,7 +39,7 @@ def find_large_files(p: Prose) -> Task:
         strict = rng.random() < 0.5
         expected = sorted(x for x, s in sizes.items() if (s > n if strict else s >= n))
         bound = p.more_than(n) if strict else p.at_least(n)
-        asks = [p.pick(f"List the files whose size is {bound} bytes.", f"Which files are {bound} bytes long?"), relative, "Sorted.", say]
+        asks = [p.pick(f"List the files whose size is {bound} bytes.", f"Which files are {bound} bytes long?"), relative, p.pick("Sorted in byte order (as `LC_ALL=C sort`).", "In `LC_ALL=C sort` order."), say]
     elif op == "largest":
         k = rng.randint(2, 4)
         ranked = sorted(sizes.items(), key=lambda kv: (-kv[1], kv[0]))
@@ -166,7 +166,8 @@ def remove_empty_entries(p: Prose) -> Task:
         return files, compose(p, files, intro, asks), "work", json.dumps(expected), "tree"
     out, (say, style) = output_name(rng, ("doomed", "to_delete"), ".txt"), p.listing()
     asks = [p.pick(f"List {said}, without deleting anything.", f"Which are {said}? Do not change them, just list them."),
-            p.pick("Paths relative to `/app/work`, sorted.", "Write their paths relative to /app/work, in sorted order."), say, p.output(out)]
+            p.pick("Paths relative to `/app/work`, sorted in byte order (`LC_ALL=C sort`).", "Write their paths relative to /app/work, in `LC_ALL=C sort` order."),
+            say, p.output(out)]
     return files, compose(p, files, intro, asks), out, *render(sorted(doomed), style)
 
 

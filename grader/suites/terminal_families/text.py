@@ -309,11 +309,11 @@ def find_todo_comments(p: Prose) -> Task:
     out = output_name(rng, ("todos", "markers"), ".txt")
     if op == "where":
         expected = [f"{rel}:{n}" for rel, n in sorted(hits)]
-        asks = [f"Find every one of the {said}.", p.pick("Write each as `path:line` (line numbers from 1), sorted by path, then line.",
-                                                        "One `path:line_number` per line, ordered by path and then by line number.")]
+        asks = [f"Find every one of the {said}.", p.pick("Write each as `path:line` (line numbers from 1), sorted by path (byte order), then by line number.",
+                                                        "One `path:line_number` per line, ordered by path (as `LC_ALL=C sort` orders them) and then by line number.")]
     else:
         expected = sorted({rel for rel, _ in hits})
-        asks = [f"Which files contain {said}?", "List each such file once, sorted."]
+        asks = [f"Which files contain {said}?", "List each such file once, in byte order (`LC_ALL=C sort`)."]
     return files, compose(p, files, intro, [*asks, relative, p.output(out)]), out, "\n".join(expected), "lines"
 
 
