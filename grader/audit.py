@@ -34,7 +34,6 @@ a dataset's, public n-grams are not left out here: the material is public by nat
 from __future__ import annotations
 
 import inspect
-import io
 from collections.abc import Callable, Iterable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -42,8 +41,10 @@ from typing import Any
 from backports import tarfile  # the PEP 706 filters on every Python 3.11 (Debian's 3.11.2 has none)
 
 from grader.canonical import VIEWS, Canonical, occurrences, public_forms, text_tokens
+from grader.harness_archives import MAX_MEMBERS, MAX_UNPACKED_BYTES
 from grader.schemas import ContaminationReport
 from grader.suites import Item
+from services.common import untrusted
 from services.common.contracts import AuditSettings
 
 tokens = text_tokens  # the audit's normalization: NFKC, lower case, words, single punctuation marks, whole expressions
@@ -183,14 +184,14 @@ def archive_files(data: bytes) -> list[tuple[str, str]]:
     to disk or run. A damaged archive has no files."""
     files = []
     try:
-        with tarfile.open(fileobj=io.BytesIO(data), mode="r:gz") as tar:
+        with untrusted.open_tar(data, max_stream_bytes=untrusted.stream_cap(MAX_UNPACKED_BYTES, MAX_MEMBERS), what="a harness archive") as tar:
             for member in tar:
                 if member.isfile() and member.size <= MAX_ARCHIVE_FILE_BYTES:
                     try:
                         files.append((member.name, tar.extractfile(member).read().decode("utf-8")))  # type: ignore[union-attr]
                     except UnicodeDecodeError:
                         continue
-    except (tarfile.TarError, OSError, EOFError):
+    except (tarfile.TarError, OSError, EOFError, untrusted.UnsafeArchive):
         return files
     return files
 
