@@ -98,7 +98,8 @@ def test_every_familys_oracle_is_accepted_and_nothing_or_a_near_miss_is_not(tmp_
             near = json.dumps(value[1:] if isinstance(value, list) else dict(list(value.items())[1:]) if isinstance(value, dict) else value + 1)
         else:
             near = "\n".join(g.expected.splitlines()[:-1]) or "x"
-        assert not accepts({**g.spec(), "expected": near}, apps[name]), name
+        if json.loads(near) != json.loads(g.expected) if g.compare in ("tree", "json") else True:  # an empty list has no near miss
+            assert not accepts({**g.spec(), "expected": near}, apps[name]), name
 
 
 def test_every_family_scores_1_for_its_oracle_and_0_for_doing_nothing_in_the_sandbox(endpoint: ModelEndpoint, backend: str) -> None:
