@@ -515,8 +515,14 @@ def naming_tests(source: str, name: str) -> list[str] | None:
 
 
 def load_sensitive_tests(source: str) -> list[str] | None:
-    """The pytest ids of a test file's tests whose body names :data:`LOAD_SENSITIVE` (as :func:`naming_tests`)."""
-    return _tests_matching(source, LOAD_SENSITIVE)
+    """The pytest ids of a test file's tests whose body names :data:`LOAD_SENSITIVE`, or names a helper of the file (a
+    module-level function or a method, not a test) whose body does (as :func:`naming_tests`)."""
+    tree = parse(source)
+    defs = [*tree.body, *(item for node in tree.body if isinstance(node, ast.ClassDef) for item in node.body)]
+    helpers = sorted({node.name for node in defs if isinstance(node, ast.FunctionDef | ast.AsyncFunctionDef)
+                      and not node.name.startswith("test") and LOAD_SENSITIVE.search(ast.get_source_segment(source, node) or "")})
+    words = "|".join([LOAD_SENSITIVE.pattern, *(rf"\b{re.escape(h)}\b" for h in helpers)])
+    return _tests_matching(source, re.compile(words))
 
 
 def _tests_matching(source: str, word: re.Pattern[str]) -> list[str] | None:

@@ -111,8 +111,10 @@ def test_a_loop_and_a_deadlock_are_verdicts_cut_by_cpu_time_and_sleep_not_by_wal
 
 def test_tests_that_measure_or_race_the_clock_are_not_read() -> None:
     source = ("import time\nfrom threading import Thread\n\ndef test_fast():\n    start = time.time()\n    assert time.time() - start < 0.01\n\n"
-              "def test_plain():\n    assert 1\n\nclass TestRace:\n    def test_threads(self):\n        Thread(target=print).start()\n")
-    assert sm.load_sensitive_tests(source) == ["test_fast", "TestRace::test_threads"]
+              "def test_plain():\n    def f():\n        time.sleep(0)\n    assert 1\n\n"
+              "class TestRace:\n    def _race(self):\n        Thread(target=print).start()\n\n    def test_threads(self):\n        self._race()\n\n"
+              "    def test_f(self):\n        assert f\n")
+    assert sm.load_sensitive_tests(source) == ["test_fast", "test_plain", "TestRace::test_threads"]  # a nested f is no helper of the file
 
 
 def test_check_benchmark_answers_in_seconds_without_verifying_a_candidate(monkeypatch: pytest.MonkeyPatch) -> None:
