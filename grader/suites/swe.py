@@ -10,10 +10,12 @@ changes and with the test patch put back, every ``FAIL_TO_PASS`` test passes and
 passes: SWE-bench's criterion; the score is the resolved rate.
 
 **Generation.** Every split is drawn from the same candidates (each project's mutation sites, enumerated from its
-source) by its seed: shuffled, taken from the projects in turn, and verified as drawn (results cached per mutant), until
-``size`` bugs are found. The public splits' seeds are in the benchmark file; the test split's seed is the grader's
-secret, so its instances exist only in the grader (as reasoning-gym's math does), and the candidates number several
-hundred bugs per benchmark (``item_space``).
+source) by its seed: shuffled, taken from the projects in turn, and verified as drawn, until ``size`` bugs are found.
+A verdict is a function of the candidate alone and is recorded once (:mod:`grader.suites.swe_mutants`), so a seed
+draws the same split on any machine at any load, or none (``CouldNotVerify``) while the machine cannot run the tests.
+The public splits' seeds are in the benchmark file; the test split's seed is the grader's secret, so its instances
+exist only in the grader (as reasoning-gym's math does), and the candidates number several hundred bugs per benchmark
+(``item_space``).
 
 **The rewrite** (:mod:`grader.suites.swe_rewrite`). The projects are public, so their releases would be the answer
 key: each split sees each project through a semantics-preserving rewrite drawn from its seed (names, module files,
