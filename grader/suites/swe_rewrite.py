@@ -258,16 +258,13 @@ def _rename_locals(source: str, renames: dict[str, dict[str, str]]) -> str:
     return out
 
 
-class _Renamer(ast.NodeTransformer):
-    def __init__(self, renames: dict[str, dict[str, str]]) -> None:
-        self.renames = renames
-
-    def visit_Module(self, node: ast.Module) -> ast.Module:
-        for fkey, fn in _functions(node):
-            for sub in ast.walk(fn):
-                if isinstance(sub, ast.Name) and sub.id in self.renames.get(fkey, {}):
-                    sub.id = self.renames[fkey][sub.id]
-        return node
+def _renamed_tree(tree: ast.Module, renames: dict[str, dict[str, str]]) -> ast.Module:
+    """``tree`` with each function's locals renamed in place (what :func:`_rename_locals` must give, parsed)."""
+    for fkey, fn in _functions(tree):
+        for sub in ast.walk(fn):
+            if isinstance(sub, ast.Name) and sub.id in renames.get(fkey, {}):
+                sub.id = renames[fkey][sub.id]
+    return tree
 
 
 # --------------------------------------------------------------------------- the rewrite
@@ -444,7 +441,7 @@ def from_key(project: Project, k: str) -> Rewrite:
         renames = {fkey: {old: _fresh(rng, old, taken) for old in olds if old not in names} for fkey, olds in sorted(functions.items())}
         renames = {f: r for f, r in renames.items() if r}
         source = (project.repo / rel).read_text()
-        expected = ast.dump(_Renamer(renames).visit(swe_mutants.parse(source)))
+        expected = ast.dump(_renamed_tree(swe_mutants.parse(source), renames))
         try:
             ok = ast.dump(swe_mutants.parse(_rename_locals(source, renames))) == expected
         except SyntaxError:

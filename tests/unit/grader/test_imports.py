@@ -128,7 +128,7 @@ def swe_collection(root: Path) -> Path:
         _git(repo, "init", "-q", "-b", "main")
         _git(repo, "add", "-A")
         _git(repo, "commit", "-q", "-m", "pristine")
-        tests = {f: (repo / f).read_text() for f in item.entry["test_patch"]}
+        tests = {f: (repo / f).read_text() for f in _mutant(item).test_files}  # the published text's (the item's own are rewritten)
         (repo / item.entry["path"]).write_text(_mutant(item).apply(original))
         for f in tests:
             (repo / f).unlink()
@@ -142,12 +142,12 @@ def swe_collection(root: Path) -> Path:
         _git(repo, "reset", "-q", "--hard")
         instance = {"instance_id": f"acme__{project.name}-1", "repo": f"acme/{project.name}", "base_commit": base,
                     "problem_statement": item.question.split("\n\n", 1)[1], "patch": gold_patch(_mutant(item)), "test_patch": test_patch,
-                    "FAIL_TO_PASS": json.dumps(item.entry["FAIL_TO_PASS"]), "PASS_TO_PASS": item.entry["PASS_TO_PASS"],
+                    "FAIL_TO_PASS": json.dumps(item.entry["fail_to_pass"]), "PASS_TO_PASS": list(item.entry["pass_to_pass"]),
                     "python_path": project.path}
         lines.append(instance)
         if project.name == "inflection":
-            lines.append({**instance, "instance_id": f"acme__{project.name}-passing", "FAIL_TO_PASS": item.entry["PASS_TO_PASS"][:1],
-                          "PASS_TO_PASS": item.entry["PASS_TO_PASS"][1:3]})
+            lines.append({**instance, "instance_id": f"acme__{project.name}-passing", "FAIL_TO_PASS": list(item.entry["pass_to_pass"][:1]),
+                          "PASS_TO_PASS": list(item.entry["pass_to_pass"][1:3])})
             lines.append({**instance, "instance_id": f"acme__{project.name}-bad-patch", "patch": "--- a/nope.py\n+++ b/nope.py\n@@ -1 +1 @@\n-x\n+y\n"})
             lines.append({**instance, "instance_id": "acme__gone-1", "repo": "acme/gone"})
     (folder / "instances.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
