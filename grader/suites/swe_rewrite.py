@@ -336,7 +336,7 @@ class Rewrite:
             target.parent.mkdir(parents=True, exist_ok=True)
             data = path.read_bytes()
             try:
-                target.write_text(self.text(rel, data.decode()))
+                target.write_text(self.text(rel, data.decode()), encoding="utf-8")
             except UnicodeDecodeError:
                 target.write_bytes(data)
             shutil.copymode(path, target)
@@ -397,7 +397,7 @@ def _analysis(project: Project) -> tuple[tuple[str, ...], dict[str, dict[str, tu
     outside: set[str] = set()
     local_names: dict[str, dict[str, tuple[str, ...]]] = {}
     for rel in _library(project):
-        source = (root / rel).read_text()
+        source = (root / rel).read_text(encoding="utf-8")
         tree = swe_mutants.parse(source)
         b, o = _bound(tree)
         bound |= b
@@ -405,7 +405,7 @@ def _analysis(project: Project) -> tuple[tuple[str, ...], dict[str, dict[str, tu
         local_names[rel] = {fkey: tuple(sorted(names)) for fkey, fn in _functions(tree) if (names := _locals(fn))}
     glued: set[str] = set()
     for path in [*(root / rel for rel in _library(project)), *(root / rel for rel in map(str, project.test_files()))]:
-        glued |= _glued(swe_mutants.parse(path.read_text()))
+        glued |= _glued(swe_mutants.parse(path.read_text(encoding="utf-8")))
     prefixes = tuple(g[:-1] for g in glued if g.endswith("*") and len(g) > 2)
     suffixes = tuple(g[1:] for g in glued if g.startswith("*") and len(g) > 2)
     modules = {Path(rel).stem for rel in _library(project)} - {"__init__"}
@@ -440,7 +440,7 @@ def from_key(project: Project, k: str) -> Rewrite:
     for rel, functions in sorted(local_sets.items()):
         renames = {fkey: {old: _fresh(rng, old, taken) for old in olds if old not in names} for fkey, olds in sorted(functions.items())}
         renames = {f: r for f, r in renames.items() if r}
-        source = (project.repo / rel).read_text()
+        source = (project.repo / rel).read_text(encoding="utf-8")
         expected = ast.dump(_renamed_tree(swe_mutants.parse(source), renames))
         try:
             ok = ast.dump(swe_mutants.parse(_rename_locals(source, renames))) == expected
