@@ -72,10 +72,12 @@ def key(project: Project, seed: int | str, variant: int = 0) -> str:
 
 @cache
 def _external() -> frozenset[str]:
-    """Every word written in the standard library's and the tests' runner's sources (identifiers that may name something
-    outside a project), with builtins and keywords; kept in ``SWE_DIR/rewritten`` per Python version and runner."""
+    """Every word written in the standard library's, the system's packages' and the tests' runner's sources (identifiers
+    that may name something outside a project), with builtins and keywords, a vendored copy of a project left out; kept
+    in ``SWE_DIR/rewritten`` per Python version and runner."""
     roots = [Path(sysconfig.get_paths()["stdlib"]), Path("/usr/lib/python3") / "dist-packages", SWE_DIR / "env"]
-    version = hashlib.sha256(f"{sys.version}:{swe_mutants.PYTEST}:{roots}".encode()).hexdigest()[:12]
+    vendored = {Path(p.package).name for p in swe_mutants.PROJECTS.values()}  # setuptools' copy of more_itertools is the project
+    version = hashlib.sha256(f"{sys.version}:{swe_mutants.PYTEST}:{roots}:{sorted(vendored)}".encode()).hexdigest()[:12]
     cached = SWE_DIR / "rewritten" / f"external-{version}.json"
     if cached.is_file():
         return frozenset(json.loads(cached.read_text()))
@@ -83,7 +85,7 @@ def _external() -> frozenset[str]:
     pattern = re.compile(r"[A-Za-z_]\w*")
     for root in roots:
         for path in root.rglob("*.py") if root.is_dir() else ():
-            if "site-packages" not in path.relative_to(root).parts:
+            if not {"site-packages", *vendored} & set(path.relative_to(root).parts):
                 words.update(pattern.findall(path.read_text(errors="replace")))
     return frozenset(swe_mutants.write_once(cached, sorted(words)))
 
