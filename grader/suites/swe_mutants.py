@@ -48,7 +48,10 @@ from functools import cache
 from pathlib import Path
 from typing import Any
 
-from services.common.errors import UpstreamUnavailable
+try:
+    from services.common.errors import UpstreamUnavailable
+except ImportError:  # run alone, stdlib only, as the grader image's build prepares the projects (deploy/Dockerfile)
+    UpstreamUnavailable = RuntimeError  # type: ignore[assignment,misc]
 
 SWE_DIR = Path(os.environ.get("CRUCIBLE_SWE_DIR") or Path(os.environ.get("XDG_CACHE_HOME") or Path.home() / ".cache") / "crucible" / "swe")
 """Where :func:`prepare` writes (``projects/<name>/`` the repositories, ``env/`` the runner, ``baseline/``) and the

@@ -132,3 +132,13 @@ def test_check_benchmark_answers_in_seconds_without_verifying_a_candidate(monkey
     out = CliRunner().invoke(app, ["admin", "check-benchmark", str(ROOT / "benchmarks" / "swe-mini.yaml")], terminal_width=400)
     assert out.exit_code == 0, out.output
     assert "✓ swe-mini" in out.output and "not drawn" in out.output and "check-benchmark --draw" in out.output
+
+
+def test_the_module_imports_alone_on_the_standard_library_as_the_grader_image_prepares_the_projects(tmp_path: Path) -> None:
+    """deploy/Dockerfile runs ``python3 swe_mutants.py`` before the project's code is in the image: the module must
+    import with nothing but the standard library (an import of the platform's own modules broke the image's build)."""
+    (tmp_path / "swe_mutants.py").write_bytes(Path(sm.__file__).read_bytes())
+    load = "import runpy; print(runpy.run_path('swe_mutants.py', run_name='swe_mutants')['PYTEST'])"
+    done = subprocess.run([sys.executable, "-I", "-S", "-c", load], cwd=tmp_path,  # -S: no site-packages, the platform's modules among them
+                          capture_output=True, text=True, timeout=60, env={"PATH": os.environ.get("PATH", "")})
+    assert done.returncode == 0, done.stderr[-2000:]
