@@ -35,8 +35,17 @@ def _test_questions(stack, benchmark_id: str) -> list[str]:  # noqa: ANN001
 
 
 @pytest.mark.planes("sqlite", "postgres")  # ledger holds and charges, job states and leases: both data planes
-def test_research_loop_improves_and_reaches_the_leaderboard(stack, new_run, benchmark):  # noqa: ANN001
-    run, client = new_run("e2e-baseline")
+def test_research_loop_improves_and_reaches_the_leaderboard(stack, admin, new_run, request):  # noqa: ANN001
+    """The reference agent's loop end to end: the real model on the embedded plane; on PostgreSQL, where the subject is
+    the data plane (the ledger's holds and charges, job states and leases, column types), the test-only model, whose
+    steps and gradings take milliseconds of the stack's CPU where the real model's took a minute."""
+    if request.node.callspec.params["stack"] == "postgres":
+        doc = plumbing_benchmark(f"chain-sum-loop-{stack.port_base}")
+        admin.load_benchmark(doc)
+        run = admin.create_run(doc["name"], "e2e-baseline")
+        client = CrucibleClient(stack.gateway_url, run["api_key"])
+    else:
+        run, client = new_run("e2e-baseline")
     agent = BaselineAgent(client, AgentConfig(train_examples=200, recipe={"max_steps": 4, "batch_size": 8, "checkpoint_every": 2},
                                               evaluate_last_checkpoints=1, poll_s=0.5))
     result = agent.run()
@@ -200,12 +209,15 @@ def test_grpo_prompts_are_training_pool_items_and_method_fields_are_checked(stac
     client.cancel_training_job(job["id"])
 
 
-def test_a_run_that_trained_on_planted_test_items_is_flagged_on_the_leaderboard(stack, new_run, benchmark):  # noqa: ANN001
-    run, client = new_run("contaminated")
+def test_a_run_that_trained_on_planted_test_items_is_flagged_on_the_leaderboard(stack, admin):  # noqa: ANN001
+    doc = plumbing_benchmark(f"chain-sum-planted-{stack.port_base}")  # the flag reads the run's data, not the model's answers
+    benchmark = admin.load_benchmark(doc)
+    run = admin.create_run(doc["name"], "contaminated")
+    client = CrucibleClient(stack.gateway_url, run["api_key"])
     planted = _test_questions(stack, benchmark["id"])[:5]
     rows = [{"messages": [{"role": "user", "content": q}, {"role": "assistant", "content": "0"}]} for q in planted]
     client.upload_dataset("\n".join(json.dumps(r) for r in rows).encode())
-    sub = client.wait_submission(client.submit("smollm2-135m-instruct")["id"], poll_s=0.5)
+    sub = client.wait_submission(client.submit(TINY_MODEL)["id"], poll_s=0.5)
     assert sub["status"] == "graded"
     row = next(r for r in httpx.get(f"{stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
     assert row["contaminated"] is True and "contaminated_items" not in row  # a public count would be a membership oracle
