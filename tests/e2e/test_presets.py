@@ -122,7 +122,8 @@ def test_an_rsigym_run_on_another_track_gets_that_tracks_editable_space(stack, a
 def test_the_evaluator_preset_runs_end_to_end_and_never_shows_a_candidates_identity(stack, admin) -> None:  # noqa: ANN001
     """evalresearch-mini at test scale (4 validation and 4 test items per target, 2 public items per target in the
     evaluator): the targets grade the six candidates, the reference agent pilots a sample-and-exact-match evaluator and
-    freezes it, and the leaderboard shows its agreement with each sealed target. Nothing the run reads names a model."""
+    freezes it, and the operator's leaderboard shows its agreement with each sealed target (the public one withholds those rows while
+    the run is open). Nothing the run reads names a model."""
     shipped = yaml.safe_load((ROOT / "benchmarks" / "evalresearch-mini.yaml").read_text())
     doc = copy.deepcopy(shipped)
     doc["name"] = f"evalresearch-mini-{uuid.uuid4().hex[:6]}"
@@ -152,8 +153,10 @@ def test_the_evaluator_preset_runs_end_to_end_and_never_shows_a_candidates_ident
     assert exc.value.status == 404
 
     row = next(r for r in httpx.get(f"{stack.gateway_url}/v1/leaderboard").json()["data"] if r["run_id"] == run["id"])
-    grade = row["evaluator"]
     assert row["status"] == "graded" and [t["task"] for t in row["tasks"]] == ["evaluator"] and row["final_score"] == sub["score"]["value"]
+    assert row["sealed_withheld"] is True and row["evaluator"]["targets"] == []  # the run is open: the sealed targets' rows are the operator's
+    row = next(r for r in admin._call("GET", "/admin/leaderboard")["data"] if r["run_id"] == run["id"])
+    grade = row["evaluator"]
     assert [t["target"] for t in grade["targets"]] == ["longer-sums", "differences"] and grade["candidates"] == 6
     assert grade["model_calls"] > 0 and grade["failed"] == 0  # (a target that ties every pair, likely at 4 items, has no agreement or ceiling)
     client.close()
