@@ -103,9 +103,13 @@ def test_every_familys_oracle_is_accepted_and_nothing_or_a_near_miss_is_not(tmp_
 
 
 def test_every_family_scores_1_for_its_oracle_and_0_for_doing_nothing_in_the_sandbox(endpoint: ModelEndpoint, backend: str) -> None:
-    items = get_suite("terminal").generate({}, 3, 2 * len(FAMILIES), split="test")  # two instances of each family
+    """Each family's oracle program in the sandbox image scores 1 and doing nothing 0: on bubblewrap two instances of each
+    family (no-op on one of each); on Docker, whose rollouts cost seconds each, one of each (no-op on every fifth), the
+    families' checks being the same code on both backends (the in-process test above reads many more instances)."""
+    per_family, noop_every = (2, 1) if backend == "bwrap" else (1, 5)
+    items = get_suite("terminal").generate({}, 3, per_family * len(FAMILIES), split="test")
     runs = [(it, generate(it.entry["family"], it.entry["instance"]).oracle(), 1.0) for it in items]
-    runs += [(it, "exit 0\n", 0.0) for it in items[:len(FAMILIES)]]  # doing nothing, on one instance of each
+    runs += [(it, "exit 0\n", 0.0) for it in items[:len(FAMILIES):noop_every]]
     with ThreadPoolExecutor(2) as pool:
         rewards = list(pool.map(lambda run: rollout(endpoint, backend, run[0], run[1]), runs))
     assert [(it.id, want, got) for (it, _, want), got in zip(runs, rewards, strict=True) if got != want] == []
