@@ -115,8 +115,7 @@ XDIST := -n 2 --dist loadgroup --no-loadscope-reorder --durations=15  # groups i
 test: $(STAMP) $(DEPLOY_STAMP) services sandbox browser docker-sandbox swe-projects
 	$(VENV)/bin/ruff check .
 	$(VENV)/bin/mkdocs build --strict --quiet  # the documentation site (docs/): no warning, every link and anchor resolves
-	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not docker and not long and not slow"
-	$(PY) -m pytest -q tests/unit/grader/test_sandbox_backends.py tests/unit/grader/test_suite_code.py -m "docker and not slow"  # the sandbox guarantees, on the Docker backend
+	$(PY) -m pytest -q $(XDIST) tests/e2e tests/unit tests/deployment -m "not vllm and not long and not slow"  # docker and not slow: the sandbox contract on the Docker backend, in the same session
 
 # The in-process tests alone, those marked `slow`, `docker` or `vllm` left out: quick feedback while changing a service.
 test-unit: $(STAMP) services sandbox swe-projects
