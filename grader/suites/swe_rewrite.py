@@ -41,7 +41,6 @@ import os
 import random
 import re
 import shutil
-import sys
 import sysconfig
 import threading
 from collections.abc import Iterator
@@ -52,7 +51,8 @@ from pathlib import Path
 from grader.suites import swe_mutants
 from grader.suites.swe_mutants import SWE_DIR, Project
 
-STAMP = hashlib.sha256(Path(__file__).read_bytes() + swe_mutants.STAMP.encode()).hexdigest()[:16]
+STAMP = hashlib.sha256(Path(__file__).read_bytes() + Path(__file__).with_name("swe_external_words.txt").read_bytes()
+                       + swe_mutants.STAMP.encode()).hexdigest()[:16]
 """This module's version: a rewritten tree or verdict of another version is not reused."""
 VARIANTS = 4
 """Variants of a seed tried, in turn, when a rewrite changes a test's outcome."""
@@ -70,24 +70,35 @@ def key(project: Project, seed: int | str, variant: int = 0) -> str:
 # --------------------------------------------------------------------------- what may be renamed
 
 
+EXTERNAL_WORDS = Path(__file__).with_name("swe_external_words.txt")
+"""The words a project's names may share with code outside it (:func:`external_words`), written once into the
+repository: read from a file, not from this machine's Python, so that a seed renames alike on every machine (a host's
+and a container's system packages differ, and with them a scan's words)."""
+
+
 @cache
 def _external() -> frozenset[str]:
-    """Every word written in the standard library's, the system's packages' and the tests' runner's sources (identifiers
-    that may name something outside a project), with builtins and keywords, a vendored copy of a project left out; kept
-    in ``SWE_DIR/rewritten`` per Python version and runner."""
+    """:data:`EXTERNAL_WORDS`: the identifiers (their ``_``-stripped form) written both in some pinned project's
+    sources and in the standard library's, the system's packages' or the tests' runner's, with builtins and keywords:
+    such a name may name something outside the project, so it is never renamed."""
+    return frozenset(EXTERNAL_WORDS.read_text(encoding="utf-8").split())
+
+
+def external_words() -> list[str]:
+    """What :data:`EXTERNAL_WORDS` holds, scanned on this machine (``python -m grader.suites.swe_rewrite``, after a
+    pinned project or the runner changes): every word of the standard library's, the system packages' and the runner's
+    sources (a vendored copy of a project left out), builtins and keywords, ``_``-stripped, that some pinned project's
+    sources also write."""
     roots = [Path(sysconfig.get_paths()["stdlib"]), Path("/usr/lib/python3") / "dist-packages", SWE_DIR / "env"]
     vendored = {Path(p.package).name for p in swe_mutants.PROJECTS.values()}  # setuptools' copy of more_itertools is the project
-    version = hashlib.sha256(f"{sys.version}:{swe_mutants.PYTEST}:{roots}:{sorted(vendored)}".encode()).hexdigest()[:12]
-    cached = SWE_DIR / "rewritten" / f"external-{version}.json"
-    if cached.is_file():
-        return frozenset(json.loads(cached.read_text()))
-    words: set[str] = set(dir(builtins)) | set(keyword.kwlist) | set(keyword.softkwlist)
     pattern = re.compile(r"[A-Za-z_]\w*")
+    outside: set[str] = set(dir(builtins)) | set(keyword.kwlist) | set(keyword.softkwlist)
     for root in roots:
         for path in root.rglob("*.py") if root.is_dir() else ():
             if not {"site-packages", *vendored} & set(path.relative_to(root).parts):
-                words.update(pattern.findall(path.read_text(errors="replace")))
-    return frozenset(swe_mutants.write_once(cached, sorted(words)))
+                outside.update(pattern.findall(path.read_text(errors="replace")))
+    inside = {w for p in swe_mutants.PROJECTS.values() for f in p.repo.rglob("*.py") for w in pattern.findall(f.read_text(errors="replace"))}
+    return sorted({w.strip("_") for w in outside} & {w.strip("_") for w in inside} - {""})
 
 
 def _library(project: Project) -> list[str]:
@@ -467,4 +478,8 @@ def checked(project: Project, seed: int | str) -> Rewrite:
     raise RuntimeError(f"no rewrite of {project.name} for this seed keeps its tests' outcomes")
 
 
-__all__ = ["STAMP", "Rewrite", "checked", "from_key", "key", "rewrite"]
+if __name__ == "__main__":  # python -m grader.suites.swe_rewrite: write EXTERNAL_WORDS again
+    EXTERNAL_WORDS.write_text("\n".join(external_words()) + "\n", encoding="utf-8")
+
+
+__all__ = ["EXTERNAL_WORDS", "STAMP", "Rewrite", "checked", "external_words", "from_key", "key", "rewrite"]

@@ -2,7 +2,7 @@
 upload, a run's harness archive, a stored task folder).
 
 - :func:`git` runs git with no configuration but its own: no system or global file (``GIT_CONFIG_NOSYSTEM``,
-  ``GIT_CONFIG_GLOBAL=/dev/null``), ``HOME`` and ``XDG_CONFIG_HOME`` an empty folder of this process, a clean
+  ``GIT_CONFIG_GLOBAL=/dev/null``), ``HOME`` and ``XDG_CONFIG_HOME`` an empty folder of the call (removed when it ends), a clean
   environment (nothing of the caller's ``GIT_*``), no repository discovery above the working folder
   (``GIT_CEILING_DIRECTORIES``), hooks, fsmonitor, attribute and exclude files off, no transport at all
   (``protocol.allow=never``) and no automatic gc. A repository it works in is one it made (``init``), whose
@@ -18,8 +18,6 @@ upload, a run's harness archive, a stored task folder).
 
 from __future__ import annotations
 
-import atexit
-import functools
 import gzip
 import io
 import os
@@ -52,20 +50,17 @@ class UnsafeArchive(ValueError):
         self.detail, self.member, self.too_large = detail, member, too_large
 
 
-@functools.cache
-def _home() -> str:
-    """An empty folder of this process (mode 0700, removed at exit) that git sees as ``HOME`` and ``XDG_CONFIG_HOME``."""
-    home = tempfile.mkdtemp(prefix="crucible-git-home-")
-    atexit.register(shutil.rmtree, home, True)
-    return home
-
-
 def git(args: list[str], cwd: Path, *, stdin: str | bytes | None = None, env: dict[str, str] | None = None,
         text: bool = True, check: bool = False) -> subprocess.CompletedProcess:
     """Run ``git <args>`` in ``cwd`` as the module docstring says (output captured; ``text``: decoded as UTF-8 with
     replacement). ``env``: more variables (an author's date). Raises ``subprocess.CalledProcessError`` on a non-zero
     exit when ``check``."""
-    home = _home()
+    with tempfile.TemporaryDirectory(prefix="crucible-git-home-") as home:  # empty, this call's alone, gone when it ends
+        return _git(args, cwd, home, stdin=stdin, env=env, text=text, check=check)
+
+
+def _git(args: list[str], cwd: Path, home: str, *, stdin: str | bytes | None, env: dict[str, str] | None, text: bool,
+         check: bool) -> subprocess.CompletedProcess:
     variables = {"PATH": "/usr/bin:/bin", "HOME": home, "XDG_CONFIG_HOME": home, "GIT_CONFIG_NOSYSTEM": "1", "GIT_CONFIG_GLOBAL": "/dev/null",
                  "GIT_ATTR_NOSYSTEM": "1", "GIT_CEILING_DIRECTORIES": str(Path(cwd).resolve().parent), "GIT_TERMINAL_PROMPT": "0",
                  "GIT_NO_REPLACE_OBJECTS": "1", "LC_ALL": "C", **(env or {})}

@@ -13,6 +13,7 @@ import os
 import shutil
 import subprocess
 import tarfile
+import tempfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -350,3 +351,14 @@ def test_in_a_real_sandbox_a_bad_task_is_refused_beside_a_good_one_and_the_colle
     verdicts = {t.name: (t.status, t.reason or "") for t in out.tasks}
     assert out.status == "done" and verdicts["fizzbuzz-script"] == ("accepted", ""), verdicts
     assert verdicts["link"][0] == verdicts["bomb"][0] == "refused" and "unpacks to more than" in verdicts["bomb"][1], verdicts
+
+
+def test_git_leaves_no_folder_of_its_own_behind(tmp_path: Path, monkeypatch: pytest.MonkeyPatch) -> None:
+    """git's empty HOME is the call's and goes with it: a long-lived eval worker whose temporary folder is the shared
+    sandbox directory (compose) kept one there for its whole life, which reads as a rollout left behind."""
+    scratch = tmp_path / "tmp"
+    scratch.mkdir()
+    monkeypatch.setattr(tempfile, "tempdir", str(scratch))
+    (tmp_path / "repo").mkdir()
+    assert untrusted.git(["init", "-q"], tmp_path / "repo").returncode == 0
+    assert list(scratch.iterdir()) == []

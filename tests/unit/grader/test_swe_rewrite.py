@@ -101,3 +101,13 @@ def test_a_rewrite_keeps_every_outcome_of_the_projects_tests(name: str) -> None:
     for seed in (11, 12):
         rewrite = swe_rewrite.checked(PROJECTS[name], seed)
         assert rewrite.key == swe_rewrite.key(PROJECTS[name], seed) and rewrite.tree().is_dir()
+
+
+def test_a_seed_renames_alike_on_every_machine() -> None:
+    """The words a rewrite keeps (names shared with code outside the project) come from the repository
+    (``swe_external_words.txt``), not from this machine's Python and system packages, which differ between a host and
+    the grader's container (there, a seed drew other names than the host's, so a split differed by machine)."""
+    names = swe_rewrite.rewrite(PROJECTS["inflection"], 602).names
+    assert {k: names[k] for k in ("PLURALS", "camelize", "dasherize", "humanize")} == {
+        "PLURALS": "BOJUPU_TEKI", "camelize": "gibi", "dasherize": "sosa", "humanize": "cosu"}
+    assert "join" in swe_rewrite._external() and "camelize" not in swe_rewrite._external()
