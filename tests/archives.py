@@ -1,5 +1,6 @@
-"""Harness archives the tests upload: any files with a ``harness.toml``, a bash script, and the oracle that knows every
-shipped terminal task's solution (and those of the hidden instances it is given). Shared by the grader's rollout tests and the live compose test."""
+"""Archives the tests upload: harness archives (any files with a ``harness.toml``, a bash script, and the oracle that
+knows every shipped terminal task's solution and those of the hidden instances it is given) and task uploads (a folder
+packed whole). Shared by the grader's rollout and import tests and the live compose test."""
 
 from __future__ import annotations
 
@@ -7,11 +8,20 @@ import hashlib
 import io
 import tarfile
 from collections.abc import Iterable
+from pathlib import Path
 from typing import Any
 
 from grader.suites import Item
 from grader.suites.terminal import TASKS_DIR, tasks
 from grader.suites.terminal_families import generate
+
+
+def pack_upload(folder: Path) -> bytes:
+    """``folder`` as an upload: a ``.tar.gz`` whose one top folder is ``folder``'s name."""
+    buf = io.BytesIO()
+    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
+        tar.add(folder, arcname=folder.name)
+    return buf.getvalue()
 
 
 def archive(files: dict[str, str | bytes], manifest: str | None = None) -> bytes:

@@ -28,16 +28,10 @@ from grader.suites.terminal import TASKS_DIR
 from grader.teststore import TestStore
 from services.common import untrusted
 from services.common.errors import PayloadTooLarge, Unprocessable
+from tests.archives import pack_upload
 
 PATCH = "--- a/lib.py\n+++ b/lib.py\n@@ -1,2 +1,2 @@\n def f():\n-    return 1\n+    return 2\n"
 TEST_PATCH = "--- a/test_lib.py\n+++ b/test_lib.py\n@@ -3,2 +3,2 @@\n def test_f():\n-    assert f() == 1\n+    assert f() == 2\n"
-
-
-def pack(folder: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(folder, arcname=folder.name)
-    return buf.getvalue()
 
 
 @pytest.fixture()
@@ -77,7 +71,7 @@ def instance(name: str, repo: str, base_commit: str = "0" * 40, **more: object) 
 
 def upload(folder: Path, instances: list[dict[str, object]]) -> bytes:
     (folder / "instances.jsonl").write_text("".join(json.dumps(i) + "\n" for i in instances))
-    return pack(folder)
+    return pack_upload(folder)
 
 
 def plant_commands(tree: Path, marker: Path, vector: str) -> None:
@@ -127,7 +121,7 @@ def test_an_sdist_that_configures_git_or_carries_its_own_git_runs_nothing(grader
     else:
         plant_commands(tree, marker, vector)
     (folder / "repos").mkdir(parents=True)
-    (folder / "repos" / "acme__evil.tar.gz").write_bytes(pack(tree))
+    (folder / "repos" / "acme__evil.tar.gz").write_bytes(pack_upload(tree))
     out = imports.import_collection(grader, "c", "swe", upload(folder, [instance("evil-1", "acme/evil")]))  # type: ignore[arg-type]
     assert not marker.exists(), f"the sdist's {vector} ran on the host"
     assert [(t.name, t.status, t.reason) for t in out.tasks] == [("evil-1", "pending", None)]
@@ -185,7 +179,7 @@ def test_a_task_folder_holding_a_link_out_of_the_upload_is_refused_alone(grader:
     shutil.copytree(TASKS_DIR / "dedupe-lines", folder / "leaky")
     (folder / "leaky" / "environment").mkdir(exist_ok=True)
     (folder / "leaky" / "environment" / "passwd").symlink_to("/etc/passwd")
-    out = imports.import_collection(grader, "c", "terminal", pack(folder))  # type: ignore[arg-type]
+    out = imports.import_collection(grader, "c", "terminal", pack_upload(folder))  # type: ignore[arg-type]
     verdicts = {t.name: (t.status, t.reason) for t in out.tasks}
     assert verdicts["fizzbuzz-script"] == ("pending", None)
     assert verdicts["leaky"][0] == "refused" and "leaky/environment/passwd" in verdicts["leaky"][1], verdicts
@@ -266,8 +260,8 @@ def test_an_imported_task_or_sdist_that_unpacks_past_the_cap_is_refused_alone(gr
     project(sdist := tmp_path / "sdist" / "big-1.0")
     (sdist / "zeros.bin").write_bytes(b"\0" * (4 << 20))
     project(zipped := tmp_path / "zipped" / "zipped-1.0")
-    (folder / "repos" / "acme__big.tar.gz").write_bytes(pack(sdist))
-    (folder / "repos" / "acme__zipped.tar.gz").write_bytes(pack(zipped))
+    (folder / "repos" / "acme__big.tar.gz").write_bytes(pack_upload(sdist))
+    (folder / "repos" / "acme__zipped.tar.gz").write_bytes(pack_upload(zipped))
     instances = [instance("good-1", "acme/good", base_commit), instance("big-1", "acme/big"), instance("zipped-1", "acme/zipped")]
     out = imports.import_collection(grader, "c", "swe", upload(folder, instances))  # type: ignore[arg-type]
     verdicts = {t.name: (t.status, t.reason or "") for t in out.tasks}

@@ -4,10 +4,8 @@ upload, stored in a real test store, validated by running their oracles and a no
 
 from __future__ import annotations
 
-import io
 import json
 import shutil
-import tarfile
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -26,14 +24,8 @@ from grader.teststore import TestStore
 from services.common import untrusted
 from services.common.contracts import GradingSpec
 from services.common.errors import Conflict, NotFound, Unprocessable
+from tests.archives import pack_upload
 from tests.unit.grader.scripted import run_script
-
-
-def pack(folder: Path) -> bytes:
-    buf = io.BytesIO()
-    with tarfile.open(fileobj=buf, mode="w:gz") as tar:
-        tar.add(folder, arcname=folder.name)
-    return buf.getvalue()
 
 
 @pytest.fixture()
@@ -67,7 +59,7 @@ def test_harbor_task_folders_are_accepted_when_their_oracle_resolves_them_and_re
         grader: SimpleNamespace, endpoint: ModelEndpoint, tmp_path: Path) -> None:
     queued: list[str] = []
     grader.enqueue_import = queued.append
-    out = imports.import_collection(grader, "acme", "terminal", pack(terminal_collection(tmp_path)))  # type: ignore[arg-type]
+    out = imports.import_collection(grader, "acme", "terminal", pack_upload(terminal_collection(tmp_path)))  # type: ignore[arg-type]
     assert (out.status, out.pending, out.refused, queued) == ("validating", 4, 1, ["acme"])
     verdicts = validate(grader, endpoint, "acme")
     assert {k: v[0] for k, v in verdicts.items()} == {"fizzbuzz-script": "accepted", "dedupe-lines": "accepted", "wrong-oracle": "refused",
@@ -77,7 +69,7 @@ def test_harbor_task_folders_are_accepted_when_their_oracle_resolves_them_and_re
     assert verdicts["always-passes"][1].startswith("a harness that does nothing: reward 1, not 0")
     assert imports.collection_out(grader, "acme").status == "done"  # type: ignore[arg-type]
     with pytest.raises(Conflict) as exc:
-        imports.import_collection(grader, "acme", "terminal", pack(terminal_collection(tmp_path / "again")))  # type: ignore[arg-type]
+        imports.import_collection(grader, "acme", "terminal", pack_upload(terminal_collection(tmp_path / "again")))  # type: ignore[arg-type]
     assert exc.value.extra["field"] == "name"
 
     accepted = imports.collection_items(grader, "acme", "terminal")  # type: ignore[arg-type]
@@ -97,8 +89,8 @@ def test_harbor_task_folders_are_accepted_when_their_oracle_resolves_them_and_re
 
 def test_an_upload_that_is_not_a_collection_is_refused_naming_the_field(grader: SimpleNamespace, tmp_path: Path) -> None:
     (tmp_path / "empty").mkdir()
-    for data, suite, field in [(b"not a tarball", "terminal", "file"), (pack(tmp_path / "empty"), "terminal", "file"),
-                               (pack(tmp_path / "empty"), "swe", "file"), (pack(tmp_path / "empty"), "math", "suite")]:
+    for data, suite, field in [(b"not a tarball", "terminal", "file"), (pack_upload(tmp_path / "empty"), "terminal", "file"),
+                               (pack_upload(tmp_path / "empty"), "swe", "file"), (pack_upload(tmp_path / "empty"), "math", "suite")]:
         with pytest.raises(Unprocessable) as exc:
             imports.import_collection(grader, "x", suite, data)  # type: ignore[arg-type]
         assert exc.value.extra["field"] == field
@@ -160,7 +152,7 @@ def _mutant(item: Item) -> Mutant:
 
 def test_swe_bench_instances_are_built_into_tasks_and_the_gold_patch_validates_them(grader: SimpleNamespace, endpoint: ModelEndpoint,
                                                                                     tmp_path: Path) -> None:
-    out = imports.import_collection(grader, "swe-acme", "swe", pack(swe_collection(tmp_path)))  # type: ignore[arg-type]
+    out = imports.import_collection(grader, "swe-acme", "swe", pack_upload(swe_collection(tmp_path)))  # type: ignore[arg-type]
     assert (out.pending, out.refused) == (3, 2), out.tasks
     verdicts = validate(grader, endpoint, "swe-acme")
     assert {k: v[0] for k, v in verdicts.items()} == {"acme__inflection-1": "accepted", "acme__semver-1": "accepted", "acme__inflection-passing": "refused",
@@ -199,7 +191,7 @@ def test_an_uploaded_repository_runs_nothing_of_its_own_and_bad_fields_are_refus
             "test_patch": "--- a/test_lib.py\n+++ b/test_lib.py\n@@ -3,2 +3,2 @@\n def test_f():\n-    assert f() == 1\n+    assert f() == 2\n"}
     lines = [good, {**good, "instance_id": "evil-2", "base_commit": "--output=/tmp/x"}, {**good, "instance_id": "evil-3", "repo": "../evil"}]
     (folder / "instances.jsonl").write_text("".join(json.dumps(line) + "\n" for line in lines))
-    out = imports.import_collection(grader, "evil", "swe", pack(folder))  # type: ignore[arg-type]
+    out = imports.import_collection(grader, "evil", "swe", pack_upload(folder))  # type: ignore[arg-type]
     reasons = {t.name: (t.status, t.reason) for t in out.tasks}
     assert reasons["evil-1"] == ("pending", None) and not marker.exists()
     assert reasons["evil-2"] == ("refused", "base_commit '--output=/tmp/x' is not a commit's hexadecimal id")
