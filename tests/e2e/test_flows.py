@@ -11,7 +11,7 @@ import pytest
 
 from crucible.agent import AgentConfig, BaselineAgent
 from crucible.sdk import CrucibleAPIError, CrucibleClient
-from tests.conftest import TEST_BENCHMARK, plumbing_benchmark
+from tests.conftest import plumbing_benchmark
 from tests.mcp_client import read_everything
 from tests.models import TINY_MODEL
 
@@ -123,7 +123,7 @@ def test_the_agent_trains_by_dpo_on_full_weights_the_checkpoints_are_merged_eval
 
     # a merge job: the job's two full-weight checkpoints averaged into a new one, charged for what it read, served
     first, last = (c["id"] for c in client.checkpoints(job["id"]))
-    merge = client.merge_checkpoints("smollm2-135m-instruct", [first, last], combination="linear")
+    merge = client.merge_checkpoints(TINY_MODEL, [first, last], combination="linear")
     assert (merge["recipe"]["method"], merge["merge"]["weights"], merge["datasets"]) == ("merge", None, [])
     deadline = time.monotonic() + 300
     while (merge := client.training_job(merge["id"]))["status"] not in ("succeeded", "failed", "cancelled") and time.monotonic() < deadline:
@@ -137,8 +137,11 @@ def test_the_agent_trains_by_dpo_on_full_weights_the_checkpoints_are_merged_eval
 
 
 def _open_recipe_run(admin, stack, name: str):  # noqa: ANN001, ANN202
-    """A run of the test benchmark with every recipe field open (the default test benchmark locks some)."""
-    doc = json.loads(json.dumps(TEST_BENCHMARK)) | {"name": "chain-sum-open-recipe", "recipe": {}}
+    """A run of the test benchmark with every recipe field open (the default test benchmark locks some), on the test-only
+    model (:func:`~tests.conftest.plumbing_benchmark`): what these runs check is each method's path through the services,
+    its metrics and its charges, which the model's weights do not change (DPO on the real model's full weights took
+    197 s of `make test-slow`)."""
+    doc = plumbing_benchmark("chain-sum-open-recipe") | {"recipe": {}}
     admin.load_benchmark(doc)
     run = admin.create_run("chain-sum-open-recipe", name)
     return run, CrucibleClient(stack.gateway_url, run["api_key"])

@@ -211,12 +211,14 @@ def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  
     stack, redis, urls = faulty
     ds = upload_training_set(client, rows=32)
     recipe = {"max_steps": 4, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1}
-    running = client.create_training_job(BASE, [ds], recipe)
-    queued = client.create_training_job(BASE, [ds], {**recipe, "seed": 1})
+    running = client.create_training_job(TINY_MODEL, [ds], {**recipe, "max_steps": 120, "checkpoint_every": 60})  # still training at the kill
+    queued = client.create_training_job(TINY_MODEL, [ds], {**recipe, "seed": 1})
     wait_for(lambda: client.training_job(running["id"])["status"] == "running", 120, "the first job to start")
     evaluation = client.create_evaluation(BASE, limit=8)
     wait_for(lambda: client.evaluation(evaluation["id"])["status"] == "running", 60, "the evaluation to start")
     exits_before = len(EXITS)
+    at_kill = client.training_job(running["id"])
+    assert at_kill["status"] == "running" and client.training_job(queued["id"])["status"] == "queued", at_kill
 
     redis.kill()  # queued messages are gone with it (no persistence)
     time.sleep(2)
@@ -226,7 +228,7 @@ def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  
     jobs_done = [wait_for(lambda j=j: (x := client.training_job(j["id"]))["status"] in ("succeeded", "failed", "cancelled") and x, 300, f"job {j['id']}")
                  for j in (running, queued)]
     ev_done = wait_for(lambda: (e := client.evaluation(evaluation["id"]))["status"] in ("succeeded", "failed") and e, 240, "the evaluation")
-    print(f"\n[fault] redis restarted; both jobs and the evaluation finished {time.monotonic() - restarted_at:.1f} s later; "
+    print(f"\n[fault] redis killed at step {at_kill['steps_done']}/120 of the first job; both jobs and the evaluation finished {time.monotonic() - restarted_at:.1f} s later; "
           f"process exits the supervisor restarted: {EXITS[exits_before:]}")
     assert [j["status"] for j in jobs_done] == ["succeeded", "succeeded"], [j["error"] for j in jobs_done]
     assert ev_done["status"] == "succeeded", ev_done["error"]
@@ -235,7 +237,7 @@ def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  
     assert resends >= 1  # its message was lost with Redis and the reconciler sent it again
 
     # Both workers consume again: new work sent after the restart is done.
-    after = [client.create_evaluation(BASE, limit=4), client.create_training_job(BASE, [ds], {**recipe, "seed": 2})]
+    after = [client.create_evaluation(BASE, limit=4), client.create_training_job(TINY_MODEL, [ds], {**recipe, "seed": 2})]
     ev_after = wait_for(lambda: (e := client.evaluation(after[0]["id"]))["status"] in ("succeeded", "failed") and e, 180, "an evaluation sent after the restart")
     job_after = wait_for(lambda: (j := client.training_job(after[1]["id"]))["status"] in ("succeeded", "failed") and j, 180, "a job sent after the restart")
     assert (ev_after["status"], job_after["status"]) == ("succeeded", "succeeded"), (ev_after["error"], job_after["error"])
