@@ -211,14 +211,14 @@ def test_redis_restart_loses_no_queued_or_running_job(faulty, client) -> None:  
     stack, redis, urls = faulty
     ds = upload_training_set(client, rows=32)
     recipe = {"max_steps": 4, "batch_size": 4, "checkpoint_every": 2, "warmup_steps": 1}
+    evaluation = client.create_evaluation(BASE, limit=8)  # the real model: still grading at the kill
+    wait_for(lambda: client.evaluation(evaluation["id"])["status"] == "running", 60, "the evaluation to start")
     running = client.create_training_job(TINY_MODEL, [ds], {**recipe, "max_steps": 120, "checkpoint_every": 60})  # still training at the kill
     queued = client.create_training_job(TINY_MODEL, [ds], {**recipe, "seed": 1})
-    wait_for(lambda: client.training_job(running["id"])["status"] == "running", 120, "the first job to start")
-    evaluation = client.create_evaluation(BASE, limit=8)
-    wait_for(lambda: client.evaluation(evaluation["id"])["status"] == "running", 60, "the evaluation to start")
+    wait_for(lambda: client.training_job(running["id"])["status"] == "running", 120, "the first job to start", poll_s=0.05)
     exits_before = len(EXITS)
     at_kill = client.training_job(running["id"])
-    assert at_kill["status"] == "running" and client.training_job(queued["id"])["status"] == "queued", at_kill
+    assert (at_kill["status"], client.training_job(queued["id"])["status"], client.evaluation(evaluation["id"])["status"]) == ("running", "queued", "running")
 
     redis.kill()  # queued messages are gone with it (no persistence)
     time.sleep(2)
