@@ -146,10 +146,15 @@ def test_the_terminal_suite_ships_at_least_30_tasks_in_harbors_format() -> None:
 
 
 def test_the_oracle_harness_scores_1_and_a_noop_harness_0_on_every_shipped_task(endpoint: ModelEndpoint, backend: str) -> None:
+    """Every task's oracle scores 1 on both backends (its environment and verifier work in each sandbox). Doing nothing
+    scores 0 on every task on bubblewrap and on every fifth on Docker, whose rollouts cost seconds each: that a task's
+    tests fail an untouched workspace is the task's own property, the same verifier on both backends."""
     oracle, noop = oracle_archive(), code_harness("exit 0\n")
+    names = list(tasks())
+    idle = names if backend == "bwrap" else names[::5]
     with ThreadPoolExecutor(2) as pool:
-        oracle_rewards = dict(zip(tasks(), pool.map(lambda t: rollout(endpoint, backend, oracle, t).reward, tasks()), strict=True))
-        noop_rewards = dict(zip(tasks(), pool.map(lambda t: rollout(endpoint, backend, noop, t).reward, tasks()), strict=True))
+        oracle_rewards = dict(zip(names, pool.map(lambda t: rollout(endpoint, backend, oracle, t).reward, names), strict=True))
+        noop_rewards = dict(zip(idle, pool.map(lambda t: rollout(endpoint, backend, noop, t).reward, idle), strict=True))
     assert {t: r for t, r in oracle_rewards.items() if r != 1.0} == {}
     assert {t: r for t, r in noop_rewards.items() if r != 0.0} == {}
 
